@@ -1,0 +1,455 @@
+//! The event envelope (DESIGN.md §2.2): parsing, validation and the identifier newtypes.
+//!
+//! Parsing never panics and every error names the field it is about, so a dead-letter record says
+//! exactly what was wrong with the original bytes.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::dead_letter::DeadLetterReason;
+use crate::fingerprint::Fingerprint;
+
+/// Longest `event_id` / `entity_id` accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+/// Default limit on a whole record value; larger records are dead-lettered.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
+
+/// Why bytes are not a valid envelope. Each variant maps to one [`DeadLetterReason`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("record has no value")]
+    Empty,
+    #[error("record is {size} bytes, over the {limit}-byte limit")]
+    Oversized { size: usize, limit: usize },
+    #[error("record is not valid UTF-8 (first bad byte at {valid_up_to})")]
+    InvalidUtf8 { valid_up_to: usize },
+    #[error("record is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("record is JSON but not an object")]
+    NotAnObject,
+    #[error("field `{0}` is missing")]
+    MissingField(&'static str),
+    #[error("field `{field}` is invalid: {reason}")]
+    InvalidField { field: &'static str, reason: String },
+    #[error("field `{field}` is {len} bytes, over the {MAX_ID_BYTES}-byte limit")]
+    FieldTooLong { field: &'static str, len: usize },
+}
+
+impl EnvelopeError {
+    pub fn reason(&self) -> DeadLetterReason {
+        match self {
+            Self::Empty => DeadLetterReason::EmptyRecord,
+            Self::Oversized { .. } => DeadLetterReason::OversizedRecord,
+            Self::InvalidUtf8 { .. } => DeadLetterReason::InvalidUtf8,
+            Self::MalformedJson(_) | Self::NotAnObject => DeadLetterReason::MalformedJson,
+            Self::MissingField(_) => DeadLetterReason::MissingField,
+            Self::InvalidField { .. } => DeadLetterReason::InvalidField,
+            Self::FieldTooLong { .. } => DeadLetterReason::FieldTooLong,
+        }
+    }
+
+    fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidField {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+fn validate_id(field: &'static str, id: &str) -> Result<(), EnvelopeError> {
+    if id.is_empty() {
+        return Err(EnvelopeError::invalid(field, "must not be empty"));
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(EnvelopeError::FieldTooLong {
+            field,
+            len: id.len(),
+        });
+    }
+    if id.chars().any(char::is_control) {
+        return Err(EnvelopeError::invalid(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! id_newtype {
+    ($name:ident, $field:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(id: impl Into<String>) -> Result<Self, EnvelopeError> {
+                let id = id.into();
+                validate_id($field, &id)?;
+                Ok(Self(id))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = EnvelopeError;
+            fn try_from(id: String) -> Result<Self, Self::Error> {
+                Self::new(id)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+    };
+}
+
+id_newtype!(
+    EventId,
+    "event_id",
+    "One logical fact. Two records with the same `EventId` describe the same fact."
+);
+id_newtype!(
+    EntityId,
+    "entity_id",
+    "The entity an event belongs to; also the Kafka record key, so per-entity order is kept."
+);
+
+/// A validated event. Unknown top-level fields are kept in `extra` (and so in the fingerprint),
+/// so a newer producer's fields survive a round trip through an older service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventEnvelope {
+    pub event_id: EventId,
+    pub entity_id: EntityId,
+    /// Minor units (cents).
+    pub value: i64,
+    pub version: Option<u64>,
+    pub payload: Option<Value>,
+    pub occurred_at: Option<OffsetDateTime>,
+    pub extra: Map<String, Value>,
+}
+
+const KNOWN_FIELDS: [&str; 6] = [
+    "event_id",
+    "entity_id",
+    "value",
+    "version",
+    "payload",
+    "occurred_at",
+];
+
+impl EventEnvelope {
+    /// Parses a record value with the default size limit.
+    pub fn parse(bytes: &[u8]) -> Result<Self, EnvelopeError> {
+        Self::parse_with_limit(bytes, DEFAULT_MAX_RECORD_BYTES)
+    }
+
+    pub fn parse_with_limit(bytes: &[u8], max_record_bytes: usize) -> Result<Self, EnvelopeError> {
+        if bytes.is_empty() {
+            return Err(EnvelopeError::Empty);
+        }
+        if bytes.len() > max_record_bytes {
+            return Err(EnvelopeError::Oversized {
+                size: bytes.len(),
+                limit: max_record_bytes,
+            });
+        }
+        let text = std::str::from_utf8(bytes).map_err(|e| EnvelopeError::InvalidUtf8 {
+            valid_up_to: e.valid_up_to(),
+        })?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| EnvelopeError::MalformedJson(e.to_string()))?;
+        match value {
+            Value::Object(object) => Self::from_object(object),
+            _ => Err(EnvelopeError::NotAnObject),
+        }
+    }
+
+    /// Validates an already-decoded JSON object.
+    pub fn from_object(mut object: Map<String, Value>) -> Result<Self, EnvelopeError> {
+        let event_id = match object.remove("event_id") {
+            None | Some(Value::Null) => return Err(EnvelopeError::MissingField("event_id")),
+            Some(Value::String(id)) => EventId::new(id)?,
+            Some(_) => return Err(EnvelopeError::invalid("event_id", "must be a string")),
+        };
+        let entity_id = match object.remove("entity_id") {
+            None | Some(Value::Null) => return Err(EnvelopeError::MissingField("entity_id")),
+            Some(Value::String(id)) => EntityId::new(id)?,
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => EntityId::new(n.to_string())?,
+            Some(_) => {
+                return Err(EnvelopeError::invalid(
+                    "entity_id",
+                    "must be a string or an integer",
+                ));
+            }
+        };
+        let value = match object.remove("value") {
+            None | Some(Value::Null) => return Err(EnvelopeError::MissingField("value")),
+            Some(Value::Number(n)) => n.as_i64().ok_or_else(|| {
+                EnvelopeError::invalid("value", "must be a signed 64-bit integer")
+            })?,
+            Some(_) => {
+                return Err(EnvelopeError::invalid(
+                    "value",
+                    "must be a signed 64-bit integer",
+                ));
+            }
+        };
+        let version = match object.remove("version") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => Some(n.as_u64().ok_or_else(|| {
+                EnvelopeError::invalid("version", "must be an unsigned 64-bit integer")
+            })?),
+            Some(_) => {
+                return Err(EnvelopeError::invalid(
+                    "version",
+                    "must be an unsigned 64-bit integer",
+                ));
+            }
+        };
+        let payload = object.remove("payload");
+        let occurred_at = match object.remove("occurred_at") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(OffsetDateTime::parse(&s, &Rfc3339).map_err(|e| {
+                EnvelopeError::invalid("occurred_at", format!("not an RFC 3339 timestamp: {e}"))
+            })?),
+            Some(_) => {
+                return Err(EnvelopeError::invalid(
+                    "occurred_at",
+                    "must be an RFC 3339 string",
+                ));
+            }
+        };
+        Ok(Self {
+            event_id,
+            entity_id,
+            value,
+            version,
+            payload,
+            occurred_at,
+            extra: object,
+        })
+    }
+
+    /// The normalised JSON object: `entity_id` as a string, `occurred_at` in RFC 3339.
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut object = self.content_json();
+        object.insert(
+            "event_id".to_owned(),
+            Value::String(self.event_id.to_string()),
+        );
+        object
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serialising a Map of Values cannot fail.
+        serde_json::to_vec(&self.to_json()).unwrap_or_default()
+    }
+
+    /// The fingerprint of everything but `event_id` (DESIGN.md §2.2).
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of_json_object(&self.content_json())
+    }
+
+    /// Every field but `event_id`, normalised.
+    fn content_json(&self) -> Map<String, Value> {
+        let mut object = self.extra.clone();
+        object.insert(
+            "entity_id".to_owned(),
+            Value::String(self.entity_id.to_string()),
+        );
+        object.insert("value".to_owned(), Value::from(self.value));
+        if let Some(version) = self.version {
+            object.insert("version".to_owned(), Value::from(version));
+        }
+        if let Some(payload) = &self.payload {
+            object.insert("payload".to_owned(), payload.clone());
+        }
+        if let Some(occurred_at) = self.occurred_at
+            && let Ok(formatted) = occurred_at.format(&Rfc3339)
+        {
+            object.insert("occurred_at".to_owned(), Value::String(formatted));
+        }
+        object
+    }
+
+    /// Whether `name` is one of the envelope's own fields rather than an extra one.
+    pub fn is_known_field(name: &str) -> bool {
+        KNOWN_FIELDS.contains(&name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<EventEnvelope, EnvelopeError> {
+        EventEnvelope::parse(text.as_bytes())
+    }
+
+    #[test]
+    fn parses_a_full_envelope() -> Result<(), EnvelopeError> {
+        let envelope = parse(
+            r#"{"event_id":"e-102","entity_id":17,"value":12500,"version":3,
+                "payload":{"note":"c"},"occurred_at":"2026-01-02T03:04:05Z","extra":true}"#,
+        )?;
+        assert_eq!(envelope.event_id.as_str(), "e-102");
+        assert_eq!(envelope.entity_id.as_str(), "17");
+        assert_eq!(envelope.value, 12500);
+        assert_eq!(envelope.version, Some(3));
+        assert_eq!(envelope.extra.get("extra"), Some(&Value::Bool(true)));
+        let reparsed = EventEnvelope::parse(&envelope.to_bytes())?;
+        assert_eq!(reparsed, envelope);
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (
+                r#"{"entity_id":"a","value":1}"#,
+                "event_id",
+                DeadLetterReason::MissingField,
+            ),
+            (
+                r#"{"event_id":"e","value":1}"#,
+                "entity_id",
+                DeadLetterReason::MissingField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a"}"#,
+                "value",
+                DeadLetterReason::MissingField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1.5}"#,
+                "value",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":"1"}"#,
+                "value",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":9223372036854775808}"#,
+                "value",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"version":-1}"#,
+                "version",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"occurred_at":"yesterday"}"#,
+                "occurred_at",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"","entity_id":"a","value":1}"#,
+                "event_id",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"a\u0007b","entity_id":"a","value":1}"#,
+                "event_id",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":7,"entity_id":"a","value":1}"#,
+                "event_id",
+                DeadLetterReason::InvalidField,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":1.5,"value":1}"#,
+                "entity_id",
+                DeadLetterReason::InvalidField,
+            ),
+        ];
+        for (text, field, reason) in cases {
+            let error = parse(text).expect_err(text);
+            assert_eq!(error.reason(), reason, "{text}");
+            assert!(error.to_string().contains(field), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn rejects_long_ids() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        let error = parse(&format!(
+            r#"{{"event_id":"{long}","entity_id":"a","value":1}}"#
+        ))
+        .expect_err("too long");
+        assert_eq!(error.reason(), DeadLetterReason::FieldTooLong);
+        let exact = "x".repeat(MAX_ID_BYTES);
+        assert!(
+            parse(&format!(
+                r#"{{"event_id":"{exact}","entity_id":"a","value":1}}"#
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn rejects_bad_bytes() {
+        assert_eq!(
+            EventEnvelope::parse(b"").map_err(|e| e.reason()),
+            Err(DeadLetterReason::EmptyRecord)
+        );
+        assert_eq!(
+            EventEnvelope::parse(b"{\"event_id\":\"\xff\"}").map_err(|e| e.reason()),
+            Err(DeadLetterReason::InvalidUtf8)
+        );
+        assert_eq!(
+            EventEnvelope::parse(b"{\"event_id\":").map_err(|e| e.reason()),
+            Err(DeadLetterReason::MalformedJson)
+        );
+        assert_eq!(
+            EventEnvelope::parse(b"[1,2]").map_err(|e| e.reason()),
+            Err(DeadLetterReason::MalformedJson)
+        );
+        let big = format!(
+            r#"{{"event_id":"e","entity_id":"a","value":1,"payload":"{}"}}"#,
+            "x".repeat(100)
+        );
+        assert_eq!(
+            EventEnvelope::parse_with_limit(big.as_bytes(), 64).map_err(|e| e.reason()),
+            Err(DeadLetterReason::OversizedRecord)
+        );
+    }
+
+    #[test]
+    fn integer_entity_id_is_the_same_entity_as_its_string() -> Result<(), EnvelopeError> {
+        let a = parse(r#"{"event_id":"e","entity_id":17,"value":1}"#)?;
+        let b = parse(r#"{"event_id":"e","entity_id":"17","value":1}"#)?;
+        assert_eq!(a, b);
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        Ok(())
+    }
+
+    #[test]
+    fn fingerprint_ignores_event_id_but_not_content() -> Result<(), EnvelopeError> {
+        let a = parse(r#"{"event_id":"e-1","entity_id":"a","value":1}"#)?;
+        let b = parse(r#"{"event_id":"e-2","entity_id":"a","value":1}"#)?;
+        let c = parse(r#"{"event_id":"e-1","entity_id":"a","value":2}"#)?;
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), c.fingerprint());
+        Ok(())
+    }
+}
