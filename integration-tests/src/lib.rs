@@ -1,1 +1,287 @@
-//! placeholder
+//! Harness for the integration tests: every test gets fresh topic names, group ids,
+//! `transactional.id`s and a fresh PostgreSQL database, so tests run in parallel against the one
+//! real broker and server that `deploy/local/stack up` starts. Nothing here is a fake: a test that
+//! cannot reach the stack fails with a message saying how to start it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rdkafka::ClientConfig;
+use rdkafka::Message as _;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::producer::{DefaultProducerContext, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+pub const DEFAULT_BOOTSTRAP_SERVERS: &str = "127.0.0.1:9092";
+pub const DEFAULT_DATABASE_URL: &str = "postgres://eos:eos@127.0.0.1:5432/eos";
+
+const STACK_HINT: &str = "is the local stack up? run `deploy/local/stack up` (or `make test`)";
+
+pub fn bootstrap_servers() -> String {
+    std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| DEFAULT_BOOTSTRAP_SERVERS.into())
+}
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into())
+}
+
+/// A name no other test, in this run or an earlier one, has used: `<prefix>-<pid>-<n>-<random>`.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let salt: u32 = rand::random();
+    format!("{prefix}-{}-{n}-{salt:08x}", std::process::id())
+}
+
+/// Client settings every test client shares.
+pub fn client_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap_servers())
+        .set("socket.timeout.ms", "10000");
+    config
+}
+
+pub fn admin() -> anyhow::Result<AdminClient<DefaultClientContext>> {
+    client_config().create().context("cannot create a Kafka admin client")
+}
+
+/// Creates `name` with `partitions` partitions and waits until its leaders are known.
+pub async fn create_topic(name: &str, partitions: i32) -> anyhow::Result<()> {
+    let admin = admin()?;
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin
+        .create_topics([&topic], &options)
+        .await
+        .with_context(|| format!("cannot create topic {name}: {STACK_HINT}"))?;
+    for result in results {
+        if let Err((topic, code)) = result {
+            bail!("cannot create topic {topic}: {code}");
+        }
+    }
+    wait_for_leaders(name, partitions)
+}
+
+fn wait_for_leaders(topic: &str, partitions: i32) -> anyhow::Result<()> {
+    let consumer: BaseConsumer = client_config().create()?;
+    for _ in 0..100 {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
+        let ready = metadata.topics().iter().any(|t| {
+            t.error().is_none()
+                && t.partitions().len() == partitions as usize
+                && t.partitions().iter().all(|p| p.leader() >= 0)
+        });
+        if ready {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("topic {topic} has no leader for every partition after 10 s")
+}
+
+/// A producer that polls its delivery reports on a background thread, as transactions need.
+pub type TestProducer = ThreadedProducer<DefaultProducerContext>;
+
+/// A transactional producer with `init_transactions` done.
+pub fn transactional_producer(transactional_id: &str) -> anyhow::Result<TestProducer> {
+    let producer: TestProducer = client_config()
+        .set("transactional.id", transactional_id)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("transaction.timeout.ms", "30000")
+        .create()?;
+    rdkafka::producer::Producer::init_transactions(&producer, Duration::from_secs(30))
+        .with_context(|| format!("init_transactions failed: {STACK_HINT}"))?;
+    Ok(producer)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    ReadCommitted,
+    ReadUncommitted,
+}
+
+impl Isolation {
+    fn as_config(self) -> &'static str {
+        match self {
+            Self::ReadCommitted => "read_committed",
+            Self::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+/// Every record of `topic` from the beginning to the end, as read with `isolation`.
+///
+/// The end is each partition's high watermark; a `read_committed` reader reaches it only once no
+/// transaction is open there, so the wait is bounded and a failure says so.
+pub fn read_topic(topic: &str, isolation: Isolation) -> anyhow::Result<Vec<OwnedMessage>> {
+    let consumer: BaseConsumer = client_config()
+        .set("group.id", unique_name("reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation.as_config())
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        bail!("topic {topic} has no partitions (does it exist?)");
+    }
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = Vec::new();
+    for &partition in &partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
+        if high > low {
+            remaining.push((partition, high));
+        }
+    }
+    consumer.assign(&assignment)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut records = Vec::new();
+    while !remaining.is_empty() {
+        if std::time::Instant::now() > deadline {
+            bail!("reading {topic} ({isolation:?}) did not reach the end of {remaining:?} in 60 s");
+        }
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            records.push(message?.detach());
+        }
+        // Control records and aborted data advance the position without being returned.
+        let positions = consumer.position()?;
+        remaining.retain(|&(partition, high)| {
+            positions
+                .find_partition(topic, partition)
+                .and_then(|elem| elem.offset().to_raw())
+                .is_none_or(|position| position < high)
+        });
+    }
+    records.sort_by_key(|m| (m.partition(), m.offset()));
+    Ok(records)
+}
+
+/// A fresh PostgreSQL database owned by the test role; dropped by [`TestDatabase::drop_database`].
+#[derive(Debug)]
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDatabase {
+    pub async fn create() -> anyhow::Result<Self> {
+        let admin_url = database_url();
+        let name = unique_name("eos_it").replace('-', "_");
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin_url)
+            .await
+            .with_context(|| format!("cannot connect to {admin_url}: {STACK_HINT}"))?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&admin)
+            .await
+            .with_context(|| format!("cannot create database {name}"))?;
+        admin.close().await;
+        let url = database_url_for(&admin_url, &name);
+        let pool = PgPoolOptions::new()
+            .max_connections(20)
+            .connect(&url)
+            .await
+            .with_context(|| format!("cannot connect to {url}"))?;
+        Ok(Self { name, url, pool })
+    }
+
+    pub async fn drop_database(self) -> anyhow::Result<()> {
+        self.pool.close().await;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&database_url())
+            .await?;
+        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        Ok(())
+    }
+}
+
+/// `url` with its database name replaced by `database`.
+fn database_url_for(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let base = match base.rfind('/') {
+        Some(slash) if slash > "postgres://".len() => &base[..slash],
+        _ => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+/// The path of one of the workspace's binaries, built once per test run if it is missing or stale.
+pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("integration-tests lives inside the workspace")?;
+    BUILT
+        .get_or_init(|| {
+            // Building is cheap when nothing changed, and guarantees tests never run a stale binary.
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "--workspace", "--bins"])
+                .current_dir(workspace)
+                .status()
+                .map_err(|e| format!("cannot run cargo build: {e}"))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("cargo build --workspace --bins failed: {status}"))
+            }
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)?;
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let path = target_dir.join("debug").join(name);
+    if !path.exists() {
+        bail!("{} does not exist after building the workspace", path.display());
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_url_swaps_the_database() {
+        assert_eq!(
+            database_url_for("postgres://eos:eos@127.0.0.1:5432/eos", "x"),
+            "postgres://eos:eos@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            database_url_for("postgres://eos:eos@h/eos?sslmode=disable", "x"),
+            "postgres://eos:eos@h/x?sslmode=disable"
+        );
+    }
+
+    #[test]
+    fn unique_names_differ() {
+        assert_ne!(unique_name("t"), unique_name("t"));
+    }
+}

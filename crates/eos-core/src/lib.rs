@@ -11,6 +11,7 @@ pub mod boundary;
 pub mod dead_letter;
 pub mod envelope;
 pub mod fingerprint;
+pub mod ops_http;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace_context;

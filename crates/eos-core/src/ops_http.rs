@@ -1,0 +1,116 @@
+//! The operations endpoint every service serves: Prometheus `/metrics`, `/healthz` (the process
+//! is alive), `/readyz` (it has its assignment and state and is doing work) and `/boundary` (the
+//! guarantee it gives, as JSON).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::boundary::Boundary;
+
+/// Installs the process-wide Prometheus recorder. Call once, before any metric is recorded.
+pub fn install_prometheus_recorder() -> Result<PrometheusHandle, OpsError> {
+    PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| OpsError::Recorder(e.to_string()))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("cannot install the Prometheus recorder: {0}")]
+    Recorder(String),
+    #[error("cannot listen on {addr} for metrics and health: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Readiness, shared between the service loop (which sets it) and the endpoint (which reports it).
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct OpsState {
+    readiness: Readiness,
+    boundary: Arc<Boundary>,
+    metrics: PrometheusHandle,
+}
+
+/// A bound but not yet serving ops listener: binding early makes a taken port a start-up error.
+#[derive(Debug)]
+pub struct OpsServer {
+    listener: TcpListener,
+}
+
+impl OpsServer {
+    pub async fn bind(addr: SocketAddr) -> Result<Self, OpsError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| OpsError::Bind { addr, source })?;
+        Ok(Self { listener })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serves until `shutdown` is cancelled.
+    pub async fn serve(
+        self,
+        boundary: Boundary,
+        readiness: Readiness,
+        metrics: PrometheusHandle,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let state = OpsState {
+            readiness,
+            boundary: Arc::new(boundary),
+            metrics,
+        };
+        let app = Router::new()
+            .route("/metrics", get(render_metrics))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/boundary", get(boundary_json))
+            .with_state(state);
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+    }
+}
+
+async fn render_metrics(State(state): State<OpsState>) -> impl IntoResponse {
+    state.metrics.render()
+}
+
+async fn readyz(State(state): State<OpsState>) -> impl IntoResponse {
+    if state.readiness.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn boundary_json(State(state): State<OpsState>) -> impl IntoResponse {
+    Json(state.boundary.as_ref().clone())
+}

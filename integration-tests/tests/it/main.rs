@@ -1,0 +1,4 @@
+//! The integration tests: one binary, real Kafka and real PostgreSQL from `deploy/local/stack`.
+
+mod kafka_transactions;
+mod postgres_idempotency;
