@@ -3,6 +3,8 @@
 //! real broker and server that `deploy/local/stack up` starts. Nothing here is a fake: a test that
 //! cannot reach the stack fails with a message saying how to start it.
 
+pub mod service_process;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -51,7 +53,9 @@ pub fn client_config() -> ClientConfig {
 }
 
 pub fn admin() -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    client_config().create().context("cannot create a Kafka admin client")
+    client_config()
+        .create()
+        .context("cannot create a Kafka admin client")
 }
 
 /// Creates `name` with `partitions` partitions and waits until its leaders are known.
@@ -170,6 +174,49 @@ pub fn read_topic(topic: &str, isolation: Isolation) -> anyhow::Result<Vec<Owned
     Ok(records)
 }
 
+/// Waits until `group` has committed, for every partition of `topic`, the topic's end offset:
+/// everything produced so far has been consumed and its effects committed.
+pub fn wait_until_consumed(group: &str, topic: &str, timeout: Duration) -> anyhow::Result<()> {
+    let consumer: BaseConsumer = client_config()
+        .set("group.id", group)
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let mut list = TopicPartitionList::new();
+        for &partition in &partitions {
+            list.add_partition(topic, partition);
+        }
+        let committed = consumer.committed_offsets(list, Duration::from_secs(10))?;
+        let mut behind = Vec::new();
+        for &partition in &partitions {
+            let (_, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+            let at = committed
+                .find_partition(topic, partition)
+                .and_then(|elem| elem.offset().to_raw())
+                .unwrap_or(0);
+            if at < high {
+                behind.push((partition, at, high));
+            }
+        }
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "group {group} still behind on {topic} after {timeout:?}: (partition, committed, end) {behind:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// A fresh PostgreSQL database owned by the test role; dropped by [`TestDatabase::drop_database`].
 #[derive(Debug)]
 pub struct TestDatabase {
@@ -207,9 +254,12 @@ impl TestDatabase {
             .max_connections(1)
             .connect(&database_url())
             .await?;
-        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name))
-            .execute(&admin)
-            .await?;
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        ))
+        .execute(&admin)
+        .await?;
         admin.close().await;
         Ok(())
     }
@@ -259,7 +309,10 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
         .unwrap_or_else(|| workspace.join("target"));
     let path = target_dir.join("debug").join(name);
     if !path.exists() {
-        bail!("{} does not exist after building the workspace", path.display());
+        bail!(
+            "{} does not exist after building the workspace",
+            path.display()
+        );
     }
     Ok(path)
 }

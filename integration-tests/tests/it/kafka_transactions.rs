@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use integration_tests::{
-    Isolation, TestProducer, client_config, create_topic, read_topic, transactional_producer, unique_name,
+    Isolation, TestProducer, client_config, create_topic, read_topic, transactional_producer,
+    unique_name,
 };
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -62,7 +63,10 @@ async fn read_committed_sees_only_committed_records() -> anyhow::Result<()> {
     let uncommitted = payloads(&read_topic(&topic, Isolation::ReadUncommitted)?);
     assert_eq!(uncommitted.len(), 6, "{uncommitted:?}");
     assert_eq!(
-        uncommitted.iter().filter(|p| p.starts_with("aborted-")).count(),
+        uncommitted
+            .iter()
+            .filter(|p| p.starts_with("aborted-"))
+            .count(),
         3
     );
     Ok(())
@@ -196,7 +200,10 @@ async fn a_new_producer_with_the_same_id_fences_the_old_one() -> anyhow::Result<
         "expected a fencing error, got {zombie_error:?}"
     );
     if let KafkaError::Transaction(error) = &zombie_error {
-        assert!(error.is_fatal(), "fencing is fatal for the zombie: {error:?}");
+        assert!(
+            error.is_fatal(),
+            "fencing is fatal for the zombie: {error:?}"
+        );
     }
     assert_eq!(
         payloads(&read_topic(&topic, Isolation::ReadCommitted)?),

@@ -42,10 +42,11 @@ async fn concurrent_idempotent_inserts_leave_one_row_per_id() -> anyhow::Result<
         inserted_total += writer.await??;
     }
 
-    let (rows, distinct, sum): (i64, i64, i64) =
-        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT event_id), SUM(value)::BIGINT FROM event_sink")
-            .fetch_one(&db.pool)
-            .await?;
+    let (rows, distinct, sum): (i64, i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(DISTINCT event_id), SUM(value)::BIGINT FROM event_sink",
+    )
+    .fetch_one(&db.pool)
+    .await?;
     assert_eq!(rows, IDS);
     assert_eq!(distinct, IDS);
     assert_eq!(sum, (0..IDS).sum::<i64>());

@@ -1,0 +1,27 @@
+//! The processor's error enum: each variant is something the caller does differently.
+
+use rdkafka::error::KafkaError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessorError {
+    /// Bad flags or topics that do not fit together: fix the configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A topic is missing and cannot be created, or exists with the wrong shape.
+    #[error("topic {topic}: {detail}")]
+    Topic { topic: String, detail: String },
+    /// State could not be rebuilt from the changelog: never process without it.
+    #[error("restoring state of {topic}[{partition}]: {detail}")]
+    Restore {
+        topic: String,
+        partition: i32,
+        detail: String,
+    },
+    /// Fenced by a newer instance, or a fatal producer/consumer error: stop producing and exit
+    /// non-zero so the orchestrator restarts us (and the restart fences whatever is left).
+    #[error("fatal Kafka error, stopping: {0}")]
+    Fatal(KafkaError),
+    /// A Kafka client call failed where no transaction was open.
+    #[error("Kafka: {0}")]
+    Kafka(#[from] KafkaError),
+}

@@ -1,0 +1,137 @@
+//! eos-processor: Kafka → Kafka read-process-write with exactly-once effects.
+//!
+//! Guarantee (exactly-once mode): for `read_committed` readers of the output topic, every input
+//! event has exactly one visible effect — one output record and one state change, or one dead
+//! letter — through crashes, restarts, rebalances and broker restarts. Outputs, state changelog
+//! records, dead letters and the consumed offsets of a batch are written in one Kafka transaction;
+//! a restarted instance with the same `transactional.id` fences its zombie, and consumer-group
+//! metadata fences a stale member of the group.
+
+pub mod changelog;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod partition_state;
+pub mod topics;
+pub mod transaction_loop;
+pub mod transform;
+
+use anyhow::Context as _;
+use eos_core::ops_http::{self, OpsServer, Readiness};
+use eos_core::{Boundary, Guarantee};
+use rdkafka::ClientConfig;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+pub use error::ProcessorError;
+use partition_state::DedupPolicy;
+use transaction_loop::{LoopSettings, TransactionLoop};
+use transform::LedgerTransform;
+
+/// The guarantee this configuration gives, for logs and `/boundary`.
+pub fn boundary(config: &Config) -> Boundary {
+    let input = format!(
+        "kafka topic={} group={}",
+        config.input_topic, config.group_id
+    );
+    let result = format!(
+        "kafka topics={} (output), {} (dead letters), {} (state)",
+        config.output_topic,
+        config.dlq_topic(),
+        config.changelog_topic()
+    );
+    match config.guarantee {
+        Guarantee::ExactlyOnce => Boundary {
+            guarantee: Guarantee::ExactlyOnce,
+            input,
+            result,
+            checkpoint: format!(
+                "consumer offsets committed inside the Kafka transaction (transactional.id={})",
+                config.transactional_id()
+            ),
+            recovery: "init_transactions fences the previous instance and aborts its open \
+                       transaction; state is restored from the changelog with read_committed and \
+                       reading resumes at the offsets committed with it"
+                .into(),
+        },
+        Guarantee::AtLeastOnce => Boundary {
+            guarantee: Guarantee::AtLeastOnce,
+            input,
+            result,
+            checkpoint: "consumer offsets committed after the outputs are delivered".into(),
+            recovery: "resumes at the last committed offset; records processed after it are \
+                       processed again, so a crash can repeat effects"
+                .into(),
+        },
+    }
+}
+
+/// Runs the processor until `shutdown` is cancelled (exit 0 after committing the open batch) or a
+/// fatal error (fenced, unrecoverable Kafka state, bad topics).
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    config.validate().map_err(ProcessorError::Config)?;
+    let boundary = boundary(&config);
+    tracing::info!(
+        guarantee = %boundary.guarantee,
+        input = %boundary.input,
+        result = %boundary.result,
+        checkpoint = %boundary.checkpoint,
+        recovery = %boundary.recovery,
+        "boundary"
+    );
+
+    let metrics_handle = ops_http::install_prometheus_recorder()?;
+    metrics::describe();
+    let readiness = Readiness::default();
+    let ops = OpsServer::bind(config.metrics_addr).await?;
+    tracing::info!(addr = ?ops.local_addr(), "serving /metrics, /healthz, /readyz, /boundary");
+    let ops_shutdown = CancellationToken::new();
+    let ops_task = tokio::spawn(ops.serve(
+        boundary,
+        readiness.clone(),
+        metrics_handle,
+        ops_shutdown.clone(),
+    ));
+
+    let mut client_config = ClientConfig::new();
+    client_config.set("bootstrap.servers", &config.bootstrap_servers);
+    let plan = topics::TopicPlan {
+        input: config.input_topic.clone(),
+        output: config.output_topic.clone(),
+        dlq: config.dlq_topic(),
+        changelog: config.changelog_topic(),
+        partitions: config.partitions,
+    };
+    let input_partitions = topics::ensure_topics(&client_config, &plan)
+        .await
+        .context("checking topics")?;
+    tracing::info!(input_partitions, "topics ready");
+
+    let settings = LoopSettings {
+        guarantee: config.guarantee,
+        input_topic: config.input_topic.clone(),
+        output_topic: config.output_topic.clone(),
+        dlq_topic: config.dlq_topic(),
+        changelog_topic: config.changelog_topic(),
+        group_id: config.group_id.clone(),
+        transactional_id: config.transactional_id(),
+        commit_interval: config.commit_interval,
+        max_batch: config.max_batch,
+        policy: DedupPolicy {
+            horizon_secs: config.dedup_horizon.as_secs() as i64,
+            max_record_bytes: config.max_record_bytes,
+        },
+        transaction_timeout: config.transaction_timeout,
+        fault_abort_every: config.fault_abort_every,
+        client_config,
+    };
+    let loop_shutdown = shutdown.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        TransactionLoop::new(settings, LedgerTransform, readiness)?.run(&loop_shutdown)
+    })
+    .await
+    .context("the transaction loop panicked");
+    ops_shutdown.cancel();
+    let _ = ops_task.await;
+    result?.map_err(anyhow::Error::from)
+}

@@ -1,0 +1,37 @@
+//! Metric names (Prometheus, via the `metrics` facade). Labels: `reason` on dead letters,
+//! `outcome` on transactions.
+
+pub const RECORDS_IN: &str = "eos_processor_records_in_total";
+pub const RECORDS_OUT: &str = "eos_processor_records_out_total";
+pub const DUPLICATES_DROPPED: &str = "eos_processor_duplicates_dropped_total";
+pub const DEAD_LETTERS: &str = "eos_processor_dead_letters_total";
+pub const TRANSACTIONS: &str = "eos_processor_transactions_total";
+pub const TRANSACTION_SECONDS: &str = "eos_processor_transaction_duration_seconds";
+pub const RESTORE_SECONDS: &str = "eos_processor_state_restore_seconds";
+pub const ASSIGNED_PARTITIONS: &str = "eos_processor_assigned_partitions";
+
+pub fn describe() {
+    metrics::describe_counter!(RECORDS_IN, "input records read and decided");
+    metrics::describe_counter!(RECORDS_OUT, "output records committed");
+    metrics::describe_counter!(
+        DUPLICATES_DROPPED,
+        "duplicate deliveries dropped (same event_id, same fingerprint)"
+    );
+    metrics::describe_counter!(
+        DEAD_LETTERS,
+        "records committed to the dead-letter topic, by reason"
+    );
+    metrics::describe_counter!(
+        TRANSACTIONS,
+        "batches by outcome: committed, aborted, recovered"
+    );
+    metrics::describe_histogram!(
+        TRANSACTION_SECONDS,
+        "time from the first write of a batch to its commit"
+    );
+    metrics::describe_histogram!(
+        RESTORE_SECONDS,
+        "time to rebuild one partition's state from the changelog"
+    );
+    metrics::describe_gauge!(ASSIGNED_PARTITIONS, "input partitions currently owned");
+}

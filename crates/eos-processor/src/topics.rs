@@ -1,0 +1,171 @@
+//! Creates the topics the processor needs when they are missing, and checks them when present:
+//! the changelog must be compacted and have exactly as many partitions as the input, since
+//! changelog partition N holds the state of input partition N.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::error::ProcessorError;
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct TopicPlan {
+    pub input: String,
+    pub output: String,
+    pub dlq: String,
+    pub changelog: String,
+    pub partitions: i32,
+}
+
+fn topic_error(topic: &str, detail: impl Into<String>) -> ProcessorError {
+    ProcessorError::Topic {
+        topic: topic.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+/// Partition counts of the topics that exist (topics missing from the map do not).
+fn partition_counts(
+    client_config: &ClientConfig,
+    topics: &[&str],
+) -> Result<HashMap<String, i32>, ProcessorError> {
+    let consumer: BaseConsumer = client_config.create()?;
+    let mut counts = HashMap::new();
+    for &topic in topics {
+        let metadata = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+        for t in metadata.topics() {
+            if t.error().is_none() && !t.partitions().is_empty() {
+                counts.insert(t.name().to_owned(), t.partitions().len() as i32);
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// Creates whatever is missing, then checks the changelog against the input. Returns the input's
+/// partition count.
+pub async fn ensure_topics(
+    client_config: &ClientConfig,
+    plan: &TopicPlan,
+) -> Result<i32, ProcessorError> {
+    let all = [
+        plan.input.as_str(),
+        plan.output.as_str(),
+        plan.dlq.as_str(),
+        plan.changelog.as_str(),
+    ];
+    let existing = partition_counts(client_config, &all)?;
+    let input_partitions = existing
+        .get(&plan.input)
+        .copied()
+        .unwrap_or(plan.partitions);
+    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+
+    let compact = [("cleanup.policy", "compact")];
+    let mut to_create = Vec::new();
+    for &topic in &all {
+        if existing.contains_key(topic) {
+            continue;
+        }
+        // The changelog must match the input even when the input already existed.
+        let partitions = if topic == plan.changelog {
+            input_partitions
+        } else {
+            plan.partitions
+        };
+        let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+        if topic == plan.changelog {
+            for (key, value) in &compact {
+                new_topic = new_topic.set(key, value);
+            }
+        }
+        to_create.push(new_topic);
+    }
+    if !to_create.is_empty() {
+        let results = admin.create_topics(to_create.iter(), &options).await?;
+        for result in results {
+            match result {
+                Ok(topic) => tracing::info!(topic, "created topic"),
+                // Another instance (or the producer) created it first: fine, checked below.
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(topic_error(&topic, format!("cannot create: {code}")));
+                }
+            }
+        }
+    }
+
+    let counts = wait_for_topics(client_config, &all).await?;
+    let input_partitions = counts[&plan.input];
+    let changelog_partitions = counts[&plan.changelog];
+    if changelog_partitions != input_partitions {
+        return Err(topic_error(
+            &plan.changelog,
+            format!(
+                "has {changelog_partitions} partitions but input {} has {input_partitions}; the \
+                 changelog must be co-partitioned with the input (recreate it with \
+                 {input_partitions} partitions, or use another --changelog-topic)",
+                plan.input
+            ),
+        ));
+    }
+    check_compacted(&admin, &options, &plan.changelog).await?;
+    Ok(input_partitions)
+}
+
+/// Waits until every topic has metadata (creation is asynchronous on the broker).
+async fn wait_for_topics(
+    client_config: &ClientConfig,
+    topics: &[&str],
+) -> Result<HashMap<String, i32>, ProcessorError> {
+    for _ in 0..50 {
+        let counts = partition_counts(client_config, topics)?;
+        if topics.iter().all(|t| counts.contains_key(*t)) {
+            return Ok(counts);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let counts = partition_counts(client_config, topics)?;
+    let missing: Vec<&str> = topics
+        .iter()
+        .copied()
+        .filter(|t| !counts.contains_key(*t))
+        .collect();
+    Err(topic_error(
+        &missing.join(","),
+        "still missing 10 s after creation",
+    ))
+}
+
+async fn check_compacted(
+    admin: &AdminClient<DefaultClientContext>,
+    options: &AdminOptions,
+    changelog: &str,
+) -> Result<(), ProcessorError> {
+    let results = admin
+        .describe_configs([&ResourceSpecifier::Topic(changelog)], options)
+        .await?;
+    for result in results {
+        let resource =
+            result.map_err(|code| topic_error(changelog, format!("cannot describe: {code}")))?;
+        let policy = resource
+            .get("cleanup.policy")
+            .and_then(|entry| entry.value.clone())
+            .unwrap_or_default();
+        if !policy.split(',').any(|p| p.trim() == "compact") {
+            return Err(topic_error(
+                changelog,
+                format!("cleanup.policy is {policy:?}; a state changelog must be compacted"),
+            ));
+        }
+    }
+    Ok(())
+}

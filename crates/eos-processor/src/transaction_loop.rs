@@ -1,0 +1,870 @@
+//! The read-process-write loop. It runs on a dedicated thread because every transactional call
+//! blocks up to its timeout.
+//!
+//! Invariant: no transaction is open while the consumer polls. A batch is decided in memory
+//! (outputs, dead letters and state changes in an overlay) across polls and written in one go —
+//! begin, produce, send offsets, commit — between two polls. Rebalance callbacks run only inside
+//! `poll`, so they never meet an open transaction: on revoke (or loss) the undecided batch is
+//! simply dropped, and whoever owns the partitions next re-reads them from the committed offsets.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram};
+use opentelemetry::trace::TraceContextExt as _;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, info_span, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use eos_core::ops_http::Readiness;
+use eos_core::{DeadLetterReason, Guarantee, dead_letter, trace_context};
+
+use crate::changelog;
+use crate::error::ProcessorError;
+use crate::metrics as m;
+use crate::partition_state::{Decision, DedupPolicy, InputRecord, Overlay, PartitionState};
+use crate::transform::{SourcePosition, Transform};
+
+/// How often committed ids past the horizon are swept into tombstones, per partition.
+const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// Commit attempts whose outcome is unknown before the producer is replaced.
+const COMMIT_ATTEMPTS: u32 = 5;
+/// Attempts of a retriable call other than commit before the batch is aborted.
+const CALL_ATTEMPTS: u32 = 5;
+
+/// Everything the loop needs, resolved from the configuration.
+#[derive(Debug, Clone)]
+pub struct LoopSettings {
+    pub guarantee: Guarantee,
+    pub input_topic: String,
+    pub output_topic: String,
+    pub dlq_topic: String,
+    pub changelog_topic: String,
+    pub group_id: String,
+    pub transactional_id: String,
+    pub commit_interval: Duration,
+    pub max_batch: usize,
+    pub policy: DedupPolicy,
+    pub transaction_timeout: Duration,
+    pub fault_abort_every: Option<u64>,
+    /// Connection settings shared by every client.
+    pub client_config: ClientConfig,
+}
+
+impl LoopSettings {
+    fn call_timeout(&self) -> Duration {
+        self.transaction_timeout.max(Duration::from_secs(10))
+    }
+
+    fn restore_timeout(&self) -> Duration {
+        // A crashed owner's open transaction holds the changelog's LSO until the broker aborts it.
+        self.transaction_timeout * 3 + Duration::from_secs(30)
+    }
+}
+
+#[derive(Debug)]
+enum RebalanceEvent {
+    Revoked { partitions: Vec<i32>, lost: bool },
+    Assigned { partitions: Vec<i32> },
+}
+
+/// Records rebalance events for the loop to handle after `poll` returns.
+#[derive(Debug, Default)]
+struct RebalanceRecorder {
+    topic: String,
+    events: Mutex<Vec<RebalanceEvent>>,
+}
+
+impl RebalanceRecorder {
+    fn partitions(&self, list: &TopicPartitionList) -> Vec<i32> {
+        list.elements()
+            .iter()
+            .filter(|elem| elem.topic() == self.topic)
+            .map(|elem| elem.partition())
+            .collect()
+    }
+
+    fn push(&self, event: RebalanceEvent) {
+        if let Ok(mut events) = self.events.lock() {
+            events.push(event);
+        }
+    }
+
+    fn take(&self) -> Vec<RebalanceEvent> {
+        self.events
+            .lock()
+            .map(|mut events| std::mem::take(&mut *events))
+            .unwrap_or_default()
+    }
+}
+
+impl ClientContext for RebalanceRecorder {}
+
+impl ConsumerContext for RebalanceRecorder {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => self.push(RebalanceEvent::Revoked {
+                partitions: self.partitions(list),
+                lost: consumer.assignment_lost(),
+            }),
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(error) => warn!(%error, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            self.push(RebalanceEvent::Assigned {
+                partitions: self.partitions(list),
+            });
+        }
+    }
+}
+
+/// Counts failed deliveries (at-least-once mode has no transaction to fail instead).
+#[derive(Debug, Default)]
+struct DeliveryTracker {
+    failures: Mutex<Vec<String>>,
+}
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _opaque: ()) {
+        if let Err((error, _)) = result
+            && let Ok(mut failures) = self.failures.lock()
+        {
+            failures.push(error.to_string());
+        }
+    }
+}
+
+type LoopProducer = ThreadedProducer<DeliveryTracker>;
+type LoopConsumer = BaseConsumer<RebalanceRecorder>;
+
+/// A record decided in this batch, waiting to be written.
+#[derive(Debug)]
+struct PendingRecord {
+    topic: String,
+    partition: Option<i32>,
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+    headers: OwnedHeaders,
+}
+
+#[derive(Debug, Default)]
+struct BatchCounts {
+    records_in: u64,
+    outputs: u64,
+    duplicates: u64,
+    dead_letters: HashMap<DeadLetterReason, u64>,
+}
+
+/// The open batch: decided but not yet written.
+#[derive(Debug)]
+struct Batch<S> {
+    started: Option<Instant>,
+    records: Vec<PendingRecord>,
+    overlays: HashMap<i32, Overlay<S>>,
+    next_offsets: HashMap<i32, i64>,
+    counts: BatchCounts,
+}
+
+impl<S> Default for Batch<S> {
+    fn default() -> Self {
+        Self {
+            started: None,
+            records: Vec::new(),
+            overlays: HashMap::new(),
+            next_offsets: HashMap::new(),
+            counts: BatchCounts::default(),
+        }
+    }
+}
+
+impl<S> Batch<S> {
+    fn is_empty(&self) -> bool {
+        self.counts.records_in == 0
+    }
+}
+
+/// Why a transaction did not commit.
+enum TxnFailure {
+    /// Nothing of the batch is visible: abort, rewind, redo.
+    Abortable(KafkaError),
+    /// The commit's outcome is unknown: never abort; replace the producer and recover.
+    Unknown(KafkaError),
+    /// Fenced or fatal: stop.
+    Fatal(KafkaError),
+}
+
+fn classify(error: KafkaError) -> TxnFailure {
+    match &error {
+        KafkaError::Transaction(rd) if rd.is_fatal() => TxnFailure::Fatal(error),
+        _ => TxnFailure::Abortable(error),
+    }
+}
+
+fn is_retriable(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::Transaction(rd) if rd.is_retriable() && !rd.txn_requires_abort())
+}
+
+pub struct TransactionLoop<T: Transform> {
+    settings: LoopSettings,
+    transform: T,
+    consumer: LoopConsumer,
+    producer: LoopProducer,
+    states: HashMap<i32, PartitionState<T::EntityState>>,
+    last_sweep: HashMap<i32, Instant>,
+    batch: Batch<T::EntityState>,
+    transactions_written: u64,
+    readiness: Readiness,
+}
+
+impl<T: Transform> std::fmt::Debug for TransactionLoop<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionLoop")
+            .field("settings", &self.settings)
+            .field("partitions", &self.states.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Transform> TransactionLoop<T> {
+    /// Creates the clients; in exactly-once mode `init_transactions` fences any earlier instance
+    /// with the same `transactional.id` and aborts its open transaction.
+    pub fn new(
+        settings: LoopSettings,
+        transform: T,
+        readiness: Readiness,
+    ) -> Result<Self, ProcessorError> {
+        let producer = create_producer(&settings)?;
+        let consumer: LoopConsumer = settings
+            .client_config
+            .clone()
+            .set("group.id", &settings.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .create_with_context(RebalanceRecorder {
+                topic: settings.input_topic.clone(),
+                events: Mutex::new(Vec::new()),
+            })?;
+        consumer.subscribe(&[&settings.input_topic])?;
+        Ok(Self {
+            settings,
+            transform,
+            consumer,
+            producer,
+            states: HashMap::new(),
+            last_sweep: HashMap::new(),
+            batch: Batch::default(),
+            transactions_written: 0,
+            readiness,
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled (then commits the open batch) or a fatal error.
+    pub fn run(mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {
+        let result = self.run_until(shutdown);
+        self.readiness.set(false);
+        if result.is_ok() {
+            // Leave the group now rather than after the session timeout.
+            self.consumer.unsubscribe();
+            info!("stopped after committing the open batch");
+        }
+        result
+    }
+
+    fn run_until(&mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {
+        loop {
+            if shutdown.is_cancelled() {
+                return self.finish_batch();
+            }
+            let wait = match self.batch.started {
+                Some(started) => self
+                    .settings
+                    .commit_interval
+                    .saturating_sub(started.elapsed()),
+                None => self.settings.commit_interval,
+            };
+            let polled = self
+                .consumer
+                .poll(wait)
+                .map(|result| result.map(|message| message.detach()));
+            self.handle_rebalance_events()?;
+            match polled {
+                Some(Ok(message)) => {
+                    self.decide(&message);
+                    if self.settings.guarantee == Guarantee::AtLeastOnce {
+                        self.send_decided_now()?;
+                    }
+                }
+                Some(Err(error)) => self.consumer_error(error)?,
+                None => {}
+            }
+            let full = self.batch.counts.records_in as usize >= self.settings.max_batch;
+            let due = self
+                .batch
+                .started
+                .is_some_and(|started| started.elapsed() >= self.settings.commit_interval);
+            if full || due {
+                self.finish_batch()?;
+            }
+        }
+    }
+
+    fn consumer_error(&self, error: KafkaError) -> Result<(), ProcessorError> {
+        if let KafkaError::MessageConsumptionFatal(_) = error {
+            return Err(ProcessorError::Fatal(error));
+        }
+        // Broker disconnects and the like: librdkafka retries by itself.
+        warn!(%error, "consumer error");
+        Ok(())
+    }
+
+    fn handle_rebalance_events(&mut self) -> Result<(), ProcessorError> {
+        for event in self.consumer.context().take() {
+            match event {
+                RebalanceEvent::Revoked { partitions, lost } => {
+                    // No transaction is open here (see the module doc); the undecided batch goes.
+                    if !self.batch.is_empty() {
+                        info!(
+                            records = self.batch.counts.records_in,
+                            lost, "dropping the undecided batch: partitions revoked"
+                        );
+                    }
+                    self.batch = Batch::default();
+                    for partition in &partitions {
+                        self.states.remove(partition);
+                    }
+                    info!(?partitions, lost, "partitions revoked");
+                    self.readiness.set(false);
+                }
+                RebalanceEvent::Assigned { partitions } => {
+                    info!(?partitions, "partitions assigned; restoring state");
+                    for &partition in &partitions {
+                        self.restore(partition)?;
+                    }
+                    self.readiness.set(true);
+                }
+            }
+        }
+        gauge!(m::ASSIGNED_PARTITIONS).set(self.states.len() as f64);
+        Ok(())
+    }
+
+    fn restore(&mut self, partition: i32) -> Result<(), ProcessorError> {
+        let started = Instant::now();
+        let (state, records) = changelog::restore_partition(
+            &self.settings.client_config,
+            &self.settings.changelog_topic,
+            partition,
+            self.settings.restore_timeout(),
+        )?;
+        histogram!(m::RESTORE_SECONDS).record(started.elapsed().as_secs_f64());
+        info!(
+            partition,
+            changelog_records = records,
+            entities = state.entity_count(),
+            seen_ids = state.seen_count(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "state restored"
+        );
+        self.states.insert(partition, state);
+        Ok(())
+    }
+
+    fn decide(&mut self, message: &OwnedMessage) {
+        let partition = message.partition();
+        let Some(state) = self.states.get(&partition) else {
+            // Only possible for a partition revoked in the same poll; its new owner reads it.
+            debug!(
+                partition,
+                offset = message.offset(),
+                "record of an unowned partition skipped"
+            );
+            return;
+        };
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let batch = &mut self.batch;
+        batch.started.get_or_insert_with(Instant::now);
+        let overlay = batch.overlays.entry(partition).or_insert_with(|| {
+            let mut overlay = Overlay::default();
+            let last = self
+                .last_sweep
+                .entry(partition)
+                .or_insert_with(Instant::now);
+            if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
+                *last = Instant::now();
+                let expired = state.expire(&mut overlay, now);
+                if expired > 0 {
+                    info!(partition, expired, "dedup ids past the horizon tombstoned");
+                }
+            }
+            overlay
+        });
+        let source = SourcePosition {
+            topic: message.topic().to_owned(),
+            partition,
+            offset: message.offset(),
+        };
+        let parent = message
+            .headers()
+            .map(trace_context::extract_kafka)
+            .unwrap_or_default();
+        let event_id_header = message
+            .headers()
+            .and_then(trace_context::event_id_header)
+            .unwrap_or_default()
+            .to_owned();
+        let span = info_span!(
+            "process",
+            otel.name = "eos-processor process",
+            otel.kind = "consumer",
+            event_id = %event_id_header,
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.source.name = %source.topic,
+            messaging.destination.partition.id = partition,
+            messaging.kafka.offset = source.offset,
+            eos.decision = tracing::field::Empty,
+        );
+        let _ = span.set_parent(parent.clone());
+        let record = InputRecord {
+            value: message.payload(),
+            timestamp_secs: message.timestamp().to_millis().unwrap_or(0) / 1000,
+        };
+        let decision = state.decide(
+            overlay,
+            &self.transform,
+            record,
+            &source,
+            now,
+            self.settings.policy,
+        );
+        batch.counts.records_in += 1;
+        batch.next_offsets.insert(partition, message.offset() + 1);
+        match decision {
+            Decision::Emit {
+                event_id,
+                entity_id,
+                output,
+            } => {
+                span.record("eos.decision", "emit");
+                // Without an exporter the span has no context of its own: pass the input's on.
+                let span_cx = span.context();
+                let cx = if span_cx.span().span_context().is_valid() {
+                    span_cx
+                } else {
+                    parent
+                };
+                let headers = trace_context::with_event_id(
+                    trace_context::inject_kafka(&cx, OwnedHeaders::new()),
+                    &event_id,
+                );
+                batch.counts.outputs += 1;
+                batch.records.push(PendingRecord {
+                    topic: self.settings.output_topic.clone(),
+                    partition: None,
+                    key: Some(entity_id.into_bytes()),
+                    payload: serde_json::to_vec(&output).ok(),
+                    headers,
+                });
+            }
+            Decision::Duplicate { event_id } => {
+                span.record("eos.decision", "duplicate");
+                debug!(
+                    event_id,
+                    partition,
+                    offset = source.offset,
+                    "duplicate delivery dropped"
+                );
+                batch.counts.duplicates += 1;
+            }
+            Decision::DeadLetter {
+                reason,
+                detail,
+                event_id,
+            } => {
+                span.record("eos.decision", "dead_letter");
+                warn!(
+                    partition,
+                    offset = source.offset,
+                    event_id = event_id.as_deref().unwrap_or(""),
+                    %reason,
+                    detail,
+                    "record dead-lettered"
+                );
+                *batch.counts.dead_letters.entry(reason).or_default() += 1;
+                batch.records.push(dead_letter_record(
+                    &self.settings.dlq_topic,
+                    message,
+                    reason,
+                    &detail,
+                ));
+            }
+        }
+    }
+
+    /// Writes the open batch with the configured guarantee.
+    fn finish_batch(&mut self) -> Result<(), ProcessorError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.batch);
+        match self.settings.guarantee {
+            Guarantee::ExactlyOnce => self.commit_transactional(batch),
+            Guarantee::AtLeastOnce => self.commit_at_least_once(batch),
+        }
+    }
+
+    fn changelog_records(&self, batch: &Batch<T::EntityState>) -> Vec<PendingRecord> {
+        let mut records = Vec::new();
+        for (&partition, overlay) in &batch.overlays {
+            for record in changelog::records_for(overlay) {
+                records.push(PendingRecord {
+                    topic: self.settings.changelog_topic.clone(),
+                    partition: Some(partition),
+                    key: Some(record.key.into_bytes()),
+                    payload: record.value,
+                    headers: OwnedHeaders::new(),
+                });
+            }
+        }
+        records
+    }
+
+    fn offsets(&self, batch: &Batch<T::EntityState>) -> Result<TopicPartitionList, KafkaError> {
+        let mut offsets = TopicPartitionList::new();
+        for (&partition, &next) in &batch.next_offsets {
+            offsets.add_partition_offset(
+                &self.settings.input_topic,
+                partition,
+                Offset::Offset(next),
+            )?;
+        }
+        Ok(offsets)
+    }
+
+    fn commit_transactional(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+        let started = Instant::now();
+        let changelog = self.changelog_records(&batch);
+        let written = self.write_transaction(&batch, &changelog);
+        self.transactions_written += 1;
+        let outcome = match written {
+            Err(failure) => Err(failure),
+            Ok(()) if self.fault_abort_due() => Err(TxnFailure::Abortable(KafkaError::Global(
+                RDKafkaErrorCode::Fail,
+            ))),
+            Ok(()) => self.commit_with_retry(),
+        };
+        match outcome {
+            Ok(()) => {
+                histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
+                self.apply_committed(batch);
+                Ok(())
+            }
+            Err(TxnFailure::Abortable(error)) => self.abort_and_rewind(&error),
+            Err(TxnFailure::Unknown(error)) => self.replace_producer_and_recover(&error),
+            Err(TxnFailure::Fatal(error)) => Err(ProcessorError::Fatal(error)),
+        }
+    }
+
+    fn fault_abort_due(&self) -> bool {
+        self.settings
+            .fault_abort_every
+            .is_some_and(|every| self.transactions_written.is_multiple_of(every))
+    }
+
+    /// begin → produce everything → send the consumed offsets. Nothing is committed yet.
+    fn write_transaction(
+        &self,
+        batch: &Batch<T::EntityState>,
+        changelog: &[PendingRecord],
+    ) -> Result<(), TxnFailure> {
+        self.producer.begin_transaction().map_err(classify)?;
+        for record in batch.records.iter().chain(changelog) {
+            send(&self.producer, record).map_err(classify)?;
+        }
+        let offsets = self.offsets(batch).map_err(classify)?;
+        let group_metadata = self
+            .consumer
+            .group_metadata()
+            .ok_or_else(|| TxnFailure::Abortable(KafkaError::Global(RDKafkaErrorCode::State)))?;
+        let timeout = self.settings.call_timeout();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self
+                .producer
+                .send_offsets_to_transaction(&offsets, &group_metadata, timeout)
+            {
+                Ok(()) => return Ok(()),
+                Err(error) if is_retriable(&error) && attempt < CALL_ATTEMPTS => {
+                    warn!(%error, attempt, "send_offsets_to_transaction failed; retrying");
+                }
+                Err(error) => return Err(classify(error)),
+            }
+        }
+    }
+
+    /// Commits; a retriable failure means the outcome is unknown, so only the commit is retried.
+    fn commit_with_retry(&self) -> Result<(), TxnFailure> {
+        let timeout = self.settings.call_timeout();
+        let mut last_error = None;
+        for attempt in 1..=COMMIT_ATTEMPTS {
+            match self.producer.commit_transaction(timeout) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(rd)) if rd.is_fatal() => {
+                    return Err(TxnFailure::Fatal(KafkaError::Transaction(rd)));
+                }
+                Err(KafkaError::Transaction(rd)) if rd.txn_requires_abort() => {
+                    return Err(TxnFailure::Abortable(KafkaError::Transaction(rd)));
+                }
+                Err(error) => {
+                    warn!(%error, attempt, "commit outcome unknown; retrying the commit");
+                    last_error = Some(error);
+                }
+            }
+        }
+        Err(TxnFailure::Unknown(
+            last_error.unwrap_or(KafkaError::Canceled),
+        ))
+    }
+
+    fn apply_committed(&mut self, batch: Batch<T::EntityState>) {
+        let counts = batch.counts;
+        for (partition, overlay) in batch.overlays {
+            if let Some(state) = self.states.get_mut(&partition) {
+                state.apply(overlay);
+            }
+        }
+        counter!(m::RECORDS_IN).increment(counts.records_in);
+        counter!(m::RECORDS_OUT).increment(counts.outputs);
+        counter!(m::DUPLICATES_DROPPED).increment(counts.duplicates);
+        for (reason, n) in counts.dead_letters {
+            counter!(m::DEAD_LETTERS, "reason" => reason.as_str()).increment(n);
+        }
+        counter!(m::TRANSACTIONS, "outcome" => "committed").increment(1);
+        debug!(
+            records_in = counts.records_in,
+            outputs = counts.outputs,
+            duplicates = counts.duplicates,
+            "batch committed"
+        );
+    }
+
+    /// Nothing of the batch became visible: abort, drop its state changes, rewind the consumer.
+    fn abort_and_rewind(&mut self, cause: &KafkaError) -> Result<(), ProcessorError> {
+        warn!(error = %cause, "aborting transaction");
+        counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
+        let timeout = self.settings.call_timeout();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.producer.abort_transaction(timeout) {
+                Ok(()) => break,
+                Err(KafkaError::Transaction(rd)) if rd.is_fatal() => {
+                    return Err(ProcessorError::Fatal(KafkaError::Transaction(rd)));
+                }
+                Err(error) if is_retriable(&error) && attempt < CALL_ATTEMPTS => {
+                    warn!(%error, attempt, "abort failed; retrying");
+                }
+                Err(error) => {
+                    // A fresh producer's init_transactions aborts whatever is still open.
+                    return self.replace_producer_and_recover(&error);
+                }
+            }
+        }
+        self.rewind_to_committed()
+    }
+
+    /// The commit's outcome is unknown. A new producer with the same transactional.id fences the
+    /// old one and resolves the transaction; then state and positions are re-read from Kafka,
+    /// which holds either both the batch's outputs and offsets or neither.
+    fn replace_producer_and_recover(&mut self, cause: &KafkaError) -> Result<(), ProcessorError> {
+        warn!(error = %cause, "replacing the producer and recovering from committed state");
+        counter!(m::TRANSACTIONS, "outcome" => "recovered").increment(1);
+        self.producer = create_producer(&self.settings)?;
+        let partitions: Vec<i32> = self.states.keys().copied().collect();
+        for partition in partitions {
+            self.restore(partition)?;
+        }
+        self.rewind_to_committed()
+    }
+
+    fn rewind_to_committed(&mut self) -> Result<(), ProcessorError> {
+        self.batch = Batch::default();
+        let timeout = self.settings.call_timeout();
+        let committed = self.consumer.committed(timeout)?;
+        let mut positions = TopicPartitionList::new();
+        for elem in committed.elements() {
+            let offset = match elem.offset() {
+                Offset::Offset(offset) => Offset::Offset(offset),
+                _ => Offset::Beginning,
+            };
+            positions.add_partition_offset(elem.topic(), elem.partition(), offset)?;
+        }
+        let sought = self.consumer.seek_partitions(positions, timeout)?;
+        for elem in sought.elements() {
+            if let Err(error) = elem.error() {
+                // A partition we cannot rewind must not be read past its committed offset.
+                return Err(ProcessorError::Fatal(error));
+            }
+        }
+        info!(
+            partitions = sought.count(),
+            "rewound to the committed offsets"
+        );
+        Ok(())
+    }
+
+    /// At-least-once streams outputs and dead letters as they are decided, like a plain
+    /// consumer-producer pipeline: they become visible before the offsets that cover them are
+    /// committed.
+    fn send_decided_now(&mut self) -> Result<(), ProcessorError> {
+        for record in self.batch.records.drain(..) {
+            send(&self.producer, &record)?;
+        }
+        Ok(())
+    }
+
+    /// At-least-once commit: outputs (already sent), then state, then offsets, each after the
+    /// previous is delivered. A crash before the offsets are committed repeats effects on restart.
+    fn commit_at_least_once(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+        let started = Instant::now();
+        let timeout = self.settings.call_timeout();
+        self.flush_delivered(timeout)?;
+        for record in &self.changelog_records(&batch) {
+            send(&self.producer, record)?;
+        }
+        self.flush_delivered(timeout)?;
+        let offsets = self.offsets(&batch)?;
+        self.consumer.commit(&offsets, CommitMode::Sync)?;
+        histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
+        self.apply_committed(batch);
+        Ok(())
+    }
+
+    fn flush_delivered(&self, timeout: Duration) -> Result<(), ProcessorError> {
+        self.producer.flush(timeout)?;
+        let failures = self
+            .producer
+            .context()
+            .failures
+            .lock()
+            .map(|mut failures| std::mem::take(&mut *failures))
+            .unwrap_or_default();
+        if let Some(first) = failures.first() {
+            return Err(ProcessorError::Fatal(KafkaError::Global(
+                RDKafkaErrorCode::Fail,
+            )))
+            .inspect_err(|_| warn!(failed = failures.len(), first, "deliveries failed"));
+        }
+        Ok(())
+    }
+}
+
+fn create_producer(settings: &LoopSettings) -> Result<LoopProducer, ProcessorError> {
+    let mut config = settings.client_config.clone();
+    config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        // librdkafka's default backoff makes back-to-back transactions slow (DESIGN.md §2.4).
+        .set("retry.backoff.ms", "10");
+    if settings.guarantee == Guarantee::ExactlyOnce {
+        config
+            .set("transactional.id", &settings.transactional_id)
+            .set(
+                "transaction.timeout.ms",
+                settings.transaction_timeout.as_millis().to_string(),
+            );
+    }
+    let producer: LoopProducer = config.create_with_context(DeliveryTracker::default())?;
+    if settings.guarantee == Guarantee::ExactlyOnce {
+        producer
+            .init_transactions(settings.call_timeout())
+            .map_err(|error| match &error {
+                KafkaError::Transaction(rd) if rd.is_fatal() => ProcessorError::Fatal(error),
+                _ => ProcessorError::Kafka(error),
+            })?;
+        info!(transactional_id = %settings.transactional_id, "transactions initialised; earlier instances with this id are fenced");
+    }
+    Ok(producer)
+}
+
+/// Enqueues one record, waiting while the local queue is full.
+fn send(producer: &LoopProducer, record: &PendingRecord) -> Result<(), KafkaError> {
+    let mut base = BaseRecord::to(&record.topic).headers(record.headers.clone());
+    if let Some(partition) = record.partition {
+        base = base.partition(partition);
+    }
+    if let Some(key) = &record.key {
+        base = base.key(key.as_slice());
+    }
+    if let Some(payload) = &record.payload {
+        base = base.payload(payload.as_slice());
+    }
+    loop {
+        match producer.send(base) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                base = returned;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((error, _)) => return Err(error),
+        }
+    }
+}
+
+/// The original bytes and headers plus the reason and the source position (DESIGN.md §2.3).
+fn dead_letter_record(
+    dlq_topic: &str,
+    message: &OwnedMessage,
+    reason: DeadLetterReason,
+    detail: &str,
+) -> PendingRecord {
+    let mut headers = OwnedHeaders::new();
+    if let Some(original) = message.headers() {
+        for header in original.iter() {
+            headers = headers.insert(Header {
+                key: header.key,
+                value: header.value,
+            });
+        }
+    }
+    let partition = message.partition().to_string();
+    let offset = message.offset().to_string();
+    for (key, value) in [
+        (dead_letter::REASON_HEADER, reason.as_str()),
+        (dead_letter::DETAIL_HEADER, detail),
+        (dead_letter::SOURCE_TOPIC_HEADER, message.topic()),
+        (dead_letter::SOURCE_PARTITION_HEADER, partition.as_str()),
+        (dead_letter::SOURCE_OFFSET_HEADER, offset.as_str()),
+    ] {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value.as_bytes()),
+        });
+    }
+    PendingRecord {
+        topic: dlq_topic.to_owned(),
+        partition: None,
+        key: message.key().map(<[u8]>::to_vec),
+        payload: message.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}
