@@ -86,6 +86,9 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
     };
     let consumer: BaseConsumer = client_config
         .clone()
+        // librdkafka refuses to fetch without a group id even for a manual assignment; this group
+        // never commits anything.
+        .set("group.id", format!("{topic}-restore"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .create()

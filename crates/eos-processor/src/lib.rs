@@ -114,6 +114,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         dlq_topic: config.dlq_topic(),
         changelog_topic: config.changelog_topic(),
         group_id: config.group_id.clone(),
+        instance_id: config.instance_id(),
         transactional_id: config.transactional_id(),
         commit_interval: config.commit_interval,
         max_batch: config.max_batch,

@@ -47,6 +47,9 @@ pub struct LoopSettings {
     pub dlq_topic: String,
     pub changelog_topic: String,
     pub group_id: String,
+    /// Static group membership: a restarted instance takes its partitions back at once instead of
+    /// waiting out the dead member's session.
+    pub instance_id: String,
     pub transactional_id: String,
     pub commit_interval: Duration,
     pub max_batch: usize,
@@ -251,6 +254,7 @@ impl<T: Transform> TransactionLoop<T> {
             .client_config
             .clone()
             .set("group.id", &settings.group_id)
+            .set("group.instance.id", &settings.instance_id)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
@@ -292,6 +296,7 @@ impl<T: Transform> TransactionLoop<T> {
             if shutdown.is_cancelled() {
                 return self.finish_batch();
             }
+            self.check_fatal()?;
             let wait = match self.batch.started {
                 Some(started) => self
                     .settings
@@ -322,6 +327,25 @@ impl<T: Transform> TransactionLoop<T> {
             if full || due {
                 self.finish_batch()?;
             }
+        }
+    }
+
+    /// A fatal client error (e.g. this static member or transactional id was fenced by a newer
+    /// instance) ends the loop: a zombie must not go on.
+    fn check_fatal(&self) -> Result<(), ProcessorError> {
+        let fatal = self
+            .consumer
+            .client()
+            .fatal_error()
+            .or_else(|| self.producer.client().fatal_error());
+        match fatal {
+            Some((code, reason)) => {
+                tracing::error!(%code, reason, "fatal client error; this instance is fenced or broken");
+                Err(ProcessorError::Fatal(KafkaError::MessageConsumptionFatal(
+                    code,
+                )))
+            }
+            None => Ok(()),
         }
     }
 
@@ -562,17 +586,29 @@ impl<T: Transform> TransactionLoop<T> {
         let started = Instant::now();
         let changelog = self.changelog_records(&batch);
         let written = self.write_transaction(&batch, &changelog);
+        let write_ms = started.elapsed().as_millis() as u64;
         self.transactions_written += 1;
         let outcome = match written {
             Err(failure) => Err(failure),
-            Ok(()) if self.fault_abort_due() => Err(TxnFailure::Abortable(KafkaError::Global(
-                RDKafkaErrorCode::Fail,
-            ))),
-            Ok(()) => self.commit_with_retry(),
+            Ok(()) if self.fault_abort_due() => {
+                warn!("fault injection (EOS_FAULT_ABORT_EVERY): failing this transaction");
+                Err(TxnFailure::Abortable(KafkaError::Global(
+                    RDKafkaErrorCode::Fail,
+                )))
+            }
+            Ok(()) => {
+                wait_for_deliveries(&self.producer, self.settings.call_timeout());
+                self.commit_with_retry()
+            }
         };
         match outcome {
             Ok(()) => {
                 histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
+                debug!(
+                    write_ms,
+                    total_ms = started.elapsed().as_millis() as u64,
+                    "transaction committed"
+                );
                 self.apply_committed(batch);
                 Ok(())
             }
@@ -759,7 +795,9 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     fn flush_delivered(&self, timeout: Duration) -> Result<(), ProcessorError> {
-        self.producer.flush(timeout)?;
+        if !wait_for_deliveries(&self.producer, timeout) {
+            self.producer.flush(Duration::ZERO)?;
+        }
         let failures = self
             .producer
             .context()
@@ -804,6 +842,23 @@ fn create_producer(settings: &LoopSettings) -> Result<LoopProducer, ProcessorErr
         info!(transactional_id = %settings.transactional_id, "transactions initialised; earlier instances with this id are fenced");
     }
     Ok(producer)
+}
+
+/// Waits until every enqueued record is acknowledged; false on timeout.
+///
+/// rust-rdkafka's `flush` (also called inside `commit_transaction`) polls in 100 ms slices, and
+/// with a `ThreadedProducer` the background thread takes the delivery events, so each flush
+/// would sleep a full slice: 100 ms per transaction. Waiting on the queue length here makes that
+/// inner flush a no-op.
+fn wait_for_deliveries(producer: &LoopProducer, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while producer.in_flight_count() > 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    true
 }
 
 /// Enqueues one record, waiting while the local queue is full.
