@@ -3,6 +3,7 @@
 //! real broker and server that `deploy/local/stack up` starts. Nothing here is a fake: a test that
 //! cannot reach the stack fails with a message saying how to start it.
 
+pub mod eosctl;
 pub mod service_process;
 
 use std::path::{Path, PathBuf};
@@ -45,9 +46,14 @@ pub fn unique_name(prefix: &str) -> String {
 
 /// Client settings every test client shares.
 pub fn client_config() -> ClientConfig {
+    client_config_for(&bootstrap_servers())
+}
+
+/// Client settings for another broker (a test's private one).
+pub fn client_config_for(bootstrap_servers: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
-        .set("bootstrap.servers", bootstrap_servers())
+        .set("bootstrap.servers", bootstrap_servers)
         .set("socket.timeout.ms", "10000");
     config
 }
@@ -176,8 +182,13 @@ pub fn read_topic(topic: &str, isolation: Isolation) -> anyhow::Result<Vec<Owned
 
 /// Waits until `group` has committed, for every partition of `topic`, the topic's end offset:
 /// everything produced so far has been consumed and its effects committed.
-pub fn wait_until_consumed(group: &str, topic: &str, timeout: Duration) -> anyhow::Result<()> {
-    let consumer: BaseConsumer = client_config()
+pub fn wait_until_consumed(
+    bootstrap_servers: &str,
+    group: &str,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let consumer: BaseConsumer = client_config_for(bootstrap_servers)
         .set("group.id", group)
         .set("isolation.level", "read_committed")
         .create()?;

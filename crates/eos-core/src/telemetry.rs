@@ -2,6 +2,7 @@
 //! exported over OTLP/gRPC only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 
 use std::fmt;
+use std::io::IsTerminal as _;
 use std::str::FromStr;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -94,7 +95,11 @@ pub fn init(
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
     match log_format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init()?,
         LogFormat::Json => registry
             .with(

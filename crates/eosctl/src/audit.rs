@@ -1,0 +1,1364 @@
+//! The exactly-once audit: given every record of an input topic, the processor's output topic and
+//! its dead-letter topic, decide whether each input was accounted for exactly once
+//! (DESIGN.md §2.3): one output for each logical event, nothing for a duplicate delivery, one DLQ
+//! entry for each malformed or conflicting record.
+//!
+//! Pure logic over in-memory [`SourceRecord`]s — no Kafka, no clock — so the rules are unit-tested
+//! and other sources (Postgres tables, a provider's effect list) can feed the same checks later.
+//!
+//! The logical set is keyed by `event_id` (cardinality by operation id, not by attempts):
+//! - the first occurrence of an `event_id` defines the logical event (lowest offset; when
+//!   occurrences span partitions, the one the output's `source` points at, else the lowest
+//!   `(partition, offset)`);
+//! - a later occurrence with the same fingerprint is a duplicate delivery and must appear nowhere;
+//! - a later occurrence with a different fingerprint is a conflict and must be dead-lettered once
+//!   with reason `event_id_conflict`;
+//! - an occurrence older than the dedup horizon (by `occurred_at`, else the record timestamp) may
+//!   instead be dead-lettered with reason `beyond_dedup_horizon` (the processor can no longer
+//!   tell whether it is a duplicate).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use eos_core::dead_letter::{
+    REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
+use eos_core::{DeadLetterReason, EventEnvelope, Fingerprint};
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::source_record::{Position, SourceRecord};
+
+/// Fields the processor adds to each output record next to the input envelope. They are stripped
+/// before fingerprinting, so an output's fingerprint is that of the original content.
+pub const PROCESSOR_ADDED_FIELDS: [&str; 3] =
+    [ENTITY_TOTAL_FIELD, ENTITY_COUNT_FIELD, SOURCE_FIELD];
+/// Running sum of `value` over the entity's events, this one included (i64 cents).
+pub const ENTITY_TOTAL_FIELD: &str = "entity_total";
+/// Running number of the entity's events, this one included (u64).
+pub const ENTITY_COUNT_FIELD: &str = "entity_count";
+/// `{topic, partition, offset}` of the input record the output was made from.
+pub const SOURCE_FIELD: &str = "source";
+
+/// Examples kept per violation kind.
+pub const DEFAULT_EXAMPLE_LIMIT: usize = 20;
+
+/// The three topics to audit. Records may come in any order; the audit sorts them by position.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditInput<'a> {
+    pub input_topic: &'a str,
+    pub input: &'a [SourceRecord],
+    pub output: &'a [SourceRecord],
+    pub dlq: &'a [SourceRecord],
+}
+
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// When the audit runs; with `dedup_horizon` it decides which events may be dead-lettered as
+    /// `beyond_dedup_horizon`.
+    pub now: OffsetDateTime,
+    pub dedup_horizon: std::time::Duration,
+    /// The processor's record size limit: larger input records are malformed (`oversized_record`).
+    pub max_record_bytes: usize,
+    pub example_limit: usize,
+}
+
+/// One way the result can differ from exactly-once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Violation {
+    /// A logical event with no output (and not dead-lettered for the horizon).
+    MissingOutput,
+    /// Extra output copies of a logical event (counted per extra copy).
+    DuplicatedOutput,
+    /// An output whose event id is not among the valid inputs, or that does not parse.
+    UnexpectedOutput,
+    /// An output whose content is neither its logical event's nor a known conflict's.
+    ContentMismatch,
+    /// Misrouted: a malformed input found in the output.
+    BadInputInOutput,
+    /// Misrouted: a conflicting input's content found in the output.
+    ConflictInOutput,
+    /// Misrouted: a valid event or duplicate delivery found in the DLQ without a horizon reason.
+    ValidEventInDlq,
+    BadInputMissingFromDlq,
+    ConflictMissingFromDlq,
+    /// Dead-lettered, but with a reason other than the one the input deserves.
+    WrongDlqReason,
+    /// A DLQ record whose value is not the original input bytes.
+    DlqNotOriginalBytes,
+    /// Extra DLQ records for one input position (counted per extra copy).
+    DuplicatedInDlq,
+    /// A DLQ record whose source headers are missing or name no input record.
+    UnexpectedDlqRecord,
+    /// Entities whose running `entity_total` / `entity_count` are wrong.
+    WrongEntityTotal,
+    /// An entity's outputs out of its input order (counted per late output).
+    OrderViolation,
+}
+
+impl Violation {
+    pub const ALL: [Violation; 15] = [
+        Self::MissingOutput,
+        Self::DuplicatedOutput,
+        Self::UnexpectedOutput,
+        Self::ContentMismatch,
+        Self::BadInputInOutput,
+        Self::ConflictInOutput,
+        Self::ValidEventInDlq,
+        Self::BadInputMissingFromDlq,
+        Self::ConflictMissingFromDlq,
+        Self::WrongDlqReason,
+        Self::DlqNotOriginalBytes,
+        Self::DuplicatedInDlq,
+        Self::UnexpectedDlqRecord,
+        Self::WrongEntityTotal,
+        Self::OrderViolation,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MissingOutput => "missing_output",
+            Self::DuplicatedOutput => "duplicated_output",
+            Self::UnexpectedOutput => "unexpected_output",
+            Self::ContentMismatch => "content_mismatch",
+            Self::BadInputInOutput => "bad_input_in_output",
+            Self::ConflictInOutput => "conflict_in_output",
+            Self::ValidEventInDlq => "valid_event_in_dlq",
+            Self::BadInputMissingFromDlq => "bad_input_missing_from_dlq",
+            Self::ConflictMissingFromDlq => "conflict_missing_from_dlq",
+            Self::WrongDlqReason => "wrong_dlq_reason",
+            Self::DlqNotOriginalBytes => "dlq_not_original_bytes",
+            Self::DuplicatedInDlq => "duplicated_in_dlq",
+            Self::UnexpectedDlqRecord => "unexpected_dlq_record",
+            Self::WrongEntityTotal => "wrong_entity_total",
+            Self::OrderViolation => "order_violation",
+        }
+    }
+
+    /// The line name in the report's table.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::MissingOutput => "missing: logical events without output",
+            Self::DuplicatedOutput => "duplicated: extra output copies",
+            Self::UnexpectedOutput => "unexpected output records",
+            Self::ContentMismatch => "content mismatch with first occurrence",
+            Self::BadInputInOutput => "misrouted: malformed input in output",
+            Self::ConflictInOutput => "misrouted: conflicting input in output",
+            Self::ValidEventInDlq => "misrouted: valid event in DLQ",
+            Self::BadInputMissingFromDlq => "malformed inputs missing from DLQ",
+            Self::ConflictMissingFromDlq => "conflicts missing from DLQ",
+            Self::WrongDlqReason => "DLQ records with the wrong reason",
+            Self::DlqNotOriginalBytes => "DLQ records without the original bytes",
+            Self::DuplicatedInDlq => "DLQ records repeated for one input",
+            Self::UnexpectedDlqRecord => "DLQ records not traceable to an input",
+            Self::WrongEntityTotal => "entities with wrong running totals",
+            Self::OrderViolation => "per-entity order violations",
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Physical versus logical figures of the three topics.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Figures {
+    pub input_records: u64,
+    pub valid_input_records: u64,
+    pub logical_events: u64,
+    /// Later occurrences with the first one's fingerprint: expected to be dropped.
+    pub duplicate_deliveries: u64,
+    pub malformed_inputs: u64,
+    pub malformed_by_reason: BTreeMap<DeadLetterReason, u64>,
+    pub conflicts: u64,
+    /// Occurrences dead-lettered as `beyond_dedup_horizon` where that is allowed.
+    pub beyond_dedup_horizon: u64,
+    pub dlq_records: u64,
+    pub output_records: u64,
+    /// Sum of `value` over every valid input record, re-deliveries and conflicts included.
+    pub sum_valid_input_values: i128,
+    /// Sum of `value` over the logical events.
+    pub sum_logical_values: i128,
+    /// Logical events that must be in the output (all but those dead-lettered for the horizon).
+    pub expected_output_events: u64,
+    pub expected_output_sum: i128,
+    /// Sum of `value` over every output record that parses.
+    pub output_sum: i128,
+    pub entities: u64,
+    /// Whether the output carries running totals, and so whether they were checked.
+    pub totals_checked: bool,
+    /// Input records with exactly one correct disposition.
+    pub inputs_accounted: u64,
+}
+
+/// One line of the report: a figure the exactly-once result must have, and the one found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub expected: i128,
+    pub actual: i128,
+    pub passed: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ViolationDetail {
+    pub count: u64,
+    /// Event ids (or `topic/partition@offset` for records without one), at most the example limit.
+    pub examples: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditReport {
+    pub passed: bool,
+    pub figures: Figures,
+    pub checks: Vec<Check>,
+    pub violations: BTreeMap<Violation, ViolationDetail>,
+    pub notes: Vec<String>,
+}
+
+impl AuditReport {
+    pub fn violation_count(&self, kind: Violation) -> u64 {
+        self.violations.get(&kind).map_or(0, |detail| detail.count)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Malformed(DeadLetterReason),
+    Defining,
+    Duplicate,
+    Conflict,
+}
+
+#[derive(Debug)]
+struct ValidEvent {
+    event_id: String,
+    entity_id: String,
+    value: i64,
+    fingerprint: Fingerprint,
+    /// `occurred_at`, else the record's Kafka timestamp: what the processor ages events by.
+    event_time: Option<OffsetDateTime>,
+}
+
+#[derive(Debug)]
+struct InputEntry<'a> {
+    record: &'a SourceRecord,
+    event: Option<ValidEvent>,
+    role: Role,
+    /// Which group (logical event) a valid input belongs to.
+    group: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Totals {
+    Absent,
+    Present { count: u64, total: i64 },
+    Invalid,
+}
+
+#[derive(Debug)]
+struct OutputEvent {
+    event_id: String,
+    entity_id: String,
+    value: i64,
+    fingerprint: Fingerprint,
+    totals: Totals,
+    source: Option<(String, Position)>,
+}
+
+#[derive(Debug)]
+struct Group {
+    /// Indices into the input entries, in `(partition, offset)` order.
+    occurrences: Vec<usize>,
+    defining: usize,
+    /// Output indices whose content is the logical event's.
+    matching_outputs: Vec<usize>,
+    /// Whether some output carries this event id with other content.
+    other_outputs: bool,
+    beyond_horizon: bool,
+    /// The event was dead-lettered although valid: reported as misrouted, not also as missing.
+    misrouted_to_dlq: bool,
+}
+
+struct Recorder {
+    limit: usize,
+    details: BTreeMap<Violation, ViolationDetail>,
+}
+
+impl Recorder {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            details: Violation::ALL
+                .into_iter()
+                .map(|kind| (kind, ViolationDetail::default()))
+                .collect(),
+        }
+    }
+
+    fn add(&mut self, kind: Violation, count: u64, example: impl FnOnce() -> String) {
+        let detail = self.details.entry(kind).or_default();
+        detail.count += count;
+        if detail.examples.len() < self.limit {
+            detail.examples.push(example());
+        }
+    }
+
+    fn count(&self, kind: Violation) -> u64 {
+        self.details.get(&kind).map_or(0, |detail| detail.count)
+    }
+}
+
+fn parse_input(
+    record: &SourceRecord,
+    max_record_bytes: usize,
+) -> Result<ValidEvent, DeadLetterReason> {
+    let envelope = EventEnvelope::parse_with_limit(record.value_bytes(), max_record_bytes)
+        .map_err(|error| error.reason())?;
+    Ok(ValidEvent {
+        fingerprint: envelope.fingerprint(),
+        event_id: envelope.event_id.to_string(),
+        entity_id: envelope.entity_id.to_string(),
+        value: envelope.value,
+        event_time: envelope.occurred_at.or_else(|| {
+            record.timestamp_ms.and_then(|ms| {
+                OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+            })
+        }),
+    })
+}
+
+fn parse_output(record: &SourceRecord) -> Option<OutputEvent> {
+    // Outputs are larger than their inputs by the added fields; the intake limit does not apply.
+    let mut envelope = EventEnvelope::parse_with_limit(record.value_bytes(), usize::MAX).ok()?;
+    let total = envelope.extra.remove(ENTITY_TOTAL_FIELD);
+    let count = envelope.extra.remove(ENTITY_COUNT_FIELD);
+    let source = envelope.extra.remove(SOURCE_FIELD);
+    let totals = match (total, count) {
+        (None, None) => Totals::Absent,
+        (Some(total), Some(count)) => match (total.as_i64(), count.as_u64()) {
+            (Some(total), Some(count)) => Totals::Present { count, total },
+            _ => Totals::Invalid,
+        },
+        _ => Totals::Invalid,
+    };
+    Some(OutputEvent {
+        fingerprint: envelope.fingerprint(),
+        event_id: envelope.event_id.to_string(),
+        entity_id: envelope.entity_id.to_string(),
+        value: envelope.value,
+        totals,
+        source: source.as_ref().and_then(parse_source),
+    })
+}
+
+fn parse_source(source: &Value) -> Option<(String, Position)> {
+    let topic = source.get("topic")?.as_str()?.to_owned();
+    let partition = i32::try_from(source.get("partition")?.as_i64()?).ok()?;
+    let offset = source.get("offset")?.as_i64()?;
+    Some((topic, Position { partition, offset }))
+}
+
+/// The input position a DLQ record says it came from.
+fn dlq_source(record: &SourceRecord) -> Option<(&str, Position)> {
+    let topic = record.last_header_str(SOURCE_TOPIC_HEADER)?;
+    let partition = record
+        .last_header_str(SOURCE_PARTITION_HEADER)?
+        .parse()
+        .ok()?;
+    let offset = record.last_header_str(SOURCE_OFFSET_HEADER)?.parse().ok()?;
+    Some((topic, Position { partition, offset }))
+}
+
+fn sorted(records: &[SourceRecord]) -> Vec<&SourceRecord> {
+    let mut sorted: Vec<&SourceRecord> = records.iter().collect();
+    sorted.sort_by_key(|record| record.position());
+    sorted
+}
+
+/// Runs every check. Never fails: what cannot be parsed is itself a finding.
+pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
+    let mut recorder = Recorder::new(config.example_limit);
+    let mut figures = Figures::default();
+    let horizon_cutoff = time::Duration::try_from(config.dedup_horizon)
+        .ok()
+        .and_then(|horizon| config.now.checked_sub(horizon));
+    let beyond_horizon = |event: &ValidEvent| match (event.event_time, horizon_cutoff) {
+        (Some(at), Some(cutoff)) => at < cutoff,
+        _ => false,
+    };
+
+    // Inputs: classify each record and group the valid ones by event id.
+    let mut entries: Vec<InputEntry<'_>> = Vec::with_capacity(input.input.len());
+    let mut groups: Vec<Group> = Vec::new();
+    let mut group_by_id: HashMap<String, usize> = HashMap::new();
+    for record in sorted(input.input) {
+        let index = entries.len();
+        match parse_input(record, config.max_record_bytes) {
+            Err(reason) => entries.push(InputEntry {
+                record,
+                event: None,
+                role: Role::Malformed(reason),
+                group: usize::MAX,
+            }),
+            Ok(event) => {
+                let group = *group_by_id
+                    .entry(event.event_id.clone())
+                    .or_insert_with(|| {
+                        groups.push(Group {
+                            occurrences: Vec::new(),
+                            defining: index,
+                            matching_outputs: Vec::new(),
+                            other_outputs: false,
+                            beyond_horizon: false,
+                            misrouted_to_dlq: false,
+                        });
+                        groups.len() - 1
+                    });
+                groups[group].occurrences.push(index);
+                entries.push(InputEntry {
+                    record,
+                    event: Some(event),
+                    role: Role::Defining,
+                    group,
+                });
+            }
+        }
+    }
+    let position_index: HashMap<Position, usize> = entries
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| (entry.record.position(), index))
+        .collect();
+
+    let outputs = sorted(input.output);
+    let parsed_outputs: Vec<Option<OutputEvent>> =
+        outputs.iter().map(|record| parse_output(record)).collect();
+
+    let mut outputs_by_id: HashMap<&str, Vec<&OutputEvent>> = HashMap::new();
+    for output in parsed_outputs.iter().flatten() {
+        outputs_by_id
+            .entry(output.event_id.as_str())
+            .or_default()
+            .push(output);
+    }
+
+    // Defining occurrence: the first, unless occurrences span partitions and the output names one.
+    for group in &mut groups {
+        let first = group.occurrences[0];
+        group.defining = first;
+        let first_partition = entries[first].record.partition;
+        let spans_partitions = group
+            .occurrences
+            .iter()
+            .any(|&index| entries[index].record.partition != first_partition);
+        if !spans_partitions {
+            continue;
+        }
+        let Some(event_id) = entries[first]
+            .event
+            .as_ref()
+            .map(|event| event.event_id.as_str())
+        else {
+            continue;
+        };
+        let outputs = outputs_by_id.get(event_id).map_or(&[][..], Vec::as_slice);
+        let claimed = outputs.iter().find_map(|output| {
+            let (topic, position) = output.source.as_ref()?;
+            if topic != input.input_topic {
+                return None;
+            }
+            position_index
+                .get(position)
+                .copied()
+                .filter(|index| group.occurrences.contains(index))
+        });
+        if let Some(claimed) = claimed {
+            group.defining = claimed;
+        }
+    }
+    for group in &groups {
+        let defining_fingerprint = entries[group.defining]
+            .event
+            .as_ref()
+            .map(|event| event.fingerprint);
+        for &index in &group.occurrences {
+            let same = entries[index].event.as_ref().map(|event| event.fingerprint)
+                == defining_fingerprint;
+            entries[index].role = match (index == group.defining, same) {
+                (true, _) => Role::Defining,
+                (false, true) => Role::Duplicate,
+                (false, false) => Role::Conflict,
+            };
+        }
+    }
+
+    // Figures of the input.
+    figures.input_records = entries.len() as u64;
+    figures.logical_events = groups.len() as u64;
+    for entry in &entries {
+        match (entry.role, &entry.event) {
+            (Role::Malformed(reason), _) => {
+                figures.malformed_inputs += 1;
+                *figures.malformed_by_reason.entry(reason).or_default() += 1;
+            }
+            (role, Some(event)) => {
+                figures.valid_input_records += 1;
+                figures.sum_valid_input_values += i128::from(event.value);
+                match role {
+                    Role::Defining => figures.sum_logical_values += i128::from(event.value),
+                    Role::Duplicate => figures.duplicate_deliveries += 1,
+                    Role::Conflict => figures.conflicts += 1,
+                    Role::Malformed(_) => {}
+                }
+            }
+            (_, None) => {}
+        }
+    }
+
+    // The DLQ: attach each record to the input position its headers name.
+    let dlq = sorted(input.dlq);
+    figures.dlq_records = dlq.len() as u64;
+    let mut dlq_by_input: Vec<Vec<&SourceRecord>> = vec![Vec::new(); entries.len()];
+    for record in &dlq {
+        let traced = dlq_source(record)
+            .filter(|(topic, _)| *topic == input.input_topic)
+            .and_then(|(_, position)| position_index.get(&position));
+        match traced {
+            Some(&index) => dlq_by_input[index].push(record),
+            None => recorder.add(Violation::UnexpectedDlqRecord, 1, || record.locator()),
+        }
+    }
+
+    let mut unaccounted = vec![false; entries.len()];
+    let mut malformed_dead_lettered = 0u64;
+    let mut conflicts_dead_lettered = 0u64;
+    for (index, entry) in entries.iter().enumerate() {
+        let name = || example_name(entry);
+        let copies = &dlq_by_input[index];
+        if copies.len() > 1 {
+            recorder.add(Violation::DuplicatedInDlq, copies.len() as u64 - 1, name);
+            unaccounted[index] = true;
+        }
+        for copy in copies {
+            if copy.value_bytes() != entry.record.value_bytes() {
+                recorder.add(Violation::DlqNotOriginalBytes, 1, name);
+                unaccounted[index] = true;
+            }
+        }
+        let reason = copies
+            .first()
+            .map(|copy| copy.last_header_str(REASON_HEADER).unwrap_or_default());
+        let horizon_allowed = entry.event.as_ref().is_some_and(&beyond_horizon)
+            && reason == Some(DeadLetterReason::BeyondDedupHorizon.as_str());
+        if horizon_allowed {
+            figures.beyond_dedup_horizon += 1;
+        }
+        match entry.role {
+            Role::Malformed(expected) => match reason {
+                None => {
+                    recorder.add(Violation::BadInputMissingFromDlq, 1, name);
+                    unaccounted[index] = true;
+                }
+                Some(reason) if reason != expected.as_str() => {
+                    recorder.add(Violation::WrongDlqReason, 1, || {
+                        format!("{} ({reason}, expected {expected})", name())
+                    });
+                    unaccounted[index] = true;
+                }
+                Some(_) => malformed_dead_lettered += 1,
+            },
+            Role::Conflict => match reason {
+                None => {
+                    recorder.add(Violation::ConflictMissingFromDlq, 1, name);
+                    unaccounted[index] = true;
+                }
+                Some(_) if horizon_allowed => conflicts_dead_lettered += 1,
+                Some(reason) if reason != DeadLetterReason::EventIdConflict.as_str() => {
+                    recorder.add(Violation::WrongDlqReason, 1, || {
+                        format!(
+                            "{} ({reason}, expected {})",
+                            name(),
+                            DeadLetterReason::EventIdConflict
+                        )
+                    });
+                    unaccounted[index] = true;
+                }
+                Some(_) => conflicts_dead_lettered += 1,
+            },
+            Role::Duplicate | Role::Defining => match reason {
+                None => {}
+                Some(_) if horizon_allowed && entry.role == Role::Defining => {
+                    groups[entry.group].beyond_horizon = true;
+                }
+                Some(_) if horizon_allowed => {}
+                Some(_) => {
+                    recorder.add(Violation::ValidEventInDlq, 1, name);
+                    unaccounted[index] = true;
+                    if entry.role == Role::Defining {
+                        groups[entry.group].misrouted_to_dlq = true;
+                    }
+                }
+            },
+        }
+    }
+
+    // The output: match each record to its logical event by id and content.
+    figures.output_records = outputs.len() as u64;
+    let mut malformed_by_bytes: HashMap<&[u8], usize> = HashMap::new();
+    for (index, entry) in entries.iter().enumerate() {
+        if matches!(entry.role, Role::Malformed(_)) {
+            malformed_by_bytes
+                .entry(entry.record.value_bytes())
+                .or_insert(index);
+        }
+    }
+    for (output_index, (record, parsed)) in outputs.iter().zip(&parsed_outputs).enumerate() {
+        let Some(output) = parsed else {
+            match malformed_by_bytes.get(record.value_bytes()) {
+                Some(&index) => {
+                    recorder.add(Violation::BadInputInOutput, 1, || {
+                        format!(
+                            "{} (as {})",
+                            example_name(&entries[index]),
+                            record.locator()
+                        )
+                    });
+                    unaccounted[index] = true;
+                }
+                None => recorder.add(Violation::UnexpectedOutput, 1, || record.locator()),
+            }
+            continue;
+        };
+        figures.output_sum += i128::from(output.value);
+        let Some(&group_index) = group_by_id.get(&output.event_id) else {
+            recorder.add(Violation::UnexpectedOutput, 1, || output.event_id.clone());
+            continue;
+        };
+        let group = &mut groups[group_index];
+        let defining_fingerprint = entries[group.defining]
+            .event
+            .as_ref()
+            .map(|event| event.fingerprint);
+        if Some(output.fingerprint) == defining_fingerprint {
+            group.matching_outputs.push(output_index);
+            continue;
+        }
+        group.other_outputs = true;
+        let conflict = group.occurrences.iter().copied().find(|&index| {
+            entries[index].role == Role::Conflict
+                && entries[index].event.as_ref().map(|event| event.fingerprint)
+                    == Some(output.fingerprint)
+        });
+        match conflict {
+            Some(index) => {
+                recorder.add(Violation::ConflictInOutput, 1, || output.event_id.clone());
+                unaccounted[index] = true;
+            }
+            None => {
+                recorder.add(Violation::ContentMismatch, 1, || output.event_id.clone());
+                unaccounted[group.defining] = true;
+            }
+        }
+    }
+
+    let mut exactly_once = 0u64;
+    for group in &groups {
+        let defining = &entries[group.defining];
+        let Some(event) = defining.event.as_ref() else {
+            continue;
+        };
+        let copies = group.matching_outputs.len() as u64;
+        if group.beyond_horizon {
+            if copies > 0 {
+                // Dead-lettered for the horizon *and* applied: one of the two is wrong.
+                recorder.add(Violation::ValidEventInDlq, 1, || event.event_id.clone());
+                unaccounted[group.defining] = true;
+            }
+        } else {
+            figures.expected_output_events += 1;
+            figures.expected_output_sum += i128::from(event.value);
+            if copies == 0 && !group.other_outputs && !group.misrouted_to_dlq {
+                recorder.add(Violation::MissingOutput, 1, || event.event_id.clone());
+                unaccounted[group.defining] = true;
+            }
+            if copies == 1 && !unaccounted[group.defining] {
+                exactly_once += 1;
+            }
+        }
+        if copies > 1 {
+            recorder.add(Violation::DuplicatedOutput, copies - 1, || {
+                event.event_id.clone()
+            });
+            unaccounted[group.defining] = true;
+        }
+    }
+
+    // Running totals, walked in output order per entity.
+    figures.totals_checked = parsed_outputs
+        .iter()
+        .flatten()
+        .any(|output| output.totals != Totals::Absent);
+    let mut expected_totals: BTreeMap<&str, (u64, i128)> = BTreeMap::new();
+    for group in groups.iter().filter(|group| !group.beyond_horizon) {
+        if let Some(event) = entries[group.defining].event.as_ref() {
+            let slot = expected_totals.entry(&event.entity_id).or_default();
+            slot.0 += 1;
+            slot.1 += i128::from(event.value);
+        }
+    }
+    figures.entities = expected_totals.len() as u64;
+    if figures.totals_checked {
+        check_totals(&parsed_outputs, &expected_totals, &mut recorder);
+    }
+
+    check_order(&entries, &groups, &outputs, &parsed_outputs, &mut recorder);
+
+    figures.inputs_accounted = unaccounted.iter().filter(|&&bad| !bad).count() as u64;
+
+    let mut checks = vec![
+        check(
+            "logical events in output exactly once",
+            figures.expected_output_events.into(),
+            exactly_once.into(),
+        ),
+        check(
+            "sum of output values (cents)",
+            figures.expected_output_sum,
+            figures.output_sum,
+        ),
+        check(
+            "malformed inputs dead-lettered",
+            figures.malformed_inputs.into(),
+            malformed_dead_lettered.into(),
+        ),
+        check(
+            "conflicts dead-lettered",
+            figures.conflicts.into(),
+            conflicts_dead_lettered.into(),
+        ),
+    ];
+    let mut notes = Vec::new();
+    for kind in Violation::ALL {
+        if kind == Violation::WrongEntityTotal && !figures.totals_checked {
+            notes.push(format!(
+                "the output carries no `{ENTITY_TOTAL_FIELD}`/`{ENTITY_COUNT_FIELD}`; running totals were not checked"
+            ));
+            continue;
+        }
+        checks.push(check(kind.description(), 0, recorder.count(kind).into()));
+    }
+    checks.push(check(
+        "inputs accounted for exactly once",
+        figures.input_records.into(),
+        figures.inputs_accounted.into(),
+    ));
+    AuditReport {
+        passed: checks.iter().all(|check| check.passed),
+        figures,
+        checks,
+        violations: recorder.details,
+        notes,
+    }
+}
+
+fn check(name: &str, expected: i128, actual: i128) -> Check {
+    Check {
+        name: name.to_owned(),
+        expected,
+        actual,
+        passed: expected == actual,
+    }
+}
+
+fn example_name(entry: &InputEntry<'_>) -> String {
+    match &entry.event {
+        Some(event) => format!("{} ({})", event.event_id, entry.record.locator()),
+        None => entry.record.locator(),
+    }
+}
+
+/// Each output carrying totals must continue its entity's chain from 0/0 by one event and its
+/// value; the last must equal the entity's logical events. Counted once per entity.
+fn check_totals(
+    outputs: &[Option<OutputEvent>],
+    expected: &BTreeMap<&str, (u64, i128)>,
+    recorder: &mut Recorder,
+) {
+    #[derive(Default)]
+    struct Chain {
+        count: u64,
+        total: i128,
+        broken: bool,
+    }
+    let mut chains: BTreeMap<&str, Chain> = BTreeMap::new();
+    for output in outputs.iter().flatten() {
+        let chain = chains.entry(&output.entity_id).or_default();
+        let (count, total) = match output.totals {
+            Totals::Absent => continue,
+            Totals::Invalid => (u64::MAX, i128::MAX),
+            Totals::Present { count, total } => (count, i128::from(total)),
+        };
+        let fits = Some(count) == chain.count.checked_add(1)
+            && total == chain.total + i128::from(output.value);
+        if !fits && !chain.broken {
+            chain.broken = true;
+            recorder.add(Violation::WrongEntityTotal, 1, || {
+                format!(
+                    "{} at {}: count {count} total {total} after {}/{}",
+                    output.entity_id, output.event_id, chain.count, chain.total
+                )
+            });
+        }
+        // Continue from what the processor claims, so one slip is not reported for every later
+        // output of the entity.
+        chain.count = count;
+        chain.total = total;
+    }
+    let entities: std::collections::BTreeSet<&str> =
+        chains.keys().chain(expected.keys()).copied().collect();
+    for entity in entities {
+        let (count, total) = chains
+            .get(entity)
+            .map_or((0, 0), |chain| (chain.count, chain.total));
+        let (expected_count, expected_total) = expected.get(entity).copied().unwrap_or_default();
+        let broken = chains.get(entity).is_some_and(|chain| chain.broken);
+        if !broken && (count, total) != (expected_count, expected_total) {
+            recorder.add(Violation::WrongEntityTotal, 1, || {
+                format!(
+                    "{entity}: ends at count {count} total {total}, its events make {expected_count}/{expected_total}"
+                )
+            });
+        }
+    }
+}
+
+/// An entity's outputs must come in the order of its input records (within one input and one
+/// output partition: across partitions Kafka defines no order).
+fn check_order(
+    entries: &[InputEntry<'_>],
+    groups: &[Group],
+    records: &[&SourceRecord],
+    outputs: &[Option<OutputEvent>],
+    recorder: &mut Recorder,
+) {
+    let mut first_copy: HashMap<usize, usize> = HashMap::new();
+    for (group_index, group) in groups.iter().enumerate() {
+        if let Some(&output_index) = group.matching_outputs.first() {
+            first_copy.insert(output_index, group_index);
+        }
+    }
+    let mut latest: HashMap<(&str, i32, i32), Position> = HashMap::new();
+    for (output_index, (record, output)) in records.iter().zip(outputs).enumerate() {
+        let (Some(output), Some(&group_index)) = (output, first_copy.get(&output_index)) else {
+            continue;
+        };
+        let defining = entries[groups[group_index].defining].record.position();
+        let key = (
+            output.entity_id.as_str(),
+            defining.partition,
+            record.partition,
+        );
+        let latest = latest.entry(key).or_insert(defining);
+        if defining < *latest {
+            recorder.add(Violation::OrderViolation, 1, || output.event_id.clone());
+        } else {
+            *latest = defining;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use eos_core::trace_context::EVENT_ID_HEADER;
+    use time::macros::datetime;
+
+    use super::*;
+    use crate::test_support::{
+        DLQ, INPUT, InputLog, OUTPUT, Processed, envelope, output_value, record, reference_process,
+        workload_input,
+    };
+    use crate::workload::{Workload, WorkloadSpec};
+
+    fn config() -> AuditConfig {
+        AuditConfig {
+            now: datetime!(2026-03-01 00:00:00 UTC),
+            dedup_horizon: Duration::from_secs(7 * 24 * 3600),
+            max_record_bytes: eos_core::envelope::DEFAULT_MAX_RECORD_BYTES,
+            example_limit: DEFAULT_EXAMPLE_LIMIT,
+        }
+    }
+
+    fn run(input: &[SourceRecord], processed: &Processed) -> AuditReport {
+        audit(
+            &AuditInput {
+                input_topic: INPUT,
+                input,
+                output: &processed.output,
+                dlq: &processed.dlq,
+            },
+            &config(),
+        )
+    }
+
+    /// The seed scenario in small: two entities, a retried payment, a malformed record and a
+    /// reused id with another amount.
+    fn scenario() -> Vec<SourceRecord> {
+        let mut log = InputLog::default();
+        log.push(0, &envelope("e-1", "a", 10_000))
+            .push(0, &envelope("e-2", "a", 2_500))
+            .push(0, &envelope("e-1", "a", 10_000)) // retry: a duplicate delivery
+            .push(0, b"{\"event_id\":\"e-9\",") // truncated
+            .push(0, &envelope("e-3", "a", -500))
+            .push(1, &envelope("e-4", "b", 7_000))
+            .push(1, &envelope("e-4", "b", 7_000)) // retry
+            .push(1, &envelope("e-4", "b", 9_999)) // conflict
+            .push(1, b"") // empty
+            .push(1, &envelope("e-5", "b", 500));
+        log.records
+    }
+
+    fn find_output(processed: &Processed, event_id: &str) -> usize {
+        processed
+            .output
+            .iter()
+            .position(|r| {
+                EventEnvelope::parse(r.value_bytes()).is_ok_and(|e| e.event_id.as_str() == event_id)
+            })
+            .expect("event in output")
+    }
+
+    fn failing_checks(report: &AuditReport) -> Vec<&str> {
+        report
+            .checks
+            .iter()
+            .filter(|check| !check.passed)
+            .map(|check| check.name.as_str())
+            .collect()
+    }
+
+    /// Asserts the report fails and that `kind` is among the reasons, with an example.
+    fn assert_violation(report: &AuditReport, kind: Violation, count: u64) {
+        assert!(!report.passed, "{kind} should fail the audit");
+        assert_eq!(
+            report.violation_count(kind),
+            count,
+            "{kind}: {:?}",
+            report.violations
+        );
+        assert!(
+            report
+                .violations
+                .get(&kind)
+                .is_some_and(|detail| !detail.examples.is_empty())
+        );
+        assert!(
+            report
+                .checks
+                .iter()
+                .any(|check| check.name == kind.description() && !check.passed),
+            "{kind} has a failing line: {:?}",
+            failing_checks(report)
+        );
+    }
+
+    #[test]
+    fn exact_result_passes_with_duplicates_dropped_and_bad_input_dead_lettered() {
+        let input = scenario();
+        let processed = reference_process(&input);
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        let figures = &report.figures;
+        assert_eq!(figures.input_records, 10);
+        assert_eq!(figures.valid_input_records, 8);
+        assert_eq!(figures.logical_events, 5);
+        assert_eq!(figures.duplicate_deliveries, 2);
+        assert_eq!(figures.malformed_inputs, 2);
+        assert_eq!(
+            figures.malformed_by_reason,
+            BTreeMap::from([
+                (DeadLetterReason::MalformedJson, 1),
+                (DeadLetterReason::EmptyRecord, 1)
+            ])
+        );
+        assert_eq!(figures.conflicts, 1);
+        assert_eq!(figures.dlq_records, 3);
+        assert_eq!(figures.output_records, 5);
+        // Over all attempts versus over unique events: the gap is the double count avoided.
+        assert_eq!(
+            figures.sum_valid_input_values,
+            10_000 + 2_500 + 10_000 - 500 + 7_000 + 7_000 + 9_999 + 500
+        );
+        assert_eq!(
+            figures.sum_logical_values,
+            10_000 + 2_500 - 500 + 7_000 + 500
+        );
+        assert_eq!(figures.output_sum, figures.sum_logical_values);
+        assert!(figures.totals_checked);
+        assert_eq!(figures.inputs_accounted, 10);
+        assert!(report.violations.values().all(|detail| detail.count == 0));
+    }
+
+    #[test]
+    fn generated_workload_through_a_correct_processor_passes()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let spec = WorkloadSpec {
+            seed: 42,
+            count: 3000,
+            entities: 25,
+            duplicate_ratio: 0.1,
+            bad_ratio: 0.03,
+            conflict_ratio: 0.02,
+            value_bytes: 120,
+            occurred_at_base: datetime!(2026-02-27 00:00:00 UTC),
+        };
+        let input = workload_input(Workload::new(spec.clone())?, 3);
+        let processed = reference_process(&input);
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        let figures = &report.figures;
+        assert_eq!(figures.logical_events, spec.count);
+        assert_eq!(figures.duplicate_deliveries, spec.duplicates());
+        assert_eq!(figures.malformed_inputs, spec.malformed());
+        assert_eq!(figures.conflicts, spec.conflicts());
+        assert_eq!(figures.input_records, spec.physical_records());
+        assert_eq!(figures.output_records, spec.count);
+        Ok(())
+    }
+
+    #[test]
+    fn nothing_processed_reports_everything_missing() {
+        let input = scenario();
+        let report = run(&input, &Processed::default());
+        assert_violation(&report, Violation::MissingOutput, 5);
+        assert_violation(&report, Violation::BadInputMissingFromDlq, 2);
+        assert_violation(&report, Violation::ConflictMissingFromDlq, 1);
+        // No output carries totals, so there are none to check.
+        assert!(!report.figures.totals_checked);
+        // Duplicate deliveries are the only inputs correctly accounted for.
+        assert_eq!(report.figures.inputs_accounted, 2);
+    }
+
+    #[test]
+    fn missing_event_is_reported() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        let index = find_output(&processed, "e-5");
+        processed.output.remove(index);
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::MissingOutput, 1);
+        assert_eq!(
+            report.violations[&Violation::MissingOutput].examples,
+            vec!["e-5".to_owned()]
+        );
+        // The entity's last total no longer includes it either.
+        assert_violation(&report, Violation::WrongEntityTotal, 1);
+    }
+
+    #[test]
+    fn duplicated_output_is_reported() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        let copy = processed.output[find_output(&processed, "e-2")].clone();
+        processed.push_output(copy.partition, copy.value.unwrap_or_default());
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::DuplicatedOutput, 1);
+        assert_eq!(
+            report.violations[&Violation::DuplicatedOutput].examples,
+            vec!["e-2".to_owned()]
+        );
+    }
+
+    #[test]
+    fn unexpected_outputs_are_reported() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        processed.push_output(0, envelope("e-never-sent", "a", 1));
+        processed.push_output(0, b"not an envelope".to_vec());
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::UnexpectedOutput, 2);
+        assert_eq!(
+            report.violations[&Violation::UnexpectedOutput].examples[0],
+            "e-never-sent"
+        );
+    }
+
+    #[test]
+    fn malformed_input_in_output_is_misrouted() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        processed.push_output(0, b"{\"event_id\":\"e-9\",".to_vec());
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::BadInputInOutput, 1);
+        assert_eq!(report.violation_count(Violation::UnexpectedOutput), 0);
+    }
+
+    #[test]
+    fn valid_event_in_dlq_is_misrouted() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        // e-3 is dead-lettered as if malformed, though it is also in the output.
+        let source = input[4].clone();
+        processed.dlq_record(&source, DeadLetterReason::MalformedJson);
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ValidEventInDlq, 1);
+        assert_eq!(report.violation_count(Violation::MissingOutput), 0);
+    }
+
+    #[test]
+    fn valid_event_only_in_dlq_is_misrouted_not_also_missing() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        processed.output.remove(find_output(&processed, "e-3"));
+        processed.dlq_record(&input[4], DeadLetterReason::InvalidField);
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ValidEventInDlq, 1);
+        assert_eq!(report.violation_count(Violation::MissingOutput), 0);
+        assert!(!report.passed);
+    }
+
+    #[test]
+    fn dead_lettered_duplicate_delivery_is_misrouted() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        processed.dlq_record(&input[2], DeadLetterReason::EventIdConflict);
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ValidEventInDlq, 1);
+    }
+
+    #[test]
+    fn conflict_not_in_dlq_is_reported() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        processed
+            .dlq
+            .retain(|r| r.header_str(REASON_HEADER) != Some("event_id_conflict"));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ConflictMissingFromDlq, 1);
+        assert_eq!(
+            report.violations[&Violation::ConflictMissingFromDlq].examples,
+            vec![format!("e-4 ({INPUT}/1@2)")]
+        );
+    }
+
+    #[test]
+    fn conflict_in_output_instead_of_first_occurrence_is_misrouted() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        let index = find_output(&processed, "e-4");
+        let conflict = EventEnvelope::parse(input[7].value_bytes()).expect("conflict parses");
+        processed.output[index].value = Some(output_value(&conflict, &input[7], 1, 9_999));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ConflictInOutput, 1);
+        assert_eq!(report.violation_count(Violation::MissingOutput), 0);
+    }
+
+    #[test]
+    fn changed_content_is_a_mismatch() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        let index = find_output(&processed, "e-2");
+        let changed = EventEnvelope::parse(&envelope("e-2", "a", 2_501)).expect("parses");
+        processed.output[index].value = Some(output_value(&changed, &input[1], 2, 12_501));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ContentMismatch, 1);
+    }
+
+    #[test]
+    fn malformed_input_missing_from_dlq_or_with_wrong_reason() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        processed
+            .dlq
+            .retain(|r| r.header_str(REASON_HEADER) != Some("empty_record"));
+        for dead in &mut processed.dlq {
+            if dead.header_str(REASON_HEADER) == Some("malformed_json") {
+                dead.headers[0].1 = Some(b"invalid_field".to_vec());
+            }
+        }
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::BadInputMissingFromDlq, 1);
+        assert_violation(&report, Violation::WrongDlqReason, 1);
+        assert_eq!(
+            report.violations[&Violation::WrongDlqReason].examples,
+            vec![format!(
+                "{INPUT}/0@3 (invalid_field, expected malformed_json)"
+            )]
+        );
+    }
+
+    #[test]
+    fn dlq_records_must_be_traceable_unique_and_original() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        let truncated = input[3].clone();
+        processed.dlq_record(&truncated, DeadLetterReason::MalformedJson);
+        processed.dlq.push(record(DLQ, 0, 99, b"no headers"));
+        processed.dlq_record(&input[8], DeadLetterReason::EmptyRecord);
+        let last = processed.dlq.len() - 1;
+        processed.dlq[last].value = Some(b"rewritten".to_vec());
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::DuplicatedInDlq, 2);
+        assert_violation(&report, Violation::UnexpectedDlqRecord, 1);
+        assert_violation(&report, Violation::DlqNotOriginalBytes, 1);
+    }
+
+    #[test]
+    fn wrong_running_total_is_reported() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        let index = find_output(&processed, "e-2");
+        let event = EventEnvelope::parse(input[1].value_bytes()).expect("parses");
+        // Count right, total off by one cent.
+        processed.output[index].value = Some(output_value(&event, &input[1], 2, 12_501));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::WrongEntityTotal, 1);
+        assert!(
+            report.violations[&Violation::WrongEntityTotal].examples[0].starts_with("a at e-2")
+        );
+        // Content is still the event's: only the totals are wrong.
+        assert_eq!(report.violation_count(Violation::ContentMismatch), 0);
+    }
+
+    #[test]
+    fn totals_are_not_checked_when_the_output_has_none() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        for output in &mut processed.output {
+            let mut event = EventEnvelope::parse(output.value_bytes()).expect("parses");
+            for field in PROCESSOR_ADDED_FIELDS {
+                event.extra.remove(field);
+            }
+            output.value = Some(event.to_bytes());
+        }
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        assert!(!report.figures.totals_checked);
+        assert_eq!(report.notes.len(), 1);
+    }
+
+    #[test]
+    fn order_violation_is_reported() {
+        let input = scenario();
+        let mut processed = reference_process(&input);
+        // e-1 and e-2 of entity `a` come out swapped, with totals that add up in that order.
+        let first = find_output(&processed, "e-1");
+        let second = find_output(&processed, "e-2");
+        let e1 = EventEnvelope::parse(input[0].value_bytes()).expect("parses");
+        let e2 = EventEnvelope::parse(input[1].value_bytes()).expect("parses");
+        processed.output[first].value = Some(output_value(&e2, &input[1], 1, 2_500));
+        processed.output[second].value = Some(output_value(&e1, &input[0], 2, 12_500));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::OrderViolation, 1);
+        assert_eq!(
+            report.violations[&Violation::OrderViolation].examples,
+            vec!["e-1".to_owned()]
+        );
+        assert_eq!(report.violation_count(Violation::WrongEntityTotal), 0);
+    }
+
+    #[test]
+    fn old_events_may_be_dead_lettered_for_the_horizon() {
+        let old = json_event("e-old", "a", 100, "2026-01-01T00:00:00Z");
+        let recent = json_event("e-new", "a", 200, "2026-02-28T00:00:00Z");
+        let mut log = InputLog::default();
+        log.push(0, &old).push(0, &recent).push(0, &old);
+        let input = log.records;
+        let mut processed = Processed::default();
+        processed.dlq_record(&input[0], DeadLetterReason::BeyondDedupHorizon);
+        processed.dlq_record(&input[2], DeadLetterReason::BeyondDedupHorizon);
+        let event = EventEnvelope::parse(&recent).expect("parses");
+        processed.push_output(0, output_value(&event, &input[1], 1, 200));
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        assert_eq!(report.figures.beyond_dedup_horizon, 2);
+        assert_eq!(report.figures.expected_output_events, 1);
+
+        // A recent event is no candidate for the horizon.
+        let mut wrong = processed.clone();
+        wrong.dlq_record(&input[1], DeadLetterReason::BeyondDedupHorizon);
+        let report = run(&input, &wrong);
+        assert_violation(&report, Violation::ValidEventInDlq, 1);
+    }
+
+    #[test]
+    fn without_occurred_at_the_record_timestamp_ages_the_event() {
+        let mut log = InputLog::default();
+        log.push(0, &envelope("e-untimed", "a", 5));
+        let mut input = log.records;
+        let mut processed = Processed::default();
+        processed.dlq_record(&input[0], DeadLetterReason::BeyondDedupHorizon);
+        // No time at all: nothing says it is old.
+        assert_violation(&run(&input, &processed), Violation::ValidEventInDlq, 1);
+        // A record timestamp of 2026-01-01, two months before the audit.
+        input[0].timestamp_ms = Some(1_767_225_600_000);
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        assert_eq!(report.figures.beyond_dedup_horizon, 1);
+    }
+
+    #[test]
+    fn occurrences_across_partitions_follow_the_outputs_source() {
+        // The same id under two keys: whichever the processor saw first defines the event.
+        let mut log = InputLog::default();
+        log.push(0, &envelope("e-x", "a", 1))
+            .push(1, &envelope("e-x", "b", 2));
+        let input = log.records;
+        let mut processed = Processed::default();
+        let second = EventEnvelope::parse(input[1].value_bytes()).expect("parses");
+        processed.push_output(1, output_value(&second, &input[1], 1, 2));
+        processed.dlq_record(&input[0], DeadLetterReason::EventIdConflict);
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        assert_eq!(report.figures.sum_logical_values, 2);
+
+        // Without a source the first by (partition, offset) defines it, and `b`'s is the conflict.
+        let mut no_source = Processed::default();
+        no_source.push_output(1, envelope("e-x", "b", 2));
+        no_source.dlq_record(&input[0], DeadLetterReason::EventIdConflict);
+        let report = run(&input, &no_source);
+        assert_violation(&report, Violation::ConflictInOutput, 1);
+    }
+
+    #[test]
+    fn examples_are_capped() {
+        let mut log = InputLog::default();
+        for n in 0..50 {
+            log.push(0, &envelope(&format!("e-{n}"), "a", 1));
+        }
+        let report = run(&log.records, &Processed::default());
+        let missing = &report.violations[&Violation::MissingOutput];
+        assert_eq!(missing.count, 50);
+        assert_eq!(missing.examples.len(), DEFAULT_EXAMPLE_LIMIT);
+    }
+
+    #[test]
+    fn headers_do_not_change_the_logical_event() {
+        // The event_id header is for tracing; the audit keys on the value's event_id.
+        let mut input = scenario();
+        input[0]
+            .headers
+            .push((EVENT_ID_HEADER.to_owned(), Some(b"something-else".to_vec())));
+        let processed = reference_process(&input);
+        assert!(run(&input, &processed).passed);
+        let _ = OUTPUT;
+    }
+
+    fn json_event(event_id: &str, entity_id: &str, value: i64, occurred_at: &str) -> Vec<u8> {
+        serde_json::json!({
+            "event_id": event_id,
+            "entity_id": entity_id,
+            "value": value,
+            "occurred_at": occurred_at,
+        })
+        .to_string()
+        .into_bytes()
+    }
+}

@@ -1,0 +1,241 @@
+//! The command line: every flag, its environment fallback and its help text.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use eos_core::envelope::DEFAULT_MAX_RECORD_BYTES;
+use eos_core::telemetry::LogFormat;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success (for audit: every input accounted for exactly once)
+  1  audit found a violation
+  2  operational error: bad arguments, Kafka unreachable, input topic missing, delivery failed";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "eosctl",
+    version,
+    about = "Produce at-least-once workloads and audit a pipeline's exactly-once result",
+    after_help = EXIT_STATUS
+)]
+pub struct Cli {
+    /// Kafka bootstrap servers, comma-separated host:port.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092",
+        global = true,
+        help_heading = "Global options"
+    )]
+    pub bootstrap_servers: String,
+
+    /// Extra librdkafka property KEY=VALUE (security.protocol, sasl.*, ssl.*, ...); repeatable.
+    /// Properties exactly-once depends on (enable.idempotence, acks, isolation.level,
+    /// enable.auto.commit, group.id, transactional.id) are refused.
+    #[arg(
+        short = 'X',
+        long = "kafka-property",
+        value_name = "KEY=VALUE",
+        global = true,
+        help_heading = "Global options"
+    )]
+    pub kafka_properties: Vec<String>,
+
+    /// Log format on stderr (stdout carries only results): text or json. RUST_LOG filters.
+    #[arg(
+        long,
+        env = "EOS_LOG_FORMAT",
+        default_value = "text",
+        global = true,
+        help_heading = "Global options"
+    )]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write a deterministic at-least-once workload of event envelopes to a topic
+    ///
+    /// Writes COUNT distinct valid logical events keyed by entity_id, plus, as ratios of COUNT,
+    /// exact re-deliveries, malformed records and reused event ids with other content — what a
+    /// real at-least-once producer leaves on a topic. The same --seed (and --occurred-at-base)
+    /// writes byte-identical records in the same order. Uses an idempotent producer (acks=all), so every duplicate on
+    /// the topic is one the workload meant to write.
+    #[command(after_help = EXIT_STATUS)]
+    Produce(ProduceArgs),
+    /// Prove a pipeline's result is exactly-once, or show where it is not
+    ///
+    /// Reads the input, output and dead-letter topics with read_committed, from the beginning to
+    /// their end at the start of the run, and checks by event_id that every input is accounted
+    /// for exactly once: one output per logical event with the content of its first occurrence,
+    /// nothing for a duplicate delivery, one DLQ record with the right reason for each malformed
+    /// or conflicting record; and that the output's running per-entity totals and order are
+    /// right. Run it once the pipeline has caught up with its input.
+    #[command(after_help = EXIT_STATUS)]
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProduceArgs {
+    /// Topic to write to; created with --partitions if it does not exist.
+    #[arg(long)]
+    pub topic: String,
+
+    /// Distinct valid logical events to write. Duplicates, malformed records and conflicts are
+    /// written on top, each as a ratio of COUNT.
+    #[arg(long)]
+    pub count: u64,
+
+    /// Number of entities (ent-0 ... ent-<N-1>) the events are spread over; the record key.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub entities: u32,
+
+    /// Exact re-deliveries (same key, value and headers as an earlier record), as a ratio of COUNT.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ratio)]
+    pub duplicate_ratio: f64,
+
+    /// Malformed records (truncated JSON, missing event_id, missing value, wrong type, oversized
+    /// id, non-UTF-8, JSON array, empty value, in rotation), as a ratio of COUNT.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ratio)]
+    pub bad_ratio: f64,
+
+    /// Reused event ids with a different value (same entity, so after the original in the same
+    /// partition), as a ratio of COUNT.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ratio)]
+    pub conflict_ratio: f64,
+
+    /// Approximate size of each record value in bytes; the payload is padded up to it.
+    #[arg(long, default_value_t = 200)]
+    pub value_bytes: usize,
+
+    /// Records per second; 0 for as fast as the broker acknowledges.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+
+    /// Seed of the workload: the same seed and --occurred-at-base write byte-identical records in
+    /// the same order. Event ids are evt-<seed>-<n>. Random (and printed) when not given.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// occurred_at of event n is this RFC 3339 time plus n milliseconds. Default: now.
+    #[arg(long, value_parser = parse_rfc3339)]
+    pub occurred_at_base: Option<OffsetDateTime>,
+
+    /// Partitions of the topic when this command creates it.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..))]
+    pub partitions: i32,
+
+    /// Replication factor of the topic when this command creates it; -1 for the broker's default.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub replication_factor: i32,
+
+    /// How long a record may wait for its acknowledgement before the run fails (e.g. 60s, 5m).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub delivery_timeout: Duration,
+
+    /// Print the summary as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// The topic the pipeline consumed.
+    #[arg(long)]
+    pub input: String,
+
+    /// The topic the pipeline wrote its results to (a missing topic reads as empty).
+    #[arg(long)]
+    pub output: String,
+
+    /// The dead-letter topic. Default: <input>.dlq (a missing topic reads as empty).
+    #[arg(long)]
+    pub dlq: Option<String>,
+
+    /// The processor's dedup horizon: events older than this (by occurred_at, else the record
+    /// timestamp) may be dead-lettered as beyond_dedup_horizon instead of processed (e.g. 7d, 12h).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub dedup_horizon: Duration,
+
+    /// The processor's record size limit: larger input records count as malformed
+    /// (oversized_record).
+    #[arg(long, default_value_t = DEFAULT_MAX_RECORD_BYTES)]
+    pub max_record_bytes: usize,
+
+    /// Give up when a partition makes no progress towards its end for this long (an open
+    /// transaction holds read_committed readers back).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub end_timeout: Duration,
+
+    /// Print the report as one JSON object on stdout instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    let ratio: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if (0.0..=1.0).contains(&ratio) {
+        Ok(ratio)
+    } else {
+        Err(format!("{text} is outside 0..=1"))
+    }
+}
+
+fn parse_rfc3339(text: &str) -> Result<OffsetDateTime, String> {
+    OffsetDateTime::parse(text, &Rfc3339)
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time (e.g. 2026-01-02T03:04:05Z): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn ratios_outside_zero_to_one_are_refused() {
+        assert_eq!(parse_ratio("0.25"), Ok(0.25));
+        assert_eq!(parse_ratio("1"), Ok(1.0));
+        assert!(parse_ratio("1.5").is_err());
+        assert!(parse_ratio("-0.1").is_err());
+        assert!(parse_ratio("NaN").is_err());
+        assert!(parse_ratio("lots").is_err());
+        let parsed = Cli::try_parse_from([
+            "eosctl",
+            "produce",
+            "--topic",
+            "t",
+            "--count",
+            "10",
+            "--bad-ratio",
+            "2",
+        ]);
+        assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn audit_defaults() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["eosctl", "audit", "--input", "in", "--output", "out"])?;
+        let Command::Audit(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(args.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(args.dlq, None);
+        assert_eq!(args.max_record_bytes, DEFAULT_MAX_RECORD_BYTES);
+        Ok(())
+    }
+}

@@ -1,0 +1,270 @@
+//! Kafka client settings shared by every command, and topic metadata / creation.
+//!
+//! Settings exactly-once depends on (idempotence, `acks`, `read_committed`, auto-commit, topic
+//! auto-creation) are set by the commands themselves and cannot be overridden with
+//! `--kafka-property`; everything else (TLS, SASL, timeouts) can.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// How long a metadata request may take before the cluster counts as unreachable.
+pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Properties the commands set themselves because correctness depends on them.
+const PROTECTED_PROPERTIES: [&str; 10] = [
+    "bootstrap.servers",
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "group.id",
+    "transactional.id",
+    "allow.auto.create.topics",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("--kafka-property {0:?} is not KEY=VALUE")]
+    NotKeyValue(String),
+    #[error(
+        "--kafka-property {0} cannot be overridden: eosctl sets it itself because exactly-once depends on it"
+    )]
+    Protected(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot reach Kafka at {servers}")]
+    Unreachable { servers: String, source: KafkaError },
+    #[error("topic {topic:?} does not exist")]
+    TopicMissing { topic: String },
+    #[error("cannot create topic {topic:?}: {reason}")]
+    CreateTopic { topic: String, reason: String },
+    #[error("background task failed")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("{context}")]
+    Client { context: String, source: KafkaError },
+}
+
+impl ClusterError {
+    pub(crate) fn client(context: impl Into<String>, source: KafkaError) -> Self {
+        Self::Client {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSettings {
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties (`security.protocol`, `sasl.*`, `ssl.*`, …).
+    pub properties: Vec<(String, String)>,
+}
+
+impl KafkaSettings {
+    /// `properties` as `KEY=VALUE` strings, as given on the command line.
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        properties: &[String],
+    ) -> Result<Self, SettingsError> {
+        let properties = properties
+            .iter()
+            .map(|property| {
+                let (key, value) = property
+                    .split_once('=')
+                    .ok_or_else(|| SettingsError::NotKeyValue(property.clone()))?;
+                let key = key.trim();
+                if PROTECTED_PROPERTIES.contains(&key) {
+                    return Err(SettingsError::Protected(key.to_owned()));
+                }
+                Ok((key.to_owned(), value.to_owned()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            bootstrap_servers: bootstrap_servers.into(),
+            properties,
+        })
+    }
+
+    /// A client configuration with the bootstrap servers and the user's extra properties.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap_servers);
+        for (key, value) in &self.properties {
+            config.set(key, value);
+        }
+        config
+    }
+
+    pub(crate) fn unreachable(&self, source: KafkaError) -> ClusterError {
+        ClusterError::Unreachable {
+            servers: self.bootstrap_servers.clone(),
+            source,
+        }
+    }
+
+    /// A consumer that never joins a group: metadata and watermark queries only. It is
+    /// read_uncommitted (librdkafka's default is read_committed) so that its high watermark is the
+    /// true end of the log rather than the last stable offset.
+    pub(crate) fn metadata_client(&self) -> Result<BaseConsumer, ClusterError> {
+        self.client_config()
+            .set("isolation.level", "read_uncommitted")
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .map_err(|e| ClusterError::client("cannot create a Kafka client", e))
+    }
+}
+
+/// The partitions of `topic`, or `None` when it does not exist. Blocking.
+pub fn topic_partitions(
+    client: &BaseConsumer,
+    settings: &KafkaSettings,
+    topic: &str,
+) -> Result<Option<Vec<i32>>, ClusterError> {
+    let metadata = client
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .map_err(|e| settings.unreachable(e))?;
+    let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(None);
+    };
+    match found.error() {
+        None => {}
+        Some(code) if RDKafkaErrorCode::from(code) == RDKafkaErrorCode::UnknownTopicOrPartition => {
+            return Ok(None);
+        }
+        Some(code) => {
+            return Err(ClusterError::client(
+                format!("cannot read the metadata of topic {topic:?}"),
+                KafkaError::MetadataFetch(code.into()),
+            ));
+        }
+    }
+    let mut partitions: Vec<i32> = found.partitions().iter().map(|p| p.id()).collect();
+    partitions.sort_unstable();
+    Ok((!partitions.is_empty()).then_some(partitions))
+}
+
+/// How to create a topic the command needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicLayout {
+    pub partitions: i32,
+    /// -1: the broker's `default.replication.factor`.
+    pub replication_factor: i32,
+}
+
+/// Makes sure `topic` exists, creating it with `layout` when it does not. Returns its partition
+/// count and whether it was created.
+pub async fn ensure_topic(
+    settings: &KafkaSettings,
+    topic: &str,
+    layout: TopicLayout,
+) -> Result<(usize, bool), ClusterError> {
+    let describe = {
+        let settings = settings.clone();
+        let topic = topic.to_owned();
+        move || -> Result<Option<Vec<i32>>, ClusterError> {
+            let client = settings.metadata_client()?;
+            topic_partitions(&client, &settings, &topic)
+        }
+    };
+    if let Some(partitions) = spawn_blocking(describe.clone()).await? {
+        return Ok((partitions.len(), false));
+    }
+
+    let admin: AdminClient<DefaultClientContext> = settings
+        .client_config()
+        .create()
+        .map_err(|e| ClusterError::client("cannot create a Kafka admin client", e))?;
+    let new_topic = NewTopic::new(
+        topic,
+        layout.partitions,
+        TopicReplication::Fixed(layout.replication_factor),
+    );
+    let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+    let results = admin
+        .create_topics([&new_topic], &options)
+        .await
+        .map_err(|e| settings.unreachable(e))?;
+    for result in results {
+        match result {
+            Ok(_) => tracing::info!(topic, partitions = layout.partitions, "created topic"),
+            // Someone else created it in the meantime: just as good.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => {
+                return Err(ClusterError::CreateTopic {
+                    topic: topic.to_owned(),
+                    reason: code.to_string(),
+                });
+            }
+        }
+    }
+    // Creation is asynchronous on the broker side: wait until the metadata shows the topic, so
+    // the first produce does not race it.
+    for _ in 0..50 {
+        if let Some(partitions) = spawn_blocking(describe.clone()).await? {
+            return Ok((partitions.len(), true));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(ClusterError::CreateTopic {
+        topic: topic.to_owned(),
+        reason: "created, but it did not appear in the cluster metadata within 5 s".to_owned(),
+    })
+}
+
+async fn spawn_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ClusterError> + Send + 'static,
+) -> Result<T, ClusterError> {
+    tokio::task::spawn_blocking(work).await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_properties_are_passed_on() -> Result<(), SettingsError> {
+        let settings = KafkaSettings::new(
+            "broker:9092",
+            &[
+                "security.protocol=SASL_SSL".to_owned(),
+                "sasl.password=a=b".to_owned(),
+            ],
+        )?;
+        let config = settings.client_config();
+        assert_eq!(config.get("bootstrap.servers"), Some("broker:9092"));
+        assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(config.get("sasl.password"), Some("a=b"));
+        Ok(())
+    }
+
+    #[test]
+    fn settings_exactly_once_depends_on_are_refused() {
+        for property in [
+            "enable.idempotence=false",
+            "isolation.level=read_uncommitted",
+            " acks =1",
+        ] {
+            assert!(
+                matches!(
+                    KafkaSettings::new("b:9092", &[property.to_owned()]),
+                    Err(SettingsError::Protected(_))
+                ),
+                "{property}"
+            );
+        }
+        assert!(matches!(
+            KafkaSettings::new("b:9092", &["linger.ms".to_owned()]),
+            Err(SettingsError::NotKeyValue(_))
+        ));
+    }
+}

@@ -1,0 +1,242 @@
+//! Human-readable renderings of the commands' results. The `--json` renderings are the serde
+//! forms of the same structs, so both always carry the same figures.
+
+use std::fmt::Write as _;
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{CellAlignment, Table};
+use serde::Serialize;
+
+use crate::audit::{AuditReport, Violation};
+use crate::produce::ProduceSummary;
+
+/// Examples shown per violation kind in the text report (the JSON carries all that were kept).
+const TEXT_EXAMPLES: usize = 5;
+
+/// An audit report with the topics it is about.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditOutcome {
+    pub input_topic: String,
+    pub output_topic: String,
+    pub dlq_topic: String,
+    #[serde(flatten)]
+    pub report: AuditReport,
+}
+
+/// `1234567` as `1,234,567`.
+pub fn grouped(number: impl Into<i128>) -> String {
+    let number: i128 = number.into();
+    let digits = number.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if number < 0 {
+        out.push('-');
+    }
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+pub fn produce_text(summary: &ProduceSummary) -> String {
+    let mut out = String::new();
+    let created = if summary.topic_created {
+        ", created"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "produced to topic {:?} ({} partitions{created}), seed {}",
+        summary.topic, summary.partitions, summary.seed
+    );
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header(["", "records"]);
+    let malformed_kinds = summary
+        .malformed_by_kind
+        .iter()
+        .map(|(kind, count)| format!("{kind} {count}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rows = [
+        ("logical events (--count)", grouped(summary.logical_events)),
+        (
+            "physical records written",
+            grouped(summary.physical_records),
+        ),
+        ("  exact duplicate deliveries", grouped(summary.duplicates)),
+        ("  malformed", grouped(summary.malformed)),
+        (
+            "  conflicts (reused id, other content)",
+            grouped(summary.conflicts),
+        ),
+        (
+            "sum of values over logical events",
+            grouped(summary.sum_logical_values),
+        ),
+        (
+            "sum of values over all valid records",
+            grouped(summary.sum_valid_physical_values),
+        ),
+    ];
+    for (name, value) in rows {
+        table.add_row([name.to_owned(), value]);
+    }
+    if let Some(column) = table.column_mut(1) {
+        column.set_cell_alignment(CellAlignment::Right);
+    }
+    let _ = writeln!(out, "{table}");
+    if !malformed_kinds.is_empty() {
+        let _ = writeln!(out, "malformed by kind: {malformed_kinds}");
+    }
+    let _ = writeln!(
+        out,
+        "{} records ({:.1} MB) in {:.2} s: {} records/s, {:.1} MB/s",
+        grouped(summary.physical_records),
+        summary.bytes as f64 / 1_000_000.0,
+        summary.elapsed_seconds,
+        grouped(summary.records_per_second.round() as i64),
+        summary.megabytes_per_second
+    );
+    out
+}
+
+pub fn audit_text(outcome: &AuditOutcome) -> String {
+    let report = &outcome.report;
+    let figures = &report.figures;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "audit: input {:?} -> output {:?}, dead letters {:?}",
+        outcome.input_topic, outcome.output_topic, outcome.dlq_topic
+    );
+
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header(["check", "expected", "actual", "result"]);
+    for check in &report.checks {
+        table.add_row([
+            check.name.clone(),
+            grouped(check.expected),
+            grouped(check.actual),
+            if check.passed { "PASS" } else { "FAIL" }.to_owned(),
+        ]);
+    }
+    for column in [1, 2] {
+        if let Some(column) = table.column_mut(column) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let _ = writeln!(out, "{table}");
+
+    let mut physical = Table::new();
+    physical.load_preset(UTF8_FULL_CONDENSED);
+    physical.set_header(["physical vs logical", "records", "sum of values"]);
+    let malformed = figures
+        .malformed_by_reason
+        .iter()
+        .map(|(reason, count)| format!("{reason} {count}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rows: [(&str, u64, Option<i128>); 9] = [
+        ("input records", figures.input_records, None),
+        (
+            "valid input records (all attempts)",
+            figures.valid_input_records,
+            Some(figures.sum_valid_input_values),
+        ),
+        (
+            "logical events (unique event_id)",
+            figures.logical_events,
+            Some(figures.sum_logical_values),
+        ),
+        (
+            "duplicate deliveries (to drop)",
+            figures.duplicate_deliveries,
+            None,
+        ),
+        ("malformed inputs", figures.malformed_inputs, None),
+        ("conflicts (reused event_id)", figures.conflicts, None),
+        (
+            "beyond the dedup horizon (in DLQ)",
+            figures.beyond_dedup_horizon,
+            None,
+        ),
+        ("dead-letter records", figures.dlq_records, None),
+        (
+            "output records",
+            figures.output_records,
+            Some(figures.output_sum),
+        ),
+    ];
+    for (name, count, sum) in rows {
+        physical.add_row([
+            name.to_owned(),
+            grouped(count),
+            sum.map(grouped).unwrap_or_default(),
+        ]);
+    }
+    for column in [1, 2] {
+        if let Some(column) = physical.column_mut(column) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let _ = writeln!(out, "{physical}");
+    if !malformed.is_empty() {
+        let _ = writeln!(out, "malformed by reason: {malformed}");
+    }
+
+    for kind in Violation::ALL {
+        let Some(detail) = report.violations.get(&kind) else {
+            continue;
+        };
+        if detail.count == 0 {
+            continue;
+        }
+        let shown = detail
+            .examples
+            .iter()
+            .take(TEXT_EXAMPLES)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = if detail.count > TEXT_EXAMPLES as u64 {
+            ", …"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{kind} ({}): {shown}{more}", grouped(detail.count));
+    }
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    let failed = report.checks.iter().filter(|check| !check.passed).count();
+    if report.passed {
+        let _ = writeln!(
+            out,
+            "PASS: every input accounted for exactly once ({} inputs, {} logical events)",
+            grouped(figures.input_records),
+            grouped(figures.logical_events)
+        );
+    } else {
+        let _ = writeln!(out, "FAIL: {failed} checks failed");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_digits() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1000), "1,000");
+        assert_eq!(grouped(-1_234_567), "-1,234,567");
+        assert_eq!(grouped(100_000), "100,000");
+    }
+}

@@ -1,0 +1,176 @@
+//! Test helpers: record builders and a reference processor that does exactly what the audit
+//! expects of a correct exactly-once processor, so tests can start from a passing result and
+//! break one thing at a time.
+
+use std::collections::{BTreeMap, HashMap};
+
+use eos_core::dead_letter::{
+    DETAIL_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER,
+    SOURCE_TOPIC_HEADER,
+};
+use eos_core::{DeadLetterReason, EventEnvelope, Fingerprint};
+use serde_json::{Value, json};
+
+use crate::audit::{ENTITY_COUNT_FIELD, ENTITY_TOTAL_FIELD, SOURCE_FIELD};
+use crate::source_record::SourceRecord;
+use crate::workload::Workload;
+
+pub(crate) const INPUT: &str = "payments";
+pub(crate) const OUTPUT: &str = "ledger";
+pub(crate) const DLQ: &str = "payments.dlq";
+
+pub(crate) fn record(topic: &str, partition: i32, offset: i64, value: &[u8]) -> SourceRecord {
+    SourceRecord {
+        topic: topic.to_owned(),
+        partition,
+        offset,
+        key: None,
+        value: Some(value.to_vec()),
+        headers: Vec::new(),
+        timestamp_ms: None,
+    }
+}
+
+/// A minimal valid envelope.
+pub(crate) fn envelope(event_id: &str, entity_id: &str, value: i64) -> Vec<u8> {
+    json!({"event_id": event_id, "entity_id": entity_id, "value": value})
+        .to_string()
+        .into_bytes()
+}
+
+/// Appends inputs to partitions, giving each the next offset there.
+#[derive(Debug, Default)]
+pub(crate) struct InputLog {
+    pub(crate) records: Vec<SourceRecord>,
+    next: BTreeMap<i32, i64>,
+}
+
+impl InputLog {
+    pub(crate) fn push(&mut self, partition: i32, value: &[u8]) -> &mut Self {
+        let offset = self.next.entry(partition).or_default();
+        self.records.push(record(INPUT, partition, *offset, value));
+        *offset += 1;
+        self
+    }
+}
+
+/// The workload's records, partitioned by key the way a keyed producer would (any stable
+/// function of the key keeps an entity in one partition, which is all the audit relies on).
+pub(crate) fn workload_input(workload: Workload, partitions: i32) -> Vec<SourceRecord> {
+    let mut log = InputLog::default();
+    for generated in workload {
+        let hash = generated
+            .key
+            .iter()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(*b)));
+        let partition = i32::try_from(hash % partitions.unsigned_abs()).unwrap_or(0);
+        log.push(partition, &generated.value);
+        if let Some(last) = log.records.last_mut() {
+            last.key = Some(generated.key.clone());
+            last.headers = generated
+                .headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Some(v.clone())))
+                .collect();
+        }
+    }
+    log.records
+}
+
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Processed {
+    pub(crate) output: Vec<SourceRecord>,
+    pub(crate) dlq: Vec<SourceRecord>,
+}
+
+impl Processed {
+    pub(crate) fn dlq_record(
+        &mut self,
+        source: &SourceRecord,
+        reason: DeadLetterReason,
+    ) -> &mut SourceRecord {
+        let offset = self.dlq.len() as i64;
+        let mut dead = record(DLQ, 0, offset, source.value_bytes());
+        dead.headers = vec![
+            (REASON_HEADER.to_owned(), Some(reason.as_str().into())),
+            (DETAIL_HEADER.to_owned(), Some(b"test".to_vec())),
+            (
+                SOURCE_TOPIC_HEADER.to_owned(),
+                Some(source.topic.clone().into()),
+            ),
+            (
+                SOURCE_PARTITION_HEADER.to_owned(),
+                Some(source.partition.to_string().into()),
+            ),
+            (
+                SOURCE_OFFSET_HEADER.to_owned(),
+                Some(source.offset.to_string().into()),
+            ),
+        ];
+        self.dlq.push(dead);
+        let last = self.dlq.len() - 1;
+        &mut self.dlq[last]
+    }
+
+    /// Appends an output record with the next offset of `partition`.
+    pub(crate) fn push_output(&mut self, partition: i32, value: Vec<u8>) {
+        let offset = self
+            .output
+            .iter()
+            .filter(|r| r.partition == partition)
+            .count() as i64;
+        self.output.push(record(OUTPUT, partition, offset, &value));
+    }
+}
+
+/// The output value a correct processor writes for `source`, given the entity's new totals.
+pub(crate) fn output_value(
+    envelope: &EventEnvelope,
+    source: &SourceRecord,
+    count: u64,
+    total: i64,
+) -> Vec<u8> {
+    let mut object = envelope.to_json();
+    object.insert(ENTITY_TOTAL_FIELD.to_owned(), Value::from(total));
+    object.insert(ENTITY_COUNT_FIELD.to_owned(), Value::from(count));
+    object.insert(
+        SOURCE_FIELD.to_owned(),
+        json!({"topic": source.topic, "partition": source.partition, "offset": source.offset}),
+    );
+    Value::Object(object).to_string().into_bytes()
+}
+
+/// A correct processor: partitions in order, records in offset order, one dedup store keyed by
+/// event id, outputs to the same partition number with running totals, everything else to the DLQ.
+pub(crate) fn reference_process(input: &[SourceRecord]) -> Processed {
+    let mut sorted: Vec<&SourceRecord> = input.iter().collect();
+    sorted.sort_by_key(|r| r.position());
+    let mut seen: HashMap<String, Fingerprint> = HashMap::new();
+    let mut totals: HashMap<String, (u64, i64)> = HashMap::new();
+    let mut processed = Processed::default();
+    for source in sorted {
+        let envelope = match EventEnvelope::parse(source.value_bytes()) {
+            Ok(envelope) => envelope,
+            Err(error) => {
+                processed.dlq_record(source, error.reason());
+                continue;
+            }
+        };
+        let fingerprint = envelope.fingerprint();
+        match seen.get(envelope.event_id.as_str()) {
+            Some(first) if *first == fingerprint => continue,
+            Some(_) => {
+                processed.dlq_record(source, DeadLetterReason::EventIdConflict);
+                continue;
+            }
+            None => {}
+        }
+        seen.insert(envelope.event_id.to_string(), fingerprint);
+        let entry = totals.entry(envelope.entity_id.to_string()).or_default();
+        entry.0 += 1;
+        entry.1 += envelope.value;
+        let value = output_value(&envelope, source, entry.0, entry.1);
+        processed.push_output(source.partition, value);
+    }
+    processed
+}

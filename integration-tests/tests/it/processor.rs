@@ -1,0 +1,363 @@
+//! eos-processor against the real broker, as a real child process: SIGKILLed, paused, rebalanced
+//! and cut off from a killed broker — then audited by event_id with `eosctl audit`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use integration_tests::eosctl::{self, AuditOutcome, Workload};
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{bootstrap_servers, create_topic, unique_name, wait_until_consumed};
+use rand::{Rng as _, SeedableRng as _};
+
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(180);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Names of one pipeline run.
+struct Pipeline {
+    bootstrap: String,
+    input: String,
+    output: String,
+    group: String,
+}
+
+impl Pipeline {
+    fn new(bootstrap: String) -> Self {
+        Self {
+            bootstrap,
+            input: unique_name("payments"),
+            output: unique_name("ledger"),
+            group: unique_name("eos-processor"),
+        }
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}.dlq", self.input)
+    }
+
+    fn spawn(
+        &self,
+        instance: &str,
+        guarantee: &str,
+        envs: &[(&str, &str)],
+    ) -> anyhow::Result<ServiceProcess> {
+        let args = [
+            "--bootstrap-servers",
+            &self.bootstrap,
+            "--input-topic",
+            &self.input,
+            "--output-topic",
+            &self.output,
+            "--group-id",
+            &self.group,
+            "--instance-id",
+            instance,
+            "--guarantee",
+            guarantee,
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--transaction-timeout",
+            "10s",
+        ]
+        .map(str::to_owned);
+        ServiceProcess::spawn("eos-processor", &args, envs)
+    }
+
+    fn produce_in_background(
+        &self,
+        workload: Workload,
+    ) -> std::thread::JoinHandle<anyhow::Result<serde_json::Value>> {
+        let (bootstrap, input) = (self.bootstrap.clone(), self.input.clone());
+        std::thread::spawn(move || eosctl::produce_on(&bootstrap, &input, &workload))
+    }
+
+    fn wait_drained(&self) -> anyhow::Result<()> {
+        wait_until_consumed(&self.bootstrap, &self.group, &self.input, DRAIN_TIMEOUT)
+    }
+
+    fn audit(&self) -> anyhow::Result<AuditOutcome> {
+        eosctl::audit_on(&self.bootstrap, &self.input, &self.output, &self.dlq())
+    }
+}
+
+fn assert_exact(outcome: &AuditOutcome, logical: i64) {
+    assert!(outcome.passed(), "audit not exact:\n{}", outcome.failures());
+    assert_eq!(outcome.figure("logical_events"), logical);
+}
+
+fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
+    let status = process.terminate(STOP_TIMEOUT)?;
+    assert!(
+        status.success(),
+        "SIGTERM must exit 0, got {status}\n{}",
+        process.log_tail(30)
+    );
+    Ok(())
+}
+
+/// Produces 20,000 events while the processor is SIGKILLed `kills` times at random moments and
+/// restarted, then drains with one last instance and audits.
+fn hard_kill_run(guarantee: &str, kills: usize, seed: u64) -> anyhow::Result<AuditOutcome> {
+    let pipeline = Pipeline::new(bootstrap_servers());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let producer = pipeline.produce_in_background(Workload {
+        rate: 1_500,
+        ..Workload::chaos(20_000, seed)
+    });
+    for _ in 0..kills {
+        let mut processor = pipeline.spawn("chaos", guarantee, &[])?;
+        std::thread::sleep(Duration::from_millis(rng.random_range(700..2_200)));
+        let status = processor.kill_hard()?;
+        assert!(
+            status.code().is_none(),
+            "killed by a signal, not exited: {status}\n{}",
+            processor.log_tail(30)
+        );
+    }
+    let mut last = pipeline.spawn("chaos", guarantee, &[])?;
+    let summary = producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    assert_eq!(summary["logical_events"], 20_000);
+    pipeline.wait_drained().with_context(|| last.log_tail(40))?;
+    stop_gracefully(&mut last)?;
+    pipeline.audit()
+}
+
+#[test]
+fn exactly_once_survives_repeated_sigkill() -> anyhow::Result<()> {
+    let outcome = hard_kill_run("exactly-once", 12, 11)?;
+    assert_exact(&outcome, 20_000);
+    assert_eq!(outcome.figure("duplicate_deliveries"), 1_000);
+    assert_eq!(outcome.figure("conflicts"), 20);
+    assert_eq!(outcome.figure("malformed_inputs"), 100);
+    Ok(())
+}
+
+#[test]
+fn at_least_once_under_the_same_kills_is_caught_by_the_audit() -> anyhow::Result<()> {
+    let outcome = hard_kill_run("at-least-once", 12, 11)?;
+    assert_eq!(
+        outcome.exit_code, 1,
+        "the audit must fail without transactions"
+    );
+    assert!(
+        outcome.violations("duplicated_output") > 0,
+        "expected repeated outputs after kills:\n{}",
+        outcome.failures()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_zombie_is_fenced_by_its_successor() -> anyhow::Result<()> {
+    let pipeline = Pipeline::new(bootstrap_servers());
+    create_topic(&pipeline.input, 3).await?;
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        eosctl::produce_on(
+            &pipeline.bootstrap,
+            &pipeline.input,
+            &Workload::chaos(3_000, 21),
+        )?;
+        let mut zombie = pipeline.spawn("same-pod", "exactly-once", &[])?;
+        pipeline
+            .wait_drained()
+            .with_context(|| zombie.log_tail(40))?;
+        zombie.pause()?;
+
+        // While it is frozen, more input arrives and a successor with the same identity starts.
+        eosctl::produce_on(
+            &pipeline.bootstrap,
+            &pipeline.input,
+            &Workload::chaos(3_000, 22),
+        )?;
+        let mut successor = pipeline.spawn("same-pod", "exactly-once", &[])?;
+        pipeline
+            .wait_drained()
+            .with_context(|| successor.log_tail(40))?;
+
+        zombie.resume()?;
+        let status = zombie
+            .wait_timeout(Duration::from_secs(60))?
+            .with_context(|| format!("the zombie kept running\n{}", zombie.log_tail(40)))?;
+        assert!(
+            !status.success(),
+            "a fenced zombie exits non-zero\n{}",
+            zombie.log_tail(40)
+        );
+        assert!(
+            zombie.log().contains("fenced") || zombie.log().contains("Fenced"),
+            "the zombie says it was fenced\n{}",
+            zombie.log_tail(40)
+        );
+
+        eosctl::produce_on(
+            &pipeline.bootstrap,
+            &pipeline.input,
+            &Workload::chaos(1_000, 23),
+        )?;
+        pipeline
+            .wait_drained()
+            .with_context(|| successor.log_tail(40))?;
+        stop_gracefully(&mut successor)?;
+        assert_exact(&pipeline.audit()?, 7_000);
+        Ok(())
+    })
+    .await?
+}
+
+#[test]
+fn forced_aborts_rewind_without_skipping_or_doubling() -> anyhow::Result<()> {
+    let pipeline = Pipeline::new(bootstrap_servers());
+    let producer = pipeline.produce_in_background(Workload {
+        rate: 2_000,
+        ..Workload::chaos(5_000, 31)
+    });
+    // Small batches so there are many transactions, every second one failed before its commit.
+    let mut processor = pipeline.spawn(
+        "aborts",
+        "exactly-once",
+        &[("EOS_FAULT_ABORT_EVERY", "2"), ("EOS_MAX_BATCH", "200")],
+    )?;
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    pipeline
+        .wait_drained()
+        .with_context(|| processor.log_tail(40))?;
+    stop_gracefully(&mut processor)?;
+    let log = processor.log();
+    let aborts = log.matches("aborting transaction").count();
+    assert!(
+        aborts >= 10,
+        "every second transaction aborts; saw {aborts}"
+    );
+    assert!(log.contains("rewound to the committed offsets"));
+    assert_exact(&pipeline.audit()?, 5_000);
+    Ok(())
+}
+
+#[test]
+fn rebalances_with_a_graceful_stop_and_a_kill_stay_exact() -> anyhow::Result<()> {
+    let pipeline = Pipeline::new(bootstrap_servers());
+    let producer = pipeline.produce_in_background(Workload {
+        rate: 1_500,
+        ..Workload::chaos(15_000, 41)
+    });
+    let mut first = pipeline.spawn("member-a", "exactly-once", &[])?;
+    let mut second = pipeline.spawn("member-b", "exactly-once", &[])?;
+    std::thread::sleep(Duration::from_secs(4));
+    stop_gracefully(&mut first)?;
+    std::thread::sleep(Duration::from_secs(3));
+    second.kill_hard()?;
+    let mut third = pipeline.spawn("member-c", "exactly-once", &[])?;
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    pipeline
+        .wait_drained()
+        .with_context(|| third.log_tail(40))?;
+    stop_gracefully(&mut third)?;
+    assert!(first.log().contains("partitions assigned"));
+    assert_exact(&pipeline.audit()?, 15_000);
+    Ok(())
+}
+
+/// A broker of this test's own (the stack script on free ports), so killing it harms no other test.
+struct PrivateBroker {
+    dir: PathBuf,
+    port: u16,
+    controller_port: u16,
+}
+
+impl PrivateBroker {
+    fn stack(&self, args: &[&str]) -> anyhow::Result<()> {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/stack");
+        let output = Command::new(script)
+            .args(args)
+            .env("KAFKA_PORT", self.port.to_string())
+            .env("KAFKA_CONTROLLER_PORT", self.controller_port.to_string())
+            .env("EOS_STACK_DIR", &self.dir)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "stack {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    fn start() -> anyhow::Result<Self> {
+        let free_port = || -> anyhow::Result<u16> {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port())
+        };
+        let dir = std::env::temp_dir().join(unique_name("eos-it-broker"));
+        let broker = Self {
+            dir,
+            port: free_port()?,
+            controller_port: free_port()?,
+        };
+        broker.stack(&["up", "kafka"])?;
+        Ok(broker)
+    }
+
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn kill_hard(&self) -> anyhow::Result<()> {
+        let pid: i32 = std::fs::read_to_string(self.dir.join("kafka/kafka.pid"))?
+            .trim()
+            .parse()?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        // Wait until the port is free again so the restart does not race the dying JVM.
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        anyhow::bail!("the killed broker still listens on {}", self.port)
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        let _ = self.stack(&["down", "kafka"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_broker_killed_mid_run_and_restarted_loses_and_doubles_nothing() -> anyhow::Result<()> {
+    let broker = PrivateBroker::start()?;
+    let pipeline = Pipeline::new(broker.bootstrap());
+    let producer = pipeline.produce_in_background(Workload {
+        rate: 1_500,
+        ..Workload::chaos(10_000, 51)
+    });
+    let mut processor = pipeline.spawn("broker-chaos", "exactly-once", &[])?;
+    std::thread::sleep(Duration::from_secs(3));
+    broker.kill_hard()?;
+    std::thread::sleep(Duration::from_secs(2));
+    broker.stack(&["up", "kafka"])?;
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    // An orchestrator restarts a processor that gave up while the broker was away.
+    if !processor.is_running() {
+        processor = pipeline.spawn("broker-chaos", "exactly-once", &[])?;
+    }
+    pipeline
+        .wait_drained()
+        .with_context(|| processor.log_tail(40))?;
+    stop_gracefully(&mut processor)?;
+    assert_exact(&pipeline.audit()?, 10_000);
+    Ok(())
+}
