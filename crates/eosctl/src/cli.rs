@@ -1,5 +1,6 @@
 //! The command line: every flag, its environment fallback and its help text.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -11,14 +12,15 @@ use time::format_description::well_known::Rfc3339;
 const EXIT_STATUS: &str = "\
 Exit status:
   0  success (for audit: every input accounted for exactly once)
-  1  audit found a violation
+  1  audit found a violation; lag --wait timed out before the group caught up
   2  operational error: bad arguments, Kafka unreachable, input topic missing, delivery failed";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "eosctl",
     version,
-    about = "Produce at-least-once workloads and audit a pipeline's exactly-once result",
+    about = "Produce at-least-once workloads, audit a pipeline's exactly-once result, watch its lag \
+             and benchmark it",
     after_help = EXIT_STATUS
 )]
 pub struct Cli {
@@ -79,6 +81,148 @@ pub enum Command {
     /// right. Run it once the pipeline has caught up with its input.
     #[command(after_help = EXIT_STATUS)]
     Audit(AuditArgs),
+    /// Show how far a consumer group is behind a topic, or wait until it has caught up
+    ///
+    /// For each partition of the topic: the group's committed offset (read with read_committed,
+    /// so offsets a transaction is still committing are waited for, never read half-way), the
+    /// end of the log (high watermark) and the lag between them. Offsets at the end of a
+    /// partition that hold only transaction markers or aborted records, which no consumer ever
+    /// receives, do not count as lag. The group is observed, never joined. With --wait, looks
+    /// again every 250 ms until the total lag is 0: scripts use it to wait until a pipeline has
+    /// drained.
+    #[command(after_help = EXIT_STATUS)]
+    Lag(LagArgs),
+    /// Measure a service against the real broker and print the figures (a benchmark, not a test)
+    #[command(after_help = EXIT_STATUS)]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LagArgs {
+    /// The consumer group.
+    #[arg(long)]
+    pub group: String,
+
+    /// The topic the group consumes.
+    #[arg(long)]
+    pub topic: String,
+
+    /// Look again every 250 ms until the total lag is 0 (exit 0), or until --timeout passes
+    /// (exit 1, with the last table).
+    #[arg(long)]
+    pub wait: bool,
+
+    /// How long --wait waits for the group to catch up (e.g. 120s, 5m).
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Print the result as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub target: BenchTarget,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchTarget {
+    /// Throughput (exactly-once vs at-least-once), single-record transactions/s and end-to-end
+    /// latency of the real eos-processor binary
+    ///
+    /// Runs eos-processor as a child process against topics it creates with fresh names (and
+    /// deletes at the end unless --keep-topics). Throughput: for each of --sizes, writes
+    /// --records records once, then runs --rounds rounds of each guarantee interleaved (EO, ALO,
+    /// EO, ALO, ...), each a fresh processor with a fresh group reading that input from the
+    /// beginning; a round's rate runs from the group's first commit to the commit that reaches the
+    /// end of the input (read_committed offsets sampled every 50 ms), so start-up is not counted.
+    /// Prints the median rate of each guarantee and their ratio. Then: exactly-once with
+    /// --max-batch 1 over a backlog of --single-records (transactions per second), and the
+    /// end-to-end latency (input record timestamp to arrival at a read_committed reader of the
+    /// output) while producing at half the exactly-once median rate of the first size for
+    /// --latency-seconds; a run in which the pipeline falls behind (its latency is then a queue's)
+    /// is repeated at half the rate, up to twice. Use a release build of eos-processor; a debug
+    /// build is warned about.
+    #[command(after_help = EXIT_STATUS)]
+    Processor(ProcessorBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProcessorBenchArgs {
+    /// Records in each throughput input (every round of one size reads the same input).
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub records: u64,
+
+    /// Record value sizes in bytes to measure throughput at, comma-separated, in order. The
+    /// single-record and latency runs use the first. (The smallest envelope the workload writes
+    /// is about 160 bytes; the report shows the real mean size.)
+    #[arg(
+        long,
+        visible_alias = "value-bytes",
+        value_name = "BYTES",
+        value_delimiter = ',',
+        num_args = 1..,
+        default_values_t = [1024_usize, 100]
+    )]
+    pub sizes: Vec<usize>,
+
+    /// Rounds of each guarantee per size; the median is reported. 0 skips the throughput runs
+    /// (the latency run then needs --latency-rate).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+
+    /// The processor's --commit-interval (e.g. 100ms).
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub commit_interval: Duration,
+
+    /// The processor's --max-batch in the throughput and latency runs.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_batch: u32,
+
+    /// Partitions of every topic the benchmark creates.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..))]
+    pub partitions: i32,
+
+    /// Backlog of the single-record transactions run (exactly-once, --max-batch 1); 0 skips it.
+    #[arg(long, default_value_t = 2000)]
+    pub single_records: u64,
+
+    /// How long the latency run produces at half the exactly-once peak rate; 0 skips it.
+    #[arg(long, default_value_t = 10)]
+    pub latency_seconds: u64,
+
+    /// Records per second of the latency run, run once [default: half the exactly-once median
+    /// rate of the first size, halved again while the pipeline falls behind].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub latency_rate: Option<u64>,
+
+    /// The eos-processor binary [default: the eos-processor next to this eosctl].
+    #[arg(long, value_name = "PATH")]
+    pub processor_bin: Option<PathBuf>,
+
+    /// A run fails when the group's committed offsets (or the latency run's outputs) do not
+    /// move for this long.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub stall_timeout: Duration,
+
+    /// Keep the topics and consumer groups the benchmark created.
+    #[arg(long)]
+    pub keep_topics: bool,
+
+    /// Keep the processors' log files (they are always kept when the benchmark fails).
+    #[arg(long)]
+    pub keep_logs: bool,
+
+    /// Also write every latency sample to this CSV file (rate,sent_ms,latency_ms; appended), to
+    /// see how the latency moves through a run.
+    #[arg(long, value_name = "PATH")]
+    pub latency_samples: Option<PathBuf>,
+
+    /// Print the figures as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -225,6 +369,47 @@ mod tests {
             "2",
         ]);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn lag_defaults() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["eosctl", "lag", "--group", "g", "--topic", "t"])?;
+        let Command::Lag(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert!(!args.wait);
+        assert_eq!(args.timeout, Duration::from_secs(120));
+        Ok(())
+    }
+
+    #[test]
+    fn bench_processor_defaults_and_sizes() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["eosctl", "bench", "processor"])?;
+        let Command::Bench(BenchArgs {
+            target: BenchTarget::Processor(args),
+        }) = cli.command
+        else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(args.records, 200_000);
+        assert_eq!(args.sizes, vec![1024, 100]);
+        assert_eq!(args.rounds, 3);
+        assert_eq!(args.commit_interval, Duration::from_millis(100));
+        assert_eq!(args.max_batch, 5000);
+        assert_eq!(args.single_records, 2000);
+
+        let cli = Cli::try_parse_from(["eosctl", "bench", "processor", "--value-bytes", "512"])?;
+        let Command::Bench(BenchArgs {
+            target: BenchTarget::Processor(args),
+        }) = cli.command
+        else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(args.sizes, vec![512]);
+        assert!(
+            Cli::try_parse_from(["eosctl", "bench", "processor", "--latency-rate", "0"]).is_err()
+        );
+        Ok(())
     }
 
     #[test]

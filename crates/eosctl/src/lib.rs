@@ -1,5 +1,6 @@
 //! `eosctl`, the command-line tool of eos-suite: it writes realistic at-least-once workloads to
-//! Kafka (`produce`) and proves — or refutes — a pipeline's exactly-once result (`audit`).
+//! Kafka (`produce`), proves — or refutes — a pipeline's exactly-once result (`audit`), tells how
+//! far a consumer group is behind (`lag`) and benchmarks the services (`bench`).
 //!
 //! Guarantee of the audit: it passes only when every input record is accounted for exactly once
 //! (DESIGN.md §2.3) — one output per logical event (cardinality by `event_id`, never by delivery
@@ -7,12 +8,17 @@
 //! each malformed or conflicting record — and the running per-entity totals in the output add up.
 //! It reads with `read_committed`, so it sees what a downstream exactly-once consumer sees.
 //!
-//! The audit's rules ([`audit`]) and the workload generator ([`workload`]) are pure and
-//! unit-tested; [`topic_reader`], [`kafka_client`] and [`produce`] are the Kafka adapters.
+//! The audit's rules ([`audit`]), the workload generator ([`workload`]) and the benchmark's
+//! figures ([`bench_figures`]) are pure and unit-tested; [`topic_reader`], [`kafka_client`],
+//! [`group_offsets`] and [`produce`] are the Kafka adapters; [`bench`] runs the real binaries.
 
 pub mod audit;
+pub mod bench;
+pub mod bench_figures;
 pub mod cli;
+pub mod group_offsets;
 pub mod kafka_client;
+pub mod lag;
 pub mod produce;
 pub mod report;
 pub mod source_record;
@@ -32,10 +38,12 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use time::OffsetDateTime;
 
-pub use cli::{AuditArgs, Cli, Command, ProduceArgs};
+pub use cli::{AuditArgs, BenchArgs, BenchTarget, Cli, Command, LagArgs, ProduceArgs};
 
 use crate::audit::{AuditConfig, AuditInput, DEFAULT_EXAMPLE_LIMIT};
+use crate::bench::BenchOptions;
 use crate::kafka_client::{KafkaSettings, TopicLayout};
+use crate::lag::LagWatcher;
 use crate::produce::ProduceOptions;
 use crate::report::AuditOutcome;
 use crate::topic_reader::TopicSnapshot;
@@ -47,14 +55,17 @@ pub enum Status {
     Success,
     /// The audit ran and found a violation.
     ViolationsFound,
+    /// `lag --wait` gave up before the group caught up.
+    NotCaughtUp,
 }
 
 impl Status {
-    /// 0 for success, 1 for violations; operational errors are 2 (see [`run`]).
+    /// 0 for success, 1 for violations or a lag wait that timed out; operational errors are 2
+    /// (see [`run`]).
     pub fn exit_code(self) -> ExitCode {
         match self {
             Self::Success => ExitCode::SUCCESS,
-            Self::ViolationsFound => ExitCode::from(1),
+            Self::ViolationsFound | Self::NotCaughtUp => ExitCode::from(1),
         }
     }
 }
@@ -76,7 +87,69 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
     match cli.command {
         Command::Produce(args) => run_produce(kafka, args).await,
         Command::Audit(args) => run_audit(kafka, args).await,
+        Command::Lag(args) => run_lag(kafka, args).await,
+        Command::Bench(BenchArgs {
+            target: BenchTarget::Processor(args),
+        }) => run_bench_processor(kafka, args).await,
     }
+}
+
+async fn run_lag(kafka: KafkaSettings, args: LagArgs) -> anyhow::Result<Status> {
+    let wait = args.wait.then_some(args.timeout);
+    let progress = if args.wait {
+        progress_bar(0, "records behind")
+    } else {
+        ProgressBar::hidden()
+    };
+    let outcome = {
+        let progress = progress.clone();
+        let (group, topic) = (args.group.clone(), args.topic.clone());
+        tokio::task::spawn_blocking(move || {
+            let watcher = LagWatcher::new(&kafka, &group, &topic)?;
+            lag::observe_or_wait(&watcher, wait, &mut |total| {
+                progress.set_position(u64::try_from(total).unwrap_or(0));
+            })
+        })
+        .await
+        .context("watching the lag")?
+        .with_context(|| {
+            format!(
+                "reading the lag of group {:?} on topic {:?}",
+                args.group, args.topic
+            )
+        })?
+    };
+    progress.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    } else {
+        print!("{}", lag::lag_text(&outcome));
+    }
+    if outcome.timed_out {
+        eprintln!(
+            "timed out after {}: group {:?} is still {} records behind on topic {:?}",
+            humantime::format_duration(args.timeout),
+            args.group,
+            report::grouped(outcome.report.total_lag),
+            args.topic
+        );
+        return Ok(Status::NotCaughtUp);
+    }
+    Ok(Status::Success)
+}
+
+async fn run_bench_processor(
+    kafka: KafkaSettings,
+    args: cli::ProcessorBenchArgs,
+) -> anyhow::Result<Status> {
+    let options = BenchOptions::from_args(&args)?;
+    let report = bench::run(kafka, options).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", bench::bench_text(&report));
+    }
+    Ok(Status::Success)
 }
 
 async fn run_produce(kafka: KafkaSettings, args: ProduceArgs) -> anyhow::Result<Status> {
