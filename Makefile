@@ -1,0 +1,32 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the tests).
+# Both start the local stack themselves (deploy/local/stack up), so they work on a machine that
+# has nothing running.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+STACK := deploy/local/stack
+
+.PHONY: demo test lint stack-up stack-down stack-status
+
+## demo: bring the stack up, build, and run the main job
+demo: stack-up
+	$(CARGO) build --release --workspace --bins
+	scripts/demo.sh
+
+## test: bring the stack up, then formatting, lints, and every test against the real stack
+test: stack-up lint
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+stack-up:
+	$(STACK) up
+
+stack-down:
+	$(STACK) down
+
+stack-status:
+	$(STACK) status
