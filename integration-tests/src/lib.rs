@@ -6,6 +6,7 @@
 pub mod eosctl;
 pub mod service_process;
 
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -229,15 +230,41 @@ pub fn wait_until_consumed(
 }
 
 /// A fresh PostgreSQL database owned by the test role; dropped by [`TestDatabase::drop_database`].
+///
+/// It holds a shared lock on the PostgreSQL server for its lifetime, so a test that restarts the
+/// server ([`PostgresRestartGuard`]) waits until no other test uses it, in this process or another.
 #[derive(Debug)]
 pub struct TestDatabase {
     pub name: String,
     pub url: String,
     pub pool: PgPool,
+    _server_lock: Option<File>,
+}
+
+/// The lock file that serialises PostgreSQL restarts against every test using the server.
+fn postgres_lock_file() -> anyhow::Result<File> {
+    let path = std::env::temp_dir().join("eos-it-postgres.lock");
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))
 }
 
 impl TestDatabase {
     pub async fn create() -> anyhow::Result<Self> {
+        let lock = tokio::task::spawn_blocking(|| -> anyhow::Result<File> {
+            let file = postgres_lock_file()?;
+            file.lock_shared()
+                .context("cannot take the shared PostgreSQL lock")?;
+            Ok(file)
+        })
+        .await??;
+        Self::create_locked(Some(lock)).await
+    }
+
+    async fn create_locked(server_lock: Option<File>) -> anyhow::Result<Self> {
         let admin_url = database_url();
         let name = unique_name("eos_it").replace('-', "_");
         let admin = PgPoolOptions::new()
@@ -256,7 +283,12 @@ impl TestDatabase {
             .connect(&url)
             .await
             .with_context(|| format!("cannot connect to {url}"))?;
-        Ok(Self { name, url, pool })
+        Ok(Self {
+            name,
+            url,
+            pool,
+            _server_lock: server_lock,
+        })
     }
 
     pub async fn drop_database(self) -> anyhow::Result<()> {
@@ -274,6 +306,131 @@ impl TestDatabase {
         admin.close().await;
         Ok(())
     }
+}
+
+/// Exclusive use of the PostgreSQL server, for a test that stops and starts it. Acquiring waits
+/// until every [`TestDatabase`] (of any test process) is gone; while held, new ones wait.
+#[derive(Debug)]
+pub struct PostgresRestartGuard {
+    _lock: File,
+    cluster: (String, String),
+}
+
+impl PostgresRestartGuard {
+    pub async fn acquire() -> anyhow::Result<Self> {
+        let lock = tokio::task::spawn_blocking(|| -> anyhow::Result<File> {
+            let file = postgres_lock_file()?;
+            file.lock()
+                .context("cannot take the exclusive PostgreSQL lock")?;
+            Ok(file)
+        })
+        .await??;
+        let cluster = local_cluster()?;
+        Ok(Self {
+            _lock: lock,
+            cluster,
+        })
+    }
+
+    /// A fresh database for the test holding the server (no shared lock: it has the exclusive one).
+    pub async fn create_database(&self) -> anyhow::Result<TestDatabase> {
+        TestDatabase::create_locked(None).await
+    }
+
+    fn pg_ctlcluster(&self, action: &str) -> anyhow::Result<()> {
+        let (version, name) = &self.cluster;
+        let mut args = vec![version.as_str(), name.as_str(), action];
+        if action == "stop" {
+            args.extend(["-m", "fast"]);
+        }
+        let output = Command::new("pg_ctlcluster").args(&args).output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "pg_ctlcluster {args:?} failed (needs root): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+
+    /// Stops the server (fast: open connections are cut, open transactions roll back).
+    pub fn stop(&self) -> anyhow::Result<()> {
+        self.pg_ctlcluster("stop")
+    }
+
+    pub fn start(&self) -> anyhow::Result<()> {
+        self.pg_ctlcluster("start")
+    }
+}
+
+/// `(version, name)` of the Debian cluster serving the test database's port.
+fn local_cluster() -> anyhow::Result<(String, String)> {
+    let url = database_url();
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse::<u16>().ok())
+        .unwrap_or(5432)
+        .to_string();
+    let output = Command::new("pg_lsclusters")
+        .arg("--no-header")
+        .output()
+        .context("pg_lsclusters not found: restarting PostgreSQL needs Debian's cluster tools")?;
+    let listing = String::from_utf8_lossy(&output.stdout);
+    for line in listing.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() >= 3 && fields[2] == port {
+            return Ok((fields[0].to_owned(), fields[1].to_owned()));
+        }
+    }
+    bail!("no PostgreSQL cluster on port {port} in pg_lsclusters:\n{listing}")
+}
+
+/// Writes `(key, value)` records to `topic` with an idempotent producer and waits for delivery.
+pub fn produce_records(topic: &str, records: &[(Option<String>, Vec<u8>)]) -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseRecord, Producer as _};
+    let producer: TestProducer = client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()?;
+    for (key, value) in records {
+        let mut record = BaseRecord::<[u8], [u8]>::to(topic).payload(value.as_slice());
+        if let Some(key) = key {
+            record = record.key(key.as_bytes());
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    returned,
+                )) => {
+                    record = returned;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// The end offset (high watermark) of every partition of `topic`.
+pub fn end_offsets(topic: &str) -> anyhow::Result<Vec<(i32, i64)>> {
+    let consumer: BaseConsumer = client_config().create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut ends = Vec::new();
+    for t in metadata.topics() {
+        for p in t.partitions() {
+            let (_, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+            ends.push((p.id(), high));
+        }
+    }
+    ends.sort();
+    Ok(ends)
 }
 
 /// `url` with its database name replaced by `database`.

@@ -110,6 +110,47 @@ impl ServiceProcess {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// Waits until a log line contains `needle` and returns it; fails if the process exits
+    /// first or `timeout` passes.
+    pub fn wait_for_log_line(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.log().lines().find(|line| line.contains(needle)) {
+                return Ok(line.to_owned());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                anyhow::bail!(
+                    "{} exited ({status}) before logging {needle:?}\n{}",
+                    self.name,
+                    self.log_tail(30)
+                );
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "{} did not log {needle:?} within {timeout:?}\n{}",
+                    self.name,
+                    self.log_tail(30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// The value of `field=value` in the first log line that has it (text log format), e.g. the
+    /// address a service bound when started on port 0.
+    pub fn wait_for_log_field(&mut self, field: &str, timeout: Duration) -> anyhow::Result<String> {
+        let needle = format!(" {field}=");
+        let line = self.wait_for_log_line(&needle, timeout)?;
+        let value = line
+            .split(&needle)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_default()
+            .trim_matches('"')
+            .to_owned();
+        Ok(value)
+    }
+
     /// The last `lines` lines of the log, for assertion messages.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();

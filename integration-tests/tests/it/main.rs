@@ -1,6 +1,9 @@
 //! The integration tests: one binary, real Kafka and real PostgreSQL from `deploy/local/stack`.
 
+mod dedup_service;
 mod eosctl_audit;
 mod kafka_transactions;
 mod postgres_idempotency;
 mod processor;
+mod provider_sim;
+mod sink_writer;

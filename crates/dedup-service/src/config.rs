@@ -1,0 +1,236 @@
+//! Command-line and environment configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use eos_core::telemetry::LogFormat;
+
+use crate::retention::RetentionPolicy;
+use crate::validation::LeaseLimits;
+
+/// Durable intents over gRPC for exactly-once effects at an external provider.
+///
+/// A caller Begins an operation (its id is the provider's idempotency key) and calls the provider
+/// only when the answer is ACQUIRED; it then reports Complete, Fail or MarkUnknown with its
+/// fencing token. Intents live in PostgreSQL; a lease that runs out makes the intent UNKNOWN, and
+/// the reconciler settles UNKNOWN intents by asking the provider with the same key. Retention is
+/// checked against the replay horizon at start-up and operations older than the retained window
+/// answer EXPIRED (fail closed).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "dedup-service", version, about, long_about)]
+pub struct Config {
+    /// gRPC listen address (Dedup, grpc.health.v1, server reflection). Port 0 picks a free port;
+    /// the bound address is logged as grpc_addr.
+    #[arg(long, env = "DEDUP_GRPC_ADDR", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL URL; migrations are applied at start-up.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+
+    /// Largest PostgreSQL connection pool.
+    #[arg(long, env = "DEDUP_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+
+    /// Lease of a Begin that does not ask for one: how long the holder has to call the provider
+    /// and report. Keep the holder's provider deadline below it.
+    #[arg(long, env = "DEDUP_LEASE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease_ttl: Duration,
+
+    /// Longest lease a Begin may ask for.
+    #[arg(long, env = "DEDUP_MAX_LEASE_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub max_lease_ttl: Duration,
+
+    /// How long intents are kept, counted from the operation's occurred_at. Must be at least
+    /// max(client retry horizon, broker replay retention, restore horizon) + margin.
+    #[arg(long, env = "DEDUP_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
+    pub retention: Duration,
+
+    /// Longest time a client may retry an operation.
+    #[arg(long, env = "DEDUP_CLIENT_RETRY_HORIZON", default_value = "1d", value_parser = humantime::parse_duration)]
+    pub client_retry_horizon: Duration,
+
+    /// Longest time the broker keeps records that recovery may replay (e.g. Kafka retention.ms
+    /// of the input topic).
+    #[arg(long, env = "DEDUP_BROKER_REPLAY_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub broker_replay_retention: Duration,
+
+    /// Oldest point a backup restore may replay from.
+    #[arg(long, env = "DEDUP_RESTORE_HORIZON", default_value = "14d", value_parser = humantime::parse_duration)]
+    pub restore_horizon: Duration,
+
+    /// Clock and operational margin on top of the replay horizon.
+    #[arg(long, env = "DEDUP_RETENTION_MARGIN", default_value = "1d", value_parser = humantime::parse_duration)]
+    pub retention_margin: Duration,
+
+    /// How often settled intents past retention are purged.
+    #[arg(long, env = "DEDUP_PURGE_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub purge_interval: Duration,
+
+    /// Base URL of the provider's HTTP API (GET {url}/charges/{key}). Without it UNKNOWN intents
+    /// are only settled by Resolve calls.
+    #[arg(long, env = "DEDUP_PROVIDER_URL")]
+    pub provider_url: Option<String>,
+
+    /// Deadline of one provider look-up.
+    #[arg(long, env = "DEDUP_PROVIDER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub provider_timeout: Duration,
+
+    /// How long after an attempt's lease ends a request may still reach the provider and be
+    /// applied. Only after it does "no record at the provider" settle an UNKNOWN as a retryable
+    /// failure.
+    #[arg(long, env = "DEDUP_IN_FLIGHT_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub in_flight_window: Duration,
+
+    /// How long the provider remembers idempotency keys. An UNKNOWN older than this is never
+    /// settled as failed from "no record" (the provider may have forgotten it): it waits for
+    /// an operator's Resolve.
+    #[arg(long, env = "DEDUP_PROVIDER_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub provider_key_ttl: Duration,
+
+    /// Pause between reconciler passes (lease sweep, provider look-ups, backlog figures).
+    #[arg(long, env = "DEDUP_RECONCILE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub reconcile_interval: Duration,
+
+    /// Provider look-ups in flight at once.
+    #[arg(long, env = "DEDUP_RECONCILE_CONCURRENCY", default_value_t = 16)]
+    pub reconcile_concurrency: usize,
+
+    /// Window over which the arrival rate u and the reconcile rate r are computed.
+    #[arg(long, env = "DEDUP_RATE_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub rate_window: Duration,
+
+    /// Address for /metrics, /healthz, /readyz and /boundary.
+    #[arg(long, env = "DEDUP_METRICS_ADDR", default_value = "127.0.0.1:9466")]
+    pub metrics_addr: SocketAddr,
+
+    /// How long SIGTERM waits for in-flight calls and background tasks.
+    #[arg(long, env = "DEDUP_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format on stderr: text or json. RUST_LOG filters.
+    #[arg(long, env = "DEDUP_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// PEM certificate chain: with --tls-key, serve gRPC over TLS (rustls).
+    #[arg(long, env = "DEDUP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "DEDUP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Config {
+    pub fn retention_policy(&self) -> RetentionPolicy {
+        RetentionPolicy {
+            retention: self.retention,
+            client_retry_horizon: self.client_retry_horizon,
+            broker_replay_retention: self.broker_replay_retention,
+            restore_horizon: self.restore_horizon,
+            margin: self.retention_margin,
+        }
+    }
+
+    pub fn lease_limits(&self) -> LeaseLimits {
+        LeaseLimits {
+            default_ttl: self.lease_ttl,
+            max_ttl: self.max_lease_ttl,
+        }
+    }
+
+    /// Checks what clap cannot: values that parse but do not fit together. The retention
+    /// formula is checked first, naming every figure.
+    pub fn validate(&self) -> Result<(), String> {
+        self.retention_policy().check().map_err(|e| e.to_string())?;
+        let positive = [
+            ("--lease-ttl", self.lease_ttl),
+            ("--in-flight-window", self.in_flight_window),
+            ("--reconcile-interval", self.reconcile_interval),
+            ("--rate-window", self.rate_window),
+            ("--purge-interval", self.purge_interval),
+            ("--provider-timeout", self.provider_timeout),
+        ];
+        for (flag, value) in positive {
+            if value.is_zero() {
+                return Err(format!("{flag} must be positive"));
+            }
+        }
+        if self.lease_ttl > self.max_lease_ttl {
+            return Err(format!(
+                "--lease-ttl {} is longer than --max-lease-ttl {}",
+                humantime::format_duration(self.lease_ttl),
+                humantime::format_duration(self.max_lease_ttl)
+            ));
+        }
+        // A look-up must still be able to prove "not applied" before the provider forgets keys.
+        let needed = self.max_lease_ttl + self.in_flight_window;
+        if self.provider_key_ttl <= needed {
+            return Err(format!(
+                "--provider-key-ttl {} must exceed --max-lease-ttl {} + --in-flight-window {}",
+                humantime::format_duration(self.provider_key_ttl),
+                humantime::format_duration(self.max_lease_ttl),
+                humantime::format_duration(self.in_flight_window)
+            ));
+        }
+        if self.db_max_connections < 2 {
+            return Err("--db-max-connections must be at least 2".into());
+        }
+        if self.reconcile_concurrency == 0 {
+            return Err("--reconcile-concurrency must be at least 1".into());
+        }
+        if let Some(url) = &self.provider_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(format!(
+                "--provider-url {url:?} must be an http:// or https:// URL"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(
+            ["dedup-service", "--database-url", "postgres://x/y"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )
+        .expect("valid flags")
+    }
+
+    #[test]
+    fn defaults_are_consistent() {
+        let config = parse(&[]);
+        assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(config.retention, Duration::from_secs(30 * 24 * 3600));
+        assert!(config.validate().is_ok(), "{:?}", config.validate());
+    }
+
+    #[test]
+    fn short_retention_is_refused_naming_the_figures() {
+        let error = parse(&["--retention", "2d"])
+            .validate()
+            .expect_err("2d < 15d");
+        assert!(error.contains("--retention 2days"), "{error}");
+        assert!(error.contains("--restore-horizon 14days"), "{error}");
+    }
+
+    #[test]
+    fn key_ttl_must_outlive_lease_and_in_flight_window() {
+        let error = parse(&["--provider-key-ttl", "5m"])
+            .validate()
+            .expect_err("5m < 10m + 60s");
+        assert!(error.contains("--provider-key-ttl"), "{error}");
+        let error = parse(&["--lease-ttl", "1h"])
+            .validate()
+            .expect_err("lease > max");
+        assert!(error.contains("--max-lease-ttl"), "{error}");
+    }
+}

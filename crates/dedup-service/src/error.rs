@@ -1,0 +1,153 @@
+//! The gRPC boundary's error enum. Each variant is something the caller does differently, and
+//! [`From<DedupError> for tonic::Status`] is the one place where errors become status codes.
+
+use crate::state_machine::{IntentState, Transition};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DedupError {
+    /// Fix the request: the field is named. `INVALID_ARGUMENT`.
+    #[error("{field}: {problem}")]
+    InvalidArgument { field: String, problem: String },
+    /// No intent for this operation id (never begun, or purged). `NOT_FOUND`.
+    #[error("no intent for operation {operation_id:?}")]
+    NotFound { operation_id: String },
+    /// The caller is not (or no longer) the holder: a newer token exists, or the token was never
+    /// issued. It must not report an outcome; Begin again to learn the state.
+    /// `FAILED_PRECONDITION`.
+    #[error(
+        "fencing_token {presented} is not the current token {current} of operation {operation_id:?}"
+    )]
+    StaleToken {
+        operation_id: String,
+        presented: i64,
+        current: i64,
+    },
+    /// The transition is not allowed from the intent's state (e.g. Fail after SUCCEEDED).
+    /// `FAILED_PRECONDITION`.
+    #[error("cannot {} operation {operation_id:?} in state {state}", transition.verb())]
+    WrongState {
+        operation_id: String,
+        state: IntentState,
+        transition: Transition,
+    },
+    /// PostgreSQL cannot be reached (or the pool is exhausted): retrying the same call is safe.
+    /// `UNAVAILABLE`.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else from the database, or a row that breaks the schema's promises. `INTERNAL`.
+    #[error("database: {0}")]
+    Database(#[source] sqlx::Error),
+    #[error("corrupt row: {0}")]
+    CorruptRow(String),
+}
+
+impl DedupError {
+    pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Serialization failures and deadlocks: the statement had no effect and may run again.
+    pub fn is_retryable_conflict(&self) -> bool {
+        let Self::Database(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        matches!(db.code().as_deref(), Some("40001" | "40P01"))
+    }
+}
+
+impl From<sqlx::Error> for DedupError {
+    fn from(error: sqlx::Error) -> Self {
+        let unavailable = match &error {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => true,
+            // Class 08: connection exception; 57P0x: the server is shutting down or restarting.
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
+            _ => false,
+        };
+        if unavailable {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+impl From<DedupError> for tonic::Status {
+    fn from(error: DedupError) -> Self {
+        let message = error.to_string();
+        match error {
+            DedupError::InvalidArgument { .. } => tonic::Status::invalid_argument(message),
+            DedupError::NotFound { .. } => tonic::Status::not_found(message),
+            DedupError::StaleToken { .. } | DedupError::WrongState { .. } => {
+                tonic::Status::failed_precondition(message)
+            }
+            DedupError::Unavailable(_) => tonic::Status::unavailable(message),
+            DedupError::Database(_) | DedupError::CorruptRow(_) => {
+                tracing::error!(error = %message, "internal error");
+                tonic::Status::internal(message)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    #[test]
+    fn each_variant_has_its_status_code() {
+        let cases = [
+            (
+                DedupError::invalid("operation_id", "must not be empty"),
+                Code::InvalidArgument,
+            ),
+            (
+                DedupError::NotFound {
+                    operation_id: "x".into(),
+                },
+                Code::NotFound,
+            ),
+            (
+                DedupError::StaleToken {
+                    operation_id: "x".into(),
+                    presented: 1,
+                    current: 2,
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                DedupError::WrongState {
+                    operation_id: "x".into(),
+                    state: IntentState::Succeeded,
+                    transition: Transition::Fail,
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                DedupError::from(sqlx::Error::PoolTimedOut),
+                Code::Unavailable,
+            ),
+            (DedupError::from(sqlx::Error::RowNotFound), Code::Internal),
+        ];
+        for (error, code) in cases {
+            assert_eq!(tonic::Status::from(error).code(), code);
+        }
+    }
+
+    #[test]
+    fn invalid_argument_names_the_field() {
+        let status =
+            tonic::Status::from(DedupError::invalid("items[3].owner", "must not be empty"));
+        assert_eq!(status.message(), "items[3].owner: must not be empty");
+    }
+}

@@ -1,0 +1,357 @@
+//! The `eos.dedup.v1.Dedup` service: validates, calls the store, converts. Every handler runs in
+//! a span whose parent is the trace context of the request's gRPC metadata, and every error
+//! becomes a `tonic::Status` in [`respond`] (via `From<DedupError>`), nowhere else.
+
+use std::future::Future;
+use std::time::Instant;
+
+use eos_core::trace_context::extract_grpc;
+use eos_proto::dedup::v1 as pb;
+use eos_proto::dedup::v1::dedup_server::Dedup;
+use tonic::{Code, Request, Response, Status};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::error::DedupError;
+use crate::intent_store::{BeginAnswer, HolderReport, IntentStore};
+use crate::state_machine::BeginOutcome;
+use crate::validation::{self, LeaseLimits};
+use crate::{metrics, proto_convert};
+
+#[derive(Debug, Clone)]
+pub struct DedupApi {
+    store: IntentStore,
+    limits: LeaseLimits,
+}
+
+impl DedupApi {
+    pub fn new(store: IntentStore, limits: LeaseLimits) -> Self {
+        Self { store, limits }
+    }
+}
+
+/// The request span: built first, parented on the caller's trace, then entered by
+/// `.instrument` (setting the parent inside an entered span would start a new trace).
+fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
+    let span = tracing::info_span!(
+        "dedup.rpc",
+        otel.name = method,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = "eos.dedup.v1.Dedup",
+        rpc.method = method,
+        operation_id = tracing::field::Empty,
+        items = tracing::field::Empty,
+    );
+    let _ = span.set_parent(extract_grpc(request.metadata()));
+    span
+}
+
+/// Runs a handler in its span, records its duration, and turns its error into a `Status`.
+async fn respond<T>(
+    method: &'static str,
+    span: tracing::Span,
+    handler: impl Future<Output = Result<T, DedupError>>,
+) -> Result<Response<T>, Status> {
+    let started = Instant::now();
+    let result = handler.instrument(span.clone()).await;
+    ::metrics::histogram!(metrics::RPC_SECONDS, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    match result {
+        Ok(message) => Ok(Response::new(message)),
+        Err(error) => {
+            let status = Status::from(error);
+            ::metrics::counter!(metrics::RPC_ERRORS, "method" => method, "code" => format!("{:?}", status.code()))
+                .increment(1);
+            span.in_scope(|| {
+                tracing::debug!(code = ?status.code(), message = status.message(), "rejected");
+            });
+            Err(status)
+        }
+    }
+}
+
+fn record_answers(answers: &[BeginAnswer]) {
+    for answer in answers {
+        ::metrics::counter!(metrics::BEGIN_OUTCOMES, "outcome" => answer.outcome.label())
+            .increment(1);
+        if answer.expired_lease_now {
+            ::metrics::counter!(metrics::LEASES_EXPIRED).increment(1);
+            ::metrics::counter!(metrics::UNKNOWN_ARRIVALS).increment(1);
+        }
+        if matches!(answer.outcome, BeginOutcome::Conflict { .. }) {
+            ::metrics::counter!(metrics::CONFLICTS).increment(1);
+            tracing::warn!(
+                operation_id = %answer.operation_id,
+                "same operation id with another fingerprint: answered CONFLICT"
+            );
+        }
+    }
+}
+
+impl DedupApi {
+    async fn begin_items(
+        &self,
+        items: Vec<validation::BeginItem>,
+    ) -> Result<Vec<pb::BeginResponse>, DedupError> {
+        let answers = self.store.begin_batch(&items).await?;
+        record_answers(&answers);
+        Ok(answers
+            .into_iter()
+            .map(|answer| proto_convert::begin_response(answer.operation_id, answer.outcome))
+            .collect())
+    }
+
+    async fn report(
+        &self,
+        operation_id: String,
+        fencing_token: i64,
+        report: HolderReport,
+    ) -> Result<pb::IntentResponse, DedupError> {
+        validation::operation_id(&operation_id, "operation_id")?;
+        validation::fencing_token(fencing_token, "fencing_token")?;
+        let transition = report.transition();
+        let intent = self
+            .store
+            .report(&operation_id, fencing_token, report)
+            .await?;
+        ::metrics::counter!(metrics::REPORTS, "transition" => transition.verb()).increment(1);
+        Ok(pb::IntentResponse {
+            intent: Some(proto_convert::intent(intent)),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Dedup for DedupApi {
+    async fn begin(
+        &self,
+        request: Request<pb::BeginRequest>,
+    ) -> Result<Response<pb::BeginResponse>, Status> {
+        let span = rpc_span("Begin", &request);
+        span.record("operation_id", request.get_ref().operation_id.as_str());
+        let request = request.into_inner();
+        respond("Begin", span, async move {
+            let item = validation::begin_item(request, "", self.limits)?;
+            let mut answers = self.begin_items(vec![item]).await?;
+            answers
+                .pop()
+                .ok_or_else(|| DedupError::CorruptRow("begin answered nothing".into()))
+        })
+        .await
+    }
+
+    async fn begin_batch(
+        &self,
+        request: Request<pb::BeginBatchRequest>,
+    ) -> Result<Response<pb::BeginBatchResponse>, Status> {
+        let span = rpc_span("BeginBatch", &request);
+        span.record("items", request.get_ref().items.len());
+        let request = request.into_inner();
+        respond("BeginBatch", span, async move {
+            let items = validation::begin_batch(request, self.limits)?;
+            Ok(pb::BeginBatchResponse {
+                items: self.begin_items(items).await?,
+            })
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::IntentResponse>, Status> {
+        let span = rpc_span("Complete", &request);
+        span.record("operation_id", request.get_ref().operation_id.as_str());
+        let request = request.into_inner();
+        respond("Complete", span, async move {
+            validation::result_bytes(&request.result, "result")?;
+            self.report(
+                request.operation_id,
+                request.fencing_token,
+                HolderReport::Complete {
+                    result: request.result,
+                },
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn complete_batch(
+        &self,
+        request: Request<pb::CompleteBatchRequest>,
+    ) -> Result<Response<pb::CompleteBatchResponse>, Status> {
+        let span = rpc_span("CompleteBatch", &request);
+        span.record("items", request.get_ref().items.len());
+        let request = request.into_inner();
+        respond("CompleteBatch", span, async move {
+            let items = validation::complete_batch(request)?;
+            let results = self.store.complete_batch(&items).await?;
+            let items = results
+                .into_iter()
+                .map(|result| match result {
+                    Ok(intent) => {
+                        ::metrics::counter!(metrics::REPORTS, "transition" => "complete")
+                            .increment(1);
+                        pb::ItemResult {
+                            intent: Some(proto_convert::intent(intent)),
+                            code: Code::Ok as i32,
+                            message: String::new(),
+                        }
+                    }
+                    Err(error) => {
+                        // The same conversion as for a single call, per item.
+                        let status = Status::from(error);
+                        pb::ItemResult {
+                            intent: None,
+                            code: status.code() as i32,
+                            message: status.message().to_owned(),
+                        }
+                    }
+                })
+                .collect();
+            Ok(pb::CompleteBatchResponse { items })
+        })
+        .await
+    }
+
+    async fn fail(
+        &self,
+        request: Request<pb::FailRequest>,
+    ) -> Result<Response<pb::IntentResponse>, Status> {
+        let span = rpc_span("Fail", &request);
+        span.record("operation_id", request.get_ref().operation_id.as_str());
+        let request = request.into_inner();
+        respond("Fail", span, async move {
+            validation::text(&request.reason, "reason")?;
+            if request.reason.is_empty() {
+                return Err(DedupError::invalid("reason", "must not be empty"));
+            }
+            self.report(
+                request.operation_id,
+                request.fencing_token,
+                HolderReport::Fail {
+                    reason: request.reason,
+                    retryable: request.retryable,
+                },
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn mark_unknown(
+        &self,
+        request: Request<pb::MarkUnknownRequest>,
+    ) -> Result<Response<pb::IntentResponse>, Status> {
+        let span = rpc_span("MarkUnknown", &request);
+        span.record("operation_id", request.get_ref().operation_id.as_str());
+        let request = request.into_inner();
+        respond("MarkUnknown", span, async move {
+            validation::text(&request.detail, "detail")?;
+            self.report(
+                request.operation_id,
+                request.fencing_token,
+                HolderReport::MarkUnknown {
+                    detail: request.detail,
+                },
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::IntentResponse>, Status> {
+        let span = rpc_span("Get", &request);
+        span.record("operation_id", request.get_ref().operation_id.as_str());
+        let request = request.into_inner();
+        respond("Get", span, async move {
+            validation::operation_id(&request.operation_id, "operation_id")?;
+            let intent = self
+                .store
+                .get(&request.operation_id)
+                .await?
+                .ok_or_else(|| DedupError::NotFound {
+                    operation_id: request.operation_id.clone(),
+                })?;
+            Ok(pb::IntentResponse {
+                intent: Some(proto_convert::intent(intent)),
+            })
+        })
+        .await
+    }
+
+    async fn list_unknown(
+        &self,
+        request: Request<pb::ListUnknownRequest>,
+    ) -> Result<Response<pb::ListUnknownResponse>, Status> {
+        let span = rpc_span("ListUnknown", &request);
+        let request = request.into_inner();
+        respond("ListUnknown", span, async move {
+            let limit = validation::list_limit(request.limit)?;
+            let intents = self.store.list_unknown(limit).await?;
+            Ok(pb::ListUnknownResponse {
+                intents: intents.into_iter().map(proto_convert::intent).collect(),
+            })
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        request: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::IntentResponse>, Status> {
+        let span = rpc_span("Resolve", &request);
+        span.record("operation_id", request.get_ref().operation_id.as_str());
+        let request = request.into_inner();
+        respond("Resolve", span, async move {
+            let resolution = validation::resolution(request)?;
+            let intent = self.store.resolve(&resolution).await?;
+            tracing::info!(
+                outcome = %intent.state,
+                evidence = %resolution.evidence,
+                "resolved by request"
+            );
+            Ok(pb::IntentResponse {
+                intent: Some(proto_convert::intent(intent)),
+            })
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+
+    #[test]
+    fn the_request_span_continues_the_callers_trace() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let mut request = Request::new(pb::GetRequest::default());
+            request.metadata_mut().insert(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                    .parse()
+                    .expect("valid metadata"),
+            );
+            let span = rpc_span("Get", &request);
+            let trace_id = span.context().span().span_context().trace_id();
+            assert_eq!(trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+
+            let orphan = rpc_span("Get", &Request::new(pb::GetRequest::default()));
+            let own = orphan.context().span().span_context().trace_id();
+            assert_ne!(own.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        });
+    }
+}

@@ -1,0 +1,653 @@
+//! The PostgreSQL adapter: every transition is ONE conditional statement (`INSERT … ON CONFLICT`
+//! or `UPDATE … WHERE state = ANY(..) AND fencing_token = ..`), so two callers can never both
+//! pass a check and both act; the triggers of the migration append each transition to
+//! `dedup_intent_history` in that same statement. Timestamps come from the database's `now()`,
+//! so leases and retention mean the same thing to every instance of the service.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{Executor as _, Row as _};
+use time::OffsetDateTime;
+
+use crate::error::DedupError;
+use crate::state_machine::{
+    BeginAsk, BeginOutcome, Intent, IntentState, Transition, begin_outcome, expired_outcome,
+};
+use crate::validation::{BeginItem, Resolution};
+
+/// Embedded migrations of `crates/dedup-service/migrations`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+const INTENT_COLUMNS: &str = "operation_id, state, fingerprint, fencing_token, holder, request_id, \
+     lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result, failure_reason, \
+     retryable, detail";
+
+/// Statements that hit a serialization failure or deadlock changed nothing; run them again.
+const CONFLICT_RETRIES: usize = 5;
+
+/// One Begin's answer plus what the metrics want to know about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginAnswer {
+    pub operation_id: String,
+    pub outcome: BeginOutcome,
+    /// This very statement turned an expired lease into UNKNOWN.
+    pub expired_lease_now: bool,
+}
+
+/// Figures for the UNKNOWN backlog over a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BacklogCounts {
+    pub backlog: i64,
+    /// Transitions into UNKNOWN within the window.
+    pub arrivals: i64,
+    /// Transitions out of UNKNOWN within the window.
+    pub cleared: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct IntentStore {
+    pool: PgPool,
+    retention: Duration,
+}
+
+/// Opens a pool and applies the migrations.
+pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Every statement here is short; a stuck one is a bug, not a workload.
+                conn.execute("SET statement_timeout = '30s'").await?;
+                Ok(())
+            })
+        })
+        .connect(database_url)
+        .await?;
+    MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn intent_from_row(row: &PgRow) -> Result<Intent, DedupError> {
+    let state: String = row.try_get("state")?;
+    let state = IntentState::from_db_str(&state)
+        .ok_or_else(|| DedupError::CorruptRow(format!("unknown state {state:?}")))?;
+    Ok(Intent {
+        operation_id: row.try_get("operation_id")?,
+        state,
+        fingerprint: row.try_get("fingerprint")?,
+        fencing_token: row.try_get("fencing_token")?,
+        holder: row.try_get("holder")?,
+        request_id: row.try_get("request_id")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        acquired_at: row.try_get("acquired_at")?,
+        occurred_at: row.try_get("occurred_at")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        result: row.try_get("result")?,
+        failure_reason: row.try_get("failure_reason")?,
+        retryable: row.try_get("retryable")?,
+        detail: row.try_get("detail")?,
+    })
+}
+
+async fn retry_conflicts<T, F, Fut>(mut attempt: F) -> Result<T, DedupError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, DedupError>>,
+{
+    let mut tries = 0;
+    loop {
+        match attempt().await {
+            Err(error) if error.is_retryable_conflict() && tries < CONFLICT_RETRIES => {
+                tries += 1;
+                tracing::debug!(%error, tries, "retrying after a serialization conflict");
+                tokio::time::sleep(Duration::from_millis(5 * tries as u64)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl IntentStore {
+    pub fn new(pool: PgPool, retention: Duration) -> Self {
+        Self { pool, retention }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Begin for many operations in one statement (one round trip): creates the missing rows,
+    /// re-acquires retryable failures, turns expired leases UNKNOWN, and returns every touched
+    /// row locked at its latest version. Items older than the retained window are left out of
+    /// the statement (never acquired) and answered from a second read.
+    pub async fn begin_batch(&self, items: &[BeginItem]) -> Result<Vec<BeginAnswer>, DedupError> {
+        let (rows, db_now) = retry_conflicts(|| self.upsert_begin(items)).await?;
+        let mut by_id: HashMap<String, Intent> = rows
+            .into_iter()
+            .map(|row| (row.operation_id.clone(), row))
+            .collect();
+        let left_out: Vec<String> = items
+            .iter()
+            .filter(|item| !by_id.contains_key(&item.operation_id))
+            .map(|item| item.operation_id.clone())
+            .collect();
+        let expired = if left_out.is_empty() {
+            None
+        } else {
+            Some(self.read_expired(&left_out).await?)
+        };
+        items
+            .iter()
+            .map(|item| {
+                let ask = BeginAsk {
+                    fingerprint: &item.fingerprint,
+                    owner: &item.owner,
+                    request_id: &item.request_id,
+                };
+                if let Some(row) = by_id.remove(&item.operation_id) {
+                    return Ok(answer(item, &row, &ask, db_now));
+                }
+                let Some((rows, retained_since, now)) = &expired else {
+                    return Err(DedupError::CorruptRow(format!(
+                        "begin returned no row for {:?}",
+                        item.operation_id
+                    )));
+                };
+                Ok(BeginAnswer {
+                    operation_id: item.operation_id.clone(),
+                    outcome: expired_outcome(
+                        rows.get(&item.operation_id),
+                        &ask,
+                        *retained_since,
+                        *now,
+                    ),
+                    expired_lease_now: false,
+                })
+            })
+            .collect()
+    }
+
+    async fn upsert_begin(
+        &self,
+        items: &[BeginItem],
+    ) -> Result<(Vec<Intent>, OffsetDateTime), DedupError> {
+        // R: a retryable failure with the same fingerprint is acquired again (new token).
+        // E: a reservation whose lease ran out becomes UNKNOWN — its holder may have called.
+        const R: &str =
+            "(t.state = 'FAILED' AND t.retryable AND t.fingerprint = EXCLUDED.fingerprint)";
+        const E: &str = "(t.state = 'RESERVED' AND t.lease_expires_at <= now())";
+        let sql = format!(
+            "INSERT INTO dedup_intents AS t
+                 (operation_id, fingerprint, state, fencing_token, holder, request_id,
+                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, detail)
+             SELECT i.operation_id, i.fingerprint, 'RESERVED', 1, i.owner, i.request_id,
+                    now() + i.lease_ms * interval '1 millisecond', now(), i.occurred_at,
+                    now(), now(), 'acquired by ' || i.owner
+             FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::bigint[],
+                         $6::timestamptz[])
+                  AS i(operation_id, fingerprint, owner, request_id, lease_ms, occurred_at)
+             WHERE i.occurred_at >= now() - $7::bigint * interval '1 millisecond'
+             ORDER BY i.operation_id
+             ON CONFLICT (operation_id) DO UPDATE SET
+                 state = CASE WHEN {E} THEN 'UNKNOWN' WHEN {R} THEN 'RESERVED' ELSE t.state END,
+                 fencing_token = CASE WHEN {R} THEN t.fencing_token + 1 ELSE t.fencing_token END,
+                 holder = CASE WHEN {R} THEN EXCLUDED.holder ELSE t.holder END,
+                 request_id = CASE WHEN {R} THEN EXCLUDED.request_id ELSE t.request_id END,
+                 lease_expires_at = CASE WHEN {R} THEN EXCLUDED.lease_expires_at
+                                         ELSE t.lease_expires_at END,
+                 acquired_at = CASE WHEN {R} THEN now() ELSE t.acquired_at END,
+                 result = CASE WHEN {R} THEN NULL ELSE t.result END,
+                 failure_reason = CASE WHEN {R} THEN NULL ELSE t.failure_reason END,
+                 retryable = CASE WHEN {R} THEN FALSE ELSE t.retryable END,
+                 detail = CASE
+                     WHEN {E} THEN 'lease of ' || t.holder || ' expired without an outcome'
+                     WHEN {R} THEN 'acquired again by ' || EXCLUDED.holder
+                                   || ' after a retryable failure'
+                     ELSE t.detail END,
+                 updated_at = CASE WHEN {E} OR {R} THEN now() ELSE t.updated_at END
+             RETURNING {INTENT_COLUMNS}, now() AS db_now"
+        );
+        let mut ids = Vec::with_capacity(items.len());
+        let mut fingerprints = Vec::with_capacity(items.len());
+        let mut owners = Vec::with_capacity(items.len());
+        let mut request_ids = Vec::with_capacity(items.len());
+        let mut leases = Vec::with_capacity(items.len());
+        let mut occurred = Vec::with_capacity(items.len());
+        for item in items {
+            ids.push(item.operation_id.as_str());
+            fingerprints.push(item.fingerprint.as_slice());
+            owners.push(item.owner.as_str());
+            request_ids.push(item.request_id.as_str());
+            leases.push(millis(item.lease_ttl));
+            occurred.push(item.occurred_at);
+        }
+        let rows = sqlx::query(&sql)
+            .bind(&ids)
+            .bind(&fingerprints)
+            .bind(&owners)
+            .bind(&request_ids)
+            .bind(&leases)
+            .bind(&occurred)
+            .bind(millis(self.retention))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut db_now = None;
+        let mut intents = Vec::with_capacity(rows.len());
+        for row in &rows {
+            db_now = Some(row.try_get::<OffsetDateTime, _>("db_now")?);
+            intents.push(intent_from_row(row)?);
+        }
+        let db_now = match db_now {
+            Some(now) => now,
+            None => self.now().await?,
+        };
+        Ok((intents, db_now))
+    }
+
+    /// Rows of operations left out of the upsert as too old, the start of the retained window,
+    /// and the database's now.
+    async fn read_expired(
+        &self,
+        ids: &[String],
+    ) -> Result<(HashMap<String, Intent>, OffsetDateTime, OffsetDateTime), DedupError> {
+        let (since, now): (OffsetDateTime, OffsetDateTime) =
+            sqlx::query_as("SELECT now() - $1::bigint * interval '1 millisecond', now()")
+                .bind(millis(self.retention))
+                .fetch_one(&self.pool)
+                .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {INTENT_COLUMNS} FROM dedup_intents WHERE operation_id = ANY($1)"
+        ))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut by_id = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let intent = intent_from_row(row)?;
+            by_id.insert(intent.operation_id.clone(), intent);
+        }
+        Ok((by_id, since, now))
+    }
+
+    async fn now(&self) -> Result<OffsetDateTime, DedupError> {
+        Ok(sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    pub async fn get(&self, operation_id: &str) -> Result<Option<Intent>, DedupError> {
+        let row = sqlx::query(&format!(
+            "SELECT {INTENT_COLUMNS} FROM dedup_intents WHERE operation_id = $1"
+        ))
+        .bind(operation_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(intent_from_row).transpose()
+    }
+
+    /// Complete, Fail or MarkUnknown by the holder of `fencing_token`.
+    pub async fn report(
+        &self,
+        operation_id: &str,
+        fencing_token: i64,
+        report: HolderReport,
+    ) -> Result<Intent, DedupError> {
+        let transition = report.transition();
+        let (result, failure_reason, retryable, detail) = match &report {
+            HolderReport::Complete { result } => (
+                Some(result.as_slice()),
+                None,
+                false,
+                "completed by the holder".to_owned(),
+            ),
+            HolderReport::Fail { reason, retryable } => (
+                None,
+                Some(reason.as_str()),
+                *retryable,
+                format!("failed by the holder: {reason}"),
+            ),
+            HolderReport::MarkUnknown { detail } => (
+                None,
+                None,
+                false,
+                format!("marked unknown by the holder: {detail}"),
+            ),
+        };
+        let sql = format!(
+            "UPDATE dedup_intents SET state = $3, result = $4, failure_reason = $5, retryable = $6,
+                 detail = $7, updated_at = now()
+             WHERE operation_id = $1 AND fencing_token = $2 AND state = ANY($8)
+             RETURNING {INTENT_COLUMNS}"
+        );
+        let updated = retry_conflicts(|| async {
+            Ok(sqlx::query(&sql)
+                .bind(operation_id)
+                .bind(fencing_token)
+                .bind(transition.to_state().as_db_str())
+                .bind(result)
+                .bind(failure_reason)
+                .bind(retryable)
+                .bind(&detail)
+                .bind(transition.from_db_states())
+                .fetch_optional(&self.pool)
+                .await?)
+        })
+        .await?;
+        if let Some(row) = updated {
+            return intent_from_row(&row);
+        }
+        // Nothing changed; read the row only to say why (or that this is a harmless repeat).
+        let current = self.get(operation_id).await?;
+        unchanged(operation_id, fencing_token, transition, current)
+    }
+
+    /// Complete for many operations in one statement; one answer per item, in order.
+    /// Operation ids must be distinct.
+    pub async fn complete_batch(
+        &self,
+        items: &[(String, i64, Vec<u8>)],
+    ) -> Result<Vec<Result<Intent, DedupError>>, DedupError> {
+        let transition = Transition::Complete;
+        let columns: Vec<String> = INTENT_COLUMNS
+            .split(", ")
+            .map(|column| format!("t.{column}"))
+            .collect();
+        let sql = format!(
+            "UPDATE dedup_intents t SET state = $4, result = i.result, failure_reason = NULL,
+                 retryable = FALSE, detail = 'completed by the holder', updated_at = now()
+             FROM unnest($1::text[], $2::bigint[], $3::bytea[]) AS i(operation_id, token, result)
+             WHERE t.operation_id = i.operation_id AND t.fencing_token = i.token
+               AND t.state = ANY($5)
+             RETURNING {}",
+            columns.join(", ")
+        );
+        let ids: Vec<&str> = items.iter().map(|(id, _, _)| id.as_str()).collect();
+        let tokens: Vec<i64> = items.iter().map(|(_, token, _)| *token).collect();
+        let results: Vec<&[u8]> = items.iter().map(|(_, _, r)| r.as_slice()).collect();
+        let rows = retry_conflicts(|| async {
+            Ok(sqlx::query(&sql)
+                .bind(&ids)
+                .bind(&tokens)
+                .bind(&results)
+                .bind(transition.to_state().as_db_str())
+                .bind(transition.from_db_states())
+                .fetch_all(&self.pool)
+                .await?)
+        })
+        .await?;
+        let mut done: HashMap<String, Intent> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let intent = intent_from_row(row)?;
+            done.insert(intent.operation_id.clone(), intent);
+        }
+        let left: Vec<String> = items
+            .iter()
+            .filter(|(id, _, _)| !done.contains_key(id))
+            .map(|(id, _, _)| id.clone())
+            .collect();
+        let mut current: HashMap<String, Intent> = HashMap::new();
+        if !left.is_empty() {
+            let rows = sqlx::query(&format!(
+                "SELECT {INTENT_COLUMNS} FROM dedup_intents WHERE operation_id = ANY($1)"
+            ))
+            .bind(&left)
+            .fetch_all(&self.pool)
+            .await?;
+            for row in &rows {
+                let intent = intent_from_row(row)?;
+                current.insert(intent.operation_id.clone(), intent);
+            }
+        }
+        Ok(items
+            .iter()
+            .map(|(id, token, _)| match done.remove(id) {
+                Some(intent) => Ok(intent),
+                None => unchanged(id, *token, transition, current.remove(id)),
+            })
+            .collect())
+    }
+
+    /// Settles an UNKNOWN with evidence.
+    pub async fn resolve(&self, resolution: &Resolution) -> Result<Intent, DedupError> {
+        let transition = match resolution.outcome {
+            IntentState::Succeeded => Transition::ResolveSucceeded,
+            _ => Transition::ResolveFailed,
+        };
+        let succeeded = transition == Transition::ResolveSucceeded;
+        let sql = format!(
+            "UPDATE dedup_intents SET state = $2, result = $3, failure_reason = $4,
+                 retryable = $5, detail = $6, updated_at = now()
+             WHERE operation_id = $1 AND state = ANY($7)
+               AND ($8::bigint IS NULL OR fencing_token = $8)
+             RETURNING {INTENT_COLUMNS}"
+        );
+        let detail = format!(
+            "resolved {}: {}",
+            transition.to_state(),
+            resolution.evidence
+        );
+        let updated = retry_conflicts(|| async {
+            Ok(sqlx::query(&sql)
+                .bind(&resolution.operation_id)
+                .bind(transition.to_state().as_db_str())
+                .bind(succeeded.then_some(resolution.result.as_slice()))
+                .bind((!succeeded).then_some(resolution.evidence.as_str()))
+                .bind(!succeeded && resolution.retryable)
+                .bind(&detail)
+                .bind(transition.from_db_states())
+                .bind(resolution.expected_fencing_token)
+                .fetch_optional(&self.pool)
+                .await?)
+        })
+        .await?;
+        if let Some(row) = updated {
+            return intent_from_row(&row);
+        }
+        let current =
+            self.get(&resolution.operation_id)
+                .await?
+                .ok_or_else(|| DedupError::NotFound {
+                    operation_id: resolution.operation_id.clone(),
+                })?;
+        if let Some(expected) = resolution.expected_fencing_token
+            && expected != current.fencing_token
+        {
+            return Err(DedupError::StaleToken {
+                operation_id: resolution.operation_id.clone(),
+                presented: expected,
+                current: current.fencing_token,
+            });
+        }
+        if current.state == transition.to_state() {
+            return Ok(current);
+        }
+        Err(DedupError::WrongState {
+            operation_id: resolution.operation_id.clone(),
+            state: current.state,
+            transition,
+        })
+    }
+
+    /// UNKNOWN intents, oldest first.
+    pub async fn list_unknown(&self, limit: u32) -> Result<Vec<Intent>, DedupError> {
+        self.list_unknown_page(None, limit).await
+    }
+
+    /// UNKNOWN intents after `after` (`(updated_at, operation_id)` of the previous page's last).
+    pub async fn list_unknown_page(
+        &self,
+        after: Option<&(OffsetDateTime, String)>,
+        limit: u32,
+    ) -> Result<Vec<Intent>, DedupError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {INTENT_COLUMNS} FROM dedup_intents
+             WHERE state = 'UNKNOWN'
+               AND ($2::timestamptz IS NULL OR (updated_at, operation_id) > ($2, $3))
+             ORDER BY updated_at, operation_id LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .bind(after.map(|(at, _)| *at))
+        .bind(after.map(|(_, id)| id.as_str()))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(intent_from_row).collect()
+    }
+
+    /// Turns up to `limit` reservations whose lease ran out into UNKNOWN; their ids.
+    pub async fn expire_leases(&self, limit: i64) -> Result<Vec<String>, DedupError> {
+        let ids = retry_conflicts(|| async {
+            Ok(sqlx::query_scalar(
+                "UPDATE dedup_intents t SET state = 'UNKNOWN',
+                     detail = 'lease of ' || t.holder || ' expired without an outcome',
+                     updated_at = now()
+                 FROM (SELECT operation_id FROM dedup_intents
+                       WHERE state = 'RESERVED' AND lease_expires_at <= now()
+                       ORDER BY lease_expires_at LIMIT $1
+                       FOR UPDATE SKIP LOCKED) due
+                 WHERE t.operation_id = due.operation_id
+                   AND t.state = 'RESERVED' AND t.lease_expires_at <= now()
+                 RETURNING t.operation_id",
+            )
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+        })
+        .await?;
+        Ok(ids)
+    }
+
+    /// Deletes up to `limit` settled rows (and their history) past retention; how many.
+    ///
+    /// Only SUCCEEDED and FAILED rows are ever purged. A RESERVED or UNKNOWN row stands for a
+    /// provider call whose outcome nobody knows yet: deleting it would let a replay acquire the
+    /// operation again and call the provider a second time for what may already be applied.
+    /// Such rows stay until reconciled, however old (the UNKNOWN backlog gauge shows them).
+    pub async fn purge(&self, limit: i64) -> Result<u64, DedupError> {
+        let deleted: i64 = retry_conflicts(|| async {
+            Ok(sqlx::query_scalar(
+                "WITH doomed AS (
+                     SELECT operation_id FROM dedup_intents
+                     WHERE state IN ('SUCCEEDED', 'FAILED')
+                       AND occurred_at < now() - $1::bigint * interval '1 millisecond'
+                       AND updated_at < now() - $1::bigint * interval '1 millisecond'
+                     LIMIT $2
+                     FOR UPDATE SKIP LOCKED),
+                 gone AS (
+                     DELETE FROM dedup_intents t USING doomed
+                     WHERE t.operation_id = doomed.operation_id
+                       AND t.state IN ('SUCCEEDED', 'FAILED')
+                     RETURNING t.operation_id),
+                 history AS (
+                     DELETE FROM dedup_intent_history h USING gone
+                     WHERE h.operation_id = gone.operation_id)
+                 SELECT count(*) FROM gone",
+            )
+            .bind(millis(self.retention))
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+        })
+        .await?;
+        Ok(u64::try_from(deleted).unwrap_or(0))
+    }
+
+    /// The UNKNOWN backlog and the transitions into and out of UNKNOWN within `window`.
+    pub async fn backlog_counts(&self, window: Duration) -> Result<BacklogCounts, DedupError> {
+        let (backlog, arrivals, cleared): (i64, i64, i64) = sqlx::query_as(
+            "SELECT
+                 (SELECT count(*) FROM dedup_intents WHERE state = 'UNKNOWN'),
+                 (SELECT count(*) FROM dedup_intent_history
+                  WHERE to_state = 'UNKNOWN'
+                    AND at > now() - $1::bigint * interval '1 millisecond'),
+                 (SELECT count(*) FROM dedup_intent_history
+                  WHERE from_state = 'UNKNOWN' AND to_state <> 'UNKNOWN'
+                    AND at > now() - $1::bigint * interval '1 millisecond')",
+        )
+        .bind(millis(window))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(BacklogCounts {
+            backlog,
+            arrivals,
+            cleared,
+        })
+    }
+
+    /// The database's clock.
+    pub async fn db_now(&self) -> Result<OffsetDateTime, DedupError> {
+        self.now().await
+    }
+}
+
+/// Why a holder's report changed nothing: not found, a stale token, a state the transition does
+/// not start from — or nothing wrong at all, when it repeats what is already recorded.
+fn unchanged(
+    operation_id: &str,
+    fencing_token: i64,
+    transition: Transition,
+    current: Option<Intent>,
+) -> Result<Intent, DedupError> {
+    let current = current.ok_or_else(|| DedupError::NotFound {
+        operation_id: operation_id.to_owned(),
+    })?;
+    if current.fencing_token != fencing_token {
+        return Err(DedupError::StaleToken {
+            operation_id: operation_id.to_owned(),
+            presented: fencing_token,
+            current: current.fencing_token,
+        });
+    }
+    let repeat = current.state == transition.to_state()
+        // "I don't know" from the holder adds nothing once the outcome is known.
+        || (transition == Transition::MarkUnknown && current.state.is_settled());
+    if repeat {
+        return Ok(current);
+    }
+    Err(DedupError::WrongState {
+        operation_id: operation_id.to_owned(),
+        state: current.state,
+        transition,
+    })
+}
+
+fn answer(
+    item: &BeginItem,
+    row: &Intent,
+    ask: &BeginAsk<'_>,
+    db_now: OffsetDateTime,
+) -> BeginAnswer {
+    let outcome = begin_outcome(row, ask);
+    let expired_lease_now = row.state == IntentState::Unknown && row.updated_at == db_now;
+    BeginAnswer {
+        operation_id: item.operation_id.clone(),
+        outcome,
+        expired_lease_now,
+    }
+}
+
+/// What a holder reports with its fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderReport {
+    Complete { result: Vec<u8> },
+    Fail { reason: String, retryable: bool },
+    MarkUnknown { detail: String },
+}
+
+impl HolderReport {
+    pub fn transition(&self) -> Transition {
+        match self {
+            Self::Complete { .. } => Transition::Complete,
+            Self::Fail { .. } => Transition::Fail,
+            Self::MarkUnknown { .. } => Transition::MarkUnknown,
+        }
+    }
+}

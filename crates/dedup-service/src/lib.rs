@@ -1,0 +1,224 @@
+//! dedup-service: durable intents in PostgreSQL behind gRPC, so that an external provider (a
+//! payment API no database transaction can include) applies each operation at most once and
+//! every ambiguous outcome is settled with evidence.
+//!
+//! Guarantee: for every operation id, at most one caller at a time holds a lease with the
+//! current fencing token, and only such a caller calls the provider (with the operation id as
+//! the idempotency key). The intent is durable before the call. A timeout or lost answer is
+//! UNKNOWN, never failure: no new call happens until the reconciler has asked the provider with
+//! the same key. Counted by operation id, the provider's effects are exactly one per completed
+//! operation — through retries, crashes (`kill -9`) of callers and of this service, and expired
+//! leases. Operations older than the retained window answer EXPIRED (fail closed), and the
+//! service refuses to start when retention is shorter than the replay horizon.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod grpc_service;
+pub mod intent_store;
+pub mod metrics;
+pub mod proto_convert;
+pub mod provider_client;
+pub mod purge;
+pub mod reconciler;
+pub mod retention;
+pub mod state_machine;
+pub mod validation;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use eos_core::ops_http::{self, OpsServer, Readiness};
+use eos_core::{Boundary, Guarantee};
+use eos_proto::dedup::v1::FILE_DESCRIPTOR_SET;
+use eos_proto::dedup::v1::dedup_server::DedupServer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+pub use config::Config;
+pub use error::DedupError;
+use grpc_service::DedupApi;
+use intent_store::IntentStore;
+use provider_client::ProviderClient;
+use reconciler::ReconcilerSettings;
+
+/// The guarantee this configuration gives, for logs and `/boundary`.
+pub fn boundary(config: &Config) -> Boundary {
+    let provider = config
+        .provider_url
+        .as_deref()
+        .unwrap_or("(no --provider-url: settled by Resolve only)");
+    Boundary {
+        guarantee: Guarantee::ExactlyOnce,
+        input: format!(
+            "grpc eos.dedup.v1.Dedup on {} (Begin / Complete / Fail / MarkUnknown)",
+            config.listen
+        ),
+        result: format!(
+            "one provider effect per operation id (idempotency key = operation id) at {provider}"
+        ),
+        checkpoint: "postgres tables dedup_intents + dedup_intent_history, written before the \
+                     provider call"
+            .into(),
+        recovery: format!(
+            "intents survive restarts; a lease that runs out makes the intent UNKNOWN and the \
+             reconciler settles it with GET /charges/{{key}}, never with a blind second call; \
+             operations older than the {} retention answer EXPIRED",
+            humantime::format_duration(config.retention)
+        ),
+    }
+}
+
+/// Runs the service until `shutdown` is cancelled (then drains and returns `Ok`), or fails at
+/// start-up (bad configuration, retention below the replay horizon, database, ports).
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    config
+        .validate()
+        .map_err(|problem| anyhow::anyhow!("configuration: {problem}"))?;
+    let boundary = boundary(&config);
+    tracing::info!(
+        guarantee = %boundary.guarantee,
+        input = %boundary.input,
+        result = %boundary.result,
+        checkpoint = %boundary.checkpoint,
+        recovery = %boundary.recovery,
+        "boundary"
+    );
+    let policy = config.retention_policy();
+    tracing::info!(
+        retention = %humantime::format_duration(policy.retention),
+        required = %humantime::format_duration(policy.required_retention()),
+        "retention covers the replay horizon"
+    );
+
+    let metrics_handle = ops_http::install_prometheus_recorder()?;
+    metrics::describe();
+    let readiness = Readiness::default();
+    let ops = OpsServer::bind(config.metrics_addr).await?;
+    if let Some(metrics_addr) = ops.local_addr() {
+        tracing::info!(%metrics_addr, "serving /metrics, /healthz, /readyz, /boundary");
+    }
+    let ops_shutdown = CancellationToken::new();
+    let ops_task = tokio::spawn(ops.serve(
+        boundary,
+        readiness.clone(),
+        metrics_handle,
+        ops_shutdown.clone(),
+    ));
+
+    let result = serve(config, readiness, shutdown).await;
+    ops_shutdown.cancel();
+    let _ = ops_task.await;
+    result
+}
+
+async fn serve(
+    config: Config,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let pool = intent_store::connect(&config.database_url, config.db_max_connections)
+        .await
+        .context("connecting to PostgreSQL and applying migrations")?;
+    let store = IntentStore::new(pool.clone(), config.retention);
+    let provider = match config.provider_url.as_deref() {
+        Some(url) => Some(ProviderClient::new(url, config.provider_timeout)?),
+        None => {
+            tracing::warn!("no --provider-url: UNKNOWN intents are only settled by Resolve calls");
+            None
+        }
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for gRPC", config.listen))?;
+    let grpc_addr = listener.local_addr()?;
+
+    let background = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(reconciler::run(
+        store.clone(),
+        provider,
+        ReconcilerSettings {
+            interval: config.reconcile_interval,
+            concurrency: config.reconcile_concurrency,
+            in_flight_window: config.in_flight_window,
+            provider_key_ttl: config.provider_key_ttl,
+            rate_window: config.rate_window,
+        },
+        background.clone(),
+    ));
+    tasks.spawn(purge::run(
+        store.clone(),
+        config.purge_interval,
+        background.clone(),
+    ));
+    tasks.close();
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<DedupServer<DedupApi>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let api = DedupApi::new(store, config.lease_limits());
+
+    let drained = {
+        let shutdown = shutdown.clone();
+        let readiness = readiness.clone();
+        async move {
+            shutdown.cancelled().await;
+            tracing::info!("draining gRPC calls");
+            readiness.set(false);
+            health.set_not_serving::<DedupServer<DedupApi>>().await;
+        }
+    };
+    let mut builder = Server::builder();
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let cert = std::fs::read(cert)
+                .with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
+            let key = std::fs::read(key)
+                .with_context(|| format!("cannot read --tls-key {}", key.display()))?;
+            builder = builder
+                .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
+                .context("bad --tls-cert / --tls-key")?;
+            true
+        }
+        _ => false,
+    };
+    let server = builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(DedupServer::new(api))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            drained,
+        );
+    readiness.set(true);
+    tracing::info!(%grpc_addr, tls, "serving gRPC");
+
+    let drain_limit = config.shutdown_timeout;
+    let served = tokio::select! {
+        served = server => served.context("gRPC server"),
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(drain_limit).await;
+        } => {
+            tracing::warn!(timeout = ?drain_limit, "gRPC calls still running after the drain timeout");
+            Ok(())
+        }
+    };
+    background.cancel();
+    if tokio::time::timeout(drain_limit.max(Duration::from_secs(1)), tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("background tasks did not stop in time");
+    }
+    pool.close().await;
+    tracing::info!("stopped");
+    served
+}

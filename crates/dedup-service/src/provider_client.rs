@@ -1,0 +1,244 @@
+//! HTTP client for the provider's API (the one provider-sim implements): `POST /charges` with an
+//! `Idempotency-Key` header, and `GET /charges/{key}` for reconciliation. The current span's
+//! trace context travels in `traceparent`.
+//!
+//! [`ProviderClient::charge`] sorts every answer into what the caller must report: applied
+//! (Complete), definitely not applied (Fail), or not known (MarkUnknown) — a timeout, a lost
+//! response and a 5xx are all "not known", never a failure.
+
+use std::time::Duration;
+
+use opentelemetry::propagation::{Injector, TextMapPropagator as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("bad provider URL {url:?}: {detail}")]
+    Url { url: String, detail: String },
+    #[error("provider request failed: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("provider answered {status}: {body}")]
+    Status { status: u16, body: String },
+}
+
+/// The provider's record for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChargeLookup {
+    /// The provider applied the charge; its record (JSON).
+    Found(Vec<u8>),
+    /// The provider has no record of the key (not applied, not yet applied, or forgotten).
+    NotFound,
+}
+
+/// What a charge attempt tells the caller to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChargeOutcome {
+    /// 2xx: applied (or replayed). Report Complete with the body.
+    Applied { status: u16, body: Vec<u8> },
+    /// A 4xx that means the charge was not applied. Report Fail.
+    Rejected {
+        status: u16,
+        body: String,
+        retryable: bool,
+    },
+    /// Timeout, lost connection, 5xx: it may have been applied. Report MarkUnknown.
+    Ambiguous { detail: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct ProviderClient {
+    http: reqwest::Client,
+    base: reqwest::Url,
+}
+
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+/// `traceparent` (and `tracestate`) of the current span.
+fn trace_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let cx = tracing::Span::current().context();
+    TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(&mut headers));
+    headers
+}
+
+impl ProviderClient {
+    /// `timeout` bounds every request unless a call gives its own.
+    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, ProviderError> {
+        let base = reqwest::Url::parse(base_url).map_err(|e| ProviderError::Url {
+            url: base_url.to_owned(),
+            detail: e.to_string(),
+        })?;
+        if base.cannot_be_a_base() {
+            return Err(ProviderError::Url {
+                url: base_url.to_owned(),
+                detail: "cannot be a base URL".into(),
+            });
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(2)))
+            .build()?;
+        Ok(Self { http, base })
+    }
+
+    fn url(&self, segments: &[&str]) -> reqwest::Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            // Percent-encodes each segment: operation ids may hold ':' or '/'.
+            path.pop_if_empty().extend(segments);
+        }
+        url
+    }
+
+    /// `GET {base}/charges/{key}`.
+    pub async fn lookup(&self, key: &str) -> Result<ChargeLookup, ProviderError> {
+        let response = self
+            .http
+            .get(self.url(&["charges", key]))
+            .headers(trace_headers())
+            .send()
+            .await?;
+        let status = response.status();
+        let body = response.bytes().await?;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(ChargeLookup::NotFound);
+        }
+        if status.is_success() {
+            return Ok(ChargeLookup::Found(body.to_vec()));
+        }
+        Err(ProviderError::Status {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    /// `POST {base}/charges` with `Idempotency-Key: key` under `deadline`. Call only after
+    /// Begin answered ACQUIRED, with the operation id as the key.
+    pub async fn charge(
+        &self,
+        key: &str,
+        body: &serde_json::Value,
+        deadline: Duration,
+    ) -> ChargeOutcome {
+        let sent = self
+            .http
+            .post(self.url(&["charges"]))
+            .headers(trace_headers())
+            .header(IDEMPOTENCY_KEY_HEADER, key)
+            .timeout(deadline)
+            .json(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => {
+                return ChargeOutcome::Ambiguous {
+                    detail: format!("no answer: {error}"),
+                };
+            }
+        };
+        let status = response.status();
+        // A body that cannot be read leaves even a 2xx ambiguous: the answer was lost.
+        let body = match response.bytes().await {
+            Ok(body) => body,
+            Err(error) => {
+                return ChargeOutcome::Ambiguous {
+                    detail: format!("answer {status} lost while reading: {error}"),
+                };
+            }
+        };
+        classify(status.as_u16(), body.to_vec())
+    }
+}
+
+/// Sorts an HTTP answer to a charge: 2xx applied; 408, 5xx and anything unexpected ambiguous;
+/// other 4xx rejected (409 and 429 retryable: nothing was applied, try again later).
+pub fn classify(status: u16, body: Vec<u8>) -> ChargeOutcome {
+    match status {
+        200..=299 => ChargeOutcome::Applied { status, body },
+        408 => ChargeOutcome::Ambiguous {
+            detail: "408 request timeout".into(),
+        },
+        400..=499 => ChargeOutcome::Rejected {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            retryable: matches!(status, 409 | 429),
+        },
+        _ => ChargeOutcome::Ambiguous {
+            detail: format!("answer {status}: {}", String::from_utf8_lossy(&body)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_sorted_by_what_they_prove() {
+        assert!(matches!(
+            classify(201, vec![]),
+            ChargeOutcome::Applied { .. }
+        ));
+        assert!(matches!(
+            classify(200, vec![]),
+            ChargeOutcome::Applied { .. }
+        ));
+        assert!(matches!(
+            classify(500, vec![]),
+            ChargeOutcome::Ambiguous { .. }
+        ));
+        assert!(matches!(
+            classify(503, vec![]),
+            ChargeOutcome::Ambiguous { .. }
+        ));
+        assert!(matches!(
+            classify(408, vec![]),
+            ChargeOutcome::Ambiguous { .. }
+        ));
+        assert!(matches!(
+            classify(302, vec![]),
+            ChargeOutcome::Ambiguous { .. }
+        ));
+        assert!(matches!(
+            classify(422, vec![]),
+            ChargeOutcome::Rejected {
+                retryable: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(429, vec![]),
+            ChargeOutcome::Rejected {
+                retryable: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn keys_are_one_encoded_path_segment() {
+        let client =
+            ProviderClient::new("http://127.0.0.1:8081/api/", Duration::from_secs(1)).expect("url");
+        assert_eq!(
+            client.url(&["charges", "sink:a/b c"]).as_str(),
+            "http://127.0.0.1:8081/api/charges/sink:a%2Fb%20c"
+        );
+        assert!(ProviderClient::new("not a url", Duration::from_secs(1)).is_err());
+    }
+}

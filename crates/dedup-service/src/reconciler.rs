@@ -1,0 +1,413 @@
+//! The reconciler: turns expired leases UNKNOWN, settles UNKNOWN intents by asking the provider
+//! with the same idempotency key, and reports the backlog. Seed 002: the backlog is stable only
+//! when the reconcile rate r exceeds the arrival rate u, so both are exported and a warning is
+//! logged while the backlog is non-empty and r <= u.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::intent_store::{BacklogCounts, IntentStore};
+use crate::metrics;
+use crate::provider_client::{ChargeLookup, ProviderClient};
+use crate::state_machine::{Intent, IntentState};
+use crate::validation::Resolution;
+
+/// UNKNOWN intents read per page.
+const PAGE: u32 = 500;
+/// Leases expired per statement.
+const SWEEP_BATCH: i64 = 1000;
+/// At most one "backlog not draining" warning per this long.
+const WARN_EVERY: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone, Copy)]
+pub struct ReconcilerSettings {
+    pub interval: Duration,
+    pub concurrency: usize,
+    pub in_flight_window: Duration,
+    pub provider_key_ttl: Duration,
+    pub rate_window: Duration,
+}
+
+/// What to do with one UNKNOWN intent after asking the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The provider has the charge: SUCCEEDED with its record.
+    Succeeded { result: Vec<u8>, evidence: String },
+    /// No record although every request of the attempt must have landed by now: a retryable
+    /// FAILED, so a later Begin may acquire again (same key, so even then no double charge).
+    FailedRetryable { evidence: String },
+    /// No record yet, but a request may still be in flight: ask again later.
+    Wait,
+    /// No record, but the provider may have forgotten the key: "no record" proves nothing.
+    /// Leave it UNKNOWN for an operator.
+    Stuck { reason: String },
+}
+
+/// Decides from the provider's answer. Pure.
+pub fn decide(
+    intent: &Intent,
+    lookup: &ChargeLookup,
+    now: OffsetDateTime,
+    settings: &ReconcilerSettings,
+) -> Decision {
+    if let ChargeLookup::Found(record) = lookup {
+        return Decision::Succeeded {
+            result: record.clone(),
+            evidence: format!("provider has a charge for key {:?}", intent.operation_id),
+        };
+    }
+    // A request of this attempt can be sent until its lease ends (or until the holder gave up,
+    // if that was later), and applied up to the in-flight window after that.
+    let attempt_end = intent.lease_expires_at.max(intent.updated_at);
+    let settled_after = attempt_end + settings.in_flight_window;
+    let forgotten_after = intent.acquired_at + settings.provider_key_ttl;
+    if now >= forgotten_after {
+        return Decision::Stuck {
+            reason: format!(
+                "attempt acquired at {} is older than the provider's key TTL; its \"no record\" \
+                 is not evidence",
+                intent.acquired_at
+            ),
+        };
+    }
+    if now < settled_after {
+        return Decision::Wait;
+    }
+    Decision::FailedRetryable {
+        evidence: format!(
+            "provider has no charge for key {:?} {}s after the attempt ended",
+            intent.operation_id,
+            (now - attempt_end).whole_seconds()
+        ),
+    }
+}
+
+/// u and r over the window, and whether the backlog is draining.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BacklogRates {
+    pub backlog: i64,
+    /// Arrivals into UNKNOWN per second.
+    pub arrival_rate: f64,
+    /// Departures from UNKNOWN per second.
+    pub reconcile_rate: f64,
+}
+
+impl BacklogRates {
+    pub fn from_counts(counts: BacklogCounts, window: Duration) -> Self {
+        let seconds = window.as_secs_f64().max(f64::EPSILON);
+        Self {
+            backlog: counts.backlog,
+            arrival_rate: counts.arrivals as f64 / seconds,
+            reconcile_rate: counts.cleared as f64 / seconds,
+        }
+    }
+
+    /// Seed 002: stable only when r > u. A non-empty backlog with r <= u is not draining.
+    pub fn is_unstable(&self) -> bool {
+        self.backlog > 0 && self.reconcile_rate <= self.arrival_rate
+    }
+}
+
+/// Runs passes every `settings.interval` until `shutdown`.
+pub async fn run(
+    store: IntentStore,
+    provider: Option<ProviderClient>,
+    settings: ReconcilerSettings,
+    shutdown: CancellationToken,
+) {
+    let mut last_warning: Option<Instant> = None;
+    loop {
+        let pass = async {
+            sweep_leases(&store).await;
+            if let Some(provider) = &provider {
+                reconcile_unknown(&store, provider, &settings, &shutdown).await;
+            }
+            report_backlog(&store, &settings, &mut last_warning).await;
+        };
+        pass.instrument(tracing::debug_span!("reconcile_pass"))
+            .await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(settings.interval) => {}
+        }
+    }
+}
+
+async fn sweep_leases(store: &IntentStore) {
+    loop {
+        match store.expire_leases(SWEEP_BATCH).await {
+            Ok(ids) => {
+                let count = ids.len();
+                if count > 0 {
+                    ::metrics::counter!(metrics::LEASES_EXPIRED).increment(count as u64);
+                    ::metrics::counter!(metrics::UNKNOWN_ARRIVALS).increment(count as u64);
+                    tracing::warn!(
+                        count,
+                        first = %ids[0],
+                        "leases ran out without an outcome; intents are UNKNOWN"
+                    );
+                }
+                if (count as i64) < SWEEP_BATCH {
+                    return;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "lease sweep failed");
+                return;
+            }
+        }
+    }
+}
+
+async fn reconcile_unknown(
+    store: &IntentStore,
+    provider: &ProviderClient,
+    settings: &ReconcilerSettings,
+    shutdown: &CancellationToken,
+) {
+    let mut after: Option<(OffsetDateTime, String)> = None;
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let page = match store.list_unknown_page(after.as_ref(), PAGE).await {
+            Ok(page) => page,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list UNKNOWN intents");
+                return;
+            }
+        };
+        let Some(last) = page.last() else {
+            return;
+        };
+        after = Some((last.updated_at, last.operation_id.clone()));
+        let full = page.len() as u32 == PAGE;
+        futures::stream::iter(page)
+            .for_each_concurrent(settings.concurrency, |intent| {
+                reconcile_one(store, provider, settings, intent)
+            })
+            .await;
+        if !full {
+            return;
+        }
+    }
+}
+
+async fn reconcile_one(
+    store: &IntentStore,
+    provider: &ProviderClient,
+    settings: &ReconcilerSettings,
+    intent: Intent,
+) {
+    let span = tracing::info_span!("reconcile", operation_id = %intent.operation_id);
+    async {
+        let lookup = match provider.lookup(&intent.operation_id).await {
+            Ok(lookup) => lookup,
+            Err(error) => {
+                ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
+                tracing::warn!(%error, "provider look-up failed; will ask again");
+                return;
+            }
+        };
+        let now = match store.db_now().await {
+            Ok(now) => now,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the database clock");
+                return;
+            }
+        };
+        let resolution = match decide(&intent, &lookup, now, settings) {
+            Decision::Wait => return,
+            Decision::Stuck { reason } => {
+                ::metrics::counter!(metrics::RECONCILE_STUCK).increment(1);
+                tracing::error!(%reason, "UNKNOWN intent needs an operator's Resolve");
+                return;
+            }
+            Decision::Succeeded { result, evidence } => Resolution {
+                operation_id: intent.operation_id.clone(),
+                outcome: IntentState::Succeeded,
+                evidence,
+                result,
+                retryable: false,
+                expected_fencing_token: Some(intent.fencing_token),
+            },
+            Decision::FailedRetryable { evidence } => Resolution {
+                operation_id: intent.operation_id.clone(),
+                outcome: IntentState::Failed,
+                evidence,
+                result: Vec::new(),
+                retryable: true,
+                expected_fencing_token: Some(intent.fencing_token),
+            },
+        };
+        match store.resolve(&resolution).await {
+            Ok(resolved) => {
+                let outcome = resolved.state.as_db_str();
+                ::metrics::counter!(metrics::UNKNOWN_RESOLVED, "outcome" => outcome).increment(1);
+                tracing::info!(
+                    outcome,
+                    fencing_token = resolved.fencing_token,
+                    evidence = %resolution.evidence,
+                    "reconciled"
+                );
+            }
+            // The holder reported (or another instance resolved) in the meantime: nothing to do.
+            Err(error) => tracing::debug!(%error, "not resolved"),
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+async fn report_backlog(
+    store: &IntentStore,
+    settings: &ReconcilerSettings,
+    last_warning: &mut Option<Instant>,
+) {
+    let counts = match store.backlog_counts(settings.rate_window).await {
+        Ok(counts) => counts,
+        Err(error) => {
+            tracing::warn!(%error, "cannot count the UNKNOWN backlog");
+            return;
+        }
+    };
+    let rates = BacklogRates::from_counts(counts, settings.rate_window);
+    ::metrics::gauge!(metrics::UNKNOWN_BACKLOG).set(rates.backlog as f64);
+    ::metrics::gauge!(metrics::ARRIVAL_RATE).set(rates.arrival_rate);
+    ::metrics::gauge!(metrics::RECONCILE_RATE).set(rates.reconcile_rate);
+    let unstable = rates.is_unstable();
+    ::metrics::gauge!(metrics::BACKLOG_UNSTABLE).set(if unstable { 1.0 } else { 0.0 });
+    let due = last_warning.is_none_or(|at| at.elapsed() >= WARN_EVERY);
+    if unstable && due {
+        *last_warning = Some(Instant::now());
+        tracing::warn!(
+            backlog = rates.backlog,
+            arrival_rate_u = rates.arrival_rate,
+            reconcile_rate_r = rates.reconcile_rate,
+            window_secs = settings.rate_window.as_secs(),
+            "UNKNOWN backlog is not draining: reconcile rate r <= arrival rate u"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    const SETTINGS: ReconcilerSettings = ReconcilerSettings {
+        interval: Duration::from_secs(1),
+        concurrency: 4,
+        in_flight_window: Duration::from_secs(60),
+        provider_key_ttl: Duration::from_secs(24 * 3600),
+        rate_window: Duration::from_secs(60),
+    };
+
+    fn unknown() -> Intent {
+        Intent {
+            operation_id: "sink:e-1".into(),
+            state: IntentState::Unknown,
+            fingerprint: vec![1; 32],
+            fencing_token: 2,
+            holder: "w".into(),
+            request_id: "r".into(),
+            lease_expires_at: datetime!(2026-01-01 0:00:30 UTC),
+            acquired_at: datetime!(2026-01-01 0:00 UTC),
+            occurred_at: datetime!(2026-01-01 0:00 UTC),
+            created_at: datetime!(2026-01-01 0:00 UTC),
+            updated_at: datetime!(2026-01-01 0:00:05 UTC),
+            result: None,
+            failure_reason: None,
+            retryable: false,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_record_at_the_provider_settles_as_succeeded_at_once() {
+        let decision = decide(
+            &unknown(),
+            &ChargeLookup::Found(b"{}".to_vec()),
+            datetime!(2026-01-01 0:00:06 UTC),
+            &SETTINGS,
+        );
+        assert!(matches!(decision, Decision::Succeeded { .. }));
+    }
+
+    #[test]
+    fn no_record_waits_out_the_in_flight_window_after_the_lease() {
+        let intent = unknown();
+        // Lease ends 00:30; window 60 s: not before 01:30.
+        for (now, expected_wait) in [
+            (datetime!(2026-01-01 0:00:10 UTC), true),
+            (datetime!(2026-01-01 0:01:29 UTC), true),
+            (datetime!(2026-01-01 0:01:30 UTC), false),
+        ] {
+            let decision = decide(&intent, &ChargeLookup::NotFound, now, &SETTINGS);
+            assert_eq!(
+                decision == Decision::Wait,
+                expected_wait,
+                "{now}: {decision:?}"
+            );
+        }
+        let decision = decide(
+            &intent,
+            &ChargeLookup::NotFound,
+            datetime!(2026-01-01 0:05 UTC),
+            &SETTINGS,
+        );
+        assert!(matches!(decision, Decision::FailedRetryable { .. }));
+    }
+
+    #[test]
+    fn a_late_mark_unknown_extends_the_wait() {
+        let mut intent = unknown();
+        intent.updated_at = datetime!(2026-01-01 0:02 UTC);
+        let decision = decide(
+            &intent,
+            &ChargeLookup::NotFound,
+            datetime!(2026-01-01 0:02:30 UTC),
+            &SETTINGS,
+        );
+        assert_eq!(decision, Decision::Wait);
+    }
+
+    #[test]
+    fn no_record_after_the_key_ttl_proves_nothing() {
+        let decision = decide(
+            &unknown(),
+            &ChargeLookup::NotFound,
+            datetime!(2026-01-02 0:00 UTC),
+            &SETTINGS,
+        );
+        assert!(matches!(decision, Decision::Stuck { .. }));
+    }
+
+    #[test]
+    fn backlog_is_stable_only_when_r_exceeds_u() {
+        let window = Duration::from_secs(60);
+        let rates = |backlog, arrivals, cleared| {
+            BacklogRates::from_counts(
+                BacklogCounts {
+                    backlog,
+                    arrivals,
+                    cleared,
+                },
+                window,
+            )
+        };
+        assert!(rates(10, 60, 60).is_unstable());
+        assert!(rates(10, 60, 30).is_unstable());
+        assert!(rates(10, 0, 0).is_unstable());
+        assert!(!rates(10, 60, 61).is_unstable());
+        assert!(!rates(0, 60, 0).is_unstable());
+        let r = rates(5, 120, 60);
+        assert!((r.arrival_rate - 2.0).abs() < 1e-9);
+        assert!((r.reconcile_rate - 1.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,511 @@
+//! The intent state machine, as pure data: states, the transition table the store's conditional
+//! statements are built from, and how a stored intent answers a `Begin`.
+//!
+//! ```text
+//!            Begin (no row)                Complete(token)
+//!   (none) ─────────────────▶ RESERVED ─────────────────────▶ SUCCEEDED
+//!                              │   │  Fail(token)
+//!                              │   └────────────────────────▶ FAILED ──┐ retryable: a later
+//!        MarkUnknown(token) or │                                ▲      │ Begin acquires again
+//!        lease ran out         ▼          Resolve / Complete /  │      │ (new fencing token)
+//!                           UNKNOWN ─────────────────────────────┘      │
+//!                              │          Fail(token)                   │
+//!                              └──────────────▶ SUCCEEDED     RESERVED ◀┘
+//! ```
+//!
+//! A lease that runs out turns the intent UNKNOWN, never FAILED: its holder may have called the
+//! provider. Only evidence from the provider (or the holder reporting with the current token)
+//! settles an UNKNOWN.
+
+use std::fmt;
+
+use time::OffsetDateTime;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IntentState {
+    Reserved,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl IntentState {
+    pub const ALL: [IntentState; 4] = [
+        IntentState::Reserved,
+        IntentState::Succeeded,
+        IntentState::Failed,
+        IntentState::Unknown,
+    ];
+
+    /// The spelling in the `state` column.
+    pub fn as_db_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "RESERVED",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Unknown => "UNKNOWN",
+        }
+    }
+
+    pub fn from_db_str(value: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|state| state.as_db_str() == value)
+    }
+
+    /// SUCCEEDED and FAILED carry an outcome; RESERVED and UNKNOWN do not (yet).
+    pub fn is_settled(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+impl fmt::Display for IntentState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_db_str())
+    }
+}
+
+/// Every way an intent changes state. The store turns each into one conditional statement whose
+/// `WHERE state = ANY(..)` comes from [`Transition::from_states`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transition {
+    /// Begin on an operation without a row.
+    Acquire,
+    /// Begin on a retryable FAILED operation with the same fingerprint: a new fencing token.
+    Reacquire,
+    /// The lease ran out without an outcome (lazily in Begin, or by the reconciler's sweep).
+    ExpireLease,
+    /// The holder reports that the provider applied the operation.
+    Complete,
+    /// The holder reports that the provider definitely did not apply it.
+    Fail,
+    /// The holder does not know whether the provider applied it.
+    MarkUnknown,
+    /// Evidence (the provider's record) shows it was applied.
+    ResolveSucceeded,
+    /// Evidence shows it was not applied.
+    ResolveFailed,
+}
+
+impl Transition {
+    pub const ALL: [Transition; 8] = [
+        Transition::Acquire,
+        Transition::Reacquire,
+        Transition::ExpireLease,
+        Transition::Complete,
+        Transition::Fail,
+        Transition::MarkUnknown,
+        Transition::ResolveSucceeded,
+        Transition::ResolveFailed,
+    ];
+
+    /// The states this transition may start from (`Acquire` starts from no row at all).
+    pub fn from_states(self) -> &'static [IntentState] {
+        use IntentState::*;
+        match self {
+            Self::Acquire => &[],
+            // Only when the stored failure is retryable.
+            Self::Reacquire => &[Failed],
+            Self::ExpireLease => &[Reserved],
+            // A holder whose lease ran out (UNKNOWN) may still report what the provider said, as
+            // long as nobody acquired a newer token: that settles the UNKNOWN with evidence.
+            Self::Complete | Self::Fail => &[Reserved, Unknown],
+            Self::MarkUnknown => &[Reserved],
+            Self::ResolveSucceeded | Self::ResolveFailed => &[Unknown],
+        }
+    }
+
+    pub fn to_state(self) -> IntentState {
+        match self {
+            Self::Acquire | Self::Reacquire => IntentState::Reserved,
+            Self::ExpireLease | Self::MarkUnknown => IntentState::Unknown,
+            Self::Complete | Self::ResolveSucceeded => IntentState::Succeeded,
+            Self::Fail | Self::ResolveFailed => IntentState::Failed,
+        }
+    }
+
+    /// Whether the caller must present the current fencing token.
+    pub fn needs_token(self) -> bool {
+        matches!(self, Self::Complete | Self::Fail | Self::MarkUnknown)
+    }
+
+    /// A verb for messages: "cannot complete operation … in state SUCCEEDED".
+    pub fn verb(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Reacquire => "re-acquire",
+            Self::ExpireLease => "expire the lease of",
+            Self::Complete => "complete",
+            Self::Fail => "fail",
+            Self::MarkUnknown => "mark unknown",
+            Self::ResolveSucceeded | Self::ResolveFailed => "resolve",
+        }
+    }
+
+    /// The `from_states` as the `state` column spells them, for `state = ANY($n)`.
+    pub fn from_db_states(self) -> Vec<String> {
+        self.from_states()
+            .iter()
+            .map(|state| state.as_db_str().to_owned())
+            .collect()
+    }
+}
+
+/// The state after `transition` from `from` (`None`: no row), or `None` when not allowed.
+pub fn next_state(from: Option<IntentState>, transition: Transition) -> Option<IntentState> {
+    let allowed = match from {
+        None => transition == Transition::Acquire,
+        Some(state) => transition.from_states().contains(&state),
+    };
+    allowed.then(|| transition.to_state())
+}
+
+/// One row of `dedup_intents`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intent {
+    pub operation_id: String,
+    pub state: IntentState,
+    pub fingerprint: Vec<u8>,
+    pub fencing_token: i64,
+    pub holder: String,
+    /// The `request_id` of the Begin that acquired the current token.
+    pub request_id: String,
+    pub lease_expires_at: OffsetDateTime,
+    pub occurred_at: OffsetDateTime,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+    /// When the current fencing token was issued.
+    pub acquired_at: OffsetDateTime,
+    pub result: Option<Vec<u8>>,
+    pub failure_reason: Option<String>,
+    pub retryable: bool,
+    pub detail: String,
+}
+
+/// What a Begin asked for, as far as the answer depends on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginAsk<'a> {
+    pub fingerprint: &'a [u8],
+    pub owner: &'a str,
+    pub request_id: &'a str,
+}
+
+/// The answer to a Begin. Only `Acquired` allows a call to the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeginOutcome {
+    Acquired {
+        fencing_token: i64,
+        lease_expires_at: OffsetDateTime,
+    },
+    InProgress {
+        holder: String,
+        lease_expires_at: OffsetDateTime,
+    },
+    Succeeded {
+        result: Vec<u8>,
+    },
+    Failed {
+        reason: String,
+        retryable: bool,
+    },
+    Unknown {
+        detail: String,
+    },
+    Conflict {
+        stored_fingerprint: Vec<u8>,
+    },
+    Expired {
+        retained_since: OffsetDateTime,
+    },
+}
+
+impl BeginOutcome {
+    /// A label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Acquired { .. } => "acquired",
+            Self::InProgress { .. } => "in_progress",
+            Self::Succeeded { .. } => "succeeded",
+            Self::Failed { .. } => "failed",
+            Self::Unknown { .. } => "unknown",
+            Self::Conflict { .. } => "conflict",
+            Self::Expired { .. } => "expired",
+        }
+    }
+}
+
+/// The answer to a Begin inside the retained window, from the row as the upsert left it.
+///
+/// The upsert already applied whatever transition was due (acquire, re-acquire, lease expiry),
+/// so the row is the truth; what is left is to say what it means for this caller. The caller
+/// acquired exactly when the row holds a live reservation made by its own request id.
+pub fn begin_outcome(row: &Intent, ask: &BeginAsk<'_>) -> BeginOutcome {
+    if row.fingerprint != ask.fingerprint {
+        return BeginOutcome::Conflict {
+            stored_fingerprint: row.fingerprint.clone(),
+        };
+    }
+    match row.state {
+        IntentState::Reserved => {
+            let ours = row.holder == ask.owner && row.request_id == ask.request_id;
+            if ours {
+                BeginOutcome::Acquired {
+                    fencing_token: row.fencing_token,
+                    lease_expires_at: row.lease_expires_at,
+                }
+            } else {
+                BeginOutcome::InProgress {
+                    holder: row.holder.clone(),
+                    lease_expires_at: row.lease_expires_at,
+                }
+            }
+        }
+        IntentState::Succeeded => BeginOutcome::Succeeded {
+            result: row.result.clone().unwrap_or_default(),
+        },
+        IntentState::Failed => BeginOutcome::Failed {
+            reason: row.failure_reason.clone().unwrap_or_default(),
+            retryable: row.retryable,
+        },
+        IntentState::Unknown => BeginOutcome::Unknown {
+            detail: row.detail.clone(),
+        },
+    }
+}
+
+/// The answer to a Begin for an operation that occurred before the retained window.
+///
+/// Such an operation is never acquired (its dedup row may already have been purged, so a new
+/// call could be a second effect). A surviving row still answers when its answer leads to no
+/// call: a stored result, a final failure, an UNKNOWN, a live lease, a conflict.
+pub fn expired_outcome(
+    row: Option<&Intent>,
+    ask: &BeginAsk<'_>,
+    retained_since: OffsetDateTime,
+    now: OffsetDateTime,
+) -> BeginOutcome {
+    let expired = BeginOutcome::Expired { retained_since };
+    let Some(row) = row else {
+        return expired;
+    };
+    if row.fingerprint != ask.fingerprint {
+        return BeginOutcome::Conflict {
+            stored_fingerprint: row.fingerprint.clone(),
+        };
+    }
+    match row.state {
+        IntentState::Failed if row.retryable => expired,
+        IntentState::Reserved if row.lease_expires_at <= now => BeginOutcome::Unknown {
+            detail: "lease expired without an outcome".into(),
+        },
+        IntentState::Reserved => BeginOutcome::InProgress {
+            holder: row.holder.clone(),
+            lease_expires_at: row.lease_expires_at,
+        },
+        _ => begin_outcome(row, ask),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+    use IntentState::*;
+    use Transition::*;
+
+    fn row(state: IntentState) -> Intent {
+        Intent {
+            operation_id: "op-1".into(),
+            state,
+            fingerprint: vec![1; 32],
+            fencing_token: 3,
+            holder: "worker-a".into(),
+            request_id: "req-a".into(),
+            lease_expires_at: datetime!(2026-01-01 0:00:30 UTC),
+            occurred_at: datetime!(2026-01-01 0:00 UTC),
+            created_at: datetime!(2026-01-01 0:00 UTC),
+            updated_at: datetime!(2026-01-01 0:00 UTC),
+            acquired_at: datetime!(2026-01-01 0:00 UTC),
+            result: None,
+            failure_reason: None,
+            retryable: false,
+            detail: String::new(),
+        }
+    }
+
+    fn ask<'a>(fingerprint: &'a [u8], owner: &'a str, request_id: &'a str) -> BeginAsk<'a> {
+        BeginAsk {
+            fingerprint,
+            owner,
+            request_id,
+        }
+    }
+
+    /// The whole table, written out: (from, transition) → to. Anything not listed is refused.
+    #[test]
+    fn transition_table() {
+        let allowed: &[(Option<IntentState>, Transition, IntentState)] = &[
+            (None, Acquire, Reserved),
+            (Some(Failed), Reacquire, Reserved),
+            (Some(Reserved), ExpireLease, Unknown),
+            (Some(Reserved), Complete, Succeeded),
+            (Some(Unknown), Complete, Succeeded),
+            (Some(Reserved), Fail, Failed),
+            (Some(Unknown), Fail, Failed),
+            (Some(Reserved), MarkUnknown, Unknown),
+            (Some(Unknown), ResolveSucceeded, Succeeded),
+            (Some(Unknown), ResolveFailed, Failed),
+        ];
+        let froms = std::iter::once(None).chain(IntentState::ALL.into_iter().map(Some));
+        for from in froms {
+            for transition in Transition::ALL {
+                let expected = allowed
+                    .iter()
+                    .find(|(f, t, _)| *f == from && *t == transition)
+                    .map(|(_, _, to)| *to);
+                assert_eq!(
+                    next_state(from, transition),
+                    expected,
+                    "{from:?} --{transition:?}-->"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn settled_states_are_never_left_except_a_retryable_failure() {
+        for transition in Transition::ALL {
+            assert_eq!(
+                next_state(Some(Succeeded), transition),
+                None,
+                "{transition:?}"
+            );
+        }
+        let leaving_failed: Vec<_> = Transition::ALL
+            .into_iter()
+            .filter(|t| next_state(Some(Failed), *t).is_some())
+            .collect();
+        assert_eq!(leaving_failed, vec![Reacquire]);
+    }
+
+    #[test]
+    fn an_unknown_is_never_acquired_again_without_evidence() {
+        for transition in Transition::ALL {
+            assert_ne!(
+                next_state(Some(Unknown), transition),
+                Some(Reserved),
+                "{transition:?} must not re-reserve an UNKNOWN"
+            );
+        }
+    }
+
+    #[test]
+    fn only_holder_reports_need_the_token() {
+        let with_token: Vec<_> = Transition::ALL
+            .into_iter()
+            .filter(|t| t.needs_token())
+            .collect();
+        assert_eq!(with_token, vec![Complete, Fail, MarkUnknown]);
+    }
+
+    #[test]
+    fn db_spelling_round_trips() {
+        for state in IntentState::ALL {
+            assert_eq!(IntentState::from_db_str(state.as_db_str()), Some(state));
+        }
+        assert_eq!(IntentState::from_db_str("reserved"), None);
+        assert_eq!(Complete.from_db_states(), vec!["RESERVED", "UNKNOWN"]);
+    }
+
+    #[test]
+    fn the_acquiring_request_gets_acquired_and_others_in_progress() {
+        let reserved = row(Reserved);
+        let fp = vec![1; 32];
+        assert!(matches!(
+            begin_outcome(&reserved, &ask(&fp, "worker-a", "req-a")),
+            BeginOutcome::Acquired {
+                fencing_token: 3,
+                ..
+            }
+        ));
+        for (owner, request) in [("worker-b", "req-a"), ("worker-a", "req-b")] {
+            assert!(matches!(
+                begin_outcome(&reserved, &ask(&fp, owner, request)),
+                BeginOutcome::InProgress { ref holder, .. } if holder == "worker-a"
+            ));
+        }
+    }
+
+    #[test]
+    fn another_fingerprint_is_a_conflict_in_every_state() {
+        let other = vec![2; 32];
+        for state in IntentState::ALL {
+            assert!(matches!(
+                begin_outcome(&row(state), &ask(&other, "worker-a", "req-a")),
+                BeginOutcome::Conflict { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn settled_and_unknown_rows_answer_without_a_call() {
+        let fp = vec![1; 32];
+        let a = ask(&fp, "worker-a", "req-a");
+        let mut succeeded = row(Succeeded);
+        succeeded.result = Some(b"{\"ok\":true}".to_vec());
+        assert_eq!(
+            begin_outcome(&succeeded, &a),
+            BeginOutcome::Succeeded {
+                result: b"{\"ok\":true}".to_vec()
+            }
+        );
+        let mut failed = row(Failed);
+        failed.failure_reason = Some("card declined".into());
+        assert_eq!(
+            begin_outcome(&failed, &a),
+            BeginOutcome::Failed {
+                reason: "card declined".into(),
+                retryable: false
+            }
+        );
+        assert!(matches!(
+            begin_outcome(&row(Unknown), &a),
+            BeginOutcome::Unknown { .. }
+        ));
+    }
+
+    #[test]
+    fn expired_operations_are_never_acquired() {
+        let fp = vec![1; 32];
+        let a = ask(&fp, "worker-a", "req-a");
+        let since = datetime!(2025-12-01 0:00 UTC);
+        let now = datetime!(2026-01-01 0:00:10 UTC);
+        assert_eq!(
+            expired_outcome(None, &a, since, now),
+            BeginOutcome::Expired {
+                retained_since: since
+            }
+        );
+        let mut retryable = row(Failed);
+        retryable.retryable = true;
+        assert!(matches!(
+            expired_outcome(Some(&retryable), &a, since, now),
+            BeginOutcome::Expired { .. }
+        ));
+        // Even the holder's own live reservation is reported, not handed out again.
+        assert!(matches!(
+            expired_outcome(Some(&row(Reserved)), &a, since, now),
+            BeginOutcome::InProgress { .. }
+        ));
+        let late = datetime!(2026-01-01 0:01 UTC);
+        assert!(matches!(
+            expired_outcome(Some(&row(Reserved)), &a, since, late),
+            BeginOutcome::Unknown { .. }
+        ));
+        assert!(matches!(
+            expired_outcome(Some(&row(Succeeded)), &a, since, now),
+            BeginOutcome::Succeeded { .. }
+        ));
+    }
+}

@@ -1,0 +1,474 @@
+//! Request validation: proto messages in, checked domain values out, and `INVALID_ARGUMENT`
+//! naming the field for anything else. Pure: no I/O.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use eos_proto::dedup::v1 as pb;
+use time::OffsetDateTime;
+
+use crate::error::DedupError;
+use crate::state_machine::IntentState;
+
+pub const MAX_OPERATION_ID_BYTES: usize = 256;
+pub const MAX_FINGERPRINT_BYTES: usize = 64;
+pub const MAX_OWNER_BYTES: usize = 128;
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+pub const MAX_TEXT_BYTES: usize = 4 * 1024;
+pub const MAX_BATCH_ITEMS: usize = 1000;
+pub const MAX_LIST_LIMIT: u32 = 1000;
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+
+/// Lease bounds from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseLimits {
+    pub default_ttl: Duration,
+    pub max_ttl: Duration,
+}
+
+/// A checked Begin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginItem {
+    pub operation_id: String,
+    pub fingerprint: Vec<u8>,
+    pub owner: String,
+    /// The caller's, or one made up here: either way it tells whether this call acquired.
+    pub request_id: String,
+    pub lease_ttl: Duration,
+    pub occurred_at: OffsetDateTime,
+}
+
+/// A checked Resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub operation_id: String,
+    pub outcome: IntentState,
+    pub evidence: String,
+    pub result: Vec<u8>,
+    pub retryable: bool,
+    pub expected_fencing_token: Option<i64>,
+}
+
+fn field(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// 1..=256 bytes, no control characters.
+pub fn operation_id(value: &str, field_name: &str) -> Result<(), DedupError> {
+    identifier(value, field_name, MAX_OPERATION_ID_BYTES)
+}
+
+fn identifier(value: &str, field_name: &str, max: usize) -> Result<(), DedupError> {
+    if value.is_empty() {
+        return Err(DedupError::invalid(field_name, "must not be empty"));
+    }
+    if value.len() > max {
+        return Err(DedupError::invalid(
+            field_name,
+            format!("is {} bytes, at most {max} allowed", value.len()),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(DedupError::invalid(
+            field_name,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+fn bounded_text(value: &str, field_name: &str) -> Result<(), DedupError> {
+    if value.len() > MAX_TEXT_BYTES {
+        return Err(DedupError::invalid(
+            field_name,
+            format!("is {} bytes, at most {MAX_TEXT_BYTES} allowed", value.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Tokens are issued from 1 upwards; anything else cannot be one of ours.
+pub fn fencing_token(value: i64, field_name: &str) -> Result<(), DedupError> {
+    if value < 1 {
+        return Err(DedupError::invalid(
+            field_name,
+            format!("must be a token issued by Begin (>= 1), got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn result_bytes(value: &[u8], field_name: &str) -> Result<(), DedupError> {
+    if value.len() > MAX_RESULT_BYTES {
+        return Err(DedupError::invalid(
+            field_name,
+            format!(
+                "is {} bytes, at most {MAX_RESULT_BYTES} allowed",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn text(value: &str, field_name: &str) -> Result<(), DedupError> {
+    bounded_text(value, field_name)
+}
+
+fn timestamp(
+    value: &prost_types::Timestamp,
+    field_name: &str,
+) -> Result<OffsetDateTime, DedupError> {
+    let invalid = || DedupError::invalid(field_name, "is not a valid timestamp");
+    if !(0..1_000_000_000).contains(&value.nanos) {
+        return Err(invalid());
+    }
+    let nanos = i128::from(value.seconds) * 1_000_000_000 + i128::from(value.nanos);
+    OffsetDateTime::from_unix_timestamp_nanos(nanos).map_err(|_| invalid())
+}
+
+fn lease_ttl(
+    value: Option<&prost_types::Duration>,
+    field_name: &str,
+    limits: LeaseLimits,
+) -> Result<Duration, DedupError> {
+    let Some(value) = value else {
+        return Ok(limits.default_ttl);
+    };
+    let ttl = Duration::try_from(*value)
+        .map_err(|_| DedupError::invalid(field_name, "must be a positive duration"))?;
+    if ttl < Duration::from_millis(1) {
+        return Err(DedupError::invalid(field_name, "must be at least 1ms"));
+    }
+    if ttl > limits.max_ttl {
+        return Err(DedupError::invalid(
+            field_name,
+            format!(
+                "must be at most {} (--max-lease-ttl)",
+                humantime::format_duration(limits.max_ttl)
+            ),
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Checks one Begin; `prefix` is `""` for Begin and `items[i]` inside a batch.
+pub fn begin_item(
+    request: pb::BeginRequest,
+    prefix: &str,
+    limits: LeaseLimits,
+) -> Result<BeginItem, DedupError> {
+    operation_id(&request.operation_id, &field(prefix, "operation_id"))?;
+    let fingerprint_field = field(prefix, "fingerprint");
+    if request.fingerprint.is_empty() {
+        return Err(DedupError::invalid(fingerprint_field, "must not be empty"));
+    }
+    if request.fingerprint.len() > MAX_FINGERPRINT_BYTES {
+        return Err(DedupError::invalid(
+            fingerprint_field,
+            format!(
+                "is {} bytes, at most {MAX_FINGERPRINT_BYTES} allowed",
+                request.fingerprint.len()
+            ),
+        ));
+    }
+    identifier(&request.owner, &field(prefix, "owner"), MAX_OWNER_BYTES)?;
+    let request_id = if request.request_id.is_empty() {
+        format!("srv-{:032x}", rand::random::<u128>())
+    } else {
+        identifier(
+            &request.request_id,
+            &field(prefix, "request_id"),
+            MAX_REQUEST_ID_BYTES,
+        )?;
+        request.request_id
+    };
+    let lease_ttl = lease_ttl(
+        request.lease_ttl.as_ref(),
+        &field(prefix, "lease_ttl"),
+        limits,
+    )?;
+    let occurred_field = field(prefix, "occurred_at");
+    let occurred_at = match request.occurred_at.as_ref() {
+        Some(value) => timestamp(value, &occurred_field)?,
+        None => {
+            return Err(DedupError::invalid(
+                occurred_field,
+                "is required (operations older than the retained window answer EXPIRED)",
+            ));
+        }
+    };
+    Ok(BeginItem {
+        operation_id: request.operation_id,
+        fingerprint: request.fingerprint,
+        owner: request.owner,
+        request_id,
+        lease_ttl,
+        occurred_at,
+    })
+}
+
+/// Checks a batch: 1..=1000 items with distinct operation ids.
+pub fn begin_batch(
+    request: pb::BeginBatchRequest,
+    limits: LeaseLimits,
+) -> Result<Vec<BeginItem>, DedupError> {
+    if request.items.is_empty() {
+        return Err(DedupError::invalid("items", "must not be empty"));
+    }
+    if request.items.len() > MAX_BATCH_ITEMS {
+        return Err(DedupError::invalid(
+            "items",
+            format!(
+                "has {} items, at most {MAX_BATCH_ITEMS} allowed",
+                request.items.len()
+            ),
+        ));
+    }
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(request.items.len());
+    let mut items = Vec::with_capacity(request.items.len());
+    for (index, item) in request.items.into_iter().enumerate() {
+        let prefix = format!("items[{index}]");
+        let item = begin_item(item, &prefix, limits)?;
+        if let Some(first) = seen.insert(item.operation_id.clone(), index) {
+            return Err(DedupError::invalid(
+                format!("{prefix}.operation_id"),
+                format!("repeats items[{first}].operation_id"),
+            ));
+        }
+        items.push(item);
+    }
+    Ok(items)
+}
+
+/// Checks a CompleteBatch: 1..=1000 items with distinct operation ids.
+pub fn complete_batch(
+    request: pb::CompleteBatchRequest,
+) -> Result<Vec<(String, i64, Vec<u8>)>, DedupError> {
+    if request.items.is_empty() {
+        return Err(DedupError::invalid("items", "must not be empty"));
+    }
+    if request.items.len() > MAX_BATCH_ITEMS {
+        return Err(DedupError::invalid(
+            "items",
+            format!(
+                "has {} items, at most {MAX_BATCH_ITEMS} allowed",
+                request.items.len()
+            ),
+        ));
+    }
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(request.items.len());
+    let mut items = Vec::with_capacity(request.items.len());
+    for (index, item) in request.items.into_iter().enumerate() {
+        let prefix = format!("items[{index}]");
+        operation_id(&item.operation_id, &field(&prefix, "operation_id"))?;
+        fencing_token(item.fencing_token, &field(&prefix, "fencing_token"))?;
+        result_bytes(&item.result, &field(&prefix, "result"))?;
+        if let Some(first) = seen.insert(item.operation_id.clone(), index) {
+            return Err(DedupError::invalid(
+                field(&prefix, "operation_id"),
+                format!("repeats items[{first}].operation_id"),
+            ));
+        }
+        items.push((item.operation_id, item.fencing_token, item.result));
+    }
+    Ok(items)
+}
+
+pub fn resolution(request: pb::ResolveRequest) -> Result<Resolution, DedupError> {
+    operation_id(&request.operation_id, "operation_id")?;
+    let outcome = match pb::IntentState::try_from(request.outcome) {
+        Ok(pb::IntentState::Succeeded) => IntentState::Succeeded,
+        Ok(pb::IntentState::Failed) => IntentState::Failed,
+        _ => {
+            return Err(DedupError::invalid(
+                "outcome",
+                "must be INTENT_STATE_SUCCEEDED or INTENT_STATE_FAILED",
+            ));
+        }
+    };
+    if request.evidence.is_empty() {
+        return Err(DedupError::invalid(
+            "evidence",
+            "must say what shows the outcome",
+        ));
+    }
+    text(&request.evidence, "evidence")?;
+    result_bytes(&request.result, "result")?;
+    let expected_fencing_token = match request.expected_fencing_token {
+        0 => None,
+        token => {
+            fencing_token(token, "expected_fencing_token")?;
+            Some(token)
+        }
+    };
+    Ok(Resolution {
+        operation_id: request.operation_id,
+        outcome,
+        evidence: request.evidence,
+        result: request.result,
+        retryable: request.retryable,
+        expected_fencing_token,
+    })
+}
+
+pub fn list_limit(limit: u32) -> Result<u32, DedupError> {
+    match limit {
+        0 => Ok(DEFAULT_LIST_LIMIT),
+        1..=MAX_LIST_LIMIT => Ok(limit),
+        _ => Err(DedupError::invalid(
+            "limit",
+            format!("must be at most {MAX_LIST_LIMIT}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: LeaseLimits = LeaseLimits {
+        default_ttl: Duration::from_secs(30),
+        max_ttl: Duration::from_secs(600),
+    };
+
+    fn good() -> pb::BeginRequest {
+        pb::BeginRequest {
+            operation_id: "sink:e-1".into(),
+            fingerprint: vec![7; 32],
+            owner: "worker-1".into(),
+            lease_ttl: None,
+            occurred_at: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
+            request_id: String::new(),
+        }
+    }
+
+    fn field_of(error: DedupError) -> String {
+        match error {
+            DedupError::InvalidArgument { field, .. } => field,
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_good_begin_gets_defaults_and_a_request_id() {
+        let item = begin_item(good(), "", LIMITS).expect("valid");
+        assert_eq!(item.lease_ttl, Duration::from_secs(30));
+        assert!(item.request_id.starts_with("srv-"));
+        let again = begin_item(good(), "", LIMITS).expect("valid");
+        assert_ne!(item.request_id, again.request_id);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        type Breaker = fn(&mut pb::BeginRequest);
+        let cases: [(&str, Breaker); 9] = [
+            ("operation_id", |r| r.operation_id.clear()),
+            ("operation_id", |r| r.operation_id = "x".repeat(10 * 1024)),
+            ("operation_id", |r| r.operation_id = "a\nb".into()),
+            ("fingerprint", |r| r.fingerprint.clear()),
+            ("fingerprint", |r| r.fingerprint = vec![0; 65]),
+            ("owner", |r| r.owner.clear()),
+            ("occurred_at", |r| r.occurred_at = None),
+            ("lease_ttl", |r| {
+                r.lease_ttl = Some(prost_types::Duration {
+                    seconds: 3600,
+                    nanos: 0,
+                })
+            }),
+            ("lease_ttl", |r| {
+                r.lease_ttl = Some(prost_types::Duration {
+                    seconds: -1,
+                    nanos: 0,
+                })
+            }),
+        ];
+        for (expected, breaker) in cases {
+            let mut request = good();
+            breaker(&mut request);
+            let error = begin_item(request, "", LIMITS).expect_err(expected);
+            assert_eq!(field_of(error), expected);
+        }
+    }
+
+    #[test]
+    fn batch_errors_name_the_item() {
+        let mut bad = good();
+        bad.owner.clear();
+        let request = pb::BeginBatchRequest {
+            items: vec![good(), bad],
+        };
+        assert_eq!(
+            field_of(begin_batch(request, LIMITS).expect_err("bad owner")),
+            "items[1].owner"
+        );
+        let request = pb::BeginBatchRequest {
+            items: vec![good(), good()],
+        };
+        assert_eq!(
+            field_of(begin_batch(request, LIMITS).expect_err("duplicate")),
+            "items[1].operation_id"
+        );
+        let request = pb::BeginBatchRequest { items: vec![] };
+        assert_eq!(
+            field_of(begin_batch(request, LIMITS).expect_err("empty")),
+            "items"
+        );
+    }
+
+    #[test]
+    fn complete_batches_are_checked_per_item() {
+        let complete = |id: &str, token| pb::CompleteRequest {
+            operation_id: id.into(),
+            fencing_token: token,
+            result: Vec::new(),
+        };
+        let ok = pb::CompleteBatchRequest {
+            items: vec![complete("a", 1), complete("b", 2)],
+        };
+        assert_eq!(complete_batch(ok).map(|items| items.len()).ok(), Some(2));
+        let bad_token = pb::CompleteBatchRequest {
+            items: vec![complete("a", 1), complete("b", 0)],
+        };
+        assert_eq!(
+            field_of(complete_batch(bad_token).expect_err("token 0")),
+            "items[1].fencing_token"
+        );
+        let repeated = pb::CompleteBatchRequest {
+            items: vec![complete("a", 1), complete("a", 1)],
+        };
+        assert_eq!(
+            field_of(complete_batch(repeated).expect_err("repeat")),
+            "items[1].operation_id"
+        );
+    }
+
+    #[test]
+    fn tokens_and_resolutions_are_checked() {
+        assert_eq!(
+            field_of(fencing_token(0, "fencing_token").expect_err("0")),
+            "fencing_token"
+        );
+        assert!(fencing_token(1, "fencing_token").is_ok());
+        let request = pb::ResolveRequest {
+            operation_id: "op".into(),
+            outcome: pb::IntentState::Reserved as i32,
+            evidence: "x".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(resolution(request).expect_err("reserved")),
+            "outcome"
+        );
+        assert_eq!(list_limit(0).ok(), Some(DEFAULT_LIST_LIMIT));
+        assert!(list_limit(MAX_LIST_LIMIT + 1).is_err());
+    }
+}

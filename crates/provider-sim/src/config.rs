@@ -1,0 +1,117 @@
+//! Command-line and environment configuration.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use eos_core::telemetry::LogFormat;
+
+use crate::faults::FaultPlan;
+
+/// A fake external payment provider for tests and the demo.
+///
+/// POST /charges with an Idempotency-Key header applies a charge once per key (keys are
+/// forgotten after --key-ttl, as real providers do); GET /charges/{key} answers the record of a
+/// key; GET /effects lists every effect ever applied, with attempt counts. Faults are injected by
+/// probability from a seeded RNG: answer 503 before applying, or apply and then drop the
+/// connection, answer late, or answer 500.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "provider-sim", version, about, long_about)]
+pub struct Config {
+    /// HTTP listen address. Port 0 picks a free port; the bound address is logged as http_addr.
+    #[arg(long, env = "PROVIDER_SIM_ADDR", default_value = "127.0.0.1:8081")]
+    pub addr: SocketAddr,
+
+    /// How long an idempotency key is remembered after its charge was applied.
+    #[arg(long, env = "PROVIDER_SIM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub key_ttl: Duration,
+
+    /// Seed of the fault RNG [default: random, logged].
+    #[arg(long, env = "PROVIDER_SIM_SEED")]
+    pub seed: Option<u64>,
+
+    /// Probability of answering 503 without applying the charge.
+    #[arg(
+        long,
+        env = "PROVIDER_SIM_ERROR_BEFORE_APPLY_PROBABILITY",
+        default_value_t = 0.0
+    )]
+    pub error_before_apply_probability: f64,
+
+    /// Probability of applying the charge and then closing the connection without an answer.
+    #[arg(
+        long,
+        env = "PROVIDER_SIM_DROP_RESPONSE_AFTER_APPLY_PROBABILITY",
+        default_value_t = 0.0
+    )]
+    pub drop_response_after_apply_probability: f64,
+
+    /// How late a delayed answer comes (make it longer than the caller's deadline).
+    #[arg(long, env = "PROVIDER_SIM_DELAY_AFTER_APPLY", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub delay_after_apply: Duration,
+
+    /// Probability of applying the charge and answering only after --delay-after-apply.
+    #[arg(
+        long,
+        env = "PROVIDER_SIM_DELAY_AFTER_APPLY_PROBABILITY",
+        default_value_t = 0.0
+    )]
+    pub delay_after_apply_probability: f64,
+
+    /// Probability of applying the charge and then answering 500.
+    #[arg(
+        long,
+        env = "PROVIDER_SIM_ERROR_AFTER_APPLY_PROBABILITY",
+        default_value_t = 0.0
+    )]
+    pub error_after_apply_probability: f64,
+
+    /// Log format on stderr: text or json. RUST_LOG filters.
+    #[arg(long, env = "PROVIDER_SIM_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    pub fn fault_plan(&self) -> FaultPlan {
+        FaultPlan {
+            error_before_apply: self.error_before_apply_probability,
+            drop_after_apply: self.drop_response_after_apply_probability,
+            delay_after_apply: self.delay_after_apply_probability,
+            delay: self.delay_after_apply,
+            error_after_apply: self.error_after_apply_probability,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.key_ttl.is_zero() {
+            return Err("--key-ttl must be positive".into());
+        }
+        self.fault_plan().validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_inject_nothing() {
+        let config = Config::try_parse_from(["provider-sim"]).expect("defaults");
+        assert_eq!(config.addr.to_string(), "127.0.0.1:8081");
+        assert_eq!(
+            config.fault_plan(),
+            FaultPlan {
+                delay: Duration::ZERO,
+                ..FaultPlan::NONE
+            }
+        );
+        assert!(config.validate().is_ok());
+        let bad = Config::try_parse_from([
+            "provider-sim",
+            "--drop-response-after-apply-probability",
+            "1.5",
+        ])
+        .expect("parses");
+        assert!(bad.validate().is_err());
+    }
+}

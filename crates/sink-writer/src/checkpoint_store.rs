@@ -1,0 +1,103 @@
+//! `sink_checkpoints`: the input positions in `--offsets postgres` mode, and the owner epoch that
+//! fences a zombie (DESIGN.md §2.4: fence first, then read the checkpoint).
+//!
+//! Why this is enough: every batch transaction starts by updating its partitions' rows *with the
+//! owner epoch it was given* (`WHERE owner_epoch = mine`). That update takes the row lock, so a new
+//! owner's fence waits for a batch in flight to commit or roll back, then bumps the epoch, and
+//! only then reads `next_offset` — which therefore includes every batch the old owner committed.
+//! From then on the old owner's update matches no row: it rolls back and stops.
+
+use std::collections::HashMap;
+
+use sqlx::{PgConnection, PgPool};
+
+/// Bumps the owner epoch of `partitions` (creating their rows on first use) in its own
+/// transaction, and returns the new epoch of each. Waits at most `lock_timeout` for a batch in
+/// flight to release a row.
+pub async fn fence(
+    pool: &PgPool,
+    sink: &str,
+    topic: &str,
+    partitions: &[i32],
+    owner: &str,
+) -> Result<HashMap<i32, i64>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    // A zombie frozen inside its transaction must not block a new owner forever: give up after
+    // a while and retry, polling Kafka in between.
+    sqlx::query("SET LOCAL lock_timeout = '5s'")
+        .execute(&mut *tx)
+        .await?;
+    let rows: Vec<(i32, i64)> = sqlx::query_as(
+        "INSERT INTO sink_checkpoints (sink, topic, partition, owner_epoch, owner)
+         SELECT $1, $2, p, 1, $4 FROM UNNEST($3::int[]) AS p
+         ON CONFLICT (sink, topic, partition) DO UPDATE
+             SET owner_epoch = sink_checkpoints.owner_epoch + 1,
+                 owner = EXCLUDED.owner,
+                 updated_at = now()
+         RETURNING partition, owner_epoch",
+    )
+    .bind(sink)
+    .bind(topic)
+    .bind(partitions)
+    .bind(owner)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The committed `next_offset` of each partition (`None`: nothing committed yet). Read after
+/// [`fence`], never before.
+pub async fn read(
+    pool: &PgPool,
+    sink: &str,
+    topic: &str,
+    partitions: &[i32],
+) -> Result<HashMap<i32, Option<i64>>, sqlx::Error> {
+    let rows: Vec<(i32, Option<i64>)> = sqlx::query_as(
+        "SELECT partition, next_offset FROM sink_checkpoints
+         WHERE sink = $1 AND topic = $2 AND partition = ANY($3::int[])",
+    )
+    .bind(sink)
+    .bind(topic)
+    .bind(partitions)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// A checkpoint move of one batch: partition, new `next_offset`, the epoch this owner holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub partition: i32,
+    pub next_offset: i64,
+    pub epoch: i64,
+}
+
+/// Moves the checkpoints inside the batch transaction; returns the partitions whose epoch still
+/// matched. Any partition missing from the result means this instance was fenced.
+pub async fn advance(
+    conn: &mut PgConnection,
+    sink: &str,
+    topic: &str,
+    moves: &[Move],
+) -> Result<Vec<i32>, sqlx::Error> {
+    let partitions: Vec<i32> = moves.iter().map(|m| m.partition).collect();
+    let offsets: Vec<i64> = moves.iter().map(|m| m.next_offset).collect();
+    let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();
+    sqlx::query_scalar(
+        "UPDATE sink_checkpoints AS c
+         SET next_offset = m.next_offset, updated_at = now()
+         FROM UNNEST($3::int[], $4::bigint[], $5::bigint[]) AS m(partition, next_offset, epoch)
+         WHERE c.sink = $1 AND c.topic = $2 AND c.partition = m.partition
+           AND c.owner_epoch = m.epoch
+         RETURNING c.partition",
+    )
+    .bind(sink)
+    .bind(topic)
+    .bind(partitions)
+    .bind(offsets)
+    .bind(epochs)
+    .fetch_all(conn)
+    .await
+}

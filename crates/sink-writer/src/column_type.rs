@@ -1,0 +1,250 @@
+//! The column types the sink can write, and the check that a value fits one *before* it is sent.
+//!
+//! Every value travels as text in a `text[]` and is cast in SQL to the column's real type. A value
+//! that would make the cast fail (a string in a bigint column, `\u0000` in jsonb, a version past
+//! `i64::MAX`) would fail the whole batch again and again — a poison record. So values are checked
+//! here, and a record with a value that does not fit goes to the dead-letter topic instead.
+
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// A supported column type, by what its values must look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnKind {
+    Int {
+        min: i64,
+        max: i64,
+    },
+    Numeric,
+    Float,
+    /// `text`, or `varchar(n)` with its limit in characters.
+    Text {
+        max_chars: Option<usize>,
+    },
+    Json,
+    Timestamp,
+    Bool,
+    Uuid,
+}
+
+/// A column's type as PostgreSQL names it (`format_type`) and how to check values for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnType {
+    pub kind: ColumnKind,
+    /// For the SQL cast, e.g. `bigint`, `character varying(64)`, `jsonb`.
+    pub sql_name: String,
+    /// `json` has no equality operator: compare it as `jsonb`.
+    pub compare_as_jsonb: bool,
+}
+
+pub const SUPPORTED: &str = "smallint, integer, bigint, numeric, real, double precision, text, \
+                             varchar, jsonb, json, timestamptz, timestamp, boolean, uuid";
+
+impl ColumnType {
+    /// From `pg_type.typname`, `format_type(...)` and `atttypmod`; `None` for types the sink
+    /// does not write.
+    pub fn from_catalog(typname: &str, sql_name: &str, typmod: i32) -> Option<Self> {
+        let kind = match typname {
+            "int2" => ColumnKind::Int {
+                min: i64::from(i16::MIN),
+                max: i64::from(i16::MAX),
+            },
+            "int4" => ColumnKind::Int {
+                min: i64::from(i32::MIN),
+                max: i64::from(i32::MAX),
+            },
+            "int8" => ColumnKind::Int {
+                min: i64::MIN,
+                max: i64::MAX,
+            },
+            "numeric" => ColumnKind::Numeric,
+            "float4" | "float8" => ColumnKind::Float,
+            "text" => ColumnKind::Text { max_chars: None },
+            // varchar's typmod is the limit plus the 4-byte header; -1 when unlimited.
+            "varchar" => ColumnKind::Text {
+                max_chars: usize::try_from(typmod - 4).ok().filter(|_| typmod >= 4),
+            },
+            "jsonb" | "json" => ColumnKind::Json,
+            "timestamptz" | "timestamp" => ColumnKind::Timestamp,
+            "bool" => ColumnKind::Bool,
+            "uuid" => ColumnKind::Uuid,
+            _ => return None,
+        };
+        Some(Self {
+            kind,
+            sql_name: sql_name.to_owned(),
+            compare_as_jsonb: typname == "json",
+        })
+    }
+
+    pub fn is_integer(&self) -> bool {
+        matches!(self.kind, ColumnKind::Int { .. })
+    }
+
+    pub fn is_timestamp(&self) -> bool {
+        matches!(self.kind, ColumnKind::Timestamp)
+    }
+
+    /// The text sent for `value`: `Ok(None)` is SQL NULL; `Err` says why it does not fit.
+    pub fn encode(&self, value: &Value) -> Result<Option<String>, String> {
+        if value.is_null() {
+            return Ok(None);
+        }
+        let text = match &self.kind {
+            ColumnKind::Int { min, max } => {
+                let n = match value {
+                    Value::Number(n) => n
+                        .as_i64()
+                        .ok_or_else(|| format!("{n} is not an integer in range"))?,
+                    Value::String(s) => s
+                        .parse::<i64>()
+                        .map_err(|_| format!("{s:?} is not an integer"))?,
+                    other => return Err(format!("{} is not an integer", kind_of(other))),
+                };
+                if n < *min || n > *max {
+                    return Err(format!("{n} is out of range for {}", self.sql_name));
+                }
+                n.to_string()
+            }
+            ColumnKind::Numeric | ColumnKind::Float => match value {
+                Value::Number(n) => n.to_string(),
+                other => return Err(format!("{} is not a number", kind_of(other))),
+            },
+            ColumnKind::Text { max_chars } => {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    other => eos_core::fingerprint::canonical_json(other),
+                };
+                if text.contains('\0') {
+                    return Err("text contains a NUL character".into());
+                }
+                if let Some(limit) = max_chars
+                    && text.chars().count() > *limit
+                {
+                    return Err(format!(
+                        "{} characters, over the {limit}-character limit of {}",
+                        text.chars().count(),
+                        self.sql_name
+                    ));
+                }
+                text
+            }
+            ColumnKind::Json => {
+                if contains_nul(value) {
+                    return Err("JSON contains \\u0000, which jsonb cannot store".into());
+                }
+                eos_core::fingerprint::canonical_json(value)
+            }
+            ColumnKind::Timestamp => {
+                let Value::String(s) = value else {
+                    return Err(format!("{} is not an RFC 3339 timestamp", kind_of(value)));
+                };
+                let parsed = OffsetDateTime::parse(s, &Rfc3339)
+                    .map_err(|e| format!("{s:?} is not an RFC 3339 timestamp: {e}"))?;
+                if parsed.year() < 1 {
+                    return Err(format!("{s:?} is before year 1"));
+                }
+                s.clone()
+            }
+            ColumnKind::Bool => match value {
+                Value::Bool(b) => b.to_string(),
+                other => return Err(format!("{} is not a boolean", kind_of(other))),
+            },
+            ColumnKind::Uuid => {
+                let Value::String(s) = value else {
+                    return Err(format!("{} is not a UUID", kind_of(value)));
+                };
+                if !is_uuid(s) {
+                    return Err(format!("{s:?} is not a UUID"));
+                }
+                s.to_ascii_lowercase()
+            }
+        };
+        Ok(Some(text))
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn contains_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(contains_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+fn is_uuid(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    bytes.len() == 36
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn ty(typname: &str, typmod: i32) -> ColumnType {
+        ColumnType::from_catalog(typname, typname, typmod).expect("supported")
+    }
+
+    #[test]
+    fn integers_are_range_checked_and_strings_of_digits_accepted() {
+        let int4 = ty("int4", -1);
+        assert_eq!(int4.encode(&json!(17)), Ok(Some("17".into())));
+        assert_eq!(int4.encode(&json!("17")), Ok(Some("17".into())));
+        assert!(int4.encode(&json!(3_000_000_000_i64)).is_err());
+        assert!(int4.encode(&json!("seventeen")).is_err());
+        assert!(int4.encode(&json!(1.5)).is_err());
+        let int8 = ty("int8", -1);
+        assert!(int8.encode(&json!(u64::MAX)).is_err(), "past i64::MAX");
+        assert_eq!(int8.encode(&Value::Null), Ok(None));
+    }
+
+    #[test]
+    fn text_and_json_refuse_what_postgres_would_refuse() {
+        let varchar = ty("varchar", 4 + 3);
+        assert_eq!(varchar.encode(&json!("abc")), Ok(Some("abc".into())));
+        assert!(varchar.encode(&json!("abcd")).is_err());
+        assert!(ty("text", -1).encode(&json!("a\u{0}b")).is_err());
+        let jsonb = ty("jsonb", -1);
+        assert_eq!(
+            jsonb.encode(&json!({"b": 1, "a": [true]})),
+            Ok(Some(r#"{"a":[true],"b":1}"#.into()))
+        );
+        assert!(jsonb.encode(&json!({"a": "x\u{0}"})).is_err());
+    }
+
+    #[test]
+    fn timestamps_uuids_and_unsupported_types() {
+        let ts = ty("timestamptz", -1);
+        assert!(ts.encode(&json!("2026-01-02T03:04:05Z")).is_ok());
+        assert!(ts.encode(&json!("yesterday")).is_err());
+        let uuid = ty("uuid", -1);
+        assert_eq!(
+            uuid.encode(&json!("A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11")),
+            Ok(Some("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into()))
+        );
+        assert!(uuid.encode(&json!("not-a-uuid")).is_err());
+        assert!(ColumnType::from_catalog("bytea", "bytea", -1).is_none());
+        assert!(ty("json", -1).compare_as_jsonb);
+    }
+}

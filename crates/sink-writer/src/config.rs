@@ -1,0 +1,251 @@
+//! Command-line and environment configuration.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
+use eos_core::telemetry::LogFormat;
+
+/// Where the input position lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetsMode {
+    /// `sink_checkpoints`, in the same transaction as the rows (exactly-once).
+    Postgres,
+    /// The Kafka group offset, committed after the database commit (at-least-once delivery into
+    /// an idempotent sink).
+    Kafka,
+}
+
+impl FromStr for OffsetsMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "postgres" => Ok(Self::Postgres),
+            "kafka" => Ok(Self::Kafka),
+            other => Err(format!(
+                "unknown offsets mode {other:?}: expected postgres or kafka"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OffsetsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Postgres => "postgres",
+            Self::Kafka => "kafka",
+        })
+    }
+}
+
+/// Kafka → PostgreSQL with exactly-once effects on the tables.
+///
+/// Reads a topic with read_committed (default `ledger`; plain event envelopes work too) and writes
+/// each batch in one PostgreSQL transaction: idempotent inserts (append targets, keyed by a unique
+/// column), versioned upserts (only a higher version replaces a row), conflicts into
+/// `sink_conflicts`, and — with `--offsets postgres` — the input checkpoint in
+/// `sink_checkpoints`, fenced by an owner epoch. Records that cannot be parsed or mapped go to the
+/// dead-letter topic. read_committed, manual offset commits and the fencing are not configurable:
+/// exactly-once depends on them.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sink-writer", version, about, long_about)]
+pub struct Config {
+    /// Kafka bootstrap servers.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub bootstrap_servers: String,
+
+    /// Topic to read (the processor's output, or any topic of event envelopes).
+    #[arg(long, env = "EOS_SINK_TOPIC", default_value = "ledger")]
+    pub topic: String,
+
+    /// Consumer group id; also the sink's name in sink_checkpoints, sink_conflicts and
+    /// sink_dead_letters (two sinks with different group ids keep separate checkpoints).
+    #[arg(long, env = "EOS_SINK_GROUP_ID", default_value = "sink-writer")]
+    pub group_id: String,
+
+    /// Stable identity of this instance [default: the host name]: the static group membership
+    /// id (group.instance.id), so a restarted instance takes its partitions back at once. Keep it
+    /// stable across restarts and unique per running instance.
+    #[arg(long, env = "EOS_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// TOML file listing the target tables and their column mappings [default: the seed's
+    /// event_sink (append by event_id) and entity_state (versioned by entity_id)].
+    #[arg(long, env = "EOS_SINK_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Where the input position lives: postgres (in sink_checkpoints, in the same transaction as
+    /// the rows: exactly-once) or kafka (group offset committed after the database commit:
+    /// at-least-once delivery into an idempotent sink — the weaker boundary).
+    #[arg(long, env = "EOS_SINK_OFFSETS", default_value = "postgres")]
+    pub offsets: OffsetsMode,
+
+    /// Dead-letter topic [default: <topic>.sink-dlq].
+    #[arg(long, env = "EOS_SINK_DLQ_TOPIC")]
+    pub dlq_topic: Option<String>,
+
+    /// A batch (one database transaction) closes after this many records.
+    #[arg(long, env = "EOS_SINK_MAX_BATCH", default_value_t = 2000)]
+    pub max_batch: usize,
+
+    /// A batch closes this long after its first record.
+    #[arg(long, env = "EOS_SINK_BATCH_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub batch_interval: Duration,
+
+    /// Records larger than this many bytes are dead-lettered as oversized_record.
+    #[arg(long, env = "EOS_MAX_RECORD_BYTES", default_value_t = DEFAULT_MAX_RECORD_BYTES)]
+    pub max_record_bytes: usize,
+
+    /// How far back the input can be replayed (broker retention, backup restores, client retry
+    /// horizon). A target that purges rows must keep them longer than this plus
+    /// --retention-margin, or the service refuses to start (seed 002).
+    #[arg(long, env = "EOS_SINK_REPLAY_HORIZON", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub replay_horizon: Duration,
+
+    /// Clock and operational margin added to --replay-horizon in the retention check.
+    #[arg(long, env = "EOS_SINK_RETENTION_MARGIN", default_value = "1d", value_parser = humantime::parse_duration)]
+    pub retention_margin: Duration,
+
+    /// How often targets with a retention purge their old rows.
+    #[arg(long, env = "EOS_SINK_PURGE_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub purge_interval: Duration,
+
+    /// Longest wait between two attempts while PostgreSQL is unreachable (backoff doubles from
+    /// 100 ms up to this).
+    #[arg(long, env = "EOS_SINK_MAX_BACKOFF", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub max_backoff: Duration,
+
+    /// On SIGTERM, how long to keep retrying the open batch while PostgreSQL is unreachable
+    /// before exiting non-zero (nothing is lost: the checkpoint has not moved).
+    #[arg(long, env = "EOS_SINK_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Address for /metrics, /healthz, /readyz and /boundary.
+    #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9465")]
+    pub metrics_addr: SocketAddr,
+
+    /// Log format on stderr: text or json. RUST_LOG filters.
+    #[arg(long, env = "EOS_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Test-only fault switch: sleep this long after a batch is decided and before its database
+    /// transaction begins, so a test can freeze the process holding a batch (zombie tests).
+    #[arg(long, env = "EOS_SINK_FAULT_STALL_BEFORE_COMMIT", hide = true, value_parser = humantime::parse_duration)]
+    pub fault_stall_before_commit: Option<Duration>,
+}
+
+impl Config {
+    pub fn dlq_topic(&self) -> String {
+        self.dlq_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.sink-dlq", self.topic))
+    }
+
+    pub fn instance_id(&self) -> String {
+        self.instance_id.clone().unwrap_or_else(|| {
+            hostname::get()
+                .ok()
+                .and_then(|name| name.into_string().ok())
+                .unwrap_or_else(|| "localhost".into())
+        })
+    }
+
+    /// The sink's name in its own tables.
+    pub fn sink_name(&self) -> &str {
+        &self.group_id
+    }
+
+    /// Checks what clap cannot: values that parse but make no sense together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.topic.is_empty() {
+            return Err("--topic must not be empty".into());
+        }
+        if self.dlq_topic() == self.topic {
+            return Err("--dlq-topic must differ from --topic".into());
+        }
+        if self.group_id.is_empty() {
+            return Err("--group-id must not be empty".into());
+        }
+        if self.instance_id().is_empty() {
+            return Err("--instance-id must not be empty".into());
+        }
+        if self.max_batch == 0 {
+            return Err("--max-batch must be at least 1".into());
+        }
+        if self.batch_interval.is_zero() {
+            return Err("--batch-interval must be positive".into());
+        }
+        if self.max_record_bytes < 2 * MAX_ID_BYTES {
+            return Err(format!(
+                "--max-record-bytes must be at least {}",
+                2 * MAX_ID_BYTES
+            ));
+        }
+        if self.max_backoff < Duration::from_millis(100) {
+            return Err("--max-backoff must be at least 100ms".into());
+        }
+        if self.purge_interval < Duration::from_secs(1) {
+            return Err("--purge-interval must be at least 1s".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(
+            ["sink-writer", "--database-url", "postgres://x@h/db"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )
+        .expect("valid flags")
+    }
+
+    #[test]
+    fn defaults_follow_the_issue() {
+        let config = parse(&["--instance-id", "pod-0"]);
+        assert_eq!(config.topic, "ledger");
+        assert_eq!(config.group_id, "sink-writer");
+        assert_eq!(config.dlq_topic(), "ledger.sink-dlq");
+        assert_eq!(config.offsets, OffsetsMode::Postgres);
+        assert_eq!(config.metrics_addr.port(), 9465);
+        assert_eq!(config.replay_horizon, Duration::from_secs(7 * 24 * 3600));
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn nonsense_is_refused_with_the_flag_named() {
+        assert!(
+            Config::try_parse_from(["sink-writer", "--database-url", "x", "--offsets", "redis"])
+                .is_err()
+        );
+        let error = parse(&["--dlq-topic", "ledger"])
+            .validate()
+            .expect_err("same topic");
+        assert!(error.contains("--dlq-topic"), "{error}");
+        let error = parse(&["--max-batch", "0"])
+            .validate()
+            .expect_err("zero batch");
+        assert!(error.contains("--max-batch"), "{error}");
+        assert!(
+            Config::try_parse_from(["sink-writer"]).is_err()
+                || std::env::var("DATABASE_URL").is_ok()
+        );
+    }
+}

@@ -1,0 +1,304 @@
+//! sink-writer: Kafka → PostgreSQL with exactly-once effects on the tables.
+//!
+//! A Kafka transaction cannot include an `INSERT`, so the sink protects itself (seed 000, "the
+//! external sink must take part in the protection"):
+//! - **idempotent inserts** keyed by a unique column (`ON CONFLICT DO NOTHING`); a row ignored
+//!   with other content is a broken producer contract, kept in `sink_conflicts`, never hidden and
+//!   never overwriting the stored row;
+//! - **versioned upserts** applied only when `incoming_version > stored_version`;
+//! - **the input checkpoint in the same database transaction** as the rows (`--offsets postgres`),
+//!   fenced by an owner epoch that every new owner bumps before it reads the checkpoint.
+//!
+//! Guarantee (`--offsets postgres`): for every record of the input topic visible to a
+//! `read_committed` reader, the target tables show exactly one effect — a row, a recognised
+//! duplicate, a stale version, a `sink_conflicts` row, or a dead letter (with a
+//! `sink_dead_letters` row) — through crashes, `kill -9`, rebalances, zombies and PostgreSQL
+//! restarts. Dead letters in the Kafka topic are at-least-once (see [`dead_letters`]).
+//! `--offsets kafka` is the weaker boundary: at-least-once delivery into idempotent targets.
+
+pub mod batch_plan;
+pub mod bench;
+pub mod checkpoint_store;
+pub mod column_type;
+pub mod config;
+pub mod dead_letters;
+pub mod decision;
+pub mod error;
+pub mod mapping;
+pub mod metrics;
+pub mod retention;
+pub mod schema;
+pub mod sink_loop;
+pub mod table_writer;
+pub mod targets;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use eos_core::ops_http::{self, OpsServer, Readiness};
+use eos_core::{Boundary, Guarantee};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, OffsetsMode};
+pub use error::SinkError;
+use schema::PreparedTarget;
+use sink_loop::{LoopSettings, SinkLoop};
+use targets::{TargetKind, TargetSpec};
+
+/// The embedded migrations: the sink's own tables and the default targets.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+/// The guarantee this configuration gives, for logs and `/boundary`.
+pub fn boundary(config: &Config, specs: &[TargetSpec]) -> Boundary {
+    let input = format!(
+        "kafka topic={} group={} (read_committed)",
+        config.topic, config.group_id
+    );
+    let tables: Vec<String> = specs
+        .iter()
+        .map(|spec| match spec.kind {
+            TargetKind::Append => format!("{} (append by {})", spec.table, spec.key),
+            TargetKind::Versioned => format!(
+                "{} (versioned by {}, {})",
+                spec.table,
+                spec.key,
+                spec.version_column.as_deref().unwrap_or("version")
+            ),
+        })
+        .collect();
+    let result = format!(
+        "postgres tables {}; conflicts in sink_conflicts; dead letters to kafka topic={} and \
+         sink_dead_letters",
+        tables.join(", "),
+        config.dlq_topic()
+    );
+    match config.offsets {
+        OffsetsMode::Postgres => Boundary {
+            guarantee: Guarantee::ExactlyOnce,
+            input,
+            result,
+            checkpoint: format!(
+                "postgres table=sink_checkpoints sink={} (same transaction as the rows, \
+                 owner-epoch fenced); the kafka group offset follows for lag dashboards only",
+                config.sink_name()
+            ),
+            recovery: "on every assignment the owner epoch is bumped (an older owner's batch can \
+                       no longer commit), then the checkpoint committed with the rows is read and \
+                       reading resumes there"
+                .into(),
+        },
+        OffsetsMode::Kafka => Boundary {
+            guarantee: Guarantee::AtLeastOnce,
+            input,
+            result,
+            checkpoint: "kafka group offset, committed after the database commit".into(),
+            recovery: "resumes at the last committed group offset; records after it are written \
+                       again and absorbed by ON CONFLICT and the version check, so rows stay \
+                       exact but counters (duplicates, stale) count the replay"
+                .into(),
+        },
+    }
+}
+
+/// The targets of this run: from `--config`, or the seed's defaults.
+pub fn target_specs(config: &Config) -> Result<Vec<TargetSpec>, SinkError> {
+    let specs = match &config.config {
+        Some(path) => targets::load(path).map_err(|e| SinkError::Config(e.to_string()))?,
+        None => targets::defaults(),
+    };
+    targets::check_retention(&specs, config.replay_horizon, config.retention_margin)
+        .map_err(SinkError::Config)?;
+    Ok(specs)
+}
+
+/// Runs the sink until `shutdown` is cancelled (exit 0 after committing the open batch) or a
+/// fatal error (fenced, bad configuration or schema, a permanent database error).
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    config.validate().map_err(SinkError::Config)?;
+    let specs = target_specs(&config)?;
+    let boundary = boundary(&config, &specs);
+    tracing::info!(
+        guarantee = %boundary.guarantee,
+        input = %boundary.input,
+        result = %boundary.result,
+        checkpoint = %boundary.checkpoint,
+        recovery = %boundary.recovery,
+        "boundary"
+    );
+
+    let metrics_handle = ops_http::install_prometheus_recorder()?;
+    metrics::describe();
+    let readiness = Readiness::default();
+    let ops = OpsServer::bind(config.metrics_addr).await?;
+    tracing::info!(addr = ?ops.local_addr(), "serving /metrics, /healthz, /readyz, /boundary");
+    let ops_shutdown = CancellationToken::new();
+    let ops_task = tokio::spawn(ops.serve(
+        boundary,
+        readiness.clone(),
+        metrics_handle,
+        ops_shutdown.clone(),
+    ));
+    let result = serve(config, specs, readiness, shutdown).await;
+    ops_shutdown.cancel();
+    let _ = ops_task.await;
+    result
+}
+
+async fn serve(
+    config: Config,
+    specs: Vec<TargetSpec>,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let Some(pool) = connect(&config, &shutdown).await? else {
+        return Ok(());
+    };
+    MIGRATOR
+        .run(&pool)
+        .await
+        .context("running the sink's migrations")?;
+    let mut prepared = Vec::with_capacity(specs.len());
+    for spec in specs {
+        prepared.push(schema::prepare(&pool, spec).await?);
+    }
+    for target in &prepared {
+        tracing::info!(
+            table = target.name(),
+            kind = %target.spec.kind,
+            key = %target.spec.key,
+            columns = target.shape.columns.len(),
+            "target checked"
+        );
+    }
+    let targets: Arc<Vec<PreparedTarget>> = Arc::new(prepared);
+
+    let mut client_config = ClientConfig::new();
+    client_config.set("bootstrap.servers", &config.bootstrap_servers);
+    ensure_dlq_topic(&client_config, &config.topic, &config.dlq_topic())
+        .await
+        .context("checking the dead-letter topic")?;
+
+    let purge_shutdown = CancellationToken::new();
+    let purge_task = tokio::spawn(retention::purge_loop(
+        pool.clone(),
+        targets.clone(),
+        config.purge_interval,
+        purge_shutdown.clone(),
+    ));
+
+    let settings = LoopSettings {
+        topic: config.topic.clone(),
+        dlq_topic: config.dlq_topic(),
+        group_id: config.group_id.clone(),
+        instance_id: config.instance_id(),
+        offsets: config.offsets,
+        max_batch: config.max_batch,
+        batch_interval: config.batch_interval,
+        max_record_bytes: config.max_record_bytes,
+        max_backoff: config.max_backoff,
+        shutdown_timeout: config.shutdown_timeout,
+        fault_stall_before_commit: config.fault_stall_before_commit,
+        client_config,
+    };
+    let runtime = tokio::runtime::Handle::current();
+    let loop_pool = pool.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        SinkLoop::new(settings, runtime, loop_pool, targets, readiness)?.run(&shutdown)
+    })
+    .await
+    .context("the sink loop panicked");
+    purge_shutdown.cancel();
+    let _ = purge_task.await;
+    pool.close().await;
+    result?.map_err(anyhow::Error::from)
+}
+
+/// Connects, retrying with backoff while PostgreSQL is unreachable (a sink started before its
+/// database must wait, not crash-loop). `None` when shut down while waiting.
+async fn connect(config: &Config, shutdown: &CancellationToken) -> anyhow::Result<Option<PgPool>> {
+    let options = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // A frozen owner must not hold its checkpoint rows' locks forever: the server
+                // ends a transaction left idle this long, and the fence proceeds. And no statement
+                // may block the loop past Kafka's max.poll.interval.ms (5 min) waiting on a lock:
+                // a cancelled statement is retried like any transient failure.
+                sqlx::query("SET idle_in_transaction_session_timeout = '60s'")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("SET statement_timeout = '120s'")
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        });
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 0u32;
+    loop {
+        match options.clone().connect(&config.database_url).await {
+            Ok(pool) => return Ok(Some(pool)),
+            Err(error) if error::db_error_class(&error) == error::DbErrorClass::Transient => {
+                attempt += 1;
+                tracing::warn!(attempt, retry_in_ms = delay.as_millis() as u64, %error, "postgres unavailable at start; retrying");
+            }
+            Err(error) => return Err(error).context("connecting to PostgreSQL"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(config.max_backoff);
+    }
+}
+
+/// Creates the dead-letter topic when missing, with as many partitions as the input has (3 when
+/// the input does not exist yet).
+async fn ensure_dlq_topic(
+    client_config: &ClientConfig,
+    input: &str,
+    dlq: &str,
+) -> Result<(), SinkError> {
+    let consumer: BaseConsumer = client_config.create()?;
+    let metadata_timeout = Duration::from_secs(10);
+    let partitions_of = |topic: &str| -> Result<usize, SinkError> {
+        let metadata = consumer.fetch_metadata(Some(topic), metadata_timeout)?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| t.partitions().len())
+            .sum())
+    };
+    if partitions_of(dlq)? > 0 {
+        return Ok(());
+    }
+    let partitions = match partitions_of(input)? {
+        0 => 3,
+        n => i32::try_from(n).unwrap_or(3),
+    };
+    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    let options = AdminOptions::new().operation_timeout(Some(metadata_timeout));
+    let topic = NewTopic::new(dlq, partitions, TopicReplication::Fixed(-1));
+    for result in admin.create_topics([&topic], &options).await? {
+        match result {
+            Ok(topic) => tracing::info!(topic, partitions, "created the dead-letter topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(SinkError::Config(format!(
+                    "cannot create dead-letter topic {topic}: {code}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! Metric names (Prometheus, via the `metrics` facade). Labels: `target` on row outcomes, `reason`
+//! on dead letters, `outcome` on batches, `partition` on the checkpoint lag.
+
+pub const RECORDS_IN: &str = "eos_sink_records_in_total";
+pub const ROWS_WRITTEN: &str = "eos_sink_rows_written_total";
+pub const DUPLICATES: &str = "eos_sink_duplicates_ignored_total";
+pub const CONFLICTS: &str = "eos_sink_conflicts_total";
+pub const STALE_VERSIONS: &str = "eos_sink_stale_versions_total";
+pub const SKIPPED: &str = "eos_sink_rows_skipped_total";
+pub const DEAD_LETTERS: &str = "eos_sink_dead_letters_total";
+pub const BATCHES: &str = "eos_sink_batches_total";
+pub const BATCH_SECONDS: &str = "eos_sink_batch_duration_seconds";
+pub const BATCH_RECORDS: &str = "eos_sink_batch_records";
+pub const CHECKPOINT_LAG: &str = "eos_sink_checkpoint_lag";
+pub const DB_RETRIES: &str = "eos_sink_db_retries_total";
+pub const FENCES: &str = "eos_sink_fences_total";
+pub const ASSIGNED_PARTITIONS: &str = "eos_sink_assigned_partitions";
+pub const ROWS_PURGED: &str = "eos_sink_rows_purged_total";
+
+pub fn describe() {
+    metrics::describe_counter!(RECORDS_IN, "input records committed (any outcome)");
+    metrics::describe_counter!(
+        ROWS_WRITTEN,
+        "rows inserted (append) or applied over a lower version (versioned), by target"
+    );
+    metrics::describe_counter!(
+        DUPLICATES,
+        "rows ignored because the same content is already stored, by target"
+    );
+    metrics::describe_counter!(
+        CONFLICTS,
+        "same key with other content, recorded in sink_conflicts, by target"
+    );
+    metrics::describe_counter!(
+        STALE_VERSIONS,
+        "versioned rows not applied because a version at least as high is stored, by target"
+    );
+    metrics::describe_counter!(
+        SKIPPED,
+        "records that do not apply to a versioned target (no version), by target"
+    );
+    metrics::describe_counter!(
+        DEAD_LETTERS,
+        "records sent to the dead-letter topic, by reason"
+    );
+    metrics::describe_counter!(
+        BATCHES,
+        "batches by outcome: committed, rolled_back, fenced, isolated"
+    );
+    metrics::describe_histogram!(
+        BATCH_SECONDS,
+        "time from the start of a batch's database transaction to its commit"
+    );
+    metrics::describe_histogram!(BATCH_RECORDS, "records per committed batch");
+    metrics::describe_gauge!(
+        CHECKPOINT_LAG,
+        "records between the committed checkpoint and the partition's end, by partition"
+    );
+    metrics::describe_counter!(
+        DB_RETRIES,
+        "attempts that failed because PostgreSQL was unavailable"
+    );
+    metrics::describe_counter!(FENCES, "partitions fenced (owner epoch bumped)");
+    metrics::describe_gauge!(ASSIGNED_PARTITIONS, "input partitions currently owned");
+    metrics::describe_counter!(
+        ROWS_PURGED,
+        "rows deleted by the retention purge, by target"
+    );
+}

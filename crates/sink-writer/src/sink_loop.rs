@@ -1,0 +1,1114 @@
+//! The consume → decide → write loop. It runs on a dedicated thread: the Kafka consumer's calls
+//! block, and database work is driven with `Handle::block_on` from here, never on the reactor.
+//!
+//! Invariants:
+//! - A partition is read only after it is *positioned*: fenced (owner epoch bumped) and sought to
+//!   the checkpoint read after the fence (`--offsets postgres`), or at the Kafka group offset
+//!   (`--offsets kafka`). Until then it is paused and its records are dropped.
+//! - A batch is decided in memory and written in one database transaction that first moves the
+//!   checkpoints (guarded by the epoch), then writes rows, conflicts and dead-letter rows, then
+//!   produces the dead letters and waits for them, then commits. Kafka group offsets are
+//!   committed after that, for lag dashboards only.
+//! - Any failure that may pass (PostgreSQL down or restarted, a deadlock, dead letters not
+//!   delivered) rolls the batch back, drops it, and re-positions every partition: fence again,
+//!   re-read the checkpoint, seek. The checkpoint never moves without the rows.
+//! - A checkpoint update that matches no row means a newer owner fenced us: roll back and stop.
+//! - A checkpoint is the consumer's position after the batch: past its last record, and past
+//!   transaction markers and aborted records that `read_committed` skipped — never past a record
+//!   that was returned but not written (records are only returned for positioned partitions, and
+//!   every one of those goes into the batch).
+//! - After a failure, re-fencing waits for the backoff while the consumer keeps polling, so a
+//!   revocation that happened meanwhile is seen before this instance bumps any epoch again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use sqlx::{PgConnection, PgPool};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use eos_core::DeadLetterReason;
+use eos_core::ops_http::Readiness;
+
+use crate::batch_plan::Candidate;
+use crate::checkpoint_store::{self, Move};
+use crate::config::OffsetsMode;
+use crate::dead_letters;
+use crate::decision::{self, BatchDecision, TargetCounts, TargetView};
+use crate::error::SinkError;
+use crate::mapping::{InputRecord, Refusal};
+use crate::metrics as m;
+use crate::schema::PreparedTarget;
+use crate::table_writer::{self, ConflictRow, DeadLetterRow};
+
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+const LAG_INTERVAL: Duration = Duration::from_secs(10);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Everything the loop needs, resolved from the configuration.
+#[derive(Debug, Clone)]
+pub struct LoopSettings {
+    pub topic: String,
+    pub dlq_topic: String,
+    pub group_id: String,
+    pub instance_id: String,
+    pub offsets: OffsetsMode,
+    pub max_batch: usize,
+    pub batch_interval: Duration,
+    pub max_record_bytes: usize,
+    pub max_backoff: Duration,
+    pub shutdown_timeout: Duration,
+    pub fault_stall_before_commit: Option<Duration>,
+    pub client_config: ClientConfig,
+}
+
+#[derive(Debug)]
+enum RebalanceEvent {
+    Revoked { partitions: Vec<i32>, lost: bool },
+    Assigned { partitions: Vec<i32> },
+}
+
+/// Records rebalance events for the loop to handle after `poll` returns.
+#[derive(Debug)]
+struct RebalanceRecorder {
+    topic: String,
+    events: Mutex<Vec<RebalanceEvent>>,
+}
+
+impl RebalanceRecorder {
+    fn partitions(&self, list: &TopicPartitionList) -> Vec<i32> {
+        list.elements()
+            .iter()
+            .filter(|elem| elem.topic() == self.topic)
+            .map(|elem| elem.partition())
+            .collect()
+    }
+
+    fn push(&self, event: RebalanceEvent) {
+        if let Ok(mut events) = self.events.lock() {
+            events.push(event);
+        }
+    }
+
+    fn take(&self) -> Vec<RebalanceEvent> {
+        self.events
+            .lock()
+            .map(|mut events| std::mem::take(&mut *events))
+            .unwrap_or_default()
+    }
+}
+
+impl ClientContext for RebalanceRecorder {}
+
+impl ConsumerContext for RebalanceRecorder {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => self.push(RebalanceEvent::Revoked {
+                partitions: self.partitions(list),
+                lost: consumer.assignment_lost(),
+            }),
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(error) => warn!(%error, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            self.push(RebalanceEvent::Assigned {
+                partitions: self.partitions(list),
+            });
+        }
+    }
+}
+
+type LoopConsumer = BaseConsumer<RebalanceRecorder>;
+
+/// Per partition: the owner epoch held (postgres mode) and the offset to resume at (`None`: the
+/// beginning).
+type Positions = BTreeMap<i32, (Option<i64>, Option<i64>)>;
+
+/// An owned partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Assigned (or to be re-positioned after a failure): paused, its records dropped.
+    Pending,
+    Ready {
+        /// The owner epoch this instance holds (`--offsets postgres`).
+        epoch: Option<i64>,
+        /// The next offset expected: records below it are stale fetches and dropped.
+        next: Option<i64>,
+        /// The last committed checkpoint, for Kafka offsets and the lag gauge.
+        committed: Option<i64>,
+    },
+}
+
+/// Exponential backoff for PostgreSQL retries.
+#[derive(Debug)]
+struct Backoff {
+    max: Duration,
+    delay: Duration,
+    attempt: u32,
+    next_try: Instant,
+}
+
+impl Backoff {
+    fn new(max: Duration) -> Self {
+        Self {
+            max,
+            delay: FIRST_BACKOFF,
+            attempt: 0,
+            next_try: Instant::now(),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.delay = FIRST_BACKOFF;
+        self.attempt = 0;
+        self.next_try = Instant::now();
+    }
+
+    fn due(&self) -> bool {
+        Instant::now() >= self.next_try
+    }
+
+    /// Schedules the next attempt; returns (attempt number, delay).
+    fn failed(&mut self) -> (u32, Duration) {
+        self.attempt += 1;
+        let delay = self.delay;
+        self.next_try = Instant::now() + delay;
+        self.delay = (self.delay * 2).min(self.max);
+        (self.attempt, delay)
+    }
+}
+
+/// Outcome of a committed batch, for metrics and logs.
+#[derive(Debug, Default)]
+struct BatchReport {
+    records: usize,
+    per_target: Vec<(String, TargetCounts)>,
+    dead_letters: Vec<DeadLetterReason>,
+    isolated: bool,
+}
+
+pub struct SinkLoop {
+    settings: LoopSettings,
+    runtime: Handle,
+    pool: PgPool,
+    targets: Arc<Vec<PreparedTarget>>,
+    consumer: LoopConsumer,
+    dlq: FutureProducer,
+    slots: BTreeMap<i32, Slot>,
+    batch: Vec<InputRecord>,
+    batch_started: Option<Instant>,
+    backoff: Backoff,
+    last_lag_report: Instant,
+    readiness: Readiness,
+}
+
+impl std::fmt::Debug for SinkLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkLoop")
+            .field("settings", &self.settings)
+            .field("slots", &self.slots)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SinkLoop {
+    pub fn new(
+        settings: LoopSettings,
+        runtime: Handle,
+        pool: PgPool,
+        targets: Arc<Vec<PreparedTarget>>,
+        readiness: Readiness,
+    ) -> Result<Self, SinkError> {
+        let consumer: LoopConsumer = settings
+            .client_config
+            .clone()
+            .set("group.id", &settings.group_id)
+            .set("group.instance.id", &settings.instance_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .create_with_context(RebalanceRecorder {
+                topic: settings.topic.clone(),
+                events: Mutex::new(Vec::new()),
+            })?;
+        consumer.subscribe(&[&settings.topic])?;
+        let dlq = dead_letters::create_producer(&settings.client_config)?;
+        let backoff = Backoff::new(settings.max_backoff);
+        Ok(Self {
+            settings,
+            runtime,
+            pool,
+            targets,
+            consumer,
+            dlq,
+            slots: BTreeMap::new(),
+            batch: Vec::new(),
+            batch_started: None,
+            backoff,
+            last_lag_report: Instant::now(),
+            readiness,
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled (then commits the open batch and exits cleanly) or a
+    /// fatal error (fenced, a permanent database error).
+    pub fn run(mut self, shutdown: &CancellationToken) -> Result<(), SinkError> {
+        let result = self.run_until(shutdown);
+        self.readiness.set(false);
+        if result.is_ok() {
+            self.commit_kafka_offsets(CommitMode::Sync);
+            // Leave the group now rather than after the session timeout.
+            self.consumer.unsubscribe();
+            info!("stopped after committing the open batch");
+        }
+        result
+    }
+
+    fn run_until(&mut self, shutdown: &CancellationToken) -> Result<(), SinkError> {
+        loop {
+            if shutdown.is_cancelled() {
+                return self.finish_on_shutdown();
+            }
+            self.check_fatal()?;
+            if self.batch_is_due() {
+                self.flush_or_recover()?;
+            }
+            self.position_pending()?;
+            let wait = match self.batch_started {
+                Some(started) => self
+                    .settings
+                    .batch_interval
+                    .saturating_sub(started.elapsed()),
+                None => self.settings.batch_interval,
+            };
+            let polled = self
+                .consumer
+                .poll(wait.max(Duration::from_millis(1)))
+                .map(|result| result.map(|message| message.detach()));
+            self.handle_rebalance_events();
+            match polled {
+                Some(Ok(message)) => self.accept(&message),
+                Some(Err(error)) => self.consumer_error(error)?,
+                None => {
+                    if self.markers_to_commit() {
+                        self.flush_or_recover()?;
+                    }
+                }
+            }
+            self.report_lag();
+        }
+    }
+
+    fn batch_is_due(&self) -> bool {
+        self.batch.len() >= self.settings.max_batch
+            || self
+                .batch_started
+                .is_some_and(|started| started.elapsed() >= self.settings.batch_interval)
+    }
+
+    /// A fatal client error (e.g. this static member was fenced by a newer instance with the same
+    /// id) ends the loop: a zombie must not go on.
+    fn check_fatal(&self) -> Result<(), SinkError> {
+        match self.consumer.client().fatal_error() {
+            Some((code, reason)) => {
+                error!(%code, reason, "fatal Kafka client error; this instance is fenced or broken");
+                Err(SinkError::Fatal(KafkaError::MessageConsumptionFatal(code)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn consumer_error(&self, error: KafkaError) -> Result<(), SinkError> {
+        if let KafkaError::MessageConsumptionFatal(_) = error {
+            return Err(SinkError::Fatal(error));
+        }
+        // Broker disconnects and the like: librdkafka retries by itself.
+        warn!(%error, "consumer error");
+        Ok(())
+    }
+
+    fn accept(&mut self, message: &rdkafka::message::OwnedMessage) {
+        let partition = message.partition();
+        let offset = message.offset();
+        let Some(Slot::Ready { next, .. }) = self.slots.get_mut(&partition) else {
+            // Not positioned yet (or revoked in the same poll): whoever positions it reads it.
+            debug!(
+                partition,
+                offset, "record of an unpositioned partition dropped"
+            );
+            return;
+        };
+        if next.is_some_and(|next| offset < next) {
+            debug!(partition, offset, "stale record from before a seek dropped");
+            return;
+        }
+        *next = Some(offset + 1);
+        let headers = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.batch.push(InputRecord {
+            topic: message.topic().to_owned(),
+            partition,
+            offset,
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec),
+            headers,
+        });
+        self.batch_started.get_or_insert_with(Instant::now);
+    }
+
+    fn handle_rebalance_events(&mut self) {
+        for event in self.consumer.context().take() {
+            match event {
+                RebalanceEvent::Revoked { partitions, lost } => {
+                    // The undecided records of these partitions go: their next owner reads them
+                    // again from the checkpoint. Nothing of them was written.
+                    let before = self.batch.len();
+                    self.batch.retain(|r| !partitions.contains(&r.partition));
+                    if self.batch.is_empty() {
+                        self.batch_started = None;
+                    }
+                    for partition in &partitions {
+                        self.slots.remove(partition);
+                    }
+                    info!(
+                        ?partitions,
+                        lost,
+                        dropped_records = before - self.batch.len(),
+                        "partitions revoked"
+                    );
+                }
+                RebalanceEvent::Assigned { partitions } => {
+                    info!(
+                        ?partitions,
+                        "partitions assigned; fencing and reading checkpoints"
+                    );
+                    self.pause(&partitions);
+                    for partition in partitions {
+                        self.slots.insert(partition, Slot::Pending);
+                    }
+                    // A new assignment is worth an immediate attempt even while backing off.
+                    self.backoff.next_try = Instant::now();
+                }
+            }
+        }
+        gauge!(m::ASSIGNED_PARTITIONS).set(self.slots.len() as f64);
+        self.readiness
+            .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
+    }
+
+    fn partition_list(&self, partitions: &[i32]) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for &partition in partitions {
+            list.add_partition(&self.settings.topic, partition);
+        }
+        list
+    }
+
+    fn pause(&self, partitions: &[i32]) {
+        if partitions.is_empty() {
+            return;
+        }
+        if let Err(error) = self.consumer.pause(&self.partition_list(partitions)) {
+            warn!(%error, ?partitions, "cannot pause partitions; their records are dropped until positioned");
+        }
+    }
+
+    fn pending(&self) -> Vec<i32> {
+        self.slots
+            .iter()
+            .filter(|(_, slot)| **slot == Slot::Pending)
+            .map(|(partition, _)| *partition)
+            .collect()
+    }
+
+    /// Fences, reads checkpoints and seeks every pending partition (when the backoff allows).
+    fn position_pending(&mut self) -> Result<(), SinkError> {
+        let pending = self.pending();
+        if pending.is_empty() || !self.backoff.due() {
+            return Ok(());
+        }
+        let positions = match self.settings.offsets {
+            OffsetsMode::Postgres => match self.fence_and_read(&pending) {
+                Ok(positions) => positions,
+                Err(SinkError::Transient(error)) => {
+                    self.retry_later("fencing and reading checkpoints", &error);
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            },
+            OffsetsMode::Kafka => self.kafka_committed(&pending)?,
+        };
+        let mut seek = TopicPartitionList::new();
+        for (&partition, &(_, next)) in &positions {
+            let offset = match next {
+                Some(next) => Offset::Offset(next),
+                None => Offset::Beginning,
+            };
+            seek.add_partition_offset(&self.settings.topic, partition, offset)?;
+        }
+        let sought = match self.consumer.seek_partitions(seek, KAFKA_TIMEOUT) {
+            Ok(sought) => sought,
+            Err(error) => {
+                warn!(%error, "seek failed; retrying");
+                self.backoff.failed();
+                return Ok(());
+            }
+        };
+        let mut ready = Vec::new();
+        for elem in sought.elements() {
+            let partition = elem.partition();
+            if let Err(error) = elem.error() {
+                warn!(partition, %error, "seek failed; retrying");
+                self.backoff.failed();
+                continue;
+            }
+            let Some(&(epoch, next)) = positions.get(&partition) else {
+                continue;
+            };
+            // Only a partition still assigned (no revoke in between) becomes ready.
+            if let Some(slot) = self.slots.get_mut(&partition) {
+                *slot = Slot::Ready {
+                    epoch,
+                    next,
+                    committed: next,
+                };
+                ready.push(partition);
+                info!(partition, ?epoch, next_offset = ?next, "partition positioned");
+            }
+        }
+        if !ready.is_empty()
+            && let Err(error) = self.consumer.resume(&self.partition_list(&ready))
+        {
+            warn!(%error, "cannot resume partitions");
+        }
+        self.readiness
+            .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
+        Ok(())
+    }
+
+    /// Postgres mode: fence first (bump the owner epoch), then read the checkpoint.
+    fn fence_and_read(&mut self, partitions: &[i32]) -> Result<Positions, SinkError> {
+        let settings = &self.settings;
+        let pool = &self.pool;
+        let (epochs, checkpoints) = self
+            .runtime
+            .block_on(async {
+                let epochs = checkpoint_store::fence(
+                    pool,
+                    &settings.group_id,
+                    &settings.topic,
+                    partitions,
+                    &settings.instance_id,
+                )
+                .await?;
+                let checkpoints =
+                    checkpoint_store::read(pool, &settings.group_id, &settings.topic, partitions)
+                        .await?;
+                Ok::<_, sqlx::Error>((epochs, checkpoints))
+            })
+            .map_err(SinkError::from_db)?;
+        counter!(m::FENCES).increment(partitions.len() as u64);
+        if self.backoff.attempt > 0 {
+            info!(
+                attempts = self.backoff.attempt,
+                "postgres reachable again; re-fenced and re-read checkpoints"
+            );
+        }
+        self.backoff.reset();
+        let mut positions = BTreeMap::new();
+        for &partition in partitions {
+            let epoch = epochs.get(&partition).copied();
+            let next = checkpoints.get(&partition).copied().flatten();
+            if let Some(next) = next {
+                self.check_not_beyond_retention(partition, next)?;
+            }
+            info!(partition, ?epoch, next_offset = ?next, "fenced; checkpoint read after the fence");
+            positions.insert(partition, (epoch, next));
+        }
+        Ok(positions)
+    }
+
+    /// A checkpoint below the partition's first offset means records were deleted by retention
+    /// before this sink wrote them. Skipping ahead silently would hide the loss: refuse.
+    fn check_not_beyond_retention(&self, partition: i32, next: i64) -> Result<(), SinkError> {
+        let (low, _) =
+            self.consumer
+                .fetch_watermarks(&self.settings.topic, partition, KAFKA_TIMEOUT)?;
+        if next < low {
+            return Err(SinkError::Config(format!(
+                "{}[{partition}]: the checkpoint is at offset {next} but the partition starts at \
+                 {low}: {} records were deleted by retention before this sink wrote them. \
+                 Investigate, then move the checkpoint in sink_checkpoints deliberately",
+                self.settings.topic,
+                low - next
+            )));
+        }
+        Ok(())
+    }
+
+    /// Kafka mode: the group offsets (committed after each database commit).
+    fn kafka_committed(&self, partitions: &[i32]) -> Result<Positions, SinkError> {
+        let committed = self
+            .consumer
+            .committed_offsets(self.partition_list(partitions), KAFKA_TIMEOUT)?;
+        Ok(partitions
+            .iter()
+            .map(|&partition| {
+                let next = committed
+                    .find_partition(&self.settings.topic, partition)
+                    .and_then(|elem| elem.offset().to_raw())
+                    .filter(|offset| *offset >= 0);
+                (partition, (None, next))
+            })
+            .collect())
+    }
+
+    fn retry_later(&mut self, what: &str, error: &sqlx::Error) {
+        counter!(m::DB_RETRIES).increment(1);
+        let (attempt, delay) = self.backoff.failed();
+        warn!(
+            attempt,
+            retry_in_ms = delay.as_millis() as u64,
+            %error,
+            "postgres unavailable while {what}; retrying"
+        );
+    }
+
+    /// Rolls back (already done by the caller), drops the batch and re-positions every partition:
+    /// whatever was not committed is read again from the checkpoint.
+    fn rewind_all(&mut self) {
+        let partitions: Vec<i32> = self.slots.keys().copied().collect();
+        self.pause(&partitions);
+        for slot in self.slots.values_mut() {
+            *slot = Slot::Pending;
+        }
+        self.batch.clear();
+        self.batch_started = None;
+        self.readiness.set(false);
+    }
+
+    fn flush_or_recover(&mut self) -> Result<(), SinkError> {
+        match self.flush() {
+            Ok(()) => Ok(()),
+            Err(SinkError::Transient(error)) => {
+                counter!(m::BATCHES, "outcome" => "rolled_back").increment(1);
+                self.retry_later("writing a batch", &error);
+                self.rewind_all();
+                Ok(())
+            }
+            Err(SinkError::DeadLetter(error)) => {
+                counter!(m::BATCHES, "outcome" => "rolled_back").increment(1);
+                warn!(%error, "dead letters not delivered; batch rolled back, retrying");
+                self.backoff.failed();
+                self.rewind_all();
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// SIGTERM: commit the open batch (retrying while PostgreSQL is briefly away), then stop.
+    fn finish_on_shutdown(&mut self) -> Result<(), SinkError> {
+        let deadline = Instant::now() + self.settings.shutdown_timeout;
+        loop {
+            match self.flush() {
+                Ok(()) => return Ok(()),
+                Err(SinkError::Transient(error)) if Instant::now() < deadline => {
+                    self.retry_later("committing the last batch", &error);
+                    std::thread::sleep(
+                        self.backoff
+                            .next_try
+                            .saturating_duration_since(Instant::now()),
+                    );
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Writes the open batch in one transaction. On success the batch is cleared and the Kafka
+    /// group offsets follow; on error the batch is kept for the caller to retry or drop.
+    /// The consumer's position per owned partition: the offset after the last record returned,
+    /// or past transaction markers and aborted records that `read_committed` skipped.
+    fn app_positions(&self) -> HashMap<i32, i64> {
+        let Ok(list) = self.consumer.position() else {
+            return HashMap::new();
+        };
+        list.elements_for_topic(&self.settings.topic)
+            .iter()
+            .filter_map(|elem| {
+                let offset = elem.offset().to_raw().filter(|offset| *offset >= 0)?;
+                Some((elem.partition(), offset))
+            })
+            .collect()
+    }
+
+    /// Where each partition's checkpoint goes with this batch: past its last record, and past any
+    /// control records (commit markers) and aborted records behind it. Without the latter, a sink
+    /// on a transactional topic (eos-processor's output) would stop one short of the end of every
+    /// partition, and its lag would never reach zero.
+    fn checkpoint_moves(&self) -> BTreeMap<i32, i64> {
+        let mut next_offsets = decision::next_offsets(&self.batch);
+        for (partition, position) in self.app_positions() {
+            let Some(Slot::Ready { committed, .. }) = self.slots.get(&partition) else {
+                continue;
+            };
+            let floor = next_offsets.get(&partition).copied().or(*committed);
+            if floor.is_none_or(|floor| position > floor) {
+                next_offsets.insert(partition, position);
+            }
+        }
+        next_offsets
+    }
+
+    /// An idle partition whose position moved past what is committed (only markers or aborted
+    /// records arrived): worth a checkpoint-only transaction.
+    fn markers_to_commit(&self) -> bool {
+        self.batch.is_empty()
+            && self
+                .app_positions()
+                .into_iter()
+                .any(|(partition, position)| {
+                    matches!(
+                        self.slots.get(&partition),
+                        Some(Slot::Ready { committed, .. })
+                            if committed.is_none_or(|committed| position > committed)
+                    )
+                })
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        let next_offsets = self.checkpoint_moves();
+        if self.batch.is_empty() && next_offsets.is_empty() {
+            self.batch_started = None;
+            return Ok(());
+        }
+        let mut moves = Vec::with_capacity(next_offsets.len());
+        for (&partition, &next_offset) in &next_offsets {
+            let epoch = match self.slots.get(&partition) {
+                Some(Slot::Ready { epoch, .. }) => epoch.unwrap_or(0),
+                _ => 0,
+            };
+            moves.push(Move {
+                partition,
+                next_offset,
+                epoch,
+            });
+        }
+        if let Some(stall) = self
+            .settings
+            .fault_stall_before_commit
+            .filter(|_| !self.batch.is_empty())
+        {
+            info!(
+                records = self.batch.len(),
+                stall_ms = stall.as_millis() as u64,
+                "fault injection: stalling before the batch transaction"
+            );
+            std::thread::sleep(stall);
+        }
+        let started = Instant::now();
+        let report = {
+            let writer = BatchWriter {
+                settings: &self.settings,
+                pool: &self.pool,
+                targets: &self.targets,
+                dlq: &self.dlq,
+            };
+            let records = &self.batch;
+            let moves = &moves;
+            self.runtime.block_on(writer.write(records, moves))?
+        };
+        histogram!(m::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
+        histogram!(m::BATCH_RECORDS).record(report.records as f64);
+        record_metrics(&report);
+        for (&partition, &next) in &next_offsets {
+            if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&partition) {
+                *committed = Some(next);
+            }
+        }
+        debug!(
+            records = report.records,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "batch committed"
+        );
+        self.batch.clear();
+        self.batch_started = None;
+        self.backoff.reset();
+        self.commit_kafka_offsets(CommitMode::Async);
+        Ok(())
+    }
+
+    /// After the database commit: the group offsets follow the checkpoints (`--offsets kafka`:
+    /// they are the checkpoints).
+    fn commit_kafka_offsets(&self, mode: CommitMode) {
+        let mut list = TopicPartitionList::new();
+        for (&partition, slot) in &self.slots {
+            if let Slot::Ready {
+                committed: Some(next),
+                ..
+            } = slot
+                && list
+                    .add_partition_offset(&self.settings.topic, partition, Offset::Offset(*next))
+                    .is_err()
+            {
+                return;
+            }
+        }
+        if list.count() == 0 {
+            return;
+        }
+        if let Err(error) = self.consumer.commit(&list, mode) {
+            warn!(%error, "cannot commit Kafka group offsets (lag dashboards lag)");
+        }
+    }
+
+    fn report_lag(&mut self) {
+        if self.last_lag_report.elapsed() < LAG_INTERVAL {
+            return;
+        }
+        self.last_lag_report = Instant::now();
+        for (&partition, slot) in &self.slots {
+            let Slot::Ready { committed, .. } = slot else {
+                continue;
+            };
+            match self.consumer.fetch_watermarks(
+                &self.settings.topic,
+                partition,
+                Duration::from_secs(1),
+            ) {
+                Ok((low, high)) => {
+                    let lag = high - committed.unwrap_or(low).max(low);
+                    gauge!(m::CHECKPOINT_LAG, "partition" => partition.to_string())
+                        .set(lag.max(0) as f64);
+                }
+                Err(error) => {
+                    debug!(partition, %error, "cannot fetch watermarks for the lag gauge")
+                }
+            }
+        }
+    }
+}
+
+fn record_metrics(report: &BatchReport) {
+    counter!(m::RECORDS_IN).increment(report.records as u64);
+    counter!(m::BATCHES, "outcome" => if report.isolated { "isolated" } else { "committed" })
+        .increment(1);
+    for (target, counts) in &report.per_target {
+        let target = target.clone();
+        counter!(m::ROWS_WRITTEN, "target" => target.clone()).increment(counts.written);
+        counter!(m::DUPLICATES, "target" => target.clone()).increment(counts.duplicates);
+        counter!(m::CONFLICTS, "target" => target.clone()).increment(counts.conflicts);
+        counter!(m::STALE_VERSIONS, "target" => target.clone()).increment(counts.stale);
+        counter!(m::SKIPPED, "target" => target).increment(counts.skipped);
+    }
+    for reason in &report.dead_letters {
+        counter!(m::DEAD_LETTERS, "reason" => reason.as_str()).increment(1);
+    }
+}
+
+/// The database side of one batch, borrowed from the loop for the duration of `block_on`.
+struct BatchWriter<'a> {
+    settings: &'a LoopSettings,
+    pool: &'a PgPool,
+    targets: &'a [PreparedTarget],
+    dlq: &'a FutureProducer,
+}
+
+fn views(targets: &[PreparedTarget]) -> Vec<TargetView<'_>> {
+    targets
+        .iter()
+        .map(|t| TargetView {
+            shape: &t.shape,
+            kind: t.spec.kind,
+        })
+        .collect()
+}
+
+/// NUL cannot be stored in a text column; a detail is for humans, so escape it.
+fn printable(detail: &str) -> String {
+    detail.replace('\0', "\\0")
+}
+
+impl BatchWriter<'_> {
+    async fn write(
+        &self,
+        records: &[InputRecord],
+        moves: &[Move],
+    ) -> Result<BatchReport, SinkError> {
+        let views = views(self.targets);
+        let decision = decision::decide(records, &views, self.settings.max_record_bytes);
+        match self.write_decided(records, moves, &views, &decision).await {
+            Err(SinkError::Data(error)) => {
+                warn!(%error, records = records.len(), "postgres refused the batch's data; redoing it one record at a time");
+                self.write_isolated(records, moves, &views, decision).await
+            }
+            other => other,
+        }
+    }
+
+    /// Moves the checkpoints first: the row locks make a concurrent fence wait for this commit,
+    /// and a fence that already happened makes the update match nothing.
+    async fn begin_with_checkpoints(
+        &self,
+        moves: &[Move],
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, SinkError> {
+        let mut tx = self.pool.begin().await.map_err(SinkError::from_db)?;
+        if self.settings.offsets == OffsetsMode::Postgres {
+            let moved = checkpoint_store::advance(
+                &mut tx,
+                &self.settings.group_id,
+                &self.settings.topic,
+                moves,
+            )
+            .await
+            .map_err(SinkError::from_db)?;
+            if moved.len() != moves.len() {
+                let partitions: Vec<i32> = moves
+                    .iter()
+                    .map(|m| m.partition)
+                    .filter(|p| !moved.contains(p))
+                    .collect();
+                let _ = tx.rollback().await;
+                counter!(m::BATCHES, "outcome" => "fenced").increment(1);
+                error!(
+                    ?partitions,
+                    "batch rejected by the epoch fence: a newer owner fenced these partitions; \
+                     rolled back, stopping"
+                );
+                return Err(SinkError::Fenced {
+                    topic: self.settings.topic.clone(),
+                    partitions,
+                });
+            }
+        }
+        Ok(tx)
+    }
+
+    async fn write_decided(
+        &self,
+        records: &[InputRecord],
+        moves: &[Move],
+        views: &[TargetView<'_>],
+        decision: &BatchDecision,
+    ) -> Result<BatchReport, SinkError> {
+        let mut tx = self.begin_with_checkpoints(moves).await?;
+        let mut report = BatchReport {
+            records: records.len(),
+            ..BatchReport::default()
+        };
+        let (counts, conflicts) = self
+            .write_targets(&mut tx, records, views, decision)
+            .await?;
+        for (target, counts) in self.targets.iter().zip(counts) {
+            report.per_target.push((target.name().to_owned(), counts));
+        }
+        let dead_letters: Vec<(usize, Refusal)> = decision.dead_letters.clone();
+        self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
+            .await?;
+        tx.commit().await.map_err(SinkError::from_db)?;
+        Ok(report)
+    }
+
+    /// The slow path after PostgreSQL refused a batch's data (a CHECK constraint, a second unique
+    /// index, a trigger): each record in its own savepoint; a refused record is dead-lettered with
+    /// the database's reason, the others are written as usual.
+    async fn write_isolated(
+        &self,
+        records: &[InputRecord],
+        moves: &[Move],
+        views: &[TargetView<'_>],
+        decision: BatchDecision,
+    ) -> Result<BatchReport, SinkError> {
+        let mut tx = self.begin_with_checkpoints(moves).await?;
+        let mut report = BatchReport {
+            records: records.len(),
+            isolated: true,
+            ..BatchReport::default()
+        };
+        let mut totals = vec![TargetCounts::default(); self.targets.len()];
+        let mut conflicts: Vec<ConflictRow> = Vec::new();
+        let mut dead_letters = decision.dead_letters.clone();
+        for (index, event) in decision.events.iter().enumerate() {
+            if event.is_none() {
+                continue;
+            }
+            let single = std::slice::from_ref(&records[index]);
+            let one = decision::decide(single, views, self.settings.max_record_bytes);
+            let mut savepoint = sqlx::Connection::begin(&mut *tx)
+                .await
+                .map_err(SinkError::from_db)?;
+            match self
+                .write_targets(&mut savepoint, single, views, &one)
+                .await
+            {
+                Ok((counts, record_conflicts)) => {
+                    savepoint.commit().await.map_err(SinkError::from_db)?;
+                    for (total, c) in totals.iter_mut().zip(counts) {
+                        total.written += c.written;
+                        total.duplicates += c.duplicates;
+                        total.conflicts += c.conflicts;
+                        total.stale += c.stale;
+                        total.skipped += c.skipped;
+                    }
+                    conflicts.extend(record_conflicts);
+                }
+                Err(SinkError::Data(error)) => {
+                    savepoint.rollback().await.map_err(SinkError::from_db)?;
+                    dead_letters.push((
+                        index,
+                        Refusal {
+                            reason: DeadLetterReason::InvalidField,
+                            detail: format!("postgres refused the row: {error}"),
+                        },
+                    ));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        dead_letters.sort_by_key(|(index, _)| *index);
+        for (target, counts) in self.targets.iter().zip(totals) {
+            report.per_target.push((target.name().to_owned(), counts));
+        }
+        self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
+            .await?;
+        tx.commit().await.map_err(SinkError::from_db)?;
+        Ok(report)
+    }
+
+    /// Every target's write (one statement each), then the outcomes of every record.
+    async fn write_targets(
+        &self,
+        conn: &mut PgConnection,
+        records: &[InputRecord],
+        views: &[TargetView<'_>],
+        decision: &BatchDecision,
+    ) -> Result<(Vec<TargetCounts>, Vec<ConflictRow>), SinkError> {
+        let mut counts = Vec::with_capacity(self.targets.len());
+        let mut conflicts = Vec::new();
+        for (t, (target, view)) in self.targets.iter().zip(views).enumerate() {
+            let candidates = &decision.candidates[t];
+            let send = &decision.send[t];
+            let write = table_writer::write_target(conn, target, candidates, send)
+                .await
+                .map_err(SinkError::from_db)?;
+            let mut outcomes = decision::outcomes(*view, candidates, &write);
+            let late = decision::late_winners(candidates, send, &outcomes, &write);
+            let stored_now = if late.is_empty() {
+                HashMap::new()
+            } else {
+                let late_rows: Vec<&Candidate> = late.iter().map(|&i| &candidates[i]).collect();
+                let stored_now = table_writer::compare_late(conn, target, &late_rows)
+                    .await
+                    .map_err(SinkError::from_db)?;
+                warn!(
+                    target = target.name(),
+                    rows = late.len(),
+                    "another writer stored some keys between this batch's read and its write; \
+                     classified against what it stored"
+                );
+                stored_now
+            };
+            decision::settle_late(*view, candidates, &late, &stored_now, &mut outcomes);
+            let (mut c, target_conflicts) = decision::resolve(
+                *view,
+                candidates,
+                &outcomes,
+                &write,
+                &stored_now,
+                records,
+                &decision.events,
+            );
+            c.skipped = decision.skipped[t];
+            counts.push(c);
+            conflicts.extend(target_conflicts);
+        }
+        Ok((counts, conflicts))
+    }
+
+    /// Conflicts and dead-letter rows into their tables, then the dead letters into Kafka — all
+    /// before the commit (see `dead_letters` for why this order).
+    async fn finish(
+        &self,
+        conn: &mut PgConnection,
+        records: &[InputRecord],
+        conflicts: &[ConflictRow],
+        dead_letters: &[(usize, Refusal)],
+        report: &mut BatchReport,
+    ) -> Result<(), SinkError> {
+        let sink = &self.settings.group_id;
+        for conflict in conflicts {
+            warn!(
+                target = %conflict.target,
+                key = %conflict.key,
+                event_id = %conflict.event_id,
+                partition = conflict.partition,
+                offset = conflict.offset,
+                incoming_fingerprint = %conflict.incoming_fingerprint,
+                stored_fingerprint = ?conflict.stored_fingerprint,
+                "conflict: same key, other content; kept in sink_conflicts"
+            );
+        }
+        table_writer::insert_conflicts(conn, sink, conflicts)
+            .await
+            .map_err(SinkError::from_db)?;
+        if dead_letters.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<DeadLetterRow> = dead_letters
+            .iter()
+            .map(|(index, refusal)| {
+                let record = &records[*index];
+                DeadLetterRow {
+                    topic: record.topic.clone(),
+                    partition: record.partition,
+                    offset: record.offset,
+                    reason: refusal.reason.as_str().to_owned(),
+                    detail: printable(&refusal.detail),
+                }
+            })
+            .collect();
+        table_writer::insert_dead_letters(conn, sink, &self.settings.dlq_topic, &rows)
+            .await
+            .map_err(SinkError::from_db)?;
+        let letters: Vec<(&InputRecord, DeadLetterReason, &str)> = dead_letters
+            .iter()
+            .map(|(index, refusal)| (&records[*index], refusal.reason, refusal.detail.as_str()))
+            .collect();
+        for (record, reason, detail) in &letters {
+            warn!(
+                partition = record.partition,
+                offset = record.offset,
+                reason = reason.as_str(),
+                detail,
+                "dead-lettering record"
+            );
+        }
+        dead_letters::deliver(self.dlq, &self.settings.dlq_topic, &letters)
+            .await
+            .map_err(SinkError::DeadLetter)?;
+        report.dead_letters = letters.iter().map(|(_, reason, _)| *reason).collect();
+        Ok(())
+    }
+}
