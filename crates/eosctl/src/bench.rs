@@ -68,7 +68,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const WARMUP_RECORDS: u64 = 200;
 /// The latency run's producer is new, and its first records wait for it to connect and get a
 /// producer id: records sent in its first seconds are not measured.
-const PRODUCER_RAMP_UP: Duration = Duration::from_secs(2);
+pub const PRODUCER_RAMP_UP: Duration = Duration::from_secs(2);
 /// How often a latency run that fell behind is repeated at half the rate.
 pub const LATENCY_RETRIES: usize = 2;
 /// Entities the benchmark's events are spread over.
@@ -288,8 +288,9 @@ pub struct LatencyFigures {
     pub rate_records_per_second: u64,
     pub rate_basis: LatencyRateBasis,
     pub value_bytes: usize,
+    /// Measured; the first seconds of the producer's run are not (see [`PRODUCER_RAMP_UP`]).
     pub seconds: u64,
-    pub records: u64,
+    /// `samples` is the number of output records measured.
     #[serde(flatten)]
     pub summary: LatencySummary,
     #[serde(flatten)]
@@ -699,7 +700,6 @@ impl Bench {
             rate_basis: basis,
             value_bytes: size,
             seconds,
-            records,
             summary,
             trend,
         })
@@ -1402,10 +1402,14 @@ pub fn bench_text(report: &BenchReport) -> String {
     }
     let _ = writeln!(
         out,
-        "{} partitions, commit interval {} ms, max batch {}, {} rounds of each guarantee \
+        "{} partitions, commit interval {} ms, max batch {}, {} round{} of each guarantee \
          (interleaved EO, ALO, ...), fresh group per round; rates from the first commit to the end \
          of the input; CPU ms/1k = the processor's CPU time per 1,000 records",
-        report.partitions, report.commit_interval_ms, report.max_batch, report.rounds
+        report.partitions,
+        report.commit_interval_ms,
+        report.max_batch,
+        report.rounds,
+        if report.rounds == 1 { "" } else { "s" }
     );
     if !report.throughput.is_empty() {
         let _ = writeln!(out, "{}", throughput_table(report));

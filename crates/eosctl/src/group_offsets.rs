@@ -127,7 +127,7 @@ impl GroupOffsetReader {
 }
 
 /// `(low, high)` watermarks of each partition. `metadata` must be a read_uncommitted client
-/// ([`KafkaSettings::metadata_client`]) so that `high` is the true end of the log rather than
+/// (`KafkaSettings::metadata_client`) so that `high` is the true end of the log rather than
 /// the last stable offset.
 pub fn watermarks(
     settings: &KafkaSettings,

@@ -10,7 +10,8 @@
 //!
 //! The audit's rules ([`audit`]), the workload generator ([`workload`]) and the benchmark's
 //! figures ([`bench_figures`]) are pure and unit-tested; [`topic_reader`], [`kafka_client`],
-//! [`group_offsets`] and [`produce`] are the Kafka adapters; [`bench`] runs the real binaries.
+//! [`group_offsets`] and [`produce`] are the Kafka adapters; [`bench`](mod@bench) runs the real
+//! binaries.
 
 pub mod audit;
 pub mod bench;
