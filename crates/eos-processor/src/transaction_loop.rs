@@ -821,8 +821,11 @@ fn create_producer(settings: &LoopSettings) -> Result<LoopProducer, ProcessorErr
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
-        // librdkafka's default backoff makes back-to-back transactions slow (DESIGN.md §2.4).
-        .set("retry.backoff.ms", "10");
+        // librdkafka's default backoff makes back-to-back transactions slow (DESIGN.md §2.4): the
+        // next AddOffsetsToTxn meets the previous transaction's markers ("concurrent
+        // transactions") and waits a backoff that doubles up to retry.backoff.max.ms.
+        .set("retry.backoff.ms", "1")
+        .set("retry.backoff.max.ms", "10");
     if settings.guarantee == Guarantee::ExactlyOnce {
         config
             .set("transactional.id", &settings.transactional_id)
