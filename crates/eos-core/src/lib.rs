@@ -12,6 +12,7 @@ pub mod dead_letter;
 pub mod envelope;
 pub mod fingerprint;
 pub mod ops_http;
+pub mod rebalance;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace_context;

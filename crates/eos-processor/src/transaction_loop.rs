@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use opentelemetry::trace::TraceContextExt as _;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -23,6 +23,7 @@ use tracing::{debug, info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use eos_core::ops_http::Readiness;
+use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder};
 use eos_core::{DeadLetterReason, Guarantee, dead_letter, trace_context};
 
 use crate::changelog;
@@ -68,65 +69,6 @@ impl LoopSettings {
     fn restore_timeout(&self) -> Duration {
         // A crashed owner's open transaction holds the changelog's LSO until the broker aborts it.
         self.transaction_timeout * 3 + Duration::from_secs(30)
-    }
-}
-
-#[derive(Debug)]
-enum RebalanceEvent {
-    Revoked { partitions: Vec<i32>, lost: bool },
-    Assigned { partitions: Vec<i32> },
-}
-
-/// Records rebalance events for the loop to handle after `poll` returns.
-#[derive(Debug, Default)]
-struct RebalanceRecorder {
-    topic: String,
-    events: Mutex<Vec<RebalanceEvent>>,
-}
-
-impl RebalanceRecorder {
-    fn partitions(&self, list: &TopicPartitionList) -> Vec<i32> {
-        list.elements()
-            .iter()
-            .filter(|elem| elem.topic() == self.topic)
-            .map(|elem| elem.partition())
-            .collect()
-    }
-
-    fn push(&self, event: RebalanceEvent) {
-        if let Ok(mut events) = self.events.lock() {
-            events.push(event);
-        }
-    }
-
-    fn take(&self) -> Vec<RebalanceEvent> {
-        self.events
-            .lock()
-            .map(|mut events| std::mem::take(&mut *events))
-            .unwrap_or_default()
-    }
-}
-
-impl ClientContext for RebalanceRecorder {}
-
-impl ConsumerContext for RebalanceRecorder {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Revoke(list) => self.push(RebalanceEvent::Revoked {
-                partitions: self.partitions(list),
-                lost: consumer.assignment_lost(),
-            }),
-            Rebalance::Assign(_) => {}
-            Rebalance::Error(error) => warn!(%error, "rebalance error"),
-        }
-    }
-
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(list) = rebalance {
-            self.push(RebalanceEvent::Assigned {
-                partitions: self.partitions(list),
-            });
-        }
     }
 }
 
@@ -261,10 +203,7 @@ impl<T: Transform> TransactionLoop<T> {
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
-            .create_with_context(RebalanceRecorder {
-                topic: settings.input_topic.clone(),
-                events: Mutex::new(Vec::new()),
-            })?;
+            .create_with_context(RebalanceRecorder::new(settings.input_topic.clone()))?;
         consumer.subscribe(&[&settings.input_topic])?;
         Ok(Self {
             settings,

@@ -21,15 +21,15 @@
 //!   revocation that happened meanwhile is seen before this instance bumps any epoch again.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::{PgConnection, PgPool};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use eos_core::DeadLetterReason;
 use eos_core::ops_http::Readiness;
+use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder};
 
 use crate::batch_plan::Candidate;
 use crate::checkpoint_store::{self, Move};
@@ -68,65 +69,6 @@ pub struct LoopSettings {
     pub shutdown_timeout: Duration,
     pub fault_stall_before_commit: Option<Duration>,
     pub client_config: ClientConfig,
-}
-
-#[derive(Debug)]
-enum RebalanceEvent {
-    Revoked { partitions: Vec<i32>, lost: bool },
-    Assigned { partitions: Vec<i32> },
-}
-
-/// Records rebalance events for the loop to handle after `poll` returns.
-#[derive(Debug)]
-struct RebalanceRecorder {
-    topic: String,
-    events: Mutex<Vec<RebalanceEvent>>,
-}
-
-impl RebalanceRecorder {
-    fn partitions(&self, list: &TopicPartitionList) -> Vec<i32> {
-        list.elements()
-            .iter()
-            .filter(|elem| elem.topic() == self.topic)
-            .map(|elem| elem.partition())
-            .collect()
-    }
-
-    fn push(&self, event: RebalanceEvent) {
-        if let Ok(mut events) = self.events.lock() {
-            events.push(event);
-        }
-    }
-
-    fn take(&self) -> Vec<RebalanceEvent> {
-        self.events
-            .lock()
-            .map(|mut events| std::mem::take(&mut *events))
-            .unwrap_or_default()
-    }
-}
-
-impl ClientContext for RebalanceRecorder {}
-
-impl ConsumerContext for RebalanceRecorder {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Revoke(list) => self.push(RebalanceEvent::Revoked {
-                partitions: self.partitions(list),
-                lost: consumer.assignment_lost(),
-            }),
-            Rebalance::Assign(_) => {}
-            Rebalance::Error(error) => warn!(%error, "rebalance error"),
-        }
-    }
-
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(list) = rebalance {
-            self.push(RebalanceEvent::Assigned {
-                partitions: self.partitions(list),
-            });
-        }
-    }
 }
 
 type LoopConsumer = BaseConsumer<RebalanceRecorder>;
@@ -241,10 +183,7 @@ impl SinkLoop {
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
-            .create_with_context(RebalanceRecorder {
-                topic: settings.topic.clone(),
-                events: Mutex::new(Vec::new()),
-            })?;
+            .create_with_context(RebalanceRecorder::new(settings.topic.clone()))?;
         consumer.subscribe(&[&settings.topic])?;
         let dlq = dead_letters::create_producer(&settings.client_config)?;
         let backoff = Backoff::new(settings.max_backoff);
