@@ -18,8 +18,14 @@ use crate::state_machine::{
 };
 use crate::validation::{BeginItem, Resolution};
 
-/// Embedded migrations of `crates/dedup-service/migrations`.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+/// The embedded migrations. They share `_sqlx_migrations` with other services' migrations when
+/// those use the same database (the demo's sink-writer does), so migrations this service does
+/// not know are not an error.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!();
+    migrator.set_ignore_missing(true);
+    migrator
+}
 
 const INTENT_COLUMNS: &str = "operation_id, state, fingerprint, fencing_token, holder, request_id, \
      lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result, failure_reason, \
@@ -67,7 +73,7 @@ pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool,
         })
         .connect(database_url)
         .await?;
-    MIGRATOR.run(&pool).await?;
+    migrator().run(&pool).await?;
     Ok(pool)
 }
 

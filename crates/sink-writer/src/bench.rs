@@ -22,7 +22,7 @@ use crate::checkpoint_store::{self, Move};
 use crate::decision::{self, TargetView};
 use crate::mapping::InputRecord;
 use crate::schema::{self, PreparedTarget};
-use crate::{MIGRATOR, targets};
+use crate::{migrator, targets};
 
 /// Prints throughput figures of the sink's write path against a real PostgreSQL (and Kafka for
 /// the end-to-end figure). Use a scratch database: the bench truncates event_sink.
@@ -73,6 +73,7 @@ fn records(prefix: &str, count: usize) -> Vec<InputRecord> {
                 key: None,
                 payload: Some(body.into_bytes()),
                 headers: Vec::new(),
+                timestamp_ms: None,
             }
         })
         .collect()
@@ -243,7 +244,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .connect(&args.database_url)
         .await
         .context("connecting to PostgreSQL")?;
-    MIGRATOR.run(&pool).await?;
+    migrator().run(&pool).await?;
     sqlx::raw_sql(
         "DROP TABLE IF EXISTS bench_raw;
          CREATE TABLE bench_raw (LIKE event_sink INCLUDING ALL);

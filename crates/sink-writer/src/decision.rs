@@ -302,6 +302,7 @@ mod tests {
             key: None,
             payload: Some(value.as_bytes().to_vec()),
             headers: Vec::new(),
+            timestamp_ms: None,
         }
     }
 

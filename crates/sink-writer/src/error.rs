@@ -35,6 +35,11 @@ pub enum SinkError {
     /// A fatal Kafka client error (e.g. this static member was fenced by a newer instance).
     #[error("fatal Kafka error, stopping: {0}")]
     Fatal(KafkaError),
+    /// A provider target could not settle every event of the batch (dedup-service unreachable,
+    /// an outcome still UNKNOWN after the settle timeout, shutdown): the batch is not
+    /// checkpointed and is replayed; dedup-service answers what was already done.
+    #[error(transparent)]
+    Provider(#[from] crate::provider_target::ProviderTargetError),
     /// A Kafka client call failed.
     #[error("Kafka: {0}")]
     Kafka(#[from] KafkaError),

@@ -26,6 +26,7 @@ pub mod decision;
 pub mod error;
 pub mod mapping;
 pub mod metrics;
+pub mod provider_target;
 pub mod retention;
 pub mod schema;
 pub mod sink_loop;
@@ -49,20 +50,28 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, OffsetsMode};
 pub use error::SinkError;
+use provider_target::ProviderTarget;
 use schema::PreparedTarget;
 use sink_loop::{LoopSettings, SinkLoop};
-use targets::{TargetKind, TargetSpec};
+use targets::{TargetKind, Targets};
 
-/// The embedded migrations: the sink's own tables and the default targets.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+/// The embedded migrations: the sink's own tables and the default targets. They share
+/// `_sqlx_migrations` with other services' migrations when those use the same database (the
+/// demo's dedup-service does), so migrations this sink does not know are not an error.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!();
+    migrator.set_ignore_missing(true);
+    migrator
+}
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
-pub fn boundary(config: &Config, specs: &[TargetSpec]) -> Boundary {
+pub fn boundary(config: &Config, targets: &Targets) -> Boundary {
     let input = format!(
         "kafka topic={} group={} (read_committed)",
         config.topic, config.group_id
     );
-    let tables: Vec<String> = specs
+    let mut tables: Vec<String> = targets
+        .tables
         .iter()
         .map(|spec| match spec.kind {
             TargetKind::Append => format!("{} (append by {})", spec.table, spec.key),
@@ -74,6 +83,13 @@ pub fn boundary(config: &Config, specs: &[TargetSpec]) -> Boundary {
             ),
         })
         .collect();
+    tables.extend(targets.providers.iter().map(|p| {
+        format!(
+            "provider {} at {} (one charge per event_id, key {}:<event_id>, intents at \
+             dedup-service {}; settled before the checkpoint)",
+            p.name, p.provider_url, p.name, p.dedup_url
+        )
+    }));
     let result = format!(
         "postgres tables {}; conflicts in sink_conflicts; dead letters to kafka topic={} and \
          sink_dead_letters",
@@ -108,15 +124,22 @@ pub fn boundary(config: &Config, specs: &[TargetSpec]) -> Boundary {
     }
 }
 
-/// The targets of this run: from `--config`, or the seed's defaults.
-pub fn target_specs(config: &Config) -> Result<Vec<TargetSpec>, SinkError> {
-    let specs = match &config.config {
+/// The targets of this run: from `--config`, or the seed's default tables.
+pub fn target_specs(config: &Config) -> Result<Targets, SinkError> {
+    let targets = match &config.config {
         Some(path) => targets::load(path).map_err(|e| SinkError::Config(e.to_string()))?,
-        None => targets::defaults(),
+        None => Targets {
+            tables: targets::defaults(),
+            providers: Vec::new(),
+        },
     };
-    targets::check_retention(&specs, config.replay_horizon, config.retention_margin)
-        .map_err(SinkError::Config)?;
-    Ok(specs)
+    targets::check_retention(
+        &targets.tables,
+        config.replay_horizon,
+        config.retention_margin,
+    )
+    .map_err(SinkError::Config)?;
+    Ok(targets)
 }
 
 /// Runs the sink until `shutdown` is cancelled (exit 0 after committing the open batch) or a
@@ -154,21 +177,34 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
 async fn serve(
     config: Config,
-    specs: Vec<TargetSpec>,
+    specs: Targets,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let Some(pool) = connect(&config, &shutdown).await? else {
         return Ok(());
     };
-    MIGRATOR
+    migrator()
         .run(&pool)
         .await
         .context("running the sink's migrations")?;
-    let mut prepared = Vec::with_capacity(specs.len());
-    for spec in specs {
+    let mut prepared = Vec::with_capacity(specs.tables.len());
+    for spec in specs.tables {
         prepared.push(schema::prepare(&pool, spec).await?);
     }
+    let mut providers = Vec::with_capacity(specs.providers.len());
+    for spec in specs.providers {
+        tracing::info!(
+            target_name = %spec.name,
+            dedup_url = %spec.dedup_url,
+            provider_url = %spec.provider_url,
+            call_timeout_ms = spec.call_timeout.as_millis() as u64,
+            lease_ttl_ms = spec.lease_ttl.as_millis() as u64,
+            "provider target"
+        );
+        providers.push(ProviderTarget::new(spec, config.instance_id())?);
+    }
+    let providers = Arc::new(providers);
     for target in &prepared {
         tracing::info!(
             table = target.name(),
@@ -211,7 +247,16 @@ async fn serve(
     let runtime = tokio::runtime::Handle::current();
     let loop_pool = pool.clone();
     let result = tokio::task::spawn_blocking(move || {
-        SinkLoop::new(settings, runtime, loop_pool, targets, readiness)?.run(&shutdown)
+        SinkLoop::new(
+            settings,
+            runtime,
+            loop_pool,
+            targets,
+            providers,
+            readiness,
+            shutdown.clone(),
+        )?
+        .run(&shutdown)
     })
     .await
     .context("the sink loop panicked");

@@ -27,6 +27,8 @@ pub struct InputRecord {
     pub payload: Option<Vec<u8>>,
     /// Original headers, carried into a dead letter.
     pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The record's timestamp: an event's time when its envelope has no `occurred_at`.
+    pub timestamp_ms: Option<i64>,
 }
 
 /// Why a record is refused: the dead-letter reason code and a detail naming the field or column.

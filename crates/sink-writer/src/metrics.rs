@@ -16,8 +16,31 @@ pub const DB_RETRIES: &str = "eos_sink_db_retries_total";
 pub const FENCES: &str = "eos_sink_fences_total";
 pub const ASSIGNED_PARTITIONS: &str = "eos_sink_assigned_partitions";
 pub const ROWS_PURGED: &str = "eos_sink_rows_purged_total";
+pub const PROVIDER_BEGINS: &str = "eos_sink_provider_begins_total";
+pub const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
+pub const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
+pub const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
 
 pub fn describe() {
+    metrics::describe_counter!(
+        PROVIDER_BEGINS,
+        "dedup-service Begin answers for provider targets, by target and answer (acquired, \
+         succeeded, unknown, in_progress, failed, conflict, expired)"
+    );
+    metrics::describe_counter!(
+        PROVIDER_CALLS,
+        "provider calls (only after ACQUIRED), by target and outcome: applied, rejected, ambiguous"
+    );
+    metrics::describe_counter!(
+        PROVIDER_EFFECTS,
+        "events settled at a provider target, by outcome: charged (by this sink now), \
+         already_charged (a replay: duplicate suppressed), rejected, conflict, expired"
+    );
+    metrics::describe_counter!(
+        PROVIDER_UNSETTLED,
+        "batches given up (and retried from the checkpoint) because an operation was not final \
+         after settle_timeout"
+    );
     metrics::describe_counter!(RECORDS_IN, "input records committed (any outcome)");
     metrics::describe_counter!(
         ROWS_WRITTEN,

@@ -27,17 +27,19 @@ use std::time::{Duration, Instant};
 use metrics::{counter, gauge, histogram};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::{PgConnection, PgPool};
+use time::OffsetDateTime;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use eos_core::DeadLetterReason;
 use eos_core::ops_http::Readiness;
 use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder};
+use eos_core::{DeadLetterReason, trace_context};
 
 use crate::batch_plan::Candidate;
 use crate::checkpoint_store::{self, Move};
@@ -45,8 +47,9 @@ use crate::config::OffsetsMode;
 use crate::dead_letters;
 use crate::decision::{self, BatchDecision, TargetCounts, TargetView};
 use crate::error::SinkError;
-use crate::mapping::{InputRecord, Refusal};
+use crate::mapping::{DecodedEvent, InputRecord, Refusal};
 use crate::metrics as m;
+use crate::provider_target::{self, EffectItem, ProviderTarget, Settled};
 use crate::schema::PreparedTarget;
 use crate::table_writer::{self, ConflictRow, DeadLetterRow};
 
@@ -145,6 +148,9 @@ pub struct SinkLoop {
     runtime: Handle,
     pool: PgPool,
     targets: Arc<Vec<PreparedTarget>>,
+    providers: Arc<Vec<ProviderTarget>>,
+    /// Cancels waits for provider outcomes on shutdown.
+    shutdown: CancellationToken,
     consumer: LoopConsumer,
     dlq: FutureProducer,
     slots: BTreeMap<i32, Slot>,
@@ -170,7 +176,9 @@ impl SinkLoop {
         runtime: Handle,
         pool: PgPool,
         targets: Arc<Vec<PreparedTarget>>,
+        providers: Arc<Vec<ProviderTarget>>,
         readiness: Readiness,
+        shutdown: CancellationToken,
     ) -> Result<Self, SinkError> {
         let consumer: LoopConsumer = settings
             .client_config
@@ -192,6 +200,8 @@ impl SinkLoop {
             runtime,
             pool,
             targets,
+            providers,
+            shutdown,
             consumer,
             dlq,
             slots: BTreeMap::new(),
@@ -312,6 +322,7 @@ impl SinkLoop {
             key: message.key().map(<[u8]>::to_vec),
             payload: message.payload().map(<[u8]>::to_vec),
             headers,
+            timestamp_ms: message.timestamp().to_millis(),
         });
         self.batch_started.get_or_insert_with(Instant::now);
     }
@@ -563,6 +574,13 @@ impl SinkLoop {
                 self.rewind_all();
                 Ok(())
             }
+            Err(SinkError::Provider(error)) => {
+                counter!(m::BATCHES, "outcome" => "rolled_back").increment(1);
+                warn!(%error, "provider outcomes not final; batch not committed, retrying from the checkpoint");
+                self.backoff.failed();
+                self.rewind_all();
+                Ok(())
+            }
             Err(error) => Err(error),
         }
     }
@@ -580,6 +598,13 @@ impl SinkLoop {
                             .next_try
                             .saturating_duration_since(Instant::now()),
                     );
+                }
+                Err(SinkError::Provider(error)) => {
+                    // Nothing of the open batch is committed; the next owner replays it and
+                    // dedup-service answers what this run already settled.
+                    warn!(%error, records = self.batch.len(), "stopping with the open batch uncommitted");
+                    self.batch.clear();
+                    return Ok(());
                 }
                 Err(error) => return Err(error),
             }
@@ -673,6 +698,8 @@ impl SinkLoop {
                 settings: &self.settings,
                 pool: &self.pool,
                 targets: &self.targets,
+                providers: &self.providers,
+                shutdown: &self.shutdown,
                 dlq: &self.dlq,
             };
             let records = &self.batch;
@@ -772,7 +799,67 @@ struct BatchWriter<'a> {
     settings: &'a LoopSettings,
     pool: &'a PgPool,
     targets: &'a [PreparedTarget],
+    providers: &'a [ProviderTarget],
+    shutdown: &'a CancellationToken,
     dlq: &'a FutureProducer,
+}
+
+/// What the provider targets add to a batch's transaction.
+#[derive(Debug, Default)]
+struct ProviderResults {
+    conflicts: Vec<ConflictRow>,
+    dead_letters: Vec<(usize, Refusal)>,
+}
+
+/// A span per decoded record, parented on the trace context its Kafka headers carry, with the
+/// event id as baggage so every service the record reaches tags its spans with it.
+fn record_spans(records: &[InputRecord], decision: &BatchDecision) -> Vec<Option<tracing::Span>> {
+    records
+        .iter()
+        .zip(&decision.events)
+        .map(|(record, event)| {
+            let event = event.as_ref()?;
+            let event_id = event.envelope.event_id.as_str();
+            let span = tracing::info_span!(
+                "sink-writer write",
+                otel.name = "sink-writer write",
+                otel.kind = "consumer",
+                event_id,
+                messaging.system = "kafka",
+                messaging.operation.type = "process",
+                messaging.source.name = %record.topic,
+                messaging.destination.partition.id = record.partition,
+                messaging.kafka.offset = record.offset,
+            );
+            let parent = trace_context::extract_kafka(&owned_headers(&record.headers));
+            let _ = span.set_parent(parent);
+            Some(span)
+        })
+        .collect()
+}
+
+fn owned_headers(headers: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |owned, (key, value)| {
+            owned.insert(Header {
+                key,
+                value: value.as_deref(),
+            })
+        },
+    )
+}
+
+fn occurred_at(event: &DecodedEvent, record: &InputRecord) -> OffsetDateTime {
+    event
+        .envelope
+        .occurred_at
+        .or_else(|| {
+            record.timestamp_ms.and_then(|ms| {
+                OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+            })
+        })
+        .unwrap_or_else(OffsetDateTime::now_utc)
 }
 
 fn views(targets: &[PreparedTarget]) -> Vec<TargetView<'_>> {
@@ -798,13 +885,137 @@ impl BatchWriter<'_> {
     ) -> Result<BatchReport, SinkError> {
         let views = views(self.targets);
         let decision = decision::decide(records, &views, self.settings.max_record_bytes);
-        match self.write_decided(records, moves, &views, &decision).await {
+        let spans = record_spans(records, &decision);
+        let provider = self.settle_providers(records, &decision, &spans).await?;
+        match self
+            .write_decided(records, moves, &views, &decision, &provider)
+            .await
+        {
             Err(SinkError::Data(error)) => {
                 warn!(%error, records = records.len(), "postgres refused the batch's data; redoing it one record at a time");
-                self.write_isolated(records, moves, &views, decision).await
+                self.write_isolated(records, moves, &views, decision, &provider)
+                    .await
             }
             other => other,
         }
+    }
+
+    /// Every provider target's charges for the batch, settled before the transaction that
+    /// checkpoints them: a crash in between replays the batch, and dedup-service answers what
+    /// was done. Within the batch the first record of an event id leads; later ones are
+    /// duplicates (same fingerprint) or conflicts.
+    async fn settle_providers(
+        &self,
+        records: &[InputRecord],
+        decision: &BatchDecision,
+        spans: &[Option<tracing::Span>],
+    ) -> Result<ProviderResults, SinkError> {
+        let mut results = ProviderResults::default();
+        for target in self.providers {
+            let spec = target.spec();
+            let mut leaders: HashMap<&str, usize> = HashMap::new();
+            let mut items = Vec::new();
+            let mut item_records = Vec::new();
+            let mut followers = Vec::new();
+            for (index, event) in decision.events.iter().enumerate() {
+                let Some(event) = event else { continue };
+                let event_id = event.envelope.event_id.as_str();
+                if let Some(&leader) = leaders.get(event_id) {
+                    followers.push((index, leader));
+                    continue;
+                }
+                let body = match provider_target::request_body(spec, event) {
+                    Ok(body) => body,
+                    Err(detail) => {
+                        results.dead_letters.push((
+                            index,
+                            Refusal {
+                                reason: DeadLetterReason::MissingField,
+                                detail,
+                            },
+                        ));
+                        continue;
+                    }
+                };
+                leaders.insert(event_id, items.len());
+                item_records.push(index);
+                items.push(EffectItem {
+                    event_id: event_id.to_owned(),
+                    fingerprint: *event.fingerprint.as_bytes(),
+                    occurred_at: occurred_at(event, &records[index]),
+                    body,
+                    parent: spans[index]
+                        .as_ref()
+                        .map(OpenTelemetrySpanExt::context)
+                        .unwrap_or_default(),
+                });
+            }
+            if items.is_empty() {
+                continue;
+            }
+            let fingerprints: Vec<[u8; 32]> = items.iter().map(|item| item.fingerprint).collect();
+            let settled = target
+                .settle(items, self.shutdown)
+                .await
+                .map_err(SinkError::Provider)?;
+            for (k, outcome) in settled.iter().enumerate() {
+                let index = item_records[k];
+                let record = &records[index];
+                let Some(event) = &decision.events[index] else {
+                    continue;
+                };
+                match outcome {
+                    Settled::Charged { .. } => {}
+                    Settled::Rejected { reason } => warn!(
+                        target = target.name(),
+                        event_id = %event.envelope.event_id,
+                        reason,
+                        "provider rejected the charge; recorded as FAILED at dedup-service"
+                    ),
+                    Settled::Conflict { stored_fingerprint } => {
+                        results.conflicts.push(provider_conflict(
+                            spec.operation_id(event.envelope.event_id.as_str()),
+                            target.name(),
+                            record,
+                            event,
+                            hex(stored_fingerprint),
+                        ));
+                    }
+                    Settled::Expired => results.dead_letters.push((
+                        index,
+                        Refusal {
+                            reason: DeadLetterReason::BeyondDedupHorizon,
+                            detail: format!(
+                                "provider target {}: dedup-service answered EXPIRED (older than \
+                                 its retained window): not charged, since an earlier charge could \
+                                 not be recognised",
+                                target.name()
+                            ),
+                        },
+                    )),
+                }
+            }
+            for (index, leader) in followers {
+                let Some(event) = &decision.events[index] else {
+                    continue;
+                };
+                let stored = fingerprints[leader];
+                if *event.fingerprint.as_bytes() == stored {
+                    counter!(m::PROVIDER_EFFECTS, "target" => target.name().to_owned(), "outcome" => "duplicate")
+                        .increment(1);
+                } else {
+                    results.conflicts.push(provider_conflict(
+                        spec.operation_id(event.envelope.event_id.as_str()),
+                        target.name(),
+                        &records[index],
+                        event,
+                        hex(&stored),
+                    ));
+                }
+            }
+        }
+        results.dead_letters.sort_by_key(|(index, _)| *index);
+        Ok(results)
     }
 
     /// Moves the checkpoints first: the row locks make a concurrent fence wait for this commit,
@@ -851,19 +1062,23 @@ impl BatchWriter<'_> {
         moves: &[Move],
         views: &[TargetView<'_>],
         decision: &BatchDecision,
+        provider: &ProviderResults,
     ) -> Result<BatchReport, SinkError> {
         let mut tx = self.begin_with_checkpoints(moves).await?;
         let mut report = BatchReport {
             records: records.len(),
             ..BatchReport::default()
         };
-        let (counts, conflicts) = self
+        let (counts, mut conflicts) = self
             .write_targets(&mut tx, records, views, decision)
             .await?;
         for (target, counts) in self.targets.iter().zip(counts) {
             report.per_target.push((target.name().to_owned(), counts));
         }
-        let dead_letters: Vec<(usize, Refusal)> = decision.dead_letters.clone();
+        conflicts.extend(provider.conflicts.iter().cloned());
+        let mut dead_letters: Vec<(usize, Refusal)> = decision.dead_letters.clone();
+        dead_letters.extend(provider.dead_letters.iter().cloned());
+        dead_letters.sort_by_key(|(index, _)| *index);
         self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
             .await?;
         tx.commit().await.map_err(SinkError::from_db)?;
@@ -879,6 +1094,7 @@ impl BatchWriter<'_> {
         moves: &[Move],
         views: &[TargetView<'_>],
         decision: BatchDecision,
+        provider: &ProviderResults,
     ) -> Result<BatchReport, SinkError> {
         let mut tx = self.begin_with_checkpoints(moves).await?;
         let mut report = BatchReport {
@@ -887,8 +1103,9 @@ impl BatchWriter<'_> {
             ..BatchReport::default()
         };
         let mut totals = vec![TargetCounts::default(); self.targets.len()];
-        let mut conflicts: Vec<ConflictRow> = Vec::new();
+        let mut conflicts: Vec<ConflictRow> = provider.conflicts.clone();
         let mut dead_letters = decision.dead_letters.clone();
+        dead_letters.extend(provider.dead_letters.iter().cloned());
         for (index, event) in decision.events.iter().enumerate() {
             if event.is_none() {
                 continue;
@@ -1049,5 +1266,37 @@ impl BatchWriter<'_> {
             .map_err(SinkError::DeadLetter)?;
         report.dead_letters = letters.iter().map(|(_, reason, _)| *reason).collect();
         Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A reused event id at a provider target: the operation id is known with another fingerprint.
+fn provider_conflict(
+    operation_id: String,
+    target: &str,
+    record: &InputRecord,
+    event: &DecodedEvent,
+    stored_fingerprint: String,
+) -> ConflictRow {
+    ConflictRow {
+        target: target.to_owned(),
+        key: operation_id,
+        event_id: event.envelope.event_id.as_str().to_owned(),
+        reason: "operation_conflict".into(),
+        stored_fingerprint: Some(stored_fingerprint),
+        incoming_fingerprint: event.fingerprint.to_hex(),
+        stored_row: None,
+        incoming_record: serde_json::to_string(&event.raw)
+            .ok()
+            .filter(|json| !json.contains("\\u0000")),
+        detail: "the provider operation of this event id was begun with other content; not \
+                 charged again"
+            .into(),
+        topic: record.topic.clone(),
+        partition: record.partition,
+        offset: record.offset,
     }
 }

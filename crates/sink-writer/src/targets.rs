@@ -24,6 +24,17 @@
 //! account = "entity_id"
 //! version = "version"
 //! state = "payload"
+//!
+//! [[targets]]
+//! kind = "provider"             # a charge at an external provider, once per event
+//! name = "payments"             # operation id and idempotency key: "<name>:<event_id>"
+//! dedup_url = "http://127.0.0.1:50051"
+//! provider_url = "http://127.0.0.1:8081"
+//! amount = "value"              # the charge's amount: value or a JSON pointer [default: value]
+//! call_timeout = "2s"           # the provider call's deadline [default: 2s]
+//! lease_ttl = "30s"             # the intent's lease; longer than call_timeout [default: 30s]
+//! concurrency = 64              # events of a batch in flight at once [default: 64]
+//! settle_timeout = "60s"        # give a batch up (and retry it) after this [default: 60s]
 //! ```
 //!
 //! Sources: the envelope fields `event_id`, `entity_id`, `value`, `version`, `payload`,
@@ -143,16 +154,62 @@ struct TargetsFile {
     targets: Vec<RawTarget>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawKind {
+    Append,
+    Versioned,
+    Provider,
+}
+
+/// Fields of every kind; `validate` and `validate_provider` say which belong to which.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTarget {
-    table: String,
-    kind: TargetKind,
+    kind: RawKind,
+    table: Option<String>,
     key: Option<String>,
     version_column: Option<String>,
     retention: Option<String>,
     retention_column: Option<String>,
-    columns: BTreeMap<String, String>,
+    columns: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    dedup_url: Option<String>,
+    provider_url: Option<String>,
+    amount: Option<String>,
+    call_timeout: Option<String>,
+    lease_ttl: Option<String>,
+    concurrency: Option<usize>,
+    settle_timeout: Option<String>,
+}
+
+/// Everything a targets file configures.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Targets {
+    pub tables: Vec<TargetSpec>,
+    pub providers: Vec<ProviderSpec>,
+}
+
+/// A `provider` target: one charge per event at an external provider, through dedup-service's
+/// intents (see `provider_target`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderSpec {
+    pub name: String,
+    pub dedup_url: String,
+    pub provider_url: String,
+    /// `value`, or a JSON pointer to an integer.
+    pub amount: Source,
+    pub call_timeout: Duration,
+    pub lease_ttl: Duration,
+    pub concurrency: usize,
+    pub settle_timeout: Duration,
+}
+
+impl ProviderSpec {
+    /// The operation id at dedup-service, and the provider's idempotency key.
+    pub fn operation_id(&self, event_id: &str) -> String {
+        format!("{}:{event_id}", self.name)
+    }
 }
 
 /// One target as configured, validated for shape (the database check comes at start-up).
@@ -204,7 +261,7 @@ fn invalid(table: &str, message: impl Into<String>) -> TargetsError {
 }
 
 /// Reads and validates a targets file.
-pub fn load(path: &Path) -> Result<Vec<TargetSpec>, TargetsError> {
+pub fn load(path: &Path) -> Result<Targets, TargetsError> {
     let text = std::fs::read_to_string(path).map_err(|source| TargetsError::Read {
         path: path.display().to_string(),
         source,
@@ -218,7 +275,7 @@ pub fn load(path: &Path) -> Result<Vec<TargetSpec>, TargetsError> {
     })
 }
 
-pub fn parse(text: &str) -> Result<Vec<TargetSpec>, TargetsError> {
+pub fn parse(text: &str) -> Result<Targets, TargetsError> {
     let file: TargetsFile = toml::from_str(text).map_err(|e| TargetsError::Parse {
         path: String::new(),
         message: e.to_string(),
@@ -229,29 +286,154 @@ pub fn parse(text: &str) -> Result<Vec<TargetSpec>, TargetsError> {
             message: "no [[targets]]".into(),
         });
     }
-    let mut specs = Vec::with_capacity(file.targets.len());
+    let mut targets = Targets::default();
     for raw in file.targets {
-        let spec = validate(raw)?;
-        if specs.iter().any(|s: &TargetSpec| s.table == spec.table) {
+        let kind = match raw.kind {
+            RawKind::Append => TargetKind::Append,
+            RawKind::Versioned => TargetKind::Versioned,
+            RawKind::Provider => {
+                let spec = validate_provider(raw)?;
+                if targets.providers.iter().any(|p| p.name == spec.name) {
+                    return Err(invalid(&spec.name, "listed twice"));
+                }
+                targets.providers.push(spec);
+                continue;
+            }
+        };
+        let spec = validate(raw, kind)?;
+        if targets.tables.iter().any(|s| s.table == spec.table) {
             return Err(invalid(&spec.table, "listed twice"));
         }
-        specs.push(spec);
+        targets.tables.push(spec);
     }
-    Ok(specs)
+    Ok(targets)
 }
 
-fn validate(raw: RawTarget) -> Result<TargetSpec, TargetsError> {
-    let table = raw.table.trim().to_owned();
+fn duration(
+    target: &str,
+    field: &str,
+    text: Option<String>,
+    default: Duration,
+) -> Result<Duration, TargetsError> {
+    match text {
+        None => Ok(default),
+        Some(text) => humantime::parse_duration(&text)
+            .map_err(|e| invalid(target, format!("{field} {text:?}: {e}"))),
+    }
+}
+
+fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
+    let name = raw.name.unwrap_or_default().trim().to_owned();
+    if name.is_empty() || name.contains(':') {
+        return Err(invalid(
+            "<provider>",
+            "a provider target needs a name without ':' (operation ids are <name>:<event_id>)",
+        ));
+    }
+    let table_fields = [
+        ("table", raw.table.is_some()),
+        ("key", raw.key.is_some()),
+        ("version_column", raw.version_column.is_some()),
+        ("retention", raw.retention.is_some()),
+        ("retention_column", raw.retention_column.is_some()),
+        ("columns", raw.columns.is_some()),
+    ];
+    if let Some((field, _)) = table_fields.iter().find(|(_, set)| *set) {
+        return Err(invalid(
+            &name,
+            format!("{field} is for table targets, not provider targets"),
+        ));
+    }
+    let url = |field: &str, value: Option<String>| match value {
+        Some(url) if url.starts_with("http://") || url.starts_with("https://") => Ok(url),
+        Some(url) => Err(invalid(
+            &name,
+            format!("{field} {url:?} must be an http:// or https:// URL"),
+        )),
+        None => Err(invalid(&name, format!("{field} is required"))),
+    };
+    let dedup_url = url("dedup_url", raw.dedup_url)?;
+    let provider_url = url("provider_url", raw.provider_url)?;
+    let amount = match raw.amount.as_deref().unwrap_or("value") {
+        "value" => Source::Value,
+        pointer if pointer.starts_with('/') => Source::Pointer(pointer.to_owned()),
+        other => {
+            return Err(invalid(
+                &name,
+                format!("amount {other:?}: expected value or a JSON pointer like /payload/amount"),
+            ));
+        }
+    };
+    let call_timeout = duration(
+        &name,
+        "call_timeout",
+        raw.call_timeout,
+        Duration::from_secs(2),
+    )?;
+    let lease_ttl = duration(&name, "lease_ttl", raw.lease_ttl, Duration::from_secs(30))?;
+    let settle_timeout = duration(
+        &name,
+        "settle_timeout",
+        raw.settle_timeout,
+        Duration::from_secs(60),
+    )?;
+    // The lease must outlive the call and the report after it, or a slow answer would find a
+    // newer holder (harmless, but every such call would be reconciled instead of reported).
+    if lease_ttl < call_timeout * 2 {
+        return Err(invalid(
+            &name,
+            format!(
+                "lease_ttl {} must be at least twice call_timeout {}",
+                humantime::format_duration(lease_ttl),
+                humantime::format_duration(call_timeout)
+            ),
+        ));
+    }
+    let concurrency = raw.concurrency.unwrap_or(64);
+    if concurrency == 0 {
+        return Err(invalid(&name, "concurrency must be at least 1"));
+    }
+    Ok(ProviderSpec {
+        name,
+        dedup_url,
+        provider_url,
+        amount,
+        call_timeout,
+        lease_ttl,
+        concurrency,
+        settle_timeout,
+    })
+}
+
+fn validate(raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError> {
+    let table = raw.table.unwrap_or_default().trim().to_owned();
     if table.is_empty() {
         return Err(invalid("<empty>", "table must not be empty"));
     }
-    let mut columns = Vec::with_capacity(raw.columns.len());
-    for (column, source) in raw.columns {
+    let provider_fields = [
+        ("name", raw.name.is_some()),
+        ("dedup_url", raw.dedup_url.is_some()),
+        ("provider_url", raw.provider_url.is_some()),
+        ("amount", raw.amount.is_some()),
+        ("call_timeout", raw.call_timeout.is_some()),
+        ("lease_ttl", raw.lease_ttl.is_some()),
+        ("concurrency", raw.concurrency.is_some()),
+        ("settle_timeout", raw.settle_timeout.is_some()),
+    ];
+    if let Some((field, _)) = provider_fields.iter().find(|(_, set)| *set) {
+        return Err(invalid(
+            &table,
+            format!("{field} is for provider targets, not table targets"),
+        ));
+    }
+    let raw_columns = raw.columns.unwrap_or_default();
+    let mut columns = Vec::with_capacity(raw_columns.len());
+    for (column, source) in raw_columns {
         let source =
             Source::parse(&source).map_err(|m| invalid(&table, format!("{column}: {m}")))?;
         columns.push((column, source));
     }
-    let key = raw.key.unwrap_or_else(|| match raw.kind {
+    let key = raw.key.unwrap_or_else(|| match kind {
         TargetKind::Append => "event_id".into(),
         TargetKind::Versioned => "entity_id".into(),
     });
@@ -265,7 +447,7 @@ fn validate(raw: RawTarget) -> Result<TargetSpec, TargetsError> {
     if columns.iter().any(|(c, s)| c == &key && *s == Source::Now) {
         return Err(invalid(&table, "the key column cannot come from `now`"));
     }
-    let version_column = match raw.kind {
+    let version_column = match kind {
         TargetKind::Append => {
             if raw.version_column.is_some() {
                 return Err(invalid(
@@ -306,7 +488,7 @@ fn validate(raw: RawTarget) -> Result<TargetSpec, TargetsError> {
     };
     Ok(TargetSpec {
         table,
-        kind: raw.kind,
+        kind,
         key,
         version_column,
         columns,
@@ -414,7 +596,7 @@ mod tests {
 
     #[test]
     fn parses_both_kinds_with_defaults() -> Result<(), TargetsError> {
-        let specs = parse(EXAMPLE)?;
+        let specs = parse(EXAMPLE)?.tables;
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].key, "event_id");
         assert_eq!(
@@ -465,6 +647,43 @@ mod tests {
     }
 
     #[test]
+    fn provider_targets_have_defaults_and_sit_beside_tables() -> Result<(), TargetsError> {
+        let text = format!(
+            "{EXAMPLE}\n[[targets]]\nkind = 'provider'\nname = 'payments'\n\
+             dedup_url = 'http://127.0.0.1:50051'\nprovider_url = 'http://127.0.0.1:8081'\n"
+        );
+        let targets = parse(&text)?;
+        assert_eq!(targets.tables.len(), 2);
+        let provider = &targets.providers[0];
+        assert_eq!(provider.amount, Source::Value);
+        assert_eq!(provider.call_timeout, Duration::from_secs(2));
+        assert_eq!(provider.lease_ttl, Duration::from_secs(30));
+        assert_eq!(provider.concurrency, 64);
+        assert_eq!(provider.operation_id("e-1"), "payments:e-1");
+        Ok(())
+    }
+
+    #[test]
+    fn provider_mistakes_are_named() {
+        let base = "[[targets]]\nkind='provider'\nname='p'\ndedup_url='http://d'\nprovider_url='http://p'\n";
+        let cases = [
+            ("[[targets]]\nkind='provider'\ndedup_url='http://d'\nprovider_url='http://p'".to_owned(), "needs a name"),
+            ("[[targets]]\nkind='provider'\nname='a:b'\ndedup_url='http://d'\nprovider_url='http://p'".to_owned(), "without ':'"),
+            ("[[targets]]\nkind='provider'\nname='p'\nprovider_url='http://p'".to_owned(), "dedup_url is required"),
+            ("[[targets]]\nkind='provider'\nname='p'\ndedup_url='d:50051'\nprovider_url='http://p'".to_owned(), "must be an http"),
+            (format!("{base}table='t'"), "table is for table targets"),
+            (format!("{base}amount='entity_id'"), "amount \"entity_id\""),
+            (format!("{base}call_timeout='10s'\nlease_ttl='15s'"), "at least twice"),
+            (format!("{base}concurrency=0"), "at least 1"),
+            ("[[targets]]\ntable='t'\nkind='append'\nlease_ttl='1s'\n[targets.columns]\nevent_id='event_id'".to_owned(), "lease_ttl is for provider targets"),
+        ];
+        for (text, expected) in cases {
+            let error = parse(&text).expect_err(&text).to_string();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
     fn defaults_are_the_seed_tables() {
         let specs = defaults();
         assert_eq!(specs[0].table, "event_sink");
@@ -477,7 +696,7 @@ mod tests {
     #[test]
     fn retention_shorter_than_the_replay_horizon_is_refused_naming_both() -> Result<(), TargetsError>
     {
-        let specs = parse(EXAMPLE)?;
+        let specs = parse(EXAMPLE)?.tables;
         let day = Duration::from_secs(24 * 3600);
         assert!(check_retention(&specs, 7 * day, day).is_ok());
         let error = check_retention(&specs, 30 * day, day).expect_err("too short");

@@ -27,17 +27,21 @@ use crate::provider_sim::ProviderSim;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running dedup-service.
-struct Dedup {
-    process: ServiceProcess,
+pub(crate) struct Dedup {
+    pub(crate) process: ServiceProcess,
     grpc_addr: String,
 }
 
 impl Dedup {
-    fn spawn(db: &TestDatabase, extra: &[&str]) -> anyhow::Result<Self> {
+    pub(crate) fn spawn(db: &TestDatabase, extra: &[&str]) -> anyhow::Result<Self> {
         Self::spawn_on(&db.url, "127.0.0.1:0", extra)
     }
 
-    fn spawn_on(database_url: &str, listen: &str, extra: &[&str]) -> anyhow::Result<Self> {
+    pub(crate) fn spawn_on(
+        database_url: &str,
+        listen: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let mut args = vec![
             "--database-url",
             database_url,
@@ -54,7 +58,7 @@ impl Dedup {
     }
 
     /// The Prometheus text of the service's ops endpoint.
-    async fn metrics(&mut self) -> anyhow::Result<String> {
+    pub(crate) async fn metrics(&mut self) -> anyhow::Result<String> {
         let addr = self
             .process
             .wait_for_log_field("metrics_addr", START_TIMEOUT)?;
@@ -65,12 +69,12 @@ impl Dedup {
             .await?)
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://{}", self.grpc_addr)
     }
 
     /// The workspace client (retries transient failures).
-    fn client(&self) -> anyhow::Result<DedupClient> {
+    pub(crate) fn client(&self) -> anyhow::Result<DedupClient> {
         Ok(DedupClient::connect_lazy(&self.endpoint())?)
     }
 

@@ -6,4 +6,5 @@ mod kafka_transactions;
 mod postgres_idempotency;
 mod processor;
 mod provider_sim;
+mod sink_provider;
 mod sink_writer;

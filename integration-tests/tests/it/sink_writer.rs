@@ -23,14 +23,14 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(240);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One sink run's names.
-struct Sink {
-    topic: String,
-    group: String,
+pub(crate) struct Sink {
+    pub(crate) topic: String,
+    pub(crate) group: String,
     database_url: String,
 }
 
 impl Sink {
-    fn new(topic: &str, database_url: &str) -> Self {
+    pub(crate) fn new(topic: &str, database_url: &str) -> Self {
         Self {
             topic: topic.to_owned(),
             group: unique_name("sink"),
@@ -42,7 +42,7 @@ impl Sink {
         format!("{}.sink-dlq", self.topic)
     }
 
-    fn spawn(
+    pub(crate) fn spawn(
         &self,
         instance: &str,
         extra: &[&str],
@@ -69,7 +69,7 @@ impl Sink {
     }
 
     /// Waits until the checkpoint of every partition in `sink_checkpoints` is the topic's end.
-    async fn wait_drained(
+    pub(crate) async fn wait_drained(
         &self,
         pool: &PgPool,
         process: &mut ServiceProcess,
@@ -122,7 +122,7 @@ impl Sink {
     }
 }
 
-fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
+pub(crate) fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
     let status = process.terminate(STOP_TIMEOUT)?;
     assert!(
         status.success(),
@@ -135,15 +135,15 @@ fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
 /// What the topic says the sink must have written, decided independently of the sink's code
 /// paths (only the envelope parser and fingerprint are shared, as they are the contract).
 #[derive(Debug, Default)]
-struct TopicTruth {
+pub(crate) struct TopicTruth {
     physical: usize,
     physical_sum: i64,
     /// event_id → (value, fingerprint) of its first occurrence.
-    logical: HashMap<String, (i64, String)>,
+    pub(crate) logical: HashMap<String, (i64, String)>,
     /// Positions of records reusing an event_id with another fingerprint.
-    conflicts: HashSet<(i32, i64)>,
+    pub(crate) conflicts: HashSet<(i32, i64)>,
     /// Positions of records that are not valid envelopes.
-    malformed: HashSet<(i32, i64)>,
+    pub(crate) malformed: HashSet<(i32, i64)>,
     /// entity_id → (highest version, its event_id, its payload): what `entity_state` holds.
     latest: HashMap<String, (u64, String, Option<Value>)>,
     /// Positions of records with an entity's current version but another event or payload (two
@@ -152,7 +152,7 @@ struct TopicTruth {
 }
 
 impl TopicTruth {
-    fn read(topic: &str) -> anyhow::Result<Self> {
+    pub(crate) fn read(topic: &str) -> anyhow::Result<Self> {
         let mut truth = Self::default();
         for message in read_topic(topic, Isolation::ReadCommitted)? {
             truth.physical += 1;
@@ -354,7 +354,7 @@ fn versioned(entity: i64, version: u64, payload: &str) -> (Option<String>, Vec<u
 
 /// The seed's pre-existing e-102 row, as the sink itself would have written it.
 async fn preload_e102(pool: &PgPool) -> anyhow::Result<String> {
-    sink_writer::MIGRATOR.run(pool).await?;
+    sink_writer::migrator().run(pool).await?;
     let (_, bytes) = envelope("e-102", 17, 12500);
     let event = sink_writer::mapping::decode(Some(&bytes), 1 << 20)
         .map_err(|r| anyhow::anyhow!("{r:?}"))?;
@@ -482,7 +482,7 @@ updated_at = "now"
         ("shuffled", shuffled),
     ] {
         let db = TestDatabase::create().await?;
-        sink_writer::MIGRATOR.run(&db.pool).await?;
+        sink_writer::migrator().run(&db.pool).await?;
         sqlx::query(
             "INSERT INTO entity_state (entity_id, version, payload, event_id)
              VALUES ('17', 3, '\"c\"', 'v-17-3'), ('28', 1, '\"x\"', 'v-28-1')",
@@ -756,7 +756,7 @@ async fn sink_shuffled_versions_replayed_by_several_writers_never_go_down() -> a
     const VERSIONS: u64 = 20;
     const REPLAYS: usize = 3;
     let db = TestDatabase::create().await?;
-    sink_writer::MIGRATOR.run(&db.pool).await?;
+    sink_writer::migrator().run(&db.pool).await?;
     // The audit: every change of a stored version, recorded by the database itself.
     sqlx::raw_sql(
         "CREATE TABLE version_audit (entity_id TEXT, old_version BIGINT, new_version BIGINT);
@@ -1034,7 +1034,7 @@ async fn sink_kafka_offsets_mode_is_at_least_once_into_idempotent_tables() -> an
 #[tokio::test(flavor = "multi_thread")]
 async fn sink_purges_rows_past_a_retention_longer_than_the_replay_horizon() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
-    sink_writer::MIGRATOR.run(&db.pool).await?;
+    sink_writer::migrator().run(&db.pool).await?;
     sqlx::query(
         "INSERT INTO event_sink (event_id, entity_id, value, fingerprint, written_at)
          VALUES ('old', 'a', 1, 'f', now() - interval '40 days'),

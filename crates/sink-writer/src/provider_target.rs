@@ -1,0 +1,368 @@
+//! The `provider` target: one charge per event at an external provider (a payment API) that no
+//! database transaction can include, made exactly-once by dedup-service's durable intents (seed
+//! 002, "External ambiguous outcome").
+//!
+//! Per event, with operation id = idempotency key = `<name>:<event_id>`:
+//! 1. `Begin`. Only `ACQUIRED` allows a provider call; `SUCCEEDED`, a non-retryable `FAILED`,
+//!    `CONFLICT` and `EXPIRED` are final and nothing is called; `IN_PROGRESS` and `UNKNOWN` are
+//!    waited out (another holder's lease, or the reconciler asking the provider with the same key).
+//! 2. On `ACQUIRED`: the provider call under `call_timeout`, then `Complete` (applied), `Fail`
+//!    (rejected) or `MarkUnknown` (timeout, lost answer, 5xx: it may have been applied).
+//! 3. After `MarkUnknown` or a retryable failure: `Begin` again after a backoff until the answer
+//!    is final. A retryable `FAILED` (the reconciler found no charge) is re-acquired by `Begin`
+//!    and called again with the same key, so the provider applies it at most once.
+//!
+//! The sink checkpoints a batch only after every one of its events is final here, so a crash at
+//! any point replays the batch and `Begin` answers what was already done. Giving up (the settle
+//! timeout, shutdown) drops the batch uncommitted; nothing is lost, the replay settles it.
+
+use std::time::{Duration, Instant};
+
+use dedup_service::client::{BeginOutcome, BeginParams, ClientError, DedupClient};
+use dedup_service::provider_client::{ChargeOutcome, ProviderClient, ProviderError};
+use futures::{StreamExt as _, TryStreamExt as _};
+use metrics::counter;
+use serde_json::Value;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, debug, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::metrics as m;
+use crate::targets::ProviderSpec;
+
+const FIRST_WAIT: Duration = Duration::from_millis(50);
+const MAX_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderTargetError {
+    #[error("provider target {target}: bad URL: {source}")]
+    Url {
+        target: String,
+        source: ProviderError,
+    },
+    #[error("provider target {target}: bad dedup-service URL: {source}")]
+    DedupUrl { target: String, source: ClientError },
+    /// dedup-service did not answer after the client's retries: the batch is retried later.
+    #[error("provider target {target}: {source}")]
+    Dedup { target: String, source: ClientError },
+    /// Some events are still UNKNOWN or held by another owner after `settle_timeout`.
+    #[error(
+        "provider target {target}: operation {operation_id} not final after {}: waiting for \
+         dedup-service's reconciler (is it running with --provider-url?) or another holder's lease",
+        humantime::format_duration(*timeout)
+    )]
+    Unsettled {
+        target: String,
+        operation_id: String,
+        timeout: Duration,
+    },
+    #[error("provider target {target}: shutting down with operations not final")]
+    Cancelled { target: String },
+}
+
+/// One event to charge.
+#[derive(Debug, Clone)]
+pub struct EffectItem {
+    pub event_id: String,
+    pub fingerprint: [u8; 32],
+    pub occurred_at: OffsetDateTime,
+    /// The request body; the same for every attempt (the provider compares it per key).
+    pub body: Value,
+    /// The trace context of the record's span: the provider span is its child.
+    pub parent: opentelemetry::Context,
+}
+
+/// The final state of one event at the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Charged. `called`: this sink called the provider for it in this batch; otherwise an
+    /// earlier attempt had (a replay after a crash: a duplicate suppressed).
+    Charged { called: bool },
+    /// The provider refused the charge for good (a 4xx); recorded as FAILED at dedup-service.
+    Rejected { reason: String },
+    /// The operation id is known with another fingerprint: the event id was reused.
+    Conflict { stored_fingerprint: Vec<u8> },
+    /// Older than dedup-service's retained window: whether it was charged cannot be told, so it
+    /// is not charged (fail closed).
+    Expired,
+}
+
+impl Settled {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Charged { called: true } => "charged",
+            Self::Charged { called: false } => "already_charged",
+            Self::Rejected { .. } => "rejected",
+            Self::Conflict { .. } => "conflict",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// What one pass over an operation came to.
+enum Step {
+    Final(Settled),
+    /// Not final yet: Begin again after a wait.
+    Wait,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProviderTarget {
+    spec: ProviderSpec,
+    dedup: DedupClient,
+    provider: ProviderClient,
+    owner: String,
+}
+
+impl ProviderTarget {
+    /// Connects lazily: a dedup-service or provider that is down now is retried per batch.
+    pub fn new(spec: ProviderSpec, owner: String) -> Result<Self, ProviderTargetError> {
+        let dedup = DedupClient::connect_lazy(&spec.dedup_url).map_err(|source| {
+            ProviderTargetError::DedupUrl {
+                target: spec.name.clone(),
+                source,
+            }
+        })?;
+        let provider =
+            ProviderClient::new(&spec.provider_url, spec.call_timeout).map_err(|source| {
+                ProviderTargetError::Url {
+                    target: spec.name.clone(),
+                    source,
+                }
+            })?;
+        Ok(Self {
+            spec,
+            dedup,
+            provider,
+            owner,
+        })
+    }
+
+    pub fn spec(&self) -> &ProviderSpec {
+        &self.spec
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Drives every item to a final state, `concurrency` at a time; answers in item order. An
+    /// error means the batch must not be checkpointed (and is retried from the checkpoint).
+    pub async fn settle(
+        &self,
+        items: Vec<EffectItem>,
+        shutdown: &CancellationToken,
+    ) -> Result<Vec<Settled>, ProviderTargetError> {
+        let give_up_at = Instant::now() + self.spec.settle_timeout;
+        // Unordered: an event waiting for the reconciler must not hold back the slots of the
+        // events behind it (`buffered` frees a slot only when the head of the line is done).
+        let result: Result<Vec<(usize, Settled)>, _> =
+            futures::stream::iter(items.into_iter().enumerate())
+                .map(|(index, item)| async move {
+                    self.settle_one(item, give_up_at, shutdown)
+                        .await
+                        .map(|settled| (index, settled))
+                })
+                .buffer_unordered(self.spec.concurrency)
+                .try_collect()
+                .await;
+        match result {
+            Ok(mut settled) => {
+                settled.sort_unstable_by_key(|(index, _)| *index);
+                Ok(settled.into_iter().map(|(_, settled)| settled).collect())
+            }
+            Err(error) => {
+                if let ProviderTargetError::Unsettled { .. } = &error {
+                    counter!(m::PROVIDER_UNSETTLED, "target" => self.spec.name.clone())
+                        .increment(1);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn settle_one(
+        &self,
+        item: EffectItem,
+        give_up_at: Instant,
+        shutdown: &CancellationToken,
+    ) -> Result<Settled, ProviderTargetError> {
+        let operation_id = self.spec.operation_id(&item.event_id);
+        let span = tracing::info_span!(
+            "sink-writer provider",
+            otel.name = "sink-writer provider charge",
+            otel.kind = "client",
+            event_id = %item.event_id,
+            eos.target = %self.spec.name,
+            eos.operation_id = %operation_id,
+            eos.outcome = tracing::field::Empty,
+            eos.provider_calls = tracing::field::Empty,
+        );
+        let _ = span.set_parent(item.parent.clone());
+        let params = BeginParams {
+            operation_id: operation_id.clone(),
+            fingerprint: item.fingerprint.to_vec(),
+            owner: self.owner.clone(),
+            occurred_at: item.occurred_at,
+            lease_ttl: Some(self.spec.lease_ttl),
+        };
+        let work = async {
+            let mut wait = FIRST_WAIT;
+            let mut calls = 0u32;
+            loop {
+                let outcome = self
+                    .dedup
+                    .begin(&params)
+                    .await
+                    .map_err(|source| self.dedup_error(source))?;
+                counter!(m::PROVIDER_BEGINS, "target" => self.spec.name.clone(), "answer" => outcome.label())
+                    .increment(1);
+                let step = match outcome {
+                    BeginOutcome::Acquired { fencing_token, .. } => {
+                        calls += 1;
+                        self.call(&operation_id, fencing_token, &item.body).await?
+                    }
+                    BeginOutcome::Succeeded { .. } => {
+                        Step::Final(Settled::Charged { called: calls > 0 })
+                    }
+                    BeginOutcome::Failed {
+                        reason,
+                        retryable: false,
+                    } => Step::Final(Settled::Rejected { reason }),
+                    BeginOutcome::Conflict { stored_fingerprint } => {
+                        Step::Final(Settled::Conflict { stored_fingerprint })
+                    }
+                    BeginOutcome::Expired { .. } => Step::Final(Settled::Expired),
+                    BeginOutcome::Failed {
+                        retryable: true, ..
+                    }
+                    | BeginOutcome::InProgress { .. }
+                    | BeginOutcome::Unknown { .. } => Step::Wait,
+                };
+                if let Step::Final(settled) = step {
+                    let span = tracing::Span::current();
+                    span.record("eos.outcome", settled.label());
+                    span.record("eos.provider_calls", calls);
+                    counter!(m::PROVIDER_EFFECTS, "target" => self.spec.name.clone(), "outcome" => settled.label())
+                        .increment(1);
+                    return Ok(settled);
+                }
+                if Instant::now() >= give_up_at {
+                    return Err(ProviderTargetError::Unsettled {
+                        target: self.spec.name.clone(),
+                        operation_id: operation_id.clone(),
+                        timeout: self.spec.settle_timeout,
+                    });
+                }
+                let jitter =
+                    Duration::from_millis(rand::random_range(0..=wait.as_millis() as u64 / 2));
+                tokio::select! {
+                    () = shutdown.cancelled() => {
+                        return Err(ProviderTargetError::Cancelled { target: self.spec.name.clone() });
+                    }
+                    () = tokio::time::sleep(wait + jitter) => {}
+                }
+                wait = (wait * 2).min(MAX_WAIT);
+            }
+        };
+        work.instrument(span).await
+    }
+
+    /// The one provider call an `ACQUIRED` allows, and its report.
+    async fn call(
+        &self,
+        operation_id: &str,
+        fencing_token: i64,
+        body: &Value,
+    ) -> Result<Step, ProviderTargetError> {
+        let outcome = self
+            .provider
+            .charge(operation_id, body, self.spec.call_timeout)
+            .await;
+        let label = match &outcome {
+            ChargeOutcome::Applied { .. } => "applied",
+            ChargeOutcome::Rejected { .. } => "rejected",
+            ChargeOutcome::Ambiguous { .. } => "ambiguous",
+        };
+        counter!(m::PROVIDER_CALLS, "target" => self.spec.name.clone(), "outcome" => label)
+            .increment(1);
+        let reported = match outcome {
+            ChargeOutcome::Applied { body, .. } => self
+                .dedup
+                .complete(operation_id, fencing_token, body)
+                .await
+                .map(|_| Step::Final(Settled::Charged { called: true })),
+            ChargeOutcome::Rejected {
+                status,
+                body,
+                retryable,
+            } => {
+                let reason = format!("provider answered {status}: {body}");
+                self.dedup
+                    .fail(operation_id, fencing_token, &reason, retryable)
+                    .await
+                    .map(|_| {
+                        if retryable {
+                            Step::Wait
+                        } else {
+                            Step::Final(Settled::Rejected { reason })
+                        }
+                    })
+            }
+            ChargeOutcome::Ambiguous { detail } => {
+                debug!(
+                    operation_id,
+                    detail, "provider outcome unknown; marked for reconciliation"
+                );
+                self.dedup
+                    .mark_unknown(operation_id, fencing_token, &detail)
+                    .await
+                    .map(|_| Step::Wait)
+            }
+        };
+        match reported {
+            Ok(step) => Ok(step),
+            // Our lease ran out and a newer holder (or the reconciler) took over: Begin tells
+            // what became of it.
+            Err(error) if error.is_failed_precondition() => {
+                warn!(operation_id, %error, "report refused: a newer holder owns the operation");
+                Ok(Step::Wait)
+            }
+            Err(source) => Err(self.dedup_error(source)),
+        }
+    }
+
+    fn dedup_error(&self, source: ClientError) -> ProviderTargetError {
+        ProviderTargetError::Dedup {
+            target: self.spec.name.clone(),
+            source,
+        }
+    }
+}
+
+/// The charge's request body: the amount and the event it is for. Deterministic per event, so
+/// every attempt with the same key sends the same request.
+pub fn request_body(
+    spec: &ProviderSpec,
+    event: &crate::mapping::DecodedEvent,
+) -> Result<Value, String> {
+    let amount = match &spec.amount {
+        crate::targets::Source::Pointer(pointer) => event
+            .raw
+            .pointer(pointer)
+            .and_then(Value::as_i64)
+            .ok_or_else(|| {
+                format!(
+                    "provider target {}: no integer amount at {pointer}",
+                    spec.name
+                )
+            })?,
+        _ => event.envelope.value,
+    };
+    Ok(serde_json::json!({
+        "amount": amount,
+        "event_id": event.envelope.event_id.as_str(),
+        "entity_id": event.envelope.entity_id.as_str(),
+    }))
+}
