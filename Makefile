@@ -8,10 +8,13 @@ STACK := deploy/local/stack
 
 .PHONY: demo test lint stack-up stack-down stack-status
 
-## demo: bring the stack up, build, and run the main job
+GUARANTEE ?= exactly-once
+DEMO_ARGS ?=
+
+## demo: bring the stack up, build, and run the main job (GUARANTEE=at-least-once for the contrast)
 demo: stack-up
 	$(CARGO) build --release --workspace --bins
-	scripts/demo.sh
+	target/release/eosctl demo --guarantee $(GUARANTEE) $(DEMO_ARGS)
 
 ## test: bring the stack up, then formatting, lints, and every test against the real stack
 test: stack-up lint

@@ -3,8 +3,9 @@
 //! (DESIGN.md §2.3): one output for each logical event, nothing for a duplicate delivery, one DLQ
 //! entry for each malformed or conflicting record.
 //!
-//! Pure logic over in-memory [`SourceRecord`]s — no Kafka, no clock — so the rules are unit-tested
-//! and other sources (Postgres tables, a provider's effect list) can feed the same checks later.
+//! Pure logic over in-memory [`SourceRecord`]s — no Kafka, no clock — so the rules are unit-tested.
+//! The boundaries past the output (Postgres tables, a provider's effect list) are checked against
+//! [`output_logical_set`] by [`boundary_audit`](crate::boundary_audit), into the same report.
 //!
 //! The logical set is keyed by `event_id` (cardinality by operation id, not by attempts):
 //! - the first occurrence of an `event_id` defines the logical event (lowest offset; when
@@ -96,10 +97,33 @@ pub enum Violation {
     WrongEntityTotal,
     /// An entity's outputs out of its input order (counted per late output).
     OrderViolation,
+    /// An output event with no row in the sink table.
+    MissingRow,
+    /// Extra rows for one event id, or extra state rows for one entity (counted per extra row).
+    DuplicatedRow,
+    /// A row for no output event: written from the output topic with an event id it does not
+    /// carry, or a state row for an entity the output gives no version.
+    UnexpectedRow,
+    /// A row whose value or fingerprint is not its output event's, or a state row at the right
+    /// version from another event.
+    RowMismatch,
+    /// An entity whose stored version is below the highest the output carries, or absent.
+    StaleState,
+    /// An entity whose stored version is above the highest the output carries.
+    StateAhead,
+    /// An output event with no provider effect.
+    MissingEffect,
+    /// Extra provider effects for one event (counted per extra effect).
+    DuplicatedEffect,
+    /// A provider effect under the operation prefix for no output event.
+    UnexpectedEffect,
+    /// A provider effect whose amount is not its event's value.
+    EffectMismatch,
 }
 
 impl Violation {
-    pub const ALL: [Violation; 15] = [
+    /// The kinds every audit reports: the topics'.
+    pub const TOPICS: [Violation; 15] = [
         Self::MissingOutput,
         Self::DuplicatedOutput,
         Self::UnexpectedOutput,
@@ -115,6 +139,24 @@ impl Violation {
         Self::UnexpectedDlqRecord,
         Self::WrongEntityTotal,
         Self::OrderViolation,
+    ];
+
+    /// The kinds an audit with `--database-url` adds.
+    pub const POSTGRES: [Violation; 6] = [
+        Self::MissingRow,
+        Self::DuplicatedRow,
+        Self::UnexpectedRow,
+        Self::RowMismatch,
+        Self::StaleState,
+        Self::StateAhead,
+    ];
+
+    /// The kinds an audit with `--provider-url` adds.
+    pub const PROVIDER: [Violation; 4] = [
+        Self::MissingEffect,
+        Self::DuplicatedEffect,
+        Self::UnexpectedEffect,
+        Self::EffectMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -134,6 +176,16 @@ impl Violation {
             Self::UnexpectedDlqRecord => "unexpected_dlq_record",
             Self::WrongEntityTotal => "wrong_entity_total",
             Self::OrderViolation => "order_violation",
+            Self::MissingRow => "missing_row",
+            Self::DuplicatedRow => "duplicated_row",
+            Self::UnexpectedRow => "unexpected_row",
+            Self::RowMismatch => "row_mismatch",
+            Self::StaleState => "stale_state",
+            Self::StateAhead => "state_ahead",
+            Self::MissingEffect => "missing_effect",
+            Self::DuplicatedEffect => "duplicated_effect",
+            Self::UnexpectedEffect => "unexpected_effect",
+            Self::EffectMismatch => "effect_mismatch",
         }
     }
 
@@ -155,6 +207,16 @@ impl Violation {
             Self::UnexpectedDlqRecord => "DLQ records not traceable to an input",
             Self::WrongEntityTotal => "entities with wrong running totals",
             Self::OrderViolation => "per-entity order violations",
+            Self::MissingRow => "missing: output events without a row",
+            Self::DuplicatedRow => "duplicated: extra rows for one event or entity",
+            Self::UnexpectedRow => "rows for no output event",
+            Self::RowMismatch => "rows whose content differs from the output",
+            Self::StaleState => "entity states behind the output's latest version",
+            Self::StateAhead => "entity states ahead of the output's latest version",
+            Self::MissingEffect => "missing: output events without a provider effect",
+            Self::DuplicatedEffect => "duplicated: extra provider effects for one event",
+            Self::UnexpectedEffect => "provider effects for no output event",
+            Self::EffectMismatch => "provider effects whose amount differs from the value",
         }
     }
 }
@@ -194,6 +256,25 @@ pub struct Figures {
     pub totals_checked: bool,
     /// Input records with exactly one correct disposition.
     pub inputs_accounted: u64,
+    /// Sink-table rows in scope (`--database-url`): written from the output topic or carrying one
+    /// of its event ids. Absent from the report when PostgreSQL was not audited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_rows: Option<u64>,
+    /// Sum of `value` over those rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_sum: Option<i128>,
+    /// State-table rows in scope: for an entity the output versions, or from one of its events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entity_states: Option<u64>,
+    /// Provider effects whose key has the operation prefix (`--provider-url`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_effects: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_sum: Option<i128>,
+    /// Attempts beyond the first over those effects: physical retries the idempotency key turned
+    /// into no second effect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_retries_absorbed: Option<u64>,
 }
 
 /// One line of the report: a figure the exactly-once result must have, and the one found.
@@ -266,6 +347,7 @@ struct OutputEvent {
     event_id: String,
     entity_id: String,
     value: i64,
+    version: Option<u64>,
     fingerprint: Fingerprint,
     totals: Totals,
     source: Option<(String, Position)>,
@@ -285,23 +367,25 @@ struct Group {
     misrouted_to_dlq: bool,
 }
 
-struct Recorder {
+pub(crate) struct Recorder {
     limit: usize,
-    details: BTreeMap<Violation, ViolationDetail>,
+    pub(crate) details: BTreeMap<Violation, ViolationDetail>,
 }
 
 impl Recorder {
-    fn new(limit: usize) -> Self {
+    /// Starts every kind of `kinds` at 0, so the report lists the checks that passed too.
+    pub(crate) fn new(limit: usize, kinds: &[Violation]) -> Self {
         Self {
             limit,
-            details: Violation::ALL
-                .into_iter()
+            details: kinds
+                .iter()
+                .copied()
                 .map(|kind| (kind, ViolationDetail::default()))
                 .collect(),
         }
     }
 
-    fn add(&mut self, kind: Violation, count: u64, example: impl FnOnce() -> String) {
+    pub(crate) fn add(&mut self, kind: Violation, count: u64, example: impl FnOnce() -> String) {
         let detail = self.details.entry(kind).or_default();
         detail.count += count;
         if detail.examples.len() < self.limit {
@@ -309,7 +393,7 @@ impl Recorder {
         }
     }
 
-    fn count(&self, kind: Violation) -> u64 {
+    pub(crate) fn count(&self, kind: Violation) -> u64 {
         self.details.get(&kind).map_or(0, |detail| detail.count)
     }
 }
@@ -352,9 +436,36 @@ fn parse_output(record: &SourceRecord) -> Option<OutputEvent> {
         event_id: envelope.event_id.to_string(),
         entity_id: envelope.entity_id.to_string(),
         value: envelope.value,
+        version: envelope.version,
         totals,
         source: source.as_ref().and_then(parse_source),
     })
+}
+
+/// One logical event of the output topic: what each boundary downstream of it must hold once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputFacts {
+    pub entity_id: String,
+    pub value: i64,
+    pub version: Option<u64>,
+    /// The event's fingerprint without the processor's added fields: the one the sink stores.
+    pub fingerprint: Fingerprint,
+}
+
+/// The output topic's logical set by event id: the first occurrence (by position) of every event
+/// id that parses. The boundaries downstream are audited against the output, not the input, so a
+/// processor mistake is reported once, by the topic checks, and not again at every boundary.
+pub fn output_logical_set(output: &[SourceRecord]) -> BTreeMap<String, OutputFacts> {
+    let mut set = BTreeMap::new();
+    for output in sorted(output).into_iter().filter_map(parse_output) {
+        set.entry(output.event_id).or_insert(OutputFacts {
+            entity_id: output.entity_id,
+            value: output.value,
+            version: output.version,
+            fingerprint: output.fingerprint,
+        });
+    }
+    set
 }
 
 fn parse_source(source: &Value) -> Option<(String, Position)> {
@@ -383,7 +494,7 @@ fn sorted(records: &[SourceRecord]) -> Vec<&SourceRecord> {
 
 /// Runs every check. Never fails: what cannot be parsed is itself a finding.
 pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
-    let mut recorder = Recorder::new(config.example_limit);
+    let mut recorder = Recorder::new(config.example_limit, &Violation::TOPICS);
     let mut figures = Figures::default();
     let horizon_cutoff = time::Duration::try_from(config.dedup_horizon)
         .ok()
@@ -744,7 +855,7 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
         ),
     ];
     let mut notes = Vec::new();
-    for kind in Violation::ALL {
+    for kind in Violation::TOPICS {
         if kind == Violation::WrongEntityTotal && !figures.totals_checked {
             notes.push(format!(
                 "the output carries no `{ENTITY_TOTAL_FIELD}`/`{ENTITY_COUNT_FIELD}`; running totals were not checked"
@@ -767,7 +878,7 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
     }
 }
 
-fn check(name: &str, expected: i128, actual: i128) -> Check {
+pub(crate) fn check(name: &str, expected: i128, actual: i128) -> Check {
     Check {
         name: name.to_owned(),
         expected,

@@ -13,7 +13,8 @@ const EXIT_STATUS: &str = "\
 Exit status:
   0  success (for audit: every input accounted for exactly once)
   1  audit found a violation; lag --wait timed out before the group caught up
-  2  operational error: bad arguments, Kafka unreachable, input topic missing, delivery failed";
+  2  operational error: bad arguments, Kafka unreachable, input topic missing, delivery failed;
+     for audit also PostgreSQL or the provider unreachable, or a table missing";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -79,6 +80,13 @@ pub enum Command {
     /// nothing for a duplicate delivery, one DLQ record with the right reason for each malformed
     /// or conflicting record; and that the output's running per-entity totals and order are
     /// right. Run it once the pipeline has caught up with its input.
+    ///
+    /// With --database-url and/or --provider-url it also audits the boundaries downstream of the
+    /// output topic against the output's logical set (its events by event_id): the sink-writer's
+    /// PostgreSQL tables and the provider's effects must each hold every output event exactly once,
+    /// with its value. Violations there are reported as missing_row, duplicated_row,
+    /// unexpected_row, row_mismatch, stale_state, state_ahead, missing_effect, duplicated_effect,
+    /// unexpected_effect and effect_mismatch, in the same table, --json report and exit status.
     #[command(after_help = EXIT_STATUS)]
     Audit(AuditArgs),
     /// Show how far a consumer group is behind a topic, or wait until it has caught up
@@ -95,6 +103,18 @@ pub enum Command {
     /// Measure a service against the real broker and print the figures (a benchmark, not a test)
     #[command(after_help = EXIT_STATUS)]
     Bench(BenchArgs),
+    /// Run the whole pipeline under faults and print one report, boundary by boundary
+    ///
+    /// Starts provider-sim, dedup-service, eos-processor and sink-writer (the binaries next to
+    /// this eosctl, or --bin-dir) against the running Kafka and PostgreSQL, produces a workload
+    /// with re-deliveries, malformed records and reused ids, SIGKILLs the processor and the sink
+    /// while it is written (restarting them at once), lets provider-sim lose answers after
+    /// applying charges, waits for the pipeline to drain, stops every service with SIGTERM, and
+    /// runs `eosctl audit` over the topics, the PostgreSQL tables and the provider's effects.
+    /// With --guarantee at-least-once the processor runs without transactions under the same
+    /// faults, and the report shows the duplicates the audit catches.
+    #[command(after_help = EXIT_STATUS)]
+    Demo(crate::demo::DemoArgs),
 }
 
 #[derive(Debug, Args)]
@@ -320,6 +340,61 @@ pub struct AuditArgs {
     /// Print the report as one JSON object on stdout instead of tables.
     #[arg(long)]
     pub json: bool,
+
+    /// Also audit the sink-writer's PostgreSQL targets in this database
+    /// (postgres://user:password@host:port/database). DATABASE_URL is not read: without this flag
+    /// the audit is topic-only. Only rows of this pipeline are read: sink-table rows whose
+    /// source_topic is --output or whose event_id is one of the output's, and state rows of an
+    /// entity the output versions or written from one of its events. Checks: one row per output
+    /// event (missing_row, duplicated_row), none for another event_id (unexpected_row), each
+    /// with the output event's value and fingerprint (row_mismatch), and the sum of values; per
+    /// entity, the stored version is the highest the output carries (stale_state when lower or
+    /// absent, state_ahead when higher, row_mismatch when it comes from another event).
+    #[arg(long, value_name = "URL", help_heading = "PostgreSQL targets")]
+    pub database_url: Option<String>,
+
+    /// The sink-writer's append table (one row per event_id; columns event_id, value,
+    /// fingerprint, source_topic), optionally schema-qualified. A missing table is exit status 2.
+    #[arg(
+        long,
+        value_name = "TABLE",
+        default_value = "event_sink",
+        requires = "database_url",
+        help_heading = "PostgreSQL targets"
+    )]
+    pub sink_table: String,
+
+    /// The sink-writer's versioned table (one row per entity; columns entity_id, version,
+    /// event_id), optionally schema-qualified. A missing table is exit status 2.
+    #[arg(
+        long,
+        value_name = "TABLE",
+        default_value = "entity_state",
+        requires = "database_url",
+        help_heading = "PostgreSQL targets"
+    )]
+    pub state_table: String,
+
+    /// Also audit the effects of the provider at this base URL (provider-sim; reads GET
+    /// /effects). Checks: exactly one effect per output event (missing_effect; a second effect for
+    /// one event, as when the provider forgot its idempotency key, is duplicated_effect), none for
+    /// an event_id not in the output (unexpected_effect), each with the event's value as its
+    /// amount (effect_mismatch), and the sum of amounts. Also reports the attempts beyond the
+    /// first: retries the idempotency key absorbed.
+    #[arg(long, value_name = "URL", help_heading = "Provider effects")]
+    pub provider_url: Option<String>,
+
+    /// Effects of this pipeline are those whose idempotency key starts with this prefix; the
+    /// rest of the key is the event_id (the sink's operation id is <name>:<event_id>). Effects
+    /// with other keys are not audited.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "payments:",
+        requires = "provider_url",
+        help_heading = "Provider effects"
+    )]
+    pub provider_operation_prefix: String,
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {
@@ -421,6 +496,32 @@ mod tests {
         assert_eq!(args.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
         assert_eq!(args.dlq, None);
         assert_eq!(args.max_record_bytes, DEFAULT_MAX_RECORD_BYTES);
+        assert_eq!(args.database_url, None);
+        assert_eq!(args.sink_table, "event_sink");
+        assert_eq!(args.state_table, "entity_state");
+        assert_eq!(args.provider_url, None);
+        assert_eq!(args.provider_operation_prefix, "payments:");
         Ok(())
+    }
+
+    #[test]
+    fn audit_boundary_options_need_their_boundary() {
+        let audit = |extra: &[&str]| {
+            let mut args = vec!["eosctl", "audit", "--input", "in", "--output", "out"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        assert!(audit(&["--sink-table", "rows"]).is_err());
+        assert!(audit(&["--provider-operation-prefix", "refunds:"]).is_err());
+        assert!(audit(&["--database-url", "postgres://h/db", "--state-table", "s"]).is_ok());
+        assert!(
+            audit(&[
+                "--provider-url",
+                "http://h",
+                "--provider-operation-prefix",
+                "r:"
+            ])
+            .is_ok()
+        );
     }
 }

@@ -6,17 +6,23 @@
 //! (DESIGN.md §2.3) — one output per logical event (cardinality by `event_id`, never by delivery
 //! attempts), nothing for a duplicate delivery, one dead-letter entry with the right reason for
 //! each malformed or conflicting record — and the running per-entity totals in the output add up.
-//! It reads with `read_committed`, so it sees what a downstream exactly-once consumer sees.
+//! It reads with `read_committed`, so it sees what a downstream exactly-once consumer sees. Given
+//! a database and a provider, it also passes only when the sink's tables and the provider's
+//! effects hold each output event exactly once.
 //!
-//! The audit's rules ([`audit`]), the workload generator ([`workload`]) and the benchmark's
-//! figures ([`bench_figures`]) are pure and unit-tested; [`topic_reader`], [`kafka_client`],
-//! [`group_offsets`] and [`produce`] are the Kafka adapters; [`bench`](mod@bench) runs the real
+//! The audit's rules ([`audit`], [`boundary_audit`]), the workload generator ([`workload`]) and
+//! the benchmark's figures ([`bench_figures`]) are pure and unit-tested; [`topic_reader`],
+//! [`kafka_client`], [`group_offsets`] and [`produce`] are the Kafka adapters,
+//! [`boundary_reader`] the PostgreSQL and provider one; [`bench`](mod@bench) runs the real
 //! binaries.
 
 pub mod audit;
 pub mod bench;
 pub mod bench_figures;
+pub mod boundary_audit;
+pub mod boundary_reader;
 pub mod cli;
+pub mod demo;
 pub mod group_offsets;
 pub mod kafka_client;
 pub mod lag;
@@ -43,6 +49,7 @@ pub use cli::{AuditArgs, BenchArgs, BenchTarget, Cli, Command, LagArgs, ProduceA
 
 use crate::audit::{AuditConfig, AuditInput, DEFAULT_EXAMPLE_LIMIT};
 use crate::bench::BenchOptions;
+use crate::boundary_reader::PostgresScope;
 use crate::kafka_client::{KafkaSettings, TopicLayout};
 use crate::lag::LagWatcher;
 use crate::produce::ProduceOptions;
@@ -92,6 +99,11 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Bench(BenchArgs {
             target: BenchTarget::Processor(args),
         }) => run_bench_processor(kafka, args).await,
+        Command::Demo(args) => Ok(if demo::run(&cli.bootstrap_servers, args).await? {
+            Status::Success
+        } else {
+            Status::ViolationsFound
+        }),
     }
 }
 
@@ -244,11 +256,44 @@ async fn run_audit(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result<Stat
     for snapshot in [&input, &output, &dead_letters] {
         report.notes.extend(snapshot_notes(snapshot));
     }
+    let expected = audit::output_logical_set(&output.records);
+    if let Some(database_url) = &args.database_url {
+        let scope = PostgresScope {
+            sink_table: &args.sink_table,
+            state_table: &args.state_table,
+            output_topic: &output.topic,
+            expected: &expected,
+        };
+        let targets = boundary_reader::read_postgres(database_url, &scope).await?;
+        boundary_audit::audit_postgres(
+            &mut report,
+            &expected,
+            &targets.rows,
+            &targets.states,
+            DEFAULT_EXAMPLE_LIMIT,
+        );
+    }
+    if let Some(provider_url) = &args.provider_url {
+        let effects = boundary_reader::read_provider_effects(provider_url).await?;
+        boundary_audit::audit_provider(
+            &mut report,
+            &expected,
+            &effects,
+            &args.provider_operation_prefix,
+            DEFAULT_EXAMPLE_LIMIT,
+        );
+    }
     let passed = report.passed;
     let outcome = AuditOutcome {
         input_topic: input.topic,
         output_topic: output.topic,
         dlq_topic: dead_letters.topic,
+        sink_table: args.database_url.is_some().then_some(args.sink_table),
+        state_table: args.database_url.is_some().then_some(args.state_table),
+        provider_operation_prefix: args
+            .provider_url
+            .is_some()
+            .then_some(args.provider_operation_prefix),
         report,
     };
     if args.json {

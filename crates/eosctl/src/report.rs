@@ -7,7 +7,7 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{CellAlignment, Table};
 use serde::Serialize;
 
-use crate::audit::{AuditReport, Violation};
+use crate::audit::AuditReport;
 use crate::produce::ProduceSummary;
 
 /// Examples shown per violation kind in the text report (the JSON carries all that were kept).
@@ -19,6 +19,14 @@ pub struct AuditOutcome {
     pub input_topic: String,
     pub output_topic: String,
     pub dlq_topic: String,
+    /// The PostgreSQL tables audited, when `--database-url` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink_table: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_table: Option<String>,
+    /// The key prefix of the provider effects audited, when `--provider-url` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_operation_prefix: Option<String>,
     #[serde(flatten)]
     pub report: AuditReport,
 }
@@ -113,6 +121,12 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
         "audit: input {:?} -> output {:?}, dead letters {:?}",
         outcome.input_topic, outcome.output_topic, outcome.dlq_topic
     );
+    if let (Some(sink), Some(state)) = (&outcome.sink_table, &outcome.state_table) {
+        let _ = writeln!(out, "postgres: tables {sink:?} and {state:?}");
+    }
+    if let Some(prefix) = &outcome.provider_operation_prefix {
+        let _ = writeln!(out, "provider: effects with keys {prefix:?}<event_id>");
+    }
 
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
@@ -141,7 +155,7 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
         .map(|(reason, count)| format!("{reason} {count}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let rows: [(&str, u64, Option<i128>); 9] = [
+    let mut rows: Vec<(&str, u64, Option<i128>)> = vec![
         ("input records", figures.input_records, None),
         (
             "valid input records (all attempts)",
@@ -172,6 +186,18 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
             Some(figures.output_sum),
         ),
     ];
+    if let Some(count) = figures.postgres_rows {
+        rows.push(("rows in the sink table", count, figures.postgres_sum));
+    }
+    if let Some(count) = figures.entity_states {
+        rows.push(("entity states in the state table", count, None));
+    }
+    if let Some(count) = figures.provider_effects {
+        rows.push(("provider effects", count, figures.provider_sum));
+    }
+    if let Some(count) = figures.provider_retries_absorbed {
+        rows.push(("  provider retries absorbed (same key)", count, None));
+    }
     for (name, count, sum) in rows {
         physical.add_row([
             name.to_owned(),
@@ -189,10 +215,8 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
         let _ = writeln!(out, "malformed by reason: {malformed}");
     }
 
-    for kind in Violation::ALL {
-        let Some(detail) = report.violations.get(&kind) else {
-            continue;
-        };
+    // Only the kinds this audit checked are in the map (the boundaries' only when audited).
+    for (kind, detail) in &report.violations {
         if detail.count == 0 {
             continue;
         }
@@ -215,9 +239,21 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
     }
     let failed = report.checks.iter().filter(|check| !check.passed).count();
     if report.passed {
+        let boundaries = [
+            figures.postgres_rows.map(|_| "the tables"),
+            figures.provider_effects.map(|_| "the provider"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>();
+        let downstream = if boundaries.is_empty() {
+            String::new()
+        } else {
+            format!("; {} hold each output event once", boundaries.join(" and "))
+        };
         let _ = writeln!(
             out,
-            "PASS: every input accounted for exactly once ({} inputs, {} logical events)",
+            "PASS: every input accounted for exactly once ({} inputs, {} logical events){downstream}",
             grouped(figures.input_records),
             grouped(figures.logical_events)
         );
@@ -229,7 +265,10 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::audit::{Figures, Violation, ViolationDetail};
 
     #[test]
     fn groups_digits() {
@@ -238,5 +277,70 @@ mod tests {
         assert_eq!(grouped(1000), "1,000");
         assert_eq!(grouped(-1_234_567), "-1,234,567");
         assert_eq!(grouped(100_000), "100,000");
+    }
+
+    fn outcome(figures: Figures, boundaries: bool) -> AuditOutcome {
+        AuditOutcome {
+            input_topic: "payments".into(),
+            output_topic: "ledger".into(),
+            dlq_topic: "payments.dlq".into(),
+            sink_table: boundaries.then(|| "event_sink".into()),
+            state_table: boundaries.then(|| "entity_state".into()),
+            provider_operation_prefix: boundaries.then(|| "payments:".into()),
+            report: AuditReport {
+                passed: true,
+                figures,
+                checks: Vec::new(),
+                violations: BTreeMap::from([(
+                    Violation::UnexpectedEffect,
+                    ViolationDetail::default(),
+                )]),
+                notes: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn boundary_figures_are_in_the_table_and_the_json_only_when_audited()
+    -> Result<(), serde_json::Error> {
+        let audited = outcome(
+            Figures {
+                postgres_rows: Some(1_200),
+                postgres_sum: Some(-5),
+                entity_states: Some(7),
+                provider_effects: Some(1_200),
+                provider_sum: Some(-5),
+                provider_retries_absorbed: Some(31),
+                ..Figures::default()
+            },
+            true,
+        );
+        let text = audit_text(&audited);
+        for line in [
+            "postgres: tables \"event_sink\" and \"entity_state\"",
+            "rows in the sink table",
+            "entity states in the state table",
+            "provider effects",
+            "provider retries absorbed",
+            "1,200",
+            "31",
+            "the tables and the provider hold each output event once",
+        ] {
+            assert!(text.contains(line), "{line:?} in\n{text}");
+        }
+        let json = serde_json::to_value(&audited)?;
+        assert_eq!(json["figures"]["provider_retries_absorbed"], 31);
+        assert_eq!(json["figures"]["entity_states"], 7);
+        assert_eq!(json["sink_table"], "event_sink");
+        assert_eq!(json["violations"]["unexpected_effect"]["count"], 0);
+
+        let topic_only = outcome(Figures::default(), false);
+        let text = audit_text(&topic_only);
+        assert!(!text.contains("provider"), "{text}");
+        assert!(!text.contains("sink table"), "{text}");
+        let json = serde_json::to_value(&topic_only)?;
+        assert!(json.get("sink_table").is_none());
+        assert!(json["figures"].get("postgres_rows").is_none());
+        Ok(())
     }
 }
