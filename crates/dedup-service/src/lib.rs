@@ -28,7 +28,7 @@ pub mod validation;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use eos_core::ops_http::{self, OpsServer, Readiness};
+use eos_core::ops_http::{OpsEndpoint, Readiness};
 use eos_core::{Boundary, Guarantee};
 use eos_proto::dedup::v1::FILE_DESCRIPTOR_SET;
 use eos_proto::dedup::v1::dedup_server::DedupServer;
@@ -94,24 +94,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "retention covers the replay horizon"
     );
 
-    let metrics_handle = ops_http::install_prometheus_recorder()?;
-    metrics::describe();
-    let readiness = Readiness::default();
-    let ops = OpsServer::bind(config.metrics_addr).await?;
-    if let Some(metrics_addr) = ops.local_addr() {
-        tracing::info!(%metrics_addr, "serving /metrics, /healthz, /readyz, /boundary");
-    }
-    let ops_shutdown = CancellationToken::new();
-    let ops_task = tokio::spawn(ops.serve(
-        boundary,
-        readiness.clone(),
-        metrics_handle,
-        ops_shutdown.clone(),
-    ));
-
-    let result = serve(config, readiness, shutdown).await;
-    ops_shutdown.cancel();
-    let _ = ops_task.await;
+    let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
+    let result = serve(config, ops.readiness.clone(), shutdown).await;
+    ops.stop().await;
     result
 }
 

@@ -1,20 +1,20 @@
 //! Metric names (Prometheus, via the `metrics` facade).
 
-pub const RPC_SECONDS: &str = "dedup_rpc_duration_seconds";
-pub const RPC_ERRORS: &str = "dedup_rpc_errors_total";
-pub const BEGIN_OUTCOMES: &str = "dedup_begin_outcomes_total";
-pub const REPORTS: &str = "dedup_reports_total";
-pub const CONFLICTS: &str = "dedup_fingerprint_conflicts_total";
-pub const UNKNOWN_BACKLOG: &str = "dedup_unknown_backlog";
-pub const UNKNOWN_ARRIVALS: &str = "dedup_unknown_arrivals_total";
-pub const UNKNOWN_RESOLVED: &str = "dedup_unknown_resolved_total";
-pub const ARRIVAL_RATE: &str = "dedup_unknown_arrival_rate";
-pub const RECONCILE_RATE: &str = "dedup_unknown_reconcile_rate";
-pub const BACKLOG_UNSTABLE: &str = "dedup_unknown_backlog_unstable";
-pub const RECONCILE_ERRORS: &str = "dedup_reconcile_errors_total";
-pub const RECONCILE_STUCK: &str = "dedup_reconcile_stuck_total";
-pub const LEASES_EXPIRED: &str = "dedup_leases_expired_total";
-pub const PURGED: &str = "dedup_purged_intents_total";
+pub const RPC_SECONDS: &str = "eos_dedup_rpc_duration_seconds";
+pub const RPC_ERRORS: &str = "eos_dedup_rpc_errors_total";
+pub const BEGIN_OUTCOMES: &str = "eos_dedup_begin_outcomes_total";
+pub const REPORTS: &str = "eos_dedup_reports_total";
+pub const CONFLICTS: &str = "eos_dedup_fingerprint_conflicts_total";
+pub const UNKNOWN_BACKLOG: &str = "eos_dedup_unknown_backlog";
+pub const UNKNOWN_ARRIVALS: &str = "eos_dedup_unknown_arrivals_total";
+pub const UNKNOWN_RESOLVED: &str = "eos_dedup_unknown_resolved_total";
+pub const ARRIVAL_RATE: &str = "eos_dedup_unknown_arrival_rate";
+pub const RECONCILE_RATE: &str = "eos_dedup_unknown_reconcile_rate";
+pub const BACKLOG_UNSTABLE: &str = "eos_dedup_unknown_backlog_unstable";
+pub const RECONCILE_ERRORS: &str = "eos_dedup_reconcile_errors_total";
+pub const RECONCILE_STUCK: &str = "eos_dedup_reconcile_stuck_total";
+pub const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
+pub const PURGED: &str = "eos_dedup_purged_intents_total";
 
 pub fn describe() {
     metrics::describe_histogram!(RPC_SECONDS, "gRPC handling time by method");

@@ -56,6 +56,48 @@ struct OpsState {
     metrics: PrometheusHandle,
 }
 
+/// A service's running ops endpoint: what every service starts before its work and stops after.
+#[derive(Debug)]
+pub struct OpsEndpoint {
+    /// Set by the service loop; `/readyz` reports it.
+    pub readiness: Readiness,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl OpsEndpoint {
+    /// Installs the Prometheus recorder, runs `describe` (the service's metric descriptions),
+    /// binds `addr` (a taken port is a start-up error) and serves. Logs the bound address as
+    /// `metrics_addr`, which scripts and tests read when `addr` has port 0.
+    pub async fn start(
+        addr: SocketAddr,
+        boundary: Boundary,
+        describe: fn(),
+    ) -> Result<Self, OpsError> {
+        let metrics = install_prometheus_recorder()?;
+        describe();
+        let server = OpsServer::bind(addr).await?;
+        if let Some(metrics_addr) = server.local_addr() {
+            tracing::info!(%metrics_addr, "serving /metrics, /healthz, /readyz, /boundary");
+        }
+        let readiness = Readiness::default();
+        let shutdown = CancellationToken::new();
+        let task =
+            tokio::spawn(server.serve(boundary, readiness.clone(), metrics, shutdown.clone()));
+        Ok(Self {
+            readiness,
+            shutdown,
+            task,
+        })
+    }
+
+    /// Stops serving (after the service's own work has stopped).
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
 /// A bound but not yet serving ops listener: binding early makes a taken port a start-up error.
 #[derive(Debug)]
 pub struct OpsServer {

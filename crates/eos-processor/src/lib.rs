@@ -17,7 +17,7 @@ pub mod transaction_loop;
 pub mod transform;
 
 use anyhow::Context as _;
-use eos_core::ops_http::{self, OpsServer, Readiness};
+use eos_core::ops_http::OpsEndpoint;
 use eos_core::{Boundary, Guarantee};
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
@@ -80,18 +80,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "boundary"
     );
 
-    let metrics_handle = ops_http::install_prometheus_recorder()?;
-    metrics::describe();
-    let readiness = Readiness::default();
-    let ops = OpsServer::bind(config.metrics_addr).await?;
-    tracing::info!(addr = ?ops.local_addr(), "serving /metrics, /healthz, /readyz, /boundary");
-    let ops_shutdown = CancellationToken::new();
-    let ops_task = tokio::spawn(ops.serve(
-        boundary,
-        readiness.clone(),
-        metrics_handle,
-        ops_shutdown.clone(),
-    ));
+    let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
+    let readiness = ops.readiness.clone();
 
     let mut client_config = ClientConfig::new();
     client_config.set("bootstrap.servers", &config.bootstrap_servers);
@@ -132,7 +122,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     })
     .await
     .context("the transaction loop panicked");
-    ops_shutdown.cancel();
-    let _ = ops_task.await;
+    ops.stop().await;
     result?.map_err(anyhow::Error::from)
 }

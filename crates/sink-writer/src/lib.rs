@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use eos_core::ops_http::{self, OpsServer, Readiness};
+use eos_core::ops_http::{OpsEndpoint, Readiness};
 use eos_core::{Boundary, Guarantee};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -157,21 +157,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "boundary"
     );
 
-    let metrics_handle = ops_http::install_prometheus_recorder()?;
-    metrics::describe();
-    let readiness = Readiness::default();
-    let ops = OpsServer::bind(config.metrics_addr).await?;
-    tracing::info!(addr = ?ops.local_addr(), "serving /metrics, /healthz, /readyz, /boundary");
-    let ops_shutdown = CancellationToken::new();
-    let ops_task = tokio::spawn(ops.serve(
-        boundary,
-        readiness.clone(),
-        metrics_handle,
-        ops_shutdown.clone(),
-    ));
-    let result = serve(config, specs, readiness, shutdown).await;
-    ops_shutdown.cancel();
-    let _ = ops_task.await;
+    let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
+    let result = serve(config, specs, ops.readiness.clone(), shutdown).await;
+    ops.stop().await;
     result
 }
 

@@ -991,16 +991,16 @@ async fn dedup_ambiguous_outcomes_are_reconciled_to_one_effect_per_operation() -
     let mut service = service;
     let metrics = service.metrics().await?;
     for name in [
-        "dedup_unknown_backlog",
-        "dedup_unknown_arrival_rate",
-        "dedup_unknown_reconcile_rate",
-        "dedup_unknown_backlog_unstable",
+        "eos_dedup_unknown_backlog",
+        "eos_dedup_unknown_arrival_rate",
+        "eos_dedup_unknown_reconcile_rate",
+        "eos_dedup_unknown_backlog_unstable",
     ] {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
     let resolved = metrics
         .lines()
-        .find(|line| line.starts_with("dedup_unknown_resolved_total{outcome=\"SUCCEEDED\"}"))
+        .find(|line| line.starts_with("eos_dedup_unknown_resolved_total{outcome=\"SUCCEEDED\"}"))
         .and_then(|line| line.split_whitespace().last())
         .and_then(|value| value.parse::<f64>().ok());
     assert_eq!(resolved, Some(ambiguous as f64), "{metrics}");
