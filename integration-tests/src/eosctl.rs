@@ -72,8 +72,19 @@ pub fn produce_on(
     topic: &str,
     workload: &Workload,
 ) -> anyhow::Result<Value> {
+    produce_with_env(bootstrap_servers, topic, workload, &[])
+}
+
+/// [`produce_on`] with extra environment variables (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
+pub fn produce_with_env(
+    bootstrap_servers: &str,
+    topic: &str,
+    workload: &Workload,
+    envs: &[(&str, &str)],
+) -> anyhow::Result<Value> {
     let output = Command::new(workspace_binary("eosctl")?)
         .args(workload.args(bootstrap_servers, topic))
+        .envs(envs.iter().copied())
         .output()?;
     if !output.status.success() {
         bail!(

@@ -4,6 +4,7 @@
 //! cannot reach the stack fails with a message saying how to start it.
 
 pub mod eosctl;
+pub mod otlp_collector;
 pub mod service_process;
 
 use std::fs::{File, OpenOptions};

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Instant;
 
-use eos_core::trace_context::extract_grpc;
+use eos_core::trace_context::{event_id_in, extract_grpc};
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_server::Dedup;
 use tonic::{Code, Request, Response, Status};
@@ -31,7 +31,8 @@ impl DedupApi {
 }
 
 /// The request span: built first, parented on the caller's trace, then entered by
-/// `.instrument` (setting the parent inside an entered span would start a new trace).
+/// `.instrument` (setting the parent inside an entered span would start a new trace). `event_id`
+/// comes from the caller's baggage (absent for callers that send none, e.g. the reconciler's).
 fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
     let span = tracing::info_span!(
         "dedup.rpc",
@@ -40,10 +41,15 @@ fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
         rpc.system = "grpc",
         rpc.service = "eos.dedup.v1.Dedup",
         rpc.method = method,
+        event_id = tracing::field::Empty,
         operation_id = tracing::field::Empty,
         items = tracing::field::Empty,
     );
-    let _ = span.set_parent(extract_grpc(request.metadata()));
+    let parent = extract_grpc(request.metadata());
+    if let Some(event_id) = event_id_in(&parent) {
+        span.record("event_id", event_id);
+    }
+    let _ = span.set_parent(parent);
     span
 }
 
@@ -326,15 +332,42 @@ impl Dedup for DedupApi {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
     use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
-    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
     use tracing_subscriber::layer::SubscriberExt as _;
 
     use super::*;
 
+    /// Keeps every ended span, to look at what would be exported.
+    #[derive(Debug, Clone, Default)]
+    struct Ended(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanProcessor for Ended {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().expect("not poisoned").push(span);
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
     #[test]
-    fn the_request_span_continues_the_callers_trace() {
-        let provider = SdkTracerProvider::builder().build();
+    fn the_request_span_continues_the_callers_trace_and_tags_its_event_id() {
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         tracing::subscriber::with_default(subscriber, || {
@@ -345,13 +378,27 @@ mod tests {
                     .parse()
                     .expect("valid metadata"),
             );
+            request
+                .metadata_mut()
+                .insert("baggage", "event_id=evt-9".parse().expect("valid metadata"));
             let span = rpc_span("Get", &request);
             let trace_id = span.context().span().span_context().trace_id();
             assert_eq!(trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            drop(span);
 
             let orphan = rpc_span("Get", &Request::new(pb::GetRequest::default()));
             let own = orphan.context().span().span_context().trace_id();
             assert_ne!(own.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         });
+        let ended = ended.0.lock().expect("not poisoned");
+        let event_id = |span: &SpanData| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "event_id")
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(ended.len(), 2);
+        assert_eq!(event_id(&ended[0]).as_deref(), Some("evt-9"));
+        assert_eq!(event_id(&ended[1]), None, "no baggage, no event_id");
     }
 }

@@ -1,6 +1,6 @@
 //! HTTP client for the provider's API (the one provider-sim implements): `POST /charges` with an
 //! `Idempotency-Key` header, and `GET /charges/{key}` for reconciliation. The current span's
-//! trace context travels in `traceparent`.
+//! trace context travels in `traceparent`, its event id in `baggage`.
 //!
 //! [`ProviderClient::charge`] sorts every answer into what the caller must report: applied
 //! (Complete), definitely not applied (Fail), or not known (MarkUnknown) — a timeout, a lost
@@ -8,9 +8,7 @@
 
 use std::time::Duration;
 
-use opentelemetry::propagation::{Injector, TextMapPropagator as _};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::HeaderMap;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
@@ -55,24 +53,10 @@ pub struct ProviderClient {
     base: reqwest::Url,
 }
 
-struct HeaderInjector<'a>(&'a mut HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(name, value);
-        }
-    }
-}
-
-/// `traceparent` (and `tracestate`) of the current span.
+/// `traceparent` and the baggage (the event id) of the current span.
 fn trace_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
-    let cx = tracing::Span::current().context();
-    TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(&mut headers));
+    eos_core::trace_context::inject_http(&tracing::Span::current().context(), &mut headers);
     headers
 }
 

@@ -1,7 +1,7 @@
 //! Shared types of eos-suite: the event envelope and its validation, the canonical fingerprint,
 //! the `Boundary` every service states its guarantee with, `Checkpoint`, dead-letter reason codes,
-//! W3C trace-context propagation over Kafka headers and gRPC metadata, telemetry set-up and the
-//! shutdown signal.
+//! W3C trace-context and baggage propagation over Kafka headers, gRPC metadata and HTTP headers
+//! (the event id rides in the baggage), telemetry set-up and the shutdown signal.
 //!
 //! Guarantee: nothing here does I/O against Kafka or Postgres; every service parses, validates and
 //! fingerprints events with this one implementation, so "same event" means the same thing at every

@@ -7,15 +7,19 @@ use std::str::FromStr;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// The environment variable that turns the OTLP exporter on (the OpenTelemetry standard name).
 pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// Spans waiting for export beyond this many are dropped (the OpenTelemetry standard name).
+const BSP_MAX_QUEUE_SIZE_ENV: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
+/// The queue when `OTEL_BSP_MAX_QUEUE_SIZE` is not set: about a second of spans at the highest
+/// rates here (roughly 1 KiB each, so tens of MiB at worst, and only during a burst).
+const DEFAULT_SPAN_QUEUE: usize = 65_536;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -81,7 +85,7 @@ pub fn init(
     service_name: &'static str,
     log_format: LogFormat,
 ) -> Result<TelemetryGuard, TelemetryError> {
-    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    opentelemetry::global::set_text_map_propagator(crate::trace_context::propagator());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
 
     let provider = match std::env::var(OTLP_ENDPOINT_ENV) {
@@ -119,10 +123,17 @@ fn otlp_provider(service_name: &'static str) -> Result<SdkTracerProvider, Teleme
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .build()?;
+    // The SDK's default queue (2,048 spans) overflows within milliseconds of a burst — `eosctl
+    // produce` ends ~75,000 spans a second — and a full queue drops spans silently.
+    let mut batch = BatchConfigBuilder::default();
+    if std::env::var_os(BSP_MAX_QUEUE_SIZE_ENV).is_none() {
+        batch = batch.with_max_queue_size(DEFAULT_SPAN_QUEUE);
+    }
     // Exports on the application's Tokio runtime: tonic needs a reactor, which the SDK's default
     // batch thread does not have.
-    let processor =
-        BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
+    let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_batch_config(batch.build())
+        .build();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(Resource::builder().with_service_name(service_name).build())

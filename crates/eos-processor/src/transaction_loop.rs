@@ -383,15 +383,22 @@ impl<T: Transform> TransactionLoop<T> {
             partition,
             offset: message.offset(),
         };
-        let parent = message
-            .headers()
-            .map(trace_context::extract_kafka)
-            .unwrap_or_default();
         let event_id_header = message
             .headers()
             .and_then(trace_context::event_id_header)
             .unwrap_or_default()
             .to_owned();
+        // The event id as baggage too, so the output's headers carry it to the next service even
+        // when the producer sent no baggage.
+        let parent = message
+            .headers()
+            .map(trace_context::extract_kafka)
+            .unwrap_or_default();
+        let parent = if event_id_header.is_empty() {
+            parent
+        } else {
+            trace_context::context_with_event_id(&parent, &event_id_header)
+        };
         let span = info_span!(
             "process",
             otel.name = "eos-processor process",
@@ -433,6 +440,7 @@ impl<T: Transform> TransactionLoop<T> {
                 } else {
                     parent
                 };
+                let cx = trace_context::context_with_event_id(&cx, &event_id);
                 let headers = trace_context::with_event_id(
                     trace_context::inject_kafka(&cx, OwnedHeaders::new()),
                     &event_id,

@@ -1,6 +1,11 @@
 //! `eosctl produce`: writes a [`Workload`] to a topic the way an at-least-once producer does —
 //! with re-deliveries, malformed records and reused ids — through an idempotent producer, so
 //! every duplicate on the topic is one the workload meant to write, not one the client added.
+//!
+//! Every record gets an `eosctl produce` span (OpenTelemetry messaging conventions, kind
+//! producer), ended when the broker acknowledges the record. An event's first send *is* the span
+//! its records' `traceparent` names, so the trace of an event starts here; a re-delivery is a
+//! child span of that first send. Without an OTLP endpoint the spans are no-ops.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,15 +14,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
+use opentelemetry::global::{BoxedSpan, BoxedTracer};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _};
+use opentelemetry::{Context, KeyValue};
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
 
 use crate::kafka_client::{ClusterError, KafkaSettings, TopicLayout, ensure_topic};
-use crate::workload::{MalformedKind, RecordKind, SpecError, Workload, WorkloadSpec};
+use crate::workload::{
+    GeneratedRecord, MalformedKind, RecordKind, SpecError, Workload, WorkloadSpec,
+};
 
 /// How often the progress bar is refreshed, in records.
 const PROGRESS_EVERY: u64 = 1000;
@@ -125,7 +135,8 @@ impl ProduceSummary {
     }
 }
 
-/// Counts acknowledgements as librdkafka reports them, from its polling thread.
+/// Counts acknowledgements as librdkafka reports them, from its polling thread, and ends each
+/// record's span there.
 #[derive(Debug, Default)]
 struct DeliveryTracker {
     delivered: AtomicU64,
@@ -136,21 +147,70 @@ struct DeliveryTracker {
 impl ClientContext for DeliveryTracker {}
 
 impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = Box<BoxedSpan>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, mut span: Box<BoxedSpan>) {
         match result {
-            Ok(_) => {
+            Ok(message) => {
                 self.delivered.fetch_add(1, Ordering::Relaxed);
+                if span.is_recording() {
+                    span.set_attribute(KeyValue::new(
+                        "messaging.destination.partition.id",
+                        message.partition().to_string(),
+                    ));
+                    span.set_attribute(KeyValue::new("messaging.kafka.offset", message.offset()));
+                }
             }
             Err((error, _)) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut first) = self.first_error.lock() {
                     first.get_or_insert_with(|| error.to_string());
                 }
+                span.set_status(Status::error(error.to_string()));
             }
         }
+        span.end();
     }
+}
+
+/// The `eosctl produce` span of one record, started now and ended on its acknowledgement.
+///
+/// Built with the OpenTelemetry API rather than `tracing`: an event's first send must have the
+/// span id its `traceparent` header already names (drawn from the seed, so the workload stays
+/// deterministic and a re-delivery can name the same parent), and only a span builder can set ids.
+fn send_span(tracer: &BoxedTracer, topic: &str, record: &GeneratedRecord) -> BoxedSpan {
+    let original = record.send.span_context();
+    let mut builder = tracer
+        .span_builder("eosctl produce")
+        .with_kind(SpanKind::Producer);
+    let parent = if record.is_redelivery() {
+        Context::new().with_remote_span_context(original)
+    } else {
+        builder = builder
+            .with_trace_id(original.trace_id())
+            .with_span_id(original.span_id());
+        Context::new()
+    };
+    let mut attributes = Vec::with_capacity(8);
+    attributes.extend([
+        KeyValue::new("messaging.system", "kafka"),
+        KeyValue::new("messaging.operation.type", "send"),
+        KeyValue::new("messaging.operation.name", "send"),
+        KeyValue::new("messaging.destination.name", topic.to_owned()),
+        KeyValue::new("messaging.message.body.size", record.value.len() as i64),
+    ]);
+    if let Ok(key) = std::str::from_utf8(&record.key) {
+        attributes.push(KeyValue::new("messaging.kafka.message.key", key.to_owned()));
+    }
+    if let Some(event_id) = record.event_id() {
+        attributes.push(KeyValue::new("event_id", event_id.to_owned()));
+    }
+    if record.is_redelivery() {
+        attributes.push(KeyValue::new("eos.redelivery", true));
+    }
+    builder
+        .with_attributes(attributes)
+        .start_with_context(tracer, &parent)
 }
 
 /// Creates the topic if needed, then writes the workload. `stop` ends the run early (the records
@@ -208,6 +268,7 @@ fn send_all(
         ..ProduceSummary::default()
     };
     let tracker = producer.context();
+    let tracer = opentelemetry::global::tracer("eosctl");
     let started = Instant::now();
     let mut interrupted = false;
     for (index, record) in (0u64..).zip(workload) {
@@ -232,7 +293,8 @@ fn send_all(
                     value: Some(value.as_slice()),
                 })
             });
-        let mut pending = BaseRecord::to(&options.topic)
+        let span = Box::new(send_span(&tracer, &options.topic, &record));
+        let mut pending = BaseRecord::with_opaque_to(&options.topic, span)
             .key(record.key.as_slice())
             .payload(record.value.as_slice())
             .headers(headers);
@@ -243,7 +305,12 @@ fn send_all(
                     pending = returned;
                     std::thread::sleep(QUEUE_FULL_BACKOFF);
                 }
-                Err((source, _)) => return Err(ProduceError::Send { index, source }),
+                Err((source, returned)) => {
+                    let mut span = returned.delivery_opaque;
+                    span.set_status(Status::error(source.to_string()));
+                    span.end();
+                    return Err(ProduceError::Send { index, source });
+                }
             }
         }
         summary.count(record.kind, record.value.len());
@@ -295,4 +362,91 @@ fn send_all(
         "all records delivered"
     );
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{SpanId, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+
+    use super::*;
+
+    /// Keeps every ended span, to look at what would be exported.
+    #[derive(Debug, Clone, Default)]
+    struct Ended(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanProcessor for Ended {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
+
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().expect("not poisoned").push(span);
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    fn attribute(span: &SpanData, key: &str) -> Option<String> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    }
+
+    #[test]
+    fn a_first_send_is_the_traceparent_span_and_a_redelivery_its_child() {
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
+        let tracer = BoxedTracer::new(Box::new(provider.tracer("eosctl")));
+        let spec = WorkloadSpec {
+            seed: 3,
+            count: 200,
+            entities: 10,
+            duplicate_ratio: 0.1,
+            bad_ratio: 0.0,
+            conflict_ratio: 0.0,
+            value_bytes: 100,
+            occurred_at_base: time::macros::datetime!(2026-01-02 03:04:05 UTC),
+        };
+        let records: Vec<GeneratedRecord> = Workload::new(spec).expect("valid spec").collect();
+        for record in &records {
+            send_span(&tracer, "payments", record).end();
+        }
+
+        let ended = ended.0.lock().expect("not poisoned");
+        assert_eq!(ended.len(), records.len());
+        let mut redeliveries = 0;
+        for (record, span) in records.iter().zip(ended.iter()) {
+            let send = record.send;
+            assert_eq!(span.name, "eosctl produce");
+            assert_eq!(span.span_kind, SpanKind::Producer);
+            assert_eq!(span.span_context.trace_id(), send.trace_id);
+            assert_eq!(attribute(span, "event_id").as_deref(), record.event_id());
+            assert_eq!(
+                attribute(span, "messaging.destination.name").as_deref(),
+                Some("payments")
+            );
+            assert_eq!(
+                attribute(span, "messaging.operation.type").as_deref(),
+                Some("send")
+            );
+            if record.is_redelivery() {
+                redeliveries += 1;
+                assert_eq!(span.parent_span_id, send.span_id);
+                assert_ne!(span.span_context.span_id(), send.span_id);
+            } else {
+                assert_eq!(span.span_context.span_id(), send.span_id);
+                assert_eq!(span.parent_span_id, SpanId::INVALID, "a root");
+            }
+        }
+        assert_eq!(redeliveries, 20);
+    }
 }

@@ -14,7 +14,11 @@ use std::fmt;
 
 use eos_core::DeadLetterReason;
 use eos_core::envelope::MAX_ID_BYTES;
-use eos_core::trace_context::{EVENT_ID_HEADER, TRACEPARENT_HEADER};
+use eos_core::trace_context::{self, EVENT_ID_HEADER};
+use opentelemetry::Context;
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -193,8 +197,26 @@ pub enum RecordKind {
 pub struct GeneratedRecord {
     pub key: Vec<u8>,
     pub value: Vec<u8>,
+    /// `traceparent` of [`Self::send`], `baggage` and `event_id` (when the record has an id).
     pub headers: Vec<(&'static str, Vec<u8>)>,
     pub kind: RecordKind,
+    /// The trace of the send. A re-delivery has its original's: a retry is the same send.
+    pub send: SendTrace,
+}
+
+impl GeneratedRecord {
+    /// The `event_id` header, when the record has one.
+    pub fn event_id(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| *key == EVENT_ID_HEADER)
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    }
+
+    /// A re-delivery of an earlier record (same key, value and headers).
+    pub fn is_redelivery(&self) -> bool {
+        matches!(self.kind, RecordKind::Duplicate { .. })
+    }
 }
 
 /// What is remembered of a logical event so that it can be re-sent byte for byte or contradicted
@@ -206,26 +228,36 @@ struct LogicalEvent {
     value: i64,
     version: u64,
     pad_seed: u64,
-    trace: TraceIds,
+    trace: SendTrace,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct TraceIds {
-    trace_id: u128,
-    span_id: u64,
+/// The trace and span id of an event's first send, drawn from the seed: the producer's span of
+/// that send has these ids, and every delivery of the event — re-deliveries included — names it
+/// as the parent in `traceparent`, so all of an event's spans share one trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendTrace {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
 }
 
-impl TraceIds {
+impl SendTrace {
     fn random(rng: &mut ChaCha8Rng) -> Self {
         // All-zero ids are invalid in W3C trace context; `| 1` keeps them valid.
         Self {
-            trace_id: rng.random::<u128>() | 1,
-            span_id: rng.random::<u64>() | 1,
+            trace_id: TraceId::from(rng.random::<u128>() | 1),
+            span_id: SpanId::from(rng.random::<u64>() | 1),
         }
     }
 
-    fn traceparent(self) -> Vec<u8> {
-        format!("00-{:032x}-{:016x}-01", self.trace_id, self.span_id).into_bytes()
+    /// The send as a sampled remote parent.
+    pub fn span_context(self) -> SpanContext {
+        SpanContext::new(
+            self.trace_id,
+            self.span_id,
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::NONE,
+        )
     }
 }
 
@@ -325,7 +357,7 @@ impl Workload {
             value,
             version,
             pad_seed: self.rng.random(),
-            trace: TraceIds::random(&mut self.rng),
+            trace: SendTrace::random(&mut self.rng),
         };
         self.events.push(event);
         if self.recent.len() == DUPLICATE_WINDOW {
@@ -335,8 +367,9 @@ impl Workload {
         GeneratedRecord {
             key: entity_key(entity),
             value: self.encode(&event, value),
-            headers: self.headers(&event.trace, Some(&self.spec.event_id(sequence))),
+            headers: self.headers(event.trace, Some(&self.spec.event_id(sequence))),
             kind: RecordKind::Logical { sequence, value },
+            send: event.trace,
         }
     }
 
@@ -348,11 +381,12 @@ impl Workload {
         GeneratedRecord {
             key: entity_key(event.entity),
             value: self.encode(&event, event.value),
-            headers: self.headers(&event.trace, Some(&self.spec.event_id(event.sequence))),
+            headers: self.headers(event.trace, Some(&self.spec.event_id(event.sequence))),
             kind: RecordKind::Duplicate {
                 sequence: event.sequence,
                 value: event.value,
             },
+            send: event.trace,
         }
     }
 
@@ -365,15 +399,16 @@ impl Workload {
         let shift = i64::try_from(self.conflicts_sent).unwrap_or(i64::MAX - 1) + 1;
         let value = event.value.saturating_add(shift);
         self.conflicts_sent += 1;
-        let trace = TraceIds::random(&mut self.rng);
+        let trace = SendTrace::random(&mut self.rng);
         GeneratedRecord {
             key: entity_key(event.entity),
             value: self.encode(&event, value),
-            headers: self.headers(&trace, Some(&self.spec.event_id(event.sequence))),
+            headers: self.headers(trace, Some(&self.spec.event_id(event.sequence))),
             kind: RecordKind::Conflict {
                 sequence: event.sequence,
                 value,
             },
+            send: trace,
         }
     }
 
@@ -389,7 +424,7 @@ impl Workload {
             value: self.rng.random_range(1..=MAX_AMOUNT_CENTS),
             version: 1,
             pad_seed: self.rng.random(),
-            trace: TraceIds::random(&mut self.rng),
+            trace: SendTrace::random(&mut self.rng),
         };
         let mut event_id = format!("evt-{}-bad-{index}", self.spec.seed);
         if kind == MalformedKind::OversizedId {
@@ -456,13 +491,22 @@ impl Workload {
         GeneratedRecord {
             key: entity_key(entity),
             value,
-            headers: self.headers(&event.trace, has_event_id.then_some(event_id.as_str())),
+            headers: self.headers(event.trace, has_event_id.then_some(event_id.as_str())),
             kind: RecordKind::Malformed(kind),
+            send: event.trace,
         }
     }
 
-    fn headers(&self, trace: &TraceIds, event_id: Option<&str>) -> Vec<(&'static str, Vec<u8>)> {
-        let mut headers = vec![(TRACEPARENT_HEADER, trace.traceparent())];
+    fn headers(&self, send: SendTrace, event_id: Option<&str>) -> Vec<(&'static str, Vec<u8>)> {
+        let cx = Context::new().with_remote_span_context(send.span_context());
+        let cx = match event_id {
+            Some(event_id) => trace_context::context_with_event_id(&cx, event_id),
+            None => cx,
+        };
+        let mut headers: Vec<(&'static str, Vec<u8>)> = trace_context::context_headers(&cx)
+            .into_iter()
+            .map(|(key, value)| (key, value.into_bytes()))
+            .collect();
         if let Some(event_id) = event_id {
             headers.push((EVENT_ID_HEADER, event_id.as_bytes().to_vec()));
         }
@@ -572,6 +616,7 @@ fn pad_string(seed: u64, len: usize) -> String {
 mod tests {
     use std::collections::{BTreeMap, HashMap, HashSet};
 
+    use eos_core::trace_context::{BAGGAGE_HEADER, TRACEPARENT_HEADER};
     use eos_core::{EnvelopeError, EventEnvelope};
     use time::macros::datetime;
 
@@ -701,12 +746,15 @@ mod tests {
             );
             let traceparent =
                 std::str::from_utf8(header(record, TRACEPARENT_HEADER).unwrap_or_default())?;
-            let parts: Vec<&str> = traceparent.split('-').collect();
-            assert_eq!(parts.len(), 4, "{traceparent}");
             assert_eq!(
-                (parts[0], parts[1].len(), parts[2].len(), parts[3]),
-                ("00", 32, 16, "01")
+                traceparent,
+                format!("00-{}-{}-01", record.send.trace_id, record.send.span_id)
             );
+            assert_eq!(
+                header(record, BAGGAGE_HEADER),
+                Some(format!("event_id=evt-11-{n}").as_bytes())
+            );
+            assert_eq!(record.event_id(), Some(envelope.event_id.as_str()));
         }
         assert_eq!(sequence, 1000);
         assert!((50..=150).contains(&refunds), "{refunds} refunds");
@@ -752,6 +800,8 @@ mod tests {
                     assert_eq!(original.key, record.key);
                     assert_eq!(original.value, record.value);
                     assert_eq!(original.headers, record.headers);
+                    assert_eq!(original.send, record.send);
+                    assert!(record.is_redelivery() && !original.is_redelivery());
                 }
                 _ => {}
             }

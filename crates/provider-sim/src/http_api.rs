@@ -1,4 +1,5 @@
-//! The provider's HTTP API. Handlers run in a span parented on the request's `traceparent`.
+//! The provider's HTTP API. Handlers run in a span parented on the request's `traceparent`, tagged
+//! with the `event_id` of its W3C baggage.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,8 +9,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
+use eos_core::trace_context;
+use metrics::counter;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use time::OffsetDateTime;
 use tracing::Instrument as _;
@@ -30,6 +32,29 @@ pub struct DropConnection;
 pub struct AppState {
     pub ledger: Arc<Mutex<Ledger>>,
     pub faults: Arc<Mutex<Faults>>,
+    /// The Prometheus text of this process's counters (`None` in unit tests).
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// Metric names (Prometheus), prefixed like every other service's.
+pub const CHARGES: &str = "eos_provider_charges_total";
+pub const EFFECTS: &str = "eos_provider_effects_total";
+pub const FAULTS: &str = "eos_provider_faults_total";
+pub const LOOKUPS: &str = "eos_provider_lookups_total";
+
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        CHARGES,
+        "POST /charges by outcome: applied (a new effect), replayed (same key and request), \
+         mismatch (same key, other request), refused (bad request, fault before applying)"
+    );
+    metrics::describe_counter!(EFFECTS, "effects applied (one per idempotency key)");
+    metrics::describe_counter!(
+        FAULTS,
+        "injected faults by kind: error_before_apply, drop_after_apply, delay_after_apply, \
+         error_after_apply"
+    );
+    metrics::describe_counter!(LOOKUPS, "GET /charges/{key} by outcome: found, not_found");
 }
 
 pub fn router(state: AppState) -> Router {
@@ -37,26 +62,33 @@ pub fn router(state: AppState) -> Router {
         .route("/charges", post(create_charge))
         .route("/charges/{key}", get(get_charge))
         .route("/effects", get(list_effects))
+        .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|| async { "ready\n" }))
         .with_state(state)
 }
 
-struct HeaderExtractor<'a>(&'a HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(|name| name.as_str()).collect()
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    match &state.metrics {
+        Some(handle) => handle.render().into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
-/// A server span parented on the caller's `traceparent` (built, parented, then entered).
+/// A server span parented on the caller's `traceparent` (built, parented, then entered), with
+/// the event id of the caller's baggage.
 fn request_span(name: &'static str, headers: &HeaderMap, key: &str) -> tracing::Span {
-    let span = tracing::info_span!("provider", otel.name = name, otel.kind = "server", key);
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let span = tracing::info_span!(
+        "provider",
+        otel.name = name,
+        otel.kind = "server",
+        key,
+        event_id = tracing::field::Empty,
+    );
+    let parent = trace_context::extract_http(headers);
+    if let Some(event_id) = trace_context::event_id_in(&parent) {
+        span.record("event_id", event_id);
+    }
     let _ = span.set_parent(parent);
     span
 }
@@ -105,6 +137,8 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
         };
         if lock(&state.faults).fail_before_apply() {
             tracing::info!("fault: 503 before applying");
+            counter!(FAULTS, "fault" => "error_before_apply").increment(1);
+            counter!(CHARGES, "outcome" => "refused").increment(1);
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -116,6 +150,7 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
             Applied::New(record) => (StatusCode::CREATED, record, false),
             Applied::Replayed(record) => (StatusCode::OK, record, true),
             Applied::Mismatch { existing } => {
+                counter!(CHARGES, "outcome" => "mismatch").increment(1);
                 tracing::warn!(charge_id = %existing.id, "idempotency key reused with another request");
                 return error(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -128,21 +163,30 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
             }
         };
         tracing::info!(charge_id = %record.id, amount, replayed, "charge applied");
+        if replayed {
+            counter!(CHARGES, "outcome" => "replayed").increment(1);
+        } else {
+            counter!(CHARGES, "outcome" => "applied").increment(1);
+            counter!(EFFECTS).increment(1);
+        }
         let after = lock(&state.faults).after_apply();
         match after {
             AfterApply::Answer => {}
             AfterApply::DropConnection => {
                 tracing::info!("fault: dropping the connection after applying");
+                counter!(FAULTS, "fault" => "drop_after_apply").increment(1);
                 let mut response = StatusCode::INTERNAL_SERVER_ERROR.into_response();
                 response.extensions_mut().insert(DropConnection);
                 return response;
             }
             AfterApply::AnswerLate(delay) => {
                 tracing::info!(?delay, "fault: answering late after applying");
+                counter!(FAULTS, "fault" => "delay_after_apply").increment(1);
                 tokio::time::sleep(delay).await;
             }
             AfterApply::ServerError => {
                 tracing::info!("fault: 500 after applying");
+                counter!(FAULTS, "fault" => "error_after_apply").increment(1);
                 return error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
@@ -169,7 +213,10 @@ async fn get_charge(
 ) -> Response {
     let span = request_span("GET /charges/{key}", &headers, &key);
     let _entered = span.enter();
-    match lock(&state.ledger).lookup(&key, OffsetDateTime::now_utc()) {
+    let found = lock(&state.ledger).lookup(&key, OffsetDateTime::now_utc());
+    counter!(LOOKUPS, "outcome" => if found.is_some() { "found" } else { "not_found" })
+        .increment(1);
+    match found {
         Some(record) => (StatusCode::OK, Json(record)).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
@@ -187,15 +234,41 @@ async fn list_effects(State(state): State<AppState>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
-    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
     use tracing_subscriber::layer::SubscriberExt as _;
 
     use super::*;
 
+    /// Keeps every ended span, to look at what would be exported.
+    #[derive(Debug, Clone, Default)]
+    struct Ended(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanProcessor for Ended {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+
+        fn on_end(&self, span: SpanData) {
+            lock(&self.0).push(span);
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
     #[test]
-    fn the_request_span_continues_the_callers_trace() {
-        let provider = SdkTracerProvider::builder().build();
+    fn the_request_span_continues_the_callers_trace_and_tags_its_event_id() {
+        let ended = Ended::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(ended.clone())
+            .build();
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         tracing::subscriber::with_default(subscriber, || {
@@ -206,9 +279,22 @@ mod tests {
                     .parse()
                     .expect("valid header"),
             );
+            headers.insert("baggage", "event_id=evt-7".parse().expect("valid header"));
             let span = request_span("POST /charges", &headers, "k");
             let trace_id = span.context().span().span_context().trace_id();
             assert_eq!(trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            drop(span);
+            let _untraced = request_span("GET /charges/{key}", &HeaderMap::new(), "k");
         });
+        let ended = lock(&ended.0);
+        let event_id = |span: &SpanData| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "event_id")
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(ended.len(), 2);
+        assert_eq!(event_id(&ended[0]).as_deref(), Some("evt-7"));
+        assert_eq!(event_id(&ended[1]), None, "no baggage, no event_id");
     }
 }

@@ -46,9 +46,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         error_after_apply = plan.error_after_apply,
         "fault plan"
     );
+    let metrics = eos_core::ops_http::install_prometheus_recorder()?;
+    http_api::describe_metrics();
     let state = AppState {
         ledger: Arc::new(Mutex::new(Ledger::new(config.key_ttl))),
         faults: Arc::new(Mutex::new(Faults::new(plan, seed))),
+        metrics: Some(metrics),
     };
     let listener = TcpListener::bind(config.addr)
         .await

@@ -832,7 +832,7 @@ fn record_spans(records: &[InputRecord], decision: &BatchDecision) -> Vec<Option
                 messaging.kafka.offset = record.offset,
             );
             let parent = trace_context::extract_kafka(&owned_headers(&record.headers));
-            let _ = span.set_parent(parent);
+            let _ = span.set_parent(trace_context::context_with_event_id(&parent, event_id));
             Some(span)
         })
         .collect()

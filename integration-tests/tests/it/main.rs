@@ -10,3 +10,4 @@ mod processor;
 mod provider_sim;
 mod sink_provider;
 mod sink_writer;
+mod traces;
