@@ -91,3 +91,20 @@ fn demo_at_least_once_under_kills_is_caught_by_the_audit() -> anyhow::Result<()>
     assert_eq!(line(&report, "provider effects")["passed"], true);
     Ok(())
 }
+
+/// The metrics test: without kills, every service's counters (scraped from each real process's
+/// /metrics at the end of the run) equal the audit's figures.
+#[test]
+fn demo_metrics_of_every_service_agree_with_the_audit() -> anyhow::Result<()> {
+    let (code, report) = demo("exactly-once", "0", "0")?;
+    assert_eq!(code, 0, "{report:#}");
+    let metrics = line(&report, "metrics agree with the audit");
+    assert_eq!(metrics["passed"], true, "{report:#}");
+    assert!(
+        metrics["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("8 counters")),
+        "{metrics}"
+    );
+    Ok(())
+}
