@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::IsTerminal as _;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -335,12 +336,23 @@ lease_ttl = "10s"
     )
 }
 
-/// Runs this eosctl with `args`; (exit code, stdout).
-async fn eosctl(self_exe: &Path, args: &[String], log: &Path) -> anyhow::Result<(i32, String)> {
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)?;
+/// Runs this eosctl with `args`; (exit code, stdout). Its stderr goes to `log`, or to the
+/// terminal for `show_progress` when stderr is one (its progress bar, nothing else is printing).
+async fn eosctl(
+    self_exe: &Path,
+    args: &[String],
+    log: &Path,
+    show_progress: bool,
+) -> anyhow::Result<(i32, String)> {
+    let stderr = if show_progress && std::io::stderr().is_terminal() {
+        Stdio::inherit()
+    } else {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?
+            .into()
+    };
     let output = Command::new(self_exe)
         .args(args)
         .stdin(Stdio::null())
@@ -574,7 +586,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         "--json",
     ]);
     let (audit_code, audit_json) =
-        eosctl(&self_exe, &audit_args, &run_dir.join("audit.log")).await?;
+        eosctl(&self_exe, &audit_args, &run_dir.join("audit.log"), false).await?;
     provider.stop().await.ok();
     std::fs::write(run_dir.join("audit.json"), &audit_json)?;
     if audit_code == 2 {
@@ -590,9 +602,11 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         drop_database(&args.database_url, &database).await?;
     }
 
+    let kills =
+        |n: usize, name: &str| format!("{n} SIGKILL{} of {name}", if n == 1 { "" } else { "s" });
     let mut faults = vec![
-        format!("{} SIGKILLs of eos-processor", processor.restarts),
-        format!("{} SIGKILLs of sink-writer", sink.restarts),
+        kills(processor.restarts, "eos-processor"),
+        kills(sink.restarts, "sink-writer"),
     ];
     faults.push(format!(
         "provider-sim applied every charge and lost {:.0}% of the answers (dropped, 500, late)",
@@ -603,7 +617,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     let report = build_report(
         &args,
         &run_dir,
-        [&input, &output],
+        [&input, &output, &format!("evt-{seed}-0")],
         faults,
         audit,
         audit_code,
@@ -667,7 +681,7 @@ async fn drive(
     let producer = {
         let self_exe = self_exe.to_path_buf();
         let log = run_dir.join("produce.log");
-        tokio::spawn(async move { eosctl(&self_exe, &produce_args, &log).await })
+        tokio::spawn(async move { eosctl(&self_exe, &produce_args, &log, false).await })
     };
     // The producer creates the input topic; the processor starts once it is there.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -726,7 +740,7 @@ async fn drive(
             "--timeout",
             &timeout,
         ]);
-        let (code, _) = eosctl(self_exe, &lag_args, &run_dir.join("lag.log")).await?;
+        let (code, _) = eosctl(self_exe, &lag_args, &run_dir.join("lag.log"), true).await?;
         service.check_running()?;
         if code != 0 {
             say(format!(
@@ -963,7 +977,7 @@ fn check_line(name: &str, audit: &Value, kinds: &[&str], figures: String) -> Rep
 fn build_report(
     args: &DemoArgs,
     run_dir: &Path,
-    [input, output]: [&str; 2],
+    [input, output, sample_event]: [&str; 3],
     faults: Vec<String>,
     audit: Value,
     audit_code: i32,
@@ -1090,15 +1104,14 @@ fn build_report(
     });
     lines.push(metrics);
     let passed = audit_code == 0 && lines.iter().all(|line| line.passed != Some(false));
-    let sample = audit["violations"]["duplicated_output"]["examples"][0]
+    let duplicated = audit["violations"]["duplicated_output"]["examples"][0]
         .as_str()
         .map(str::to_owned);
     let traces = format!(
         "with OTEL_EXPORTER_OTLP_ENDPOINT set (e.g. Jaeger's OTLP port, http://127.0.0.1:4317), \
-         every service exports its spans; in Jaeger search by tag event_id=<id> (e.g. one from \
-         {input}) to see producer → eos-processor → sink-writer → dedup-service → provider-sim in \
-         one trace{}",
-        sample
+         every service exports its spans; in Jaeger search by tag event_id={sample_event} to see \
+         eosctl produce → eos-processor → sink-writer → dedup-service → provider-sim in one trace{}",
+        duplicated
             .map(|s| format!("; a duplicated one to look at: {s}"))
             .unwrap_or_default()
     );
