@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
-use opentelemetry::trace::TraceContextExt as _;
+use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
@@ -113,6 +113,9 @@ struct BatchCounts {
     dead_letters: HashMap<DeadLetterReason, u64>,
 }
 
+/// Span links a transaction span keeps: OpenTelemetry's default limit per span.
+const MAX_SPAN_LINKS: usize = 128;
+
 /// The open batch: decided but not yet written.
 #[derive(Debug)]
 struct Batch<S> {
@@ -121,6 +124,9 @@ struct Batch<S> {
     overlays: HashMap<i32, Overlay<S>>,
     next_offsets: HashMap<i32, i64>,
     counts: BatchCounts,
+    /// The `process` spans of its first records: the transaction span links to them, since one
+    /// transaction has many inputs (and so no single parent).
+    links: Vec<SpanContext>,
 }
 
 impl<S> Default for Batch<S> {
@@ -131,6 +137,7 @@ impl<S> Default for Batch<S> {
             overlays: HashMap::new(),
             next_offsets: HashMap::new(),
             counts: BatchCounts::default(),
+            links: Vec::new(),
         }
     }
 }
@@ -426,6 +433,12 @@ impl<T: Transform> TransactionLoop<T> {
         );
         batch.counts.records_in += 1;
         batch.next_offsets.insert(partition, message.offset() + 1);
+        if batch.links.len() < MAX_SPAN_LINKS {
+            let span_context = span.context().span().span_context().clone();
+            if span_context.is_valid() {
+                batch.links.push(span_context);
+            }
+        }
         match decision {
             Decision::Emit {
                 event_id,
@@ -530,6 +543,20 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     fn commit_transactional(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+        let span = info_span!(
+            "transaction",
+            otel.name = "eos-processor transaction",
+            otel.kind = "producer",
+            messaging.system = "kafka",
+            messaging.operation.type = "send",
+            messaging.destination.name = %self.settings.output_topic,
+            eos.records = batch.counts.records_in,
+            eos.outcome = tracing::field::Empty,
+        );
+        for link in &batch.links {
+            span.add_link(link.clone());
+        }
+        let _entered = span.enter();
         let started = Instant::now();
         let changelog = self.changelog_records(&batch);
         let written = self.write_transaction(&batch, &changelog);
@@ -548,6 +575,15 @@ impl<T: Transform> TransactionLoop<T> {
                 self.commit_with_retry()
             }
         };
+        span.record(
+            "eos.outcome",
+            match &outcome {
+                Ok(()) => "committed",
+                Err(TxnFailure::Abortable(_)) => "aborted",
+                Err(TxnFailure::Unknown(_)) => "unknown",
+                Err(TxnFailure::Fatal(_)) => "fatal",
+            },
+        );
         match outcome {
             Ok(()) => {
                 histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());

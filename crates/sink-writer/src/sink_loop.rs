@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
+use opentelemetry::trace::TraceContextExt as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -34,7 +35,7 @@ use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument as _, debug, error, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use eos_core::ops_http::Readiness;
@@ -838,6 +839,26 @@ fn record_spans(records: &[InputRecord], decision: &BatchDecision) -> Vec<Option
         .collect()
 }
 
+/// The span of a batch's database transaction. It has many inputs, so no single parent: it links
+/// to the records' spans (the first 128, OpenTelemetry's default limit per span).
+fn batch_span(records: usize, spans: &[Option<tracing::Span>]) -> tracing::Span {
+    let span = tracing::info_span!(
+        "sink-writer transaction",
+        otel.name = "sink-writer transaction",
+        otel.kind = "client",
+        db.system = "postgresql",
+        db.operation.name = "COMMIT",
+        eos.records = records,
+    );
+    for record in spans.iter().flatten().take(128) {
+        let span_context = record.context().span().span_context().clone();
+        if span_context.is_valid() {
+            span.add_link(span_context);
+        }
+    }
+    span
+}
+
 fn owned_headers(headers: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
     headers.iter().fold(
         OwnedHeaders::new_with_capacity(headers.len()),
@@ -887,17 +908,22 @@ impl BatchWriter<'_> {
         let decision = decision::decide(records, &views, self.settings.max_record_bytes);
         let spans = record_spans(records, &decision);
         let provider = self.settle_providers(records, &decision, &spans).await?;
-        match self
-            .write_decided(records, moves, &views, &decision, &provider)
-            .await
-        {
-            Err(SinkError::Data(error)) => {
-                warn!(%error, records = records.len(), "postgres refused the batch's data; redoing it one record at a time");
-                self.write_isolated(records, moves, &views, decision, &provider)
-                    .await
+        let transaction = batch_span(records.len(), &spans);
+        async {
+            match self
+                .write_decided(records, moves, &views, &decision, &provider)
+                .await
+            {
+                Err(SinkError::Data(error)) => {
+                    warn!(%error, records = records.len(), "postgres refused the batch's data; redoing it one record at a time");
+                    self.write_isolated(records, moves, &views, decision, &provider)
+                        .await
+                }
+                other => other,
             }
-            other => other,
         }
+        .instrument(transaction)
+        .await
     }
 
     /// Every provider target's charges for the batch, settled before the transaction that

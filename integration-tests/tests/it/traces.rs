@@ -432,6 +432,43 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
         collector.span_count()
     );
 
+    // A transaction has many inputs, so its span links to the records' spans instead of having
+    // a parent: every link resolves to a record span of the same service, in that record's trace.
+    let spans = collector.spans();
+    let by_id: BTreeMap<(&str, &str), &CollectedSpan> = spans
+        .iter()
+        .map(|s| ((s.trace_id.as_str(), s.span_id.as_str()), s))
+        .collect();
+    for (service, transaction, record) in [
+        (
+            "eos-processor",
+            "eos-processor transaction",
+            "eos-processor process",
+        ),
+        (
+            "sink-writer",
+            "sink-writer transaction",
+            "sink-writer write",
+        ),
+    ] {
+        let transactions: Vec<&CollectedSpan> = spans
+            .iter()
+            .filter(|s| s.service_name == service && s.name == transaction)
+            .collect();
+        let links: Vec<_> = transactions.iter().flat_map(|s| &s.links).collect();
+        assert!(
+            !links.is_empty(),
+            "{transaction} spans link to their inputs"
+        );
+        for link in links {
+            let target = by_id.get(&(link.trace_id.as_str(), link.span_id.as_str()));
+            assert!(
+                target.is_some_and(|t| t.service_name == service && t.name == record),
+                "{transaction} links to {link:?}, which is no {record} span"
+            );
+        }
+    }
+
     // The re-deliveries' own spans: a child of the first send, in the same trace, somewhere in
     // the run (the sample may or may not hold one).
     let by_event = collector.spans_by_event_id();
