@@ -366,3 +366,58 @@ pub fn request_body(
         "entity_id": event.envelope.entity_id.as_str(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::targets::Source;
+
+    fn spec(amount: Source) -> ProviderSpec {
+        ProviderSpec {
+            name: "payments".into(),
+            dedup_url: "http://127.0.0.1:50051".into(),
+            provider_url: "http://127.0.0.1:8081".into(),
+            amount,
+            call_timeout: Duration::from_secs(2),
+            lease_ttl: Duration::from_secs(30),
+            concurrency: 4,
+            settle_timeout: Duration::from_secs(60),
+        }
+    }
+
+    fn event(json: &str) -> crate::mapping::DecodedEvent {
+        crate::mapping::decode(Some(json.as_bytes()), 1 << 20).expect("a valid envelope")
+    }
+
+    #[test]
+    fn the_body_is_the_amount_and_the_event_it_is_for() {
+        let e =
+            event(r#"{"event_id":"e-1","entity_id":"a-7","value":1250,"payload":{"cents":99}}"#);
+        let body = request_body(&spec(Source::Value), &e).expect("a body");
+        assert_eq!(
+            body,
+            serde_json::json!({"amount": 1250, "event_id": "e-1", "entity_id": "a-7"})
+        );
+        let body =
+            request_body(&spec(Source::Pointer("/payload/cents".into())), &e).expect("a body");
+        assert_eq!(body["amount"], 99);
+    }
+
+    #[test]
+    fn a_missing_amount_is_refused_naming_the_pointer() {
+        let e = event(r#"{"event_id":"e-1","entity_id":"a-7","value":1,"payload":{"cents":"x"}}"#);
+        let error = request_body(&spec(Source::Pointer("/payload/cents".into())), &e)
+            .expect_err("not an integer");
+        assert!(error.contains("/payload/cents"), "{error}");
+    }
+
+    #[test]
+    fn labels_tell_a_new_charge_from_a_replayed_one() {
+        assert_eq!(Settled::Charged { called: true }.label(), "charged");
+        assert_eq!(
+            Settled::Charged { called: false }.label(),
+            "already_charged"
+        );
+        assert_eq!(Settled::Expired.label(), "expired");
+    }
+}
