@@ -165,7 +165,12 @@ async fn measure(
         let run = run.to_owned();
         tokio::spawn(async move {
             let mut figures = Figures::default();
-            let mut next = Instant::now();
+            // Paced workers start spread over one pace, so arrivals come at a steady rate rather
+            // than in bursts of `clients` at once.
+            let mut next = Instant::now()
+                + pace.map_or(Duration::ZERO, |pace| {
+                    pace.mul_f64(worker as f64 / clients as f64)
+                });
             let mut n = 0usize;
             while started.elapsed() < duration {
                 if let Some(pace) = pace {
