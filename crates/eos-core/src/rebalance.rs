@@ -5,7 +5,34 @@
 use std::sync::Mutex;
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance};
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::error::KafkaResult;
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+
+/// A consumer subscribed to `topic` for a service that keeps its own positions (in a Kafka
+/// transaction or in PostgreSQL): `read_committed`, no automatic commits or offset stores, and
+/// static membership under `instance_id`, so a restarted instance takes its partitions back at
+/// once. Rebalances are recorded for the service loop ([`RebalanceRecorder`]). None of these is
+/// configurable: exactly-once depends on them.
+pub fn subscribe_static_member(
+    config: &ClientConfig,
+    group_id: &str,
+    instance_id: &str,
+    topic: &str,
+) -> KafkaResult<BaseConsumer<RebalanceRecorder>> {
+    let consumer: BaseConsumer<RebalanceRecorder> = config
+        .clone()
+        .set("group.id", group_id)
+        .set("group.instance.id", instance_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .create_with_context(RebalanceRecorder::new(topic))?;
+    consumer.subscribe(&[topic])?;
+    Ok(consumer)
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RebalanceEvent {

@@ -23,7 +23,7 @@ use tracing::{debug, info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use eos_core::ops_http::Readiness;
-use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder};
+use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
 use eos_core::{DeadLetterReason, Guarantee, dead_letter, trace_context};
 
 use crate::changelog;
@@ -199,19 +199,12 @@ impl<T: Transform> TransactionLoop<T> {
         readiness: Readiness,
     ) -> Result<Self, ProcessorError> {
         let producer = create_producer(&settings)?;
-        let consumer: LoopConsumer = settings
-            .client_config
-            .clone()
-            .set("group.id", &settings.group_id)
-            .set("group.instance.id", &settings.instance_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            .create_with_context(RebalanceRecorder::new(settings.input_topic.clone()))?;
-        consumer.subscribe(&[&settings.input_topic])?;
+        let consumer = subscribe_static_member(
+            &settings.client_config,
+            &settings.group_id,
+            &settings.instance_id,
+            &settings.input_topic,
+        )?;
         Ok(Self {
             settings,
             transform,

@@ -39,7 +39,7 @@ use tracing::{Instrument as _, debug, error, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use eos_core::ops_http::Readiness;
-use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder};
+use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
 use eos_core::{DeadLetterReason, trace_context};
 
 use crate::batch_plan::Candidate;
@@ -181,19 +181,12 @@ impl SinkLoop {
         readiness: Readiness,
         shutdown: CancellationToken,
     ) -> Result<Self, SinkError> {
-        let consumer: LoopConsumer = settings
-            .client_config
-            .clone()
-            .set("group.id", &settings.group_id)
-            .set("group.instance.id", &settings.instance_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            .create_with_context(RebalanceRecorder::new(settings.topic.clone()))?;
-        consumer.subscribe(&[&settings.topic])?;
+        let consumer = subscribe_static_member(
+            &settings.client_config,
+            &settings.group_id,
+            &settings.instance_id,
+            &settings.topic,
+        )?;
         let dlq = dead_letters::create_producer(&settings.client_config)?;
         let backoff = Backoff::new(settings.max_backoff);
         Ok(Self {
