@@ -332,41 +332,17 @@ impl Dedup for DedupApi {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
     use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
-    use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
     use tracing_subscriber::layer::SubscriberExt as _;
 
     use super::*;
 
-    /// Keeps every ended span, to look at what would be exported.
-    #[derive(Debug, Clone, Default)]
-    struct Ended(Arc<Mutex<Vec<SpanData>>>);
-
-    impl SpanProcessor for Ended {
-        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
-
-        fn on_end(&self, span: SpanData) {
-            self.0.lock().expect("not poisoned").push(span);
-        }
-
-        fn force_flush(&self) -> OTelSdkResult {
-            Ok(())
-        }
-
-        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
-            Ok(())
-        }
-    }
-
     #[test]
     fn the_request_span_continues_the_callers_trace_and_tags_its_event_id() {
-        let ended = Ended::default();
+        let ended = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(ended.clone())
+            .with_simple_exporter(ended.clone())
             .build();
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
@@ -390,7 +366,7 @@ mod tests {
             let own = orphan.context().span().span_context().trace_id();
             assert_ne!(own.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         });
-        let ended = ended.0.lock().expect("not poisoned");
+        let ended = ended.get_finished_spans().expect("spans recorded");
         let event_id = |span: &SpanData| {
             span.attributes
                 .iter()

@@ -367,30 +367,9 @@ fn send_all(
 #[cfg(test)]
 mod tests {
     use opentelemetry::trace::{SpanId, TracerProvider as _};
-    use opentelemetry_sdk::error::OTelSdkResult;
-    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 
     use super::*;
-
-    /// Keeps every ended span, to look at what would be exported.
-    #[derive(Debug, Clone, Default)]
-    struct Ended(Arc<Mutex<Vec<SpanData>>>);
-
-    impl SpanProcessor for Ended {
-        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
-
-        fn on_end(&self, span: SpanData) {
-            self.0.lock().expect("not poisoned").push(span);
-        }
-
-        fn force_flush(&self) -> OTelSdkResult {
-            Ok(())
-        }
-
-        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
-            Ok(())
-        }
-    }
 
     fn attribute(span: &SpanData, key: &str) -> Option<String> {
         span.attributes
@@ -401,9 +380,9 @@ mod tests {
 
     #[test]
     fn a_first_send_is_the_traceparent_span_and_a_redelivery_its_child() {
-        let ended = Ended::default();
+        let ended = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(ended.clone())
+            .with_simple_exporter(ended.clone())
             .build();
         let tracer = BoxedTracer::new(Box::new(provider.tracer("eosctl")));
         let spec = WorkloadSpec {
@@ -421,7 +400,7 @@ mod tests {
             send_span(&tracer, "payments", record).end();
         }
 
-        let ended = ended.0.lock().expect("not poisoned");
+        let ended = ended.get_finished_spans().expect("spans recorded");
         assert_eq!(ended.len(), records.len());
         let mut redeliveries = 0;
         for (record, span) in records.iter().zip(ended.iter()) {
