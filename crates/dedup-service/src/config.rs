@@ -110,7 +110,8 @@ pub struct Config {
     #[arg(long, env = "DEDUP_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
-    /// Log format on stderr: text or json. RUST_LOG filters.
+    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
+    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "DEDUP_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
 

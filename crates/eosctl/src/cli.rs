@@ -48,6 +48,7 @@ pub struct Cli {
     pub kafka_properties: Vec<String>,
 
     /// Log format on stderr (stdout carries only results): text or json. RUST_LOG filters.
+    /// Traces are exported over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(
         long,
         env = "EOS_LOG_FORMAT",

@@ -66,7 +66,8 @@ pub struct Config {
     )]
     pub error_after_apply_probability: f64,
 
-    /// Log format on stderr: text or json. RUST_LOG filters.
+    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
+    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "PROVIDER_SIM_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
 }

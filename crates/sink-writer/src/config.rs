@@ -137,7 +137,8 @@ pub struct Config {
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9465")]
     pub metrics_addr: SocketAddr,
 
-    /// Log format on stderr: text or json. RUST_LOG filters.
+    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
+    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "EOS_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
 
