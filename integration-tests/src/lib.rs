@@ -184,6 +184,11 @@ pub fn read_topic(topic: &str, isolation: Isolation) -> anyhow::Result<Vec<Owned
 
 /// Waits until `group` has committed, for every partition of `topic`, the topic's end offset:
 /// everything produced so far has been consumed and its effects committed.
+///
+/// A lookup that times out is asked again until `timeout`: after a member is SIGKILLed, its open
+/// transaction holds the group's offsets "unstable" until the broker aborts it
+/// (transaction.timeout.ms plus the broker's abort sweep), and a read_committed offset fetch waits
+/// on them.
 pub fn wait_until_consumed(
     bootstrap_servers: &str,
     group: &str,
@@ -200,8 +205,7 @@ pub fn wait_until_consumed(
         .iter()
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
+    let behind_now = || -> anyhow::Result<Vec<(i32, i64, i64)>> {
         let mut list = TopicPartitionList::new();
         for &partition in &partitions {
             list.add_partition(topic, partition);
@@ -218,13 +222,17 @@ pub fn wait_until_consumed(
                 behind.push((partition, at, high));
             }
         }
-        if behind.is_empty() {
-            return Ok(());
-        }
+        Ok(behind)
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let last = match behind_now() {
+            Ok(behind) if behind.is_empty() => return Ok(()),
+            Ok(behind) => format!("(partition, committed, end) {behind:?}"),
+            Err(error) => format!("last lookup failed: {error:#}"),
+        };
         if std::time::Instant::now() > deadline {
-            bail!(
-                "group {group} still behind on {topic} after {timeout:?}: (partition, committed, end) {behind:?}"
-            );
+            bail!("group {group} still behind on {topic} after {timeout:?}: {last}");
         }
         std::thread::sleep(Duration::from_millis(250));
     }
