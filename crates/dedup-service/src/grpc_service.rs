@@ -36,7 +36,7 @@ impl DedupApi {
 fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
     let span = tracing::info_span!(
         "dedup.rpc",
-        otel.name = method,
+        otel.name = %format_args!("eos.dedup.v1.Dedup/{method}"),
         otel.kind = "server",
         rpc.system = "grpc",
         rpc.service = "eos.dedup.v1.Dedup",

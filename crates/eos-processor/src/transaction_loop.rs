@@ -406,8 +406,9 @@ impl<T: Transform> TransactionLoop<T> {
             event_id = %event_id_header,
             messaging.system = "kafka",
             messaging.operation.type = "process",
-            messaging.source.name = %source.topic,
-            messaging.destination.partition.id = partition,
+            messaging.destination.name = %source.topic,
+            messaging.destination.partition.id = %partition,
+            messaging.consumer.group.name = %self.settings.group_id,
             messaging.kafka.offset = source.offset,
             eos.decision = tracing::field::Empty,
         );

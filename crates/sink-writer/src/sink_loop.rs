@@ -807,7 +807,11 @@ struct ProviderResults {
 
 /// A span per decoded record, parented on the trace context its Kafka headers carry, with the
 /// event id as baggage so every service the record reaches tags its spans with it.
-fn record_spans(records: &[InputRecord], decision: &BatchDecision) -> Vec<Option<tracing::Span>> {
+fn record_spans(
+    records: &[InputRecord],
+    decision: &BatchDecision,
+    group_id: &str,
+) -> Vec<Option<tracing::Span>> {
     records
         .iter()
         .zip(&decision.events)
@@ -821,8 +825,9 @@ fn record_spans(records: &[InputRecord], decision: &BatchDecision) -> Vec<Option
                 event_id,
                 messaging.system = "kafka",
                 messaging.operation.type = "process",
-                messaging.source.name = %record.topic,
-                messaging.destination.partition.id = record.partition,
+                messaging.destination.name = %record.topic,
+                messaging.destination.partition.id = %record.partition,
+                messaging.consumer.group.name = group_id,
                 messaging.kafka.offset = record.offset,
             );
             let parent = trace_context::extract_kafka(&owned_headers(&record.headers));
@@ -899,7 +904,7 @@ impl BatchWriter<'_> {
     ) -> Result<BatchReport, SinkError> {
         let views = views(self.targets);
         let decision = decision::decide(records, &views, self.settings.max_record_bytes);
-        let spans = record_spans(records, &decision);
+        let spans = record_spans(records, &decision, &self.settings.group_id);
         let provider = self.settle_providers(records, &decision, &spans).await?;
         let transaction = batch_span(records.len(), &spans);
         async {

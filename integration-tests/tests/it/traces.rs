@@ -392,8 +392,26 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
             assert_eq!(span.kind, SpanKind::Consumer, "{span}");
             assert_eq!(span.str_attribute("messaging.system"), Some("kafka"));
             assert_eq!(
-                span.str_attribute("messaging.source.name"),
+                span.str_attribute("messaging.destination.name"),
                 Some(pipeline.input.as_str())
+            );
+            assert_eq!(
+                span.str_attribute("messaging.consumer.group.name"),
+                Some(pipeline.group.as_str())
+            );
+        }
+        for span in of_service(&trace, "sink-writer")
+            .into_iter()
+            .filter(|span| span.name == "sink-writer write")
+        {
+            assert_eq!(span.kind, SpanKind::Consumer, "{span}");
+            assert_eq!(
+                span.str_attribute("messaging.destination.name"),
+                Some(pipeline.output.as_str())
+            );
+            assert_eq!(
+                span.str_attribute("messaging.consumer.group.name"),
+                Some(pipeline.sink_group.as_str())
             );
         }
         for span in of_service(&trace, "eosctl") {
@@ -417,6 +435,8 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
         for span in of_service(&trace, "dedup-service") {
             assert_eq!(span.kind, SpanKind::Server, "{span}");
             assert_eq!(span.str_attribute("rpc.system"), Some("grpc"));
+            let method = span.str_attribute("rpc.method").unwrap_or_default();
+            assert_eq!(span.name, format!("eos.dedup.v1.Dedup/{method}"), "{span}");
         }
         assert!(
             of_service(&trace, "provider-sim")
