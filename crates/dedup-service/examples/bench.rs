@@ -76,6 +76,7 @@ fn item(id: &str) -> BeginItem {
         request_id: format!("bench-{id}"),
         lease_ttl: Duration::from_secs(30),
         occurred_at: OffsetDateTime::now_utc(),
+        trace_context: None,
     }
 }
 

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Instant;
 
-use eos_core::trace_context::{event_id_in, extract_grpc};
+use eos_core::trace_context::{event_id_in, extract_grpc, stored_span_context};
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_server::Dedup;
 use tonic::{Code, Request, Response, Status};
@@ -136,9 +136,11 @@ impl Dedup for DedupApi {
     ) -> Result<Response<pb::BeginResponse>, Status> {
         let span = rpc_span("Begin", &request);
         span.record("operation_id", request.get_ref().operation_id.as_str());
+        let trace_context = stored_span_context(&span, &extract_grpc(request.metadata()));
         let request = request.into_inner();
         respond("Begin", span, async move {
-            let item = validation::begin_item(request, "", self.limits)?;
+            let mut item = validation::begin_item(request, "", self.limits)?;
+            item.trace_context = trace_context;
             let mut answers = self.begin_items(vec![item]).await?;
             answers
                 .pop()
@@ -153,9 +155,13 @@ impl Dedup for DedupApi {
     ) -> Result<Response<pb::BeginBatchResponse>, Status> {
         let span = rpc_span("BeginBatch", &request);
         span.record("items", request.get_ref().items.len());
+        let trace_context = stored_span_context(&span, &extract_grpc(request.metadata()));
         let request = request.into_inner();
         respond("BeginBatch", span, async move {
-            let items = validation::begin_batch(request, self.limits)?;
+            let mut items = validation::begin_batch(request, self.limits)?;
+            for item in &mut items {
+                item.trace_context.clone_from(&trace_context);
+            }
             Ok(pb::BeginBatchResponse {
                 items: self.begin_items(items).await?,
             })

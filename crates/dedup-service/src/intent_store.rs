@@ -29,7 +29,7 @@ pub fn migrator() -> sqlx::migrate::Migrator {
 
 const INTENT_COLUMNS: &str = "operation_id, state, fingerprint, fencing_token, holder, request_id, \
      lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result, failure_reason, \
-     retryable, detail";
+     retryable, detail, trace_context";
 
 /// Statements that hit a serialization failure or deadlock changed nothing; run them again.
 const CONFLICT_RETRIES: usize = 5;
@@ -101,6 +101,7 @@ fn intent_from_row(row: &PgRow) -> Result<Intent, DedupError> {
         failure_reason: row.try_get("failure_reason")?,
         retryable: row.try_get("retryable")?,
         detail: row.try_get("detail")?,
+        trace_context: row.try_get("trace_context")?,
     })
 }
 
@@ -194,13 +195,15 @@ impl IntentStore {
         let sql = format!(
             "INSERT INTO dedup_intents AS t
                  (operation_id, fingerprint, state, fencing_token, holder, request_id,
-                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, detail)
+                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, detail,
+                  trace_context)
              SELECT i.operation_id, i.fingerprint, 'RESERVED', 1, i.owner, i.request_id,
                     now() + i.lease_ms * interval '1 millisecond', now(), i.occurred_at,
-                    now(), now(), 'acquired by ' || i.owner
+                    now(), now(), 'acquired by ' || i.owner, i.trace_context
              FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::bigint[],
-                         $6::timestamptz[])
-                  AS i(operation_id, fingerprint, owner, request_id, lease_ms, occurred_at)
+                         $6::timestamptz[], $8::text[])
+                  AS i(operation_id, fingerprint, owner, request_id, lease_ms, occurred_at,
+                       trace_context)
              WHERE i.occurred_at >= now() - $7::bigint * interval '1 millisecond'
              ORDER BY i.operation_id
              ON CONFLICT (operation_id) DO UPDATE SET
@@ -211,6 +214,8 @@ impl IntentStore {
                  lease_expires_at = CASE WHEN {R} THEN EXCLUDED.lease_expires_at
                                          ELSE t.lease_expires_at END,
                  acquired_at = CASE WHEN {R} THEN now() ELSE t.acquired_at END,
+                 trace_context = CASE WHEN {R} THEN EXCLUDED.trace_context
+                                      ELSE t.trace_context END,
                  result = CASE WHEN {R} THEN NULL ELSE t.result END,
                  failure_reason = CASE WHEN {R} THEN NULL ELSE t.failure_reason END,
                  retryable = CASE WHEN {R} THEN FALSE ELSE t.retryable END,
@@ -228,6 +233,7 @@ impl IntentStore {
         let mut request_ids = Vec::with_capacity(items.len());
         let mut leases = Vec::with_capacity(items.len());
         let mut occurred = Vec::with_capacity(items.len());
+        let mut trace_contexts = Vec::with_capacity(items.len());
         for item in items {
             ids.push(item.operation_id.as_str());
             fingerprints.push(item.fingerprint.as_slice());
@@ -235,6 +241,7 @@ impl IntentStore {
             request_ids.push(item.request_id.as_str());
             leases.push(millis(item.lease_ttl));
             occurred.push(item.occurred_at);
+            trace_contexts.push(item.trace_context.as_deref());
         }
         let rows = sqlx::query(&sql)
             .bind(&ids)
@@ -244,6 +251,7 @@ impl IntentStore {
             .bind(&leases)
             .bind(&occurred)
             .bind(millis(self.retention))
+            .bind(&trace_contexts)
             .fetch_all(&self.pool)
             .await?;
         let mut db_now = None;

@@ -5,10 +5,12 @@
 
 use std::time::{Duration, Instant};
 
+use eos_core::trace_context::{context_from_stored, event_id_in};
 use futures::StreamExt as _;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::intent_store::{BacklogCounts, IntentStore};
 use crate::metrics;
@@ -197,13 +199,34 @@ async fn reconcile_unknown(
     }
 }
 
+/// The span of one reconciliation. Its parent is the trace context kept with the intent (the Begin
+/// that acquired it), so the look-up at the provider and the resolution appear in the trace of
+/// the event whose outcome went UNKNOWN, next to the attempt that lost it.
+fn reconcile_span(intent: &Intent) -> tracing::Span {
+    let span = tracing::info_span!(
+        "reconcile",
+        otel.name = "dedup-service reconcile",
+        operation_id = %intent.operation_id,
+        fencing_token = intent.fencing_token,
+        event_id = tracing::field::Empty,
+    );
+    if let Some(stored) = &intent.trace_context {
+        let parent = context_from_stored(stored);
+        if let Some(event_id) = event_id_in(&parent) {
+            span.record("event_id", event_id);
+        }
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
 async fn reconcile_one(
     store: &IntentStore,
     provider: &ProviderClient,
     settings: &ReconcilerSettings,
     intent: Intent,
 ) {
-    let span = tracing::info_span!("reconcile", operation_id = %intent.operation_id);
+    let span = reconcile_span(&intent);
     async {
         let lookup = match provider.lookup(&intent.operation_id).await {
             Ok(lookup) => lookup,
@@ -325,6 +348,7 @@ mod tests {
             failure_reason: None,
             retryable: false,
             detail: String::new(),
+            trace_context: None,
         }
     }
 

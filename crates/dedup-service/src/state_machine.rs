@@ -180,6 +180,8 @@ pub struct Intent {
     pub failure_reason: Option<String>,
     pub retryable: bool,
     pub detail: String,
+    /// The trace context of the Begin that acquired the current token, if it had one.
+    pub trace_context: Option<String>,
 }
 
 /// What a Begin asked for, as far as the answer depends on it.
@@ -331,6 +333,7 @@ mod tests {
             failure_reason: None,
             retryable: false,
             detail: String::new(),
+            trace_context: None,
         }
     }
 

@@ -37,6 +37,9 @@ pub struct BeginItem {
     pub request_id: String,
     pub lease_ttl: Duration,
     pub occurred_at: OffsetDateTime,
+    /// The Begin's own trace context ([`eos_core::trace_context::stored_context`]), kept with the
+    /// intent when this Begin acquires it.
+    pub trace_context: Option<String>,
 }
 
 /// A checked Resolve.
@@ -210,6 +213,7 @@ pub fn begin_item(
         request_id,
         lease_ttl,
         occurred_at,
+        trace_context: None,
     })
 }
 

@@ -13,12 +13,14 @@
 //! extraction starts from an empty context, never from whatever context is current on the thread.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use opentelemetry::baggage::{Baggage, BaggageExt as _};
 use opentelemetry::propagation::{
     Extractor, Injector, TextMapCompositePropagator, TextMapPropagator,
 };
+use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry::{Context, Key, StringValue};
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
@@ -235,6 +237,39 @@ pub fn extract_http(headers: &http::HeaderMap) -> Context {
     extract(&HttpHeaderExtractor(headers))
 }
 
+/// `cx` as text to keep with durable state (a JSON object of the fields [`context_headers`]
+/// gives), so work done later on that state — a reconciliation after the request is long gone —
+/// can join the request's trace; `None` when `cx` carries nothing.
+pub fn stored_context(cx: &Context) -> Option<String> {
+    let fields = context_headers(cx);
+    if fields.is_empty() {
+        return None;
+    }
+    let object: serde_json::Map<String, serde_json::Value> = fields
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), serde_json::Value::String(value)))
+        .collect();
+    Some(serde_json::Value::Object(object).to_string())
+}
+
+/// [`stored_context`] of `span`'s context, or of `fallback` (typically the caller's context)
+/// when the span has none because this process installed no OpenTelemetry layer: it exports no
+/// spans, but later work can still join the caller's trace.
+pub fn stored_span_context(span: &tracing::Span, fallback: &Context) -> Option<String> {
+    let own = span.context();
+    if own.span().span_context().is_valid() {
+        stored_context(&own)
+    } else {
+        stored_context(fallback)
+    }
+}
+
+/// The context [`stored_context`] wrote; an empty context for text it did not write.
+pub fn context_from_stored(text: &str) -> Context {
+    let fields: HashMap<String, String> = serde_json::from_str(text).unwrap_or_default();
+    extract(&fields)
+}
+
 #[cfg(test)]
 mod tests {
     use opentelemetry::trace::{
@@ -315,6 +350,22 @@ mod tests {
             sample_context().span().span_context().trace_id()
         );
         assert_eq!(event_id_in(&extracted).as_deref(), Some("e-3"));
+    }
+
+    #[test]
+    fn stored_context_round_trips_and_empty_stores_nothing() {
+        let cx = context_with_event_id(&sample_context(), "e-4");
+        let stored = stored_context(&cx);
+        let restored = context_from_stored(stored.as_deref().unwrap_or_default());
+        assert_eq!(
+            restored.span().span_context().span_id(),
+            sample_context().span().span_context().span_id()
+        );
+        assert_eq!(event_id_in(&restored).as_deref(), Some("e-4"));
+        assert_eq!(stored_context(&Context::new()), None);
+        let garbage = context_from_stored("not json");
+        assert!(!garbage.span().span_context().is_valid());
+        assert_eq!(event_id_in(&garbage), None);
     }
 
     #[test]

@@ -432,7 +432,11 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
             "{event_id}: Begin, then Complete or MarkUnknown\n{}",
             listing(&trace)
         );
-        for span in of_service(&trace, "dedup-service") {
+        // Besides the RPCs, a reconciliation of this event's charge (checked below).
+        for span in of_service(&trace, "dedup-service")
+            .into_iter()
+            .filter(|span| span.name != "dedup-service reconcile")
+        {
             assert_eq!(span.kind, SpanKind::Server, "{span}");
             assert_eq!(span.str_attribute("rpc.system"), Some("grpc"));
             let method = span.str_attribute("rpc.method").unwrap_or_default();
@@ -487,6 +491,44 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
                 "{transaction} links to {link:?}, which is no {record} span"
             );
         }
+    }
+
+    // A lost answer's reconciliation joins the trace of its event: the reconcile span is a child
+    // of the Begin that acquired the intent, and the look-up at the provider a child of it.
+    let reconciles: Vec<&CollectedSpan> = spans
+        .iter()
+        .filter(|s| s.service_name == "dedup-service" && s.name == "dedup-service reconcile")
+        .collect();
+    assert!(
+        !reconciles.is_empty(),
+        "provider-sim dropped 5% of answers, so some charges were reconciled"
+    );
+    for reconcile in &reconciles {
+        let trace: Vec<&CollectedSpan> = spans
+            .iter()
+            .filter(|s| s.trace_id == reconcile.trace_id)
+            .collect();
+        let event_id = reconcile.event_id();
+        assert!(
+            event_id.is_some()
+                && trace
+                    .iter()
+                    .any(|s| s.service_name == "eosctl" && s.event_id() == event_id),
+            "{reconcile}: in the trace of its event's send"
+        );
+        let parent = reconcile
+            .parent_span_id
+            .as_deref()
+            .and_then(|id| by_id.get(&(reconcile.trace_id.as_str(), id)));
+        assert!(
+            parent.is_some_and(|p| p.name == "eos.dedup.v1.Dedup/Begin"),
+            "{reconcile}: child of the Begin that acquired, not of {parent:?}"
+        );
+        assert!(
+            trace.iter().any(|s| s.service_name == "provider-sim"
+                && s.parent_span_id.as_deref() == Some(reconcile.span_id.as_str())),
+            "{reconcile}: the look-up at the provider is its child"
+        );
     }
 
     // The re-deliveries' own spans: a child of the first send, in the same trace, somewhere in
