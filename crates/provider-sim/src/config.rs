@@ -66,6 +66,11 @@ pub struct Config {
     )]
     pub error_after_apply_probability: f64,
 
+    /// Decline every charge whose amount is above this (402, nothing applied), as a card limit
+    /// would: a refusal that asking again does not change.
+    #[arg(long, env = "PROVIDER_SIM_DECLINE_AMOUNTS_ABOVE")]
+    pub decline_amounts_above: Option<i64>,
+
     /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
     /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "PROVIDER_SIM_LOG_FORMAT", default_value = "text")]
@@ -114,5 +119,10 @@ mod tests {
         ])
         .expect("parses");
         assert!(bad.validate().is_err());
+        assert_eq!(config.decline_amounts_above, None);
+        let declining =
+            Config::try_parse_from(["provider-sim", "--decline-amounts-above", "50000"])
+                .expect("parses");
+        assert_eq!(declining.decline_amounts_above, Some(50_000));
     }
 }

@@ -32,6 +32,8 @@ pub struct DropConnection;
 pub struct AppState {
     pub ledger: Arc<Mutex<Ledger>>,
     pub faults: Arc<Mutex<Faults>>,
+    /// Charges with a larger amount are declined (`--decline-amounts-above`).
+    pub decline_above: Option<i64>,
     /// The Prometheus text of this process's counters (`None` in unit tests).
     pub metrics: Option<PrometheusHandle>,
 }
@@ -46,7 +48,8 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         CHARGES,
         "POST /charges by outcome: applied (a new effect), replayed (same key and request), \
-         mismatch (same key, other request), refused (bad request, fault before applying)"
+         mismatch (same key, other request), refused (bad request, fault before applying), \
+         declined (above --decline-amounts-above)"
     );
     metrics::describe_counter!(EFFECTS, "effects applied (one per idempotency key)");
     metrics::describe_counter!(
@@ -135,6 +138,15 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
                 "the body must be a JSON object with an integer amount",
             );
         };
+        if let Some(limit) = state.decline_above.filter(|limit| amount > *limit) {
+            tracing::info!(amount, limit, "charge declined: above the amount limit");
+            counter!(CHARGES, "outcome" => "declined").increment(1);
+            return error(
+                StatusCode::PAYMENT_REQUIRED,
+                "amount_limit_exceeded",
+                format!("amount {amount} is above the limit {limit}"),
+            );
+        }
         if lock(&state.faults).fail_before_apply() {
             tracing::info!("fault: 503 before applying");
             counter!(FAULTS, "fault" => "error_before_apply").increment(1);

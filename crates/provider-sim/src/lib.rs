@@ -51,6 +51,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let state = AppState {
         ledger: Arc::new(Mutex::new(Ledger::new(config.key_ttl))),
         faults: Arc::new(Mutex::new(Faults::new(plan, seed))),
+        decline_above: config.decline_amounts_above,
         metrics: Some(metrics),
     };
     let listener = TcpListener::bind(config.addr)
