@@ -39,10 +39,13 @@ pub enum DeadLetterReason {
     EventIdConflict,
     /// The event is older than the dedup horizon, so a duplicate could no longer be recognised.
     BeyondDedupHorizon,
+    /// An external provider refused the effect for good (a non-retryable 4xx, e.g. a declined
+    /// charge): nothing was applied, and asking again would be refused again.
+    ProviderRejected,
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 9] = [
+    pub const ALL: [DeadLetterReason; 10] = [
         Self::InvalidUtf8,
         Self::MalformedJson,
         Self::MissingField,
@@ -52,6 +55,7 @@ impl DeadLetterReason {
         Self::EmptyRecord,
         Self::EventIdConflict,
         Self::BeyondDedupHorizon,
+        Self::ProviderRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,12 +69,16 @@ impl DeadLetterReason {
             Self::EmptyRecord => "empty_record",
             Self::EventIdConflict => "event_id_conflict",
             Self::BeyondDedupHorizon => "beyond_dedup_horizon",
+            Self::ProviderRejected => "provider_rejected",
         }
     }
 
     /// Whether the record itself is malformed, as opposed to well-formed but refused.
     pub fn is_malformed(self) -> bool {
-        !matches!(self, Self::EventIdConflict | Self::BeyondDedupHorizon)
+        !matches!(
+            self,
+            Self::EventIdConflict | Self::BeyondDedupHorizon | Self::ProviderRejected
+        )
     }
 }
 

@@ -7,7 +7,8 @@
 //!    `CONFLICT` and `EXPIRED` are final and nothing is called; `IN_PROGRESS` and `UNKNOWN` are
 //!    waited out (another holder's lease, or the reconciler asking the provider with the same key).
 //! 2. On `ACQUIRED`: the provider call under `call_timeout`, then `Complete` (applied), `Fail`
-//!    (rejected) or `MarkUnknown` (timeout, lost answer, 5xx: it may have been applied).
+//!    (rejected) or `MarkUnknown` (timeout, lost answer, 5xx: it may have been applied). A final
+//!    refusal (`Settled::Rejected`) is dead-lettered by the sink as `provider_rejected`.
 //! 3. After `MarkUnknown` or a retryable failure: `Begin` again after a backoff until the answer
 //!    is final. A retryable `FAILED` (the reconciler found no charge) is re-acquired by `Begin`
 //!    and called again with the same key, so the provider applies it at most once.

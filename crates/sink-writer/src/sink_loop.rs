@@ -982,20 +982,32 @@ impl BatchWriter<'_> {
                 .settle(items, self.shutdown)
                 .await
                 .map_err(SinkError::Provider)?;
+            let mut refusals: Vec<Option<Refusal>> = vec![None; settled.len()];
             for (k, outcome) in settled.iter().enumerate() {
                 let index = item_records[k];
                 let record = &records[index];
                 let Some(event) = &decision.events[index] else {
                     continue;
                 };
-                match outcome {
-                    Settled::Charged { .. } => {}
-                    Settled::Rejected { reason } => warn!(
-                        target = target.name(),
-                        event_id = %event.envelope.event_id,
-                        reason,
-                        "provider rejected the charge; recorded as FAILED at dedup-service"
-                    ),
+                let refusal = match outcome {
+                    Settled::Charged { .. } => None,
+                    // Nothing was applied and asking again would be refused again: the event
+                    // is accounted for as a dead letter, next to its FAILED intent.
+                    Settled::Rejected { reason } => {
+                        warn!(
+                            target = target.name(),
+                            event_id = %event.envelope.event_id,
+                            reason,
+                            "provider rejected the charge; dead-lettered, FAILED at dedup-service"
+                        );
+                        Some(Refusal {
+                            reason: DeadLetterReason::ProviderRejected,
+                            detail: format!(
+                                "provider target {}: not charged: {reason}",
+                                target.name()
+                            ),
+                        })
+                    }
                     Settled::Conflict { stored_fingerprint } => {
                         results.conflicts.push(provider_conflict(
                             spec.operation_id(event.envelope.event_id.as_str()),
@@ -1004,27 +1016,36 @@ impl BatchWriter<'_> {
                             event,
                             hex(stored_fingerprint),
                         ));
+                        None
                     }
-                    Settled::Expired => results.dead_letters.push((
-                        index,
-                        Refusal {
-                            reason: DeadLetterReason::BeyondDedupHorizon,
-                            detail: format!(
-                                "provider target {}: dedup-service answered EXPIRED (older than \
-                                 its retained window): not charged, since an earlier charge could \
-                                 not be recognised",
-                                target.name()
-                            ),
-                        },
-                    )),
+                    Settled::Expired => Some(Refusal {
+                        reason: DeadLetterReason::BeyondDedupHorizon,
+                        detail: format!(
+                            "provider target {}: dedup-service answered EXPIRED (older than its \
+                             retained window): not charged, since an earlier charge could not be \
+                             recognised",
+                            target.name()
+                        ),
+                    }),
+                };
+                if let Some(refusal) = &refusal {
+                    results.dead_letters.push((index, refusal.clone()));
                 }
+                refusals[k] = refusal;
             }
+            // A re-delivery in the same batch shares its leader's fate: a duplicate of a charge,
+            // or a dead letter of its own when the leader was refused (as it would be in a later
+            // batch, where dedup-service answers for it).
             for (index, leader) in followers {
                 let Some(event) = &decision.events[index] else {
                     continue;
                 };
                 let stored = fingerprints[leader];
                 if *event.fingerprint.as_bytes() == stored {
+                    if let Some(refusal) = &refusals[leader] {
+                        results.dead_letters.push((index, refusal.clone()));
+                        continue;
+                    }
                     counter!(m::PROVIDER_EFFECTS, "target" => target.name().to_owned(), "outcome" => "duplicate")
                         .increment(1);
                 } else {

@@ -4,12 +4,13 @@
 //! (dropped, 5xx, or later than the caller's deadline), and the sink is SIGKILLed mid-run. The
 //! audit is the provider's own effect list: exactly one effect per operation id.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 use integration_tests::eosctl::{self, Workload};
-use integration_tests::{TestDatabase, unique_name};
+use integration_tests::{Isolation, TestDatabase, read_topic, unique_name};
+use rdkafka::Message as _;
 use serde_json::Value;
 
 use crate::dedup_service::Dedup;
@@ -210,6 +211,150 @@ async fn sink_provider_target_charges_each_event_once_through_lost_answers_and_s
     .await?;
     assert_eq!(conflicts as usize, truth.conflicts.len());
     assert!(conflicts > 0, "the workload reuses ids");
+
+    drop(dedup);
+    std::fs::remove_dir_all(&dir)?;
+    db.drop_database().await
+}
+
+/// The provider's final "no" (seed 002's other outcome besides success): provider-sim declines
+/// every charge above a limit with a 402, applying nothing. Each such event's intent ends FAILED
+/// and not retryable, and every record of it is accounted for by a `provider_rejected` dead
+/// letter — re-deliveries too, and records replayed after a SIGKILL — while every other event is
+/// charged exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sink_provider_declined_charges_are_dead_lettered_never_applied() -> anyhow::Result<()> {
+    const DECLINE_EVENTS: u64 = 600;
+    let db = TestDatabase::create().await?;
+    let topic = unique_name("sink-declined");
+    let workload = Workload {
+        rate: 300,
+        ..Workload::chaos(DECLINE_EVENTS, 79)
+    };
+    // Values of the chaos workload are amounts of either sign: decline the upper part of them.
+    let limit = 50_000;
+    let sim = ProviderSim::spawn(&["--decline-amounts-above", &limit.to_string()])?;
+    let dedup = Dedup::spawn(&db, &["--provider-url", &sim.url])?;
+    let name = unique_name("decl").replace('-', "_");
+    let dir = std::env::temp_dir().join(unique_name("sink-declined"));
+    std::fs::create_dir_all(&dir)?;
+    let config = targets_file(&dir, &name, &dedup.endpoint(), &sim.url)?;
+    let sink = Sink::new(&topic, &db.url);
+    let producer = {
+        let topic = topic.clone();
+        std::thread::spawn(move || eosctl::produce(&topic, &workload))
+    };
+    let args = ["--config", config.as_str()];
+    let mut first = sink.spawn("declined", &args, &[])?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let status = first.kill_hard()?;
+    ensure!(status.code().is_none(), "killed by a signal: {status}");
+    let mut last = sink.spawn("declined", &args, &[])?;
+    tokio::task::spawn_blocking(move || producer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    sink.wait_drained(&db.pool, &mut last).await?;
+    stop_gracefully(&mut last)?;
+
+    // What the topic says: the declined events, and every record carrying one with its first
+    // content (a reused id with other content is a conflict instead).
+    let mut first_fingerprint: BTreeMap<String, (i64, String)> = BTreeMap::new();
+    let mut records: Vec<((i32, i64), String, String)> = Vec::new();
+    for message in read_topic(&topic, Isolation::ReadCommitted)? {
+        let Ok(event) = sink_writer::mapping::decode(
+            message.payload(),
+            eos_core::envelope::DEFAULT_MAX_RECORD_BYTES,
+        ) else {
+            continue;
+        };
+        let event_id = event.envelope.event_id.to_string();
+        let fingerprint = event.fingerprint.to_hex();
+        first_fingerprint
+            .entry(event_id.clone())
+            .or_insert((event.envelope.value, fingerprint.clone()));
+        records.push((
+            (message.partition(), message.offset()),
+            event_id,
+            fingerprint,
+        ));
+    }
+    let declined: BTreeSet<&str> = first_fingerprint
+        .iter()
+        .filter(|(_, (value, _))| *value > limit)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let declined_records: BTreeSet<(i32, i64)> = records
+        .iter()
+        .filter(|(_, id, fingerprint)| {
+            declined.contains(id.as_str()) && first_fingerprint[id].1 == *fingerprint
+        })
+        .map(|(position, _, _)| *position)
+        .collect();
+    ensure!(
+        !declined.is_empty() && declined.len() < first_fingerprint.len(),
+        "the limit must split the workload: {} of {} declined",
+        declined.len(),
+        first_fingerprint.len()
+    );
+
+    // Charged: exactly the others, once each. Declined: nothing applied.
+    let prefix = format!("{name}:");
+    let effects = effects(&sim, &prefix).await?;
+    let charged: BTreeSet<&str> = effects.iter().map(|(k, _, _)| &k[prefix.len()..]).collect();
+    assert_eq!(charged.len(), effects.len(), "no operation charged twice");
+    let expected_charged: BTreeSet<&str> = first_fingerprint
+        .keys()
+        .map(String::as_str)
+        .filter(|id| !declined.contains(id))
+        .collect();
+    assert_eq!(charged, expected_charged);
+
+    // Each declined event's intent is FAILED for good; each charged one SUCCEEDED.
+    let failed: Vec<(String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT operation_id, retryable, failure_reason FROM dedup_intents \
+         WHERE operation_id LIKE $1 AND state = 'FAILED' ORDER BY operation_id",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_all(&db.pool)
+    .await?;
+    let failed_ids: BTreeSet<&str> = failed
+        .iter()
+        .map(|(id, _, _)| &id[prefix.len()..])
+        .collect();
+    assert_eq!(failed_ids, declined);
+    for (id, retryable, reason) in &failed {
+        assert!(!retryable, "{id}: a decline is final");
+        assert!(
+            reason.as_deref().is_some_and(|r| r.contains("402")),
+            "{id}: {reason:?}"
+        );
+    }
+    let succeeded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dedup_intents WHERE operation_id LIKE $1 AND state = 'SUCCEEDED'",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_one(&db.pool)
+    .await?;
+    assert_eq!(succeeded as usize, expected_charged.len());
+
+    // Every record of a declined event is a provider_rejected dead letter, and nothing else is.
+    let dead_letters: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT source_partition, source_offset FROM sink_dead_letters \
+         WHERE sink = $1 AND reason = 'provider_rejected'",
+    )
+    .bind(&sink.group)
+    .fetch_all(&db.pool)
+    .await?;
+    let dead_lettered: BTreeSet<(i32, i64)> = dead_letters.iter().copied().collect();
+    assert_eq!(dead_lettered.len(), dead_letters.len());
+    assert_eq!(dead_lettered, declined_records);
+    eprintln!(
+        "provider target: {} events, {} declined ({} records dead-lettered), {} charged",
+        first_fingerprint.len(),
+        declined.len(),
+        declined_records.len(),
+        charged.len()
+    );
 
     drop(dedup);
     std::fs::remove_dir_all(&dir)?;
