@@ -18,7 +18,7 @@
 //!   instead be dead-lettered with reason `beyond_dedup_horizon` (the processor can no longer
 //!   tell whether it is a duplicate).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use eos_core::dead_letter::{
@@ -119,6 +119,9 @@ pub enum Violation {
     UnexpectedEffect,
     /// A provider effect whose amount is not its event's value.
     EffectMismatch,
+    /// A provider effect for an event the sink dead-lettered as not charged (`provider_rejected`,
+    /// `beyond_dedup_horizon`): money moved that the sink says did not.
+    RefusedButApplied,
 }
 
 impl Violation {
@@ -152,11 +155,12 @@ impl Violation {
     ];
 
     /// The kinds an audit with `--provider-url` adds.
-    pub const PROVIDER: [Violation; 4] = [
+    pub const PROVIDER: [Violation; 5] = [
         Self::MissingEffect,
         Self::DuplicatedEffect,
         Self::UnexpectedEffect,
         Self::EffectMismatch,
+        Self::RefusedButApplied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -186,6 +190,7 @@ impl Violation {
             Self::DuplicatedEffect => "duplicated_effect",
             Self::UnexpectedEffect => "unexpected_effect",
             Self::EffectMismatch => "effect_mismatch",
+            Self::RefusedButApplied => "refused_but_applied",
         }
     }
 
@@ -217,6 +222,7 @@ impl Violation {
             Self::DuplicatedEffect => "duplicated: extra provider effects for one event",
             Self::UnexpectedEffect => "provider effects for no output event",
             Self::EffectMismatch => "provider effects whose amount differs from the value",
+            Self::RefusedButApplied => "provider effects for events dead-lettered as not charged",
         }
     }
 }
@@ -275,6 +281,10 @@ pub struct Figures {
     /// into no second effect.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_retries_absorbed: Option<u64>,
+    /// Output events the sink dead-lettered as not charged (the provider refused them for good,
+    /// or dedup-service answered EXPIRED): they must have no effect. Read with `--database-url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_refused: Option<u64>,
 }
 
 /// One line of the report: a figure the exactly-once result must have, and the one found.
@@ -440,6 +450,19 @@ fn parse_output(record: &SourceRecord) -> Option<OutputEvent> {
         totals,
         source: source.as_ref().and_then(parse_source),
     })
+}
+
+/// The event ids of the output records at `positions` (partition, offset).
+pub fn output_event_ids_at(
+    output: &[SourceRecord],
+    positions: &BTreeSet<(i32, i64)>,
+) -> BTreeSet<String> {
+    output
+        .iter()
+        .filter(|record| positions.contains(&(record.partition, record.offset)))
+        .filter_map(parse_output)
+        .map(|event| event.event_id)
+        .collect()
 }
 
 /// One logical event of the output topic: what each boundary downstream of it must hold once.

@@ -12,7 +12,7 @@
 //!
 //! [`output_logical_set`]: crate::audit::output_logical_set
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Deserialize;
 
@@ -189,9 +189,11 @@ pub fn audit_postgres(
 
 /// Checks the provider's effects against the output: one effect per output event, keyed
 /// `<prefix><event_id>`, with the event's value as its amount, and nothing else under the prefix.
+/// Events in `refused` (the sink dead-lettered them as not charged) must have no effect instead.
 pub fn audit_provider(
     report: &mut AuditReport,
     expected: &OutputSet,
+    refused: &BTreeSet<String>,
     effects: &[ProviderEffect],
     operation_prefix: &str,
     example_limit: usize,
@@ -207,7 +209,21 @@ pub fn audit_provider(
     let in_scope: Vec<&ProviderEffect> = by_event.values().flatten().copied().collect();
 
     let mut exactly_once = 0u64;
+    let mut refused_without_effect = 0u64;
+    let mut charged_sum: i128 = 0;
     for (event_id, event) in expected {
+        if refused.contains(event_id) {
+            match by_event.get(event_id.as_str()) {
+                Some(copies) => {
+                    recorder.add(Violation::RefusedButApplied, copies.len() as u64, || {
+                        event_id.clone()
+                    });
+                }
+                None => refused_without_effect += 1,
+            }
+            continue;
+        }
+        charged_sum += i128::from(event.value);
         let Some(copies) = by_event.get(event_id.as_str()) else {
             recorder.add(Violation::MissingEffect, 1, || event_id.clone());
             continue;
@@ -244,13 +260,13 @@ pub fn audit_provider(
         });
     }
 
-    let expected_sum: i128 = expected.values().map(|event| i128::from(event.value)).sum();
     let effects_sum: i128 = in_scope
         .iter()
         .map(|effect| i128::from(effect.amount))
         .sum();
     report.figures.provider_effects = Some(in_scope.len() as u64);
     report.figures.provider_sum = Some(effects_sum);
+    report.figures.provider_refused = Some(refused_without_effect);
     report.figures.provider_retries_absorbed = Some(
         in_scope
             .iter()
@@ -260,10 +276,13 @@ pub fn audit_provider(
     let checks = [
         check(
             "output events with exactly one provider effect",
-            expected.len() as i128,
+            expected
+                .keys()
+                .filter(|event_id| !refused.contains(*event_id))
+                .count() as i128,
             exactly_once.into(),
         ),
-        check("sum of provider amounts (cents)", expected_sum, effects_sum),
+        check("sum of provider amounts (cents)", charged_sum, effects_sum),
     ];
     merge(report, checks, recorder, &Violation::PROVIDER);
 }
@@ -377,10 +396,16 @@ mod tests {
     }
 
     fn provider(effects: &[ProviderEffect]) -> AuditReport {
+        provider_with_refusals(effects, &[])
+    }
+
+    fn provider_with_refusals(effects: &[ProviderEffect], refused: &[&str]) -> AuditReport {
         let (mut report, expected) = pipeline();
+        let refused: BTreeSet<String> = refused.iter().map(|id| (*id).to_owned()).collect();
         audit_provider(
             &mut report,
             &expected,
+            &refused,
             effects,
             PREFIX,
             DEFAULT_EXAMPLE_LIMIT,
@@ -577,6 +602,22 @@ mod tests {
     }
 
     #[test]
+    fn an_event_the_sink_refused_must_have_no_effect() {
+        let (_, expected) = pipeline();
+        let mut effects = exact_effects(&expected);
+        effects.retain(|effect| effect.key != "payments:e-3");
+        let report = provider_with_refusals(&effects, &["e-3"]);
+        assert!(report.passed, "{:?}", failing(&report));
+        assert_eq!(report.figures.provider_refused, Some(1));
+        assert_eq!(report.figures.provider_sum, Some(1_000 + 250 + 5));
+
+        // Charged anyway: the sink's dead letter says otherwise.
+        let report = provider_with_refusals(&exact_effects(&expected), &["e-3"]);
+        assert_only(&report, Violation::RefusedButApplied, 1, "e-3");
+        assert_eq!(report.figures.provider_refused, Some(0));
+    }
+
+    #[test]
     fn a_second_effect_for_one_event_is_duplicated() {
         // A provider that forgot the key (its TTL) charges again under the same key.
         let (_, expected) = pipeline();
@@ -626,7 +667,14 @@ mod tests {
         );
 
         let (mut report, expected) = pipeline();
-        audit_provider(&mut report, &expected, &[], PREFIX, DEFAULT_EXAMPLE_LIMIT);
+        audit_provider(
+            &mut report,
+            &expected,
+            &BTreeSet::new(),
+            &[],
+            PREFIX,
+            DEFAULT_EXAMPLE_LIMIT,
+        );
         let json = serde_json::to_value(&report)?;
         assert_eq!(json["figures"]["provider_effects"], 0);
         assert_eq!(json["violations"]["missing_effect"]["count"], 4);

@@ -9,9 +9,11 @@
 //!
 //! [`boundary_audit`]: crate::boundary_audit
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use eos_core::dead_letter::DeadLetterReason;
 use serde::Deserialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -34,7 +36,16 @@ pub struct PostgresScope<'a> {
 pub struct PostgresTargets {
     pub rows: Vec<SinkRow>,
     pub states: Vec<StateRow>,
+    /// Output positions (partition, offset) the sink dead-lettered as not charged by a provider
+    /// target: `provider_rejected` or `beyond_dedup_horizon` in `sink_dead_letters`.
+    pub refused_positions: BTreeSet<(i32, i64)>,
 }
+
+/// The sink's dead-letter reasons that mean "this event was not charged".
+const REFUSAL_REASONS: [DeadLetterReason; 2] = [
+    DeadLetterReason::ProviderRejected,
+    DeadLetterReason::BeyondDedupHorizon,
+];
 
 /// Reads the rows in scope of both tables; a table that does not exist is an error naming it.
 pub async fn read_postgres(
@@ -93,7 +104,23 @@ async fn read_tables(pool: &PgPool, scope: &PostgresScope<'_>) -> anyhow::Result
             scope.state_table
         )
     })?;
+    // The sink's own table; a database it never migrated has no refusals to read.
+    let refused_positions: Vec<(i32, i64)> = if table_exists(pool, "sink_dead_letters").await? {
+        let reasons: Vec<&str> = REFUSAL_REASONS.iter().map(|r| r.as_str()).collect();
+        sqlx::query_as(
+            "SELECT source_partition, source_offset FROM sink_dead_letters \
+             WHERE source_topic = $1 AND reason = ANY($2)",
+        )
+        .bind(scope.output_topic)
+        .bind(&reasons)
+        .fetch_all(pool)
+        .await
+        .context("reading sink_dead_letters")?
+    } else {
+        Vec::new()
+    };
     Ok(PostgresTargets {
+        refused_positions: refused_positions.into_iter().collect(),
         rows: rows
             .into_iter()
             .map(|(event_id, value, fingerprint)| SinkRow {
@@ -113,15 +140,18 @@ async fn read_tables(pool: &PgPool, scope: &PostgresScope<'_>) -> anyhow::Result
     })
 }
 
+async fn table_exists(pool: &PgPool, table: &str) -> anyhow::Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(quote_table(table))
+        .fetch_one(pool)
+        .await
+        .with_context(|| format!("looking up table {table:?}"))
+}
+
 /// `table` (optionally `schema.table`) quoted for SQL, once PostgreSQL confirms it exists.
 async fn existing_table(pool: &PgPool, table: &str, flag: &str) -> anyhow::Result<String> {
     let quoted = quote_table(table);
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(&quoted)
-        .fetch_one(pool)
-        .await
-        .with_context(|| format!("looking up table {table:?}"))?;
-    if !exists {
+    if !table_exists(pool, table).await? {
         bail!(
             "table {table:?} ({flag}) does not exist in the database given by --database-url; \
              has the sink-writer run its migrations there?"

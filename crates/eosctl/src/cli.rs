@@ -87,7 +87,8 @@ pub enum Command {
     /// PostgreSQL tables and the provider's effects must each hold every output event exactly once,
     /// with its value. Violations there are reported as missing_row, duplicated_row,
     /// unexpected_row, row_mismatch, stale_state, state_ahead, missing_effect, duplicated_effect,
-    /// unexpected_effect and effect_mismatch, in the same table, --json report and exit status.
+    /// unexpected_effect, effect_mismatch and refused_but_applied, in the same table, --json
+    /// report and exit status.
     #[command(after_help = EXIT_STATUS)]
     Audit(AuditArgs),
     /// Show how far a consumer group is behind a topic, or wait until it has caught up
@@ -381,7 +382,9 @@ pub struct AuditArgs {
     /// one event, as when the provider forgot its idempotency key, is duplicated_effect), none for
     /// an event_id not in the output (unexpected_effect), each with the event's value as its
     /// amount (effect_mismatch), and the sum of amounts. Also reports the attempts beyond the
-    /// first: retries the idempotency key absorbed.
+    /// first: retries the idempotency key absorbed. With --database-url, events the sink
+    /// dead-lettered as not charged (provider_rejected, beyond_dedup_horizon in
+    /// sink_dead_letters) must have no effect instead (refused_but_applied).
     #[arg(long, value_name = "URL", help_heading = "Provider effects")]
     pub provider_url: Option<String>,
 

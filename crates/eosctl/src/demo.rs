@@ -1077,11 +1077,14 @@ fn build_report(
             "duplicated_effect",
             "unexpected_effect",
             "effect_mismatch",
+            "refused_but_applied",
         ],
         format!(
-            "{} charges, one per operation id ({} repeated requests absorbed by the key)",
+            "{} charges, one per operation id ({} repeated requests absorbed by the key; {} \
+             refused and dead-lettered)",
             g("provider_effects"),
-            g("provider_retries_absorbed")
+            g("provider_retries_absorbed"),
+            g("provider_refused")
         ),
     ));
     lines.push(ReportLine {

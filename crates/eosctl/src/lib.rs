@@ -35,6 +35,7 @@ pub mod workload;
 #[cfg(test)]
 mod test_support;
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -257,6 +258,7 @@ async fn run_audit(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result<Stat
         report.notes.extend(snapshot_notes(snapshot));
     }
     let expected = audit::output_logical_set(&output.records);
+    let mut refused = BTreeSet::new();
     if let Some(database_url) = &args.database_url {
         let scope = PostgresScope {
             sink_table: &args.sink_table,
@@ -272,12 +274,14 @@ async fn run_audit(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result<Stat
             &targets.states,
             DEFAULT_EXAMPLE_LIMIT,
         );
+        refused = audit::output_event_ids_at(&output.records, &targets.refused_positions);
     }
     if let Some(provider_url) = &args.provider_url {
         let effects = boundary_reader::read_provider_effects(provider_url).await?;
         boundary_audit::audit_provider(
             &mut report,
             &expected,
+            &refused,
             &effects,
             &args.provider_operation_prefix,
             DEFAULT_EXAMPLE_LIMIT,

@@ -198,6 +198,9 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
     if let Some(count) = figures.provider_retries_absorbed {
         rows.push(("  provider retries absorbed (same key)", count, None));
     }
+    if let Some(count) = figures.provider_refused {
+        rows.push(("  events refused, dead-lettered, not charged", count, None));
+    }
     for (name, count, sum) in rows {
         physical.add_row([
             name.to_owned(),

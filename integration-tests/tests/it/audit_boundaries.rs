@@ -1,7 +1,9 @@
 //! `eosctl audit` across every boundary: a pipeline built by hand on the real broker, the real
 //! sink-writer filling a fresh database from its output, and charges at a real provider-sim. The
 //! exact result must pass with the figures of what was written; one deleted row, one planted row
-//! and one charge for an unknown event must be reported as exactly those three violations.
+//! and one charge for an unknown event must be reported as exactly those three violations. An event
+//! the sink dead-lettered as refused by the provider must have no charge, and is reported when it
+//! has one.
 
 use std::collections::{BTreeSet, HashSet};
 use std::process::Command;
@@ -27,6 +29,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 const PREFIX: &str = "payments:";
 /// Charges posted twice, as a client retrying after a lost answer would.
 const RETRIED: usize = 3;
+/// The event the provider refused: not charged, and dead-lettered by the sink as such.
+const REFUSED: usize = 7;
 
 /// A logical event of the output topic.
 #[derive(Debug, Clone)]
@@ -238,7 +242,12 @@ async fn audit_boundaries_pass_exact_and_report_a_missing_row_a_planted_row_and_
     let db = TestDatabase::create().await?;
     sink_until_drained(&output, &db).await?;
     let provider = ProviderSim::spawn(&[])?;
-    for event in &events {
+    for event in events
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != REFUSED)
+        .map(|(_, e)| e)
+    {
         charge(
             &provider,
             &format!("{PREFIX}{}", event.event_id),
@@ -256,6 +265,32 @@ async fn audit_boundaries_pass_exact_and_report_a_missing_row_a_planted_row_and_
     }
     // Another pipeline's charge on the same provider: outside the prefix, not audited.
     charge(&provider, "refunds:r-1", 5).await?;
+    // The refusal as the sink records it: a dead letter at the event's output position.
+    let refused = &events[REFUSED].event_id;
+    let (output_c, refused_c) = (output.clone(), refused.clone());
+    let position = tokio::task::spawn_blocking(move || -> anyhow::Result<(i32, i64)> {
+        read_topic(&output_c, Isolation::ReadCommitted)?
+            .iter()
+            .find(|record| {
+                record
+                    .payload()
+                    .and_then(|bytes| EventEnvelope::parse(bytes).ok())
+                    .is_some_and(|envelope| envelope.event_id.as_str() == refused_c)
+            })
+            .map(|record| (record.partition(), record.offset()))
+            .context("the refused event is in the output")
+    })
+    .await??;
+    sqlx::query(
+        "INSERT INTO sink_dead_letters (sink, source_topic, source_partition, source_offset, \
+         reason, detail, dlq_topic) VALUES ('audit-test', $1, $2, $3, 'provider_rejected', \
+         'provider answered 402', 'unused')",
+    )
+    .bind(&output)
+    .bind(position.0)
+    .bind(position.1)
+    .execute(&db.pool)
+    .await?;
 
     let (exit, stderr, exact) = audit(&input, &output, &db.url, &provider.url, &[])?;
     let exact = exact.with_context(|| format!("no JSON report (exit {exit}): {stderr}"))?;
@@ -265,14 +300,16 @@ async fn audit_boundaries_pass_exact_and_report_a_missing_row_a_planted_row_and_
     assert_eq!(exact.figure("postgres_sum"), sum);
     // The workload versions every event, so each entity has its latest state.
     assert_eq!(exact.figure("entity_states"), entities.len() as i64);
-    assert_eq!(exact.figure("provider_effects"), 200);
-    assert_eq!(exact.figure("provider_sum"), sum);
+    assert_eq!(exact.figure("provider_effects"), 199);
+    assert_eq!(exact.figure("provider_sum"), sum - events[REFUSED].value);
+    assert_eq!(exact.figure("provider_refused"), 1);
     assert_eq!(exact.figure("provider_retries_absorbed"), RETRIED as i64);
     for kind in [
         "missing_row",
         "stale_state",
         "missing_effect",
         "unexpected_effect",
+        "refused_but_applied",
     ] {
         assert_eq!(exact.violations(kind), 0, "{kind} is reported, at 0");
     }
@@ -304,6 +341,13 @@ async fn audit_boundaries_pass_exact_and_report_a_missing_row_a_planted_row_and_
     .await?;
     let unknown = format!("{PREFIX}{}", unique_name("unknown"));
     charge(&provider, &unknown, 1).await?;
+    // The refused event charged after all: the sink's dead letter says it was not.
+    charge(
+        &provider,
+        &format!("{PREFIX}{refused}"),
+        events[REFUSED].value,
+    )
+    .await?;
 
     let (exit, stderr, broken) = audit(&input, &output, &db.url, &provider.url, &[])?;
     let broken = broken.with_context(|| format!("no JSON report (exit {exit}): {stderr}"))?;
@@ -312,6 +356,7 @@ async fn audit_boundaries_pass_exact_and_report_a_missing_row_a_planted_row_and_
         reported(&broken)?,
         [
             ("missing_row", 1),
+            ("refused_but_applied", 1),
             ("unexpected_effect", 1),
             ("unexpected_row", 1)
         ]
@@ -324,6 +369,7 @@ async fn audit_boundaries_pass_exact_and_report_a_missing_row_a_planted_row_and_
     assert_eq!(examples("missing_row"), json!([deleted]));
     assert_eq!(examples("unexpected_row"), json!([planted]));
     assert_eq!(examples("unexpected_effect"), json!([unknown]));
+    assert_eq!(examples("refused_but_applied"), json!([refused]));
     assert_eq!(broken.figure("postgres_sum"), sum - events[42].value);
     assert_eq!(broken.figure("provider_effects"), 201);
 
