@@ -78,6 +78,35 @@ async fn effects(sim: &ProviderSim, prefix: &str) -> anyhow::Result<Vec<(String,
         .collect())
 }
 
+/// Produces `workload` to `topic` while the sink runs with `config`: `kills` instances are
+/// SIGKILLed 1.5 s into their run, then a last one drains the topic and is stopped gracefully.
+async fn sink_through_kills(
+    sink: &Sink,
+    topic: &str,
+    config: &str,
+    workload: Workload,
+    kills: usize,
+    pool: &sqlx::PgPool,
+) -> anyhow::Result<()> {
+    let producer = {
+        let topic = topic.to_owned();
+        std::thread::spawn(move || eosctl::produce(&topic, &workload))
+    };
+    let args = ["--config", config];
+    for _ in 0..kills {
+        let mut process = sink.spawn("provider", &args, &[])?;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let status = process.kill_hard()?;
+        ensure!(status.code().is_none(), "killed by a signal: {status}");
+    }
+    let mut last = sink.spawn("provider", &args, &[])?;
+    tokio::task::spawn_blocking(move || producer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    sink.wait_drained(pool, &mut last).await?;
+    stop_gracefully(&mut last)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sink_provider_target_charges_each_event_once_through_lost_answers_and_sigkills()
 -> anyhow::Result<()> {
@@ -105,24 +134,8 @@ async fn sink_provider_target_charges_each_event_once_through_lost_answers_and_s
         rate: 1_000,
         ..Workload::chaos(EVENTS, 77)
     };
-    let producer = {
-        let topic = topic.clone();
-        std::thread::spawn(move || eosctl::produce(&topic, &workload))
-    };
     let started = Instant::now();
-    let args = ["--config", config.as_str()];
-    for _ in 0..SINK_KILLS {
-        let mut process = sink.spawn("provider", &args, &[])?;
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let status = process.kill_hard()?;
-        ensure!(status.code().is_none(), "killed by a signal: {status}");
-    }
-    let mut last = sink.spawn("provider", &args, &[])?;
-    tokio::task::spawn_blocking(move || producer.join())
-        .await?
-        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
-    sink.wait_drained(&db.pool, &mut last).await?;
-    stop_gracefully(&mut last)?;
+    sink_through_kills(&sink, &topic, &config, workload, SINK_KILLS, &db.pool).await?;
     eprintln!(
         "provider target: {SINK_KILLS} SIGKILLs, drained in {:?}",
         started.elapsed()
@@ -240,21 +253,7 @@ async fn sink_provider_declined_charges_are_dead_lettered_never_applied() -> any
     std::fs::create_dir_all(&dir)?;
     let config = targets_file(&dir, &name, &dedup.endpoint(), &sim.url)?;
     let sink = Sink::new(&topic, &db.url);
-    let producer = {
-        let topic = topic.clone();
-        std::thread::spawn(move || eosctl::produce(&topic, &workload))
-    };
-    let args = ["--config", config.as_str()];
-    let mut first = sink.spawn("declined", &args, &[])?;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let status = first.kill_hard()?;
-    ensure!(status.code().is_none(), "killed by a signal: {status}");
-    let mut last = sink.spawn("declined", &args, &[])?;
-    tokio::task::spawn_blocking(move || producer.join())
-        .await?
-        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
-    sink.wait_drained(&db.pool, &mut last).await?;
-    stop_gracefully(&mut last)?;
+    sink_through_kills(&sink, &topic, &config, workload, 1, &db.pool).await?;
 
     // What the topic says: the declined events, and every record carrying one with its first
     // content (a reused id with other content is a conflict instead).
