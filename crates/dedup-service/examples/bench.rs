@@ -10,9 +10,9 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dedup_service::client::{BeginOutcome, BeginParams, DedupClient};
+use dedup_client::state_machine::BeginOutcome as Outcome;
+use dedup_client::{BeginOutcome, BeginParams, DedupClient};
 use dedup_service::intent_store::{self, HolderReport, IntentStore};
-use dedup_service::state_machine::BeginOutcome as Outcome;
 use dedup_service::validation::BeginItem;
 use time::OffsetDateTime;
 

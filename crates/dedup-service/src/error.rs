@@ -1,7 +1,7 @@
 //! The gRPC boundary's error enum. Each variant is something the caller does differently, and
 //! [`From<DedupError> for tonic::Status`] is the one place where errors become status codes.
 
-use crate::state_machine::{IntentState, Transition};
+use dedup_client::state_machine::{IntentState, Transition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DedupError {

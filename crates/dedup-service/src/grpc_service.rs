@@ -14,9 +14,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::error::DedupError;
 use crate::intent_store::{BeginAnswer, HolderReport, IntentStore};
-use crate::state_machine::BeginOutcome;
 use crate::validation::{self, LeaseLimits};
-use crate::{metrics, proto_convert};
+use dedup_client::proto_convert;
+use dedup_client::state_machine::BeginOutcome;
+
+use crate::metrics;
 
 #[derive(Debug, Clone)]
 pub struct DedupApi {

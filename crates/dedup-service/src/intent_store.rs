@@ -13,10 +13,10 @@ use sqlx::{Executor as _, Row as _};
 use time::OffsetDateTime;
 
 use crate::error::DedupError;
-use crate::state_machine::{
+use crate::validation::{BeginItem, Resolution};
+use dedup_client::state_machine::{
     BeginAsk, BeginOutcome, Intent, IntentState, Transition, begin_outcome, expired_outcome,
 };
-use crate::validation::{BeginItem, Resolution};
 
 /// The embedded migrations. They share `_sqlx_migrations` with other services' migrations when
 /// those use the same database (the demo's sink-writer does), so migrations this service does

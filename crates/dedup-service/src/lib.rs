@@ -11,18 +11,14 @@
 //! leases. Operations older than the retained window answer EXPIRED (fail closed), and the
 //! service refuses to start when retention is shorter than the replay horizon.
 
-pub mod client;
 pub mod config;
 pub mod error;
 pub mod grpc_service;
 pub mod intent_store;
 pub mod metrics;
-pub mod proto_convert;
-pub mod provider_client;
 pub mod purge;
 pub mod reconciler;
 pub mod retention;
-pub mod state_machine;
 pub mod validation;
 
 use std::time::Duration;
@@ -39,10 +35,10 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 pub use config::Config;
+use dedup_client::ProviderClient;
 pub use error::DedupError;
 use grpc_service::DedupApi;
 use intent_store::IntentStore;
-use provider_client::ProviderClient;
 use reconciler::ReconcilerSettings;
 
 /// The guarantee this configuration gives, for logs and `/boundary`.

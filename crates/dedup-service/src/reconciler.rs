@@ -14,9 +14,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::intent_store::{BacklogCounts, IntentStore};
 use crate::metrics;
-use crate::provider_client::{ChargeLookup, ProviderClient};
-use crate::state_machine::{Intent, IntentState};
 use crate::validation::Resolution;
+use dedup_client::provider_client::{ChargeLookup, ProviderClient};
+use dedup_client::state_machine::{Intent, IntentState};
 
 /// UNKNOWN intents read per page.
 const PAGE: u32 = 500;

@@ -8,7 +8,7 @@ use eos_proto::dedup::v1 as pb;
 use time::OffsetDateTime;
 
 use crate::error::DedupError;
-use crate::state_machine::IntentState;
+use dedup_client::state_machine::IntentState;
 
 pub const MAX_OPERATION_ID_BYTES: usize = 256;
 pub const MAX_FINGERPRINT_BYTES: usize = 64;

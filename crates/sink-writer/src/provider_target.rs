@@ -19,8 +19,8 @@
 
 use std::time::{Duration, Instant};
 
-use dedup_service::client::{BeginOutcome, BeginParams, ClientError, DedupClient};
-use dedup_service::provider_client::{ChargeOutcome, ProviderClient, ProviderError};
+use dedup_client::{BeginOutcome, BeginParams, ClientError, DedupClient};
+use dedup_client::{ChargeOutcome, ProviderClient, ProviderError};
 use futures::{StreamExt as _, TryStreamExt as _};
 use metrics::counter;
 use serde_json::Value;

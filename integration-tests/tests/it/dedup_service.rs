@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use dedup_service::client::{BeginOutcome, BeginParams, DedupClient, RetryPolicy};
-use dedup_service::provider_client::{ChargeOutcome, ProviderClient};
+use dedup_client::{BeginOutcome, BeginParams, DedupClient, RetryPolicy};
+use dedup_client::{ChargeOutcome, ProviderClient};
 use eos_core::Fingerprint;
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
@@ -110,7 +110,7 @@ async fn acquire(client: &DedupClient, params: &BeginParams) -> anyhow::Result<i
     }
 }
 
-fn code_of<T: std::fmt::Debug>(result: Result<T, dedup_service::client::ClientError>) -> Code {
+fn code_of<T: std::fmt::Debug>(result: Result<T, dedup_client::ClientError>) -> Code {
     match result {
         Ok(value) => panic!("expected an error status, got {value:?}"),
         Err(error) => error.code().unwrap_or(Code::Ok),
@@ -1101,7 +1101,7 @@ async fn dedup_retried_begin_with_its_request_id_gets_the_same_token() -> anyhow
         ("worker-a", "req-2"),
     ] {
         let response = grpc.begin(request(owner, request_id)).await?.into_inner();
-        let outcome = dedup_service::proto_convert::begin_outcome(response)
+        let outcome = dedup_client::proto_convert::begin_outcome(response)
             .context("an answer without outcome")?;
         answers.push(outcome.label());
         if let BeginOutcome::Acquired { fencing_token, .. } = outcome {
@@ -1278,8 +1278,8 @@ async fn dedup_serves_grpc_over_tls() -> anyhow::Result<()> {
         ],
     )?;
     let port = service.grpc_addr.rsplit(':').next().unwrap_or_default();
-    let tls = dedup_service::client::ClientTlsConfig::new()
-        .ca_certificate(dedup_service::client::Certificate::from_pem(std::fs::read(
+    let tls = dedup_client::ClientTlsConfig::new()
+        .ca_certificate(dedup_client::Certificate::from_pem(std::fs::read(
             dir.join("ca.pem"),
         )?))
         .domain_name("localhost");
