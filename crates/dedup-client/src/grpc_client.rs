@@ -22,9 +22,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use eos_core::trace_context::inject_grpc;
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
+use eos_runtime::trace_context::inject_grpc;
 use time::OffsetDateTime;
 pub use tonic::transport::{Certificate, ClientTlsConfig};
 use tonic::transport::{Channel, Endpoint};

@@ -56,7 +56,7 @@ pub struct ProviderClient {
 /// `traceparent` and the baggage (the event id) of the current span.
 fn trace_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
-    eos_core::trace_context::inject_http(&tracing::Span::current().context(), &mut headers);
+    eos_runtime::trace_context::inject_http(&tracing::Span::current().context(), &mut headers);
     headers
 }
 

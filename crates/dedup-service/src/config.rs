@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use eos_core::telemetry::LogFormat;
+use eos_runtime::telemetry::LogFormat;
 
 use crate::retention::RetentionPolicy;
 use crate::validation::LeaseLimits;

@@ -5,9 +5,9 @@
 use std::future::Future;
 use std::time::Instant;
 
-use eos_core::trace_context::{event_id_in, extract_grpc, stored_span_context};
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_server::Dedup;
+use eos_runtime::trace_context::{event_id_in, extract_grpc, stored_span_context};
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;

@@ -24,10 +24,10 @@ pub mod validation;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use eos_core::ops_http::{OpsEndpoint, Readiness};
 use eos_core::{Boundary, Guarantee};
 use eos_proto::dedup::v1::FILE_DESCRIPTOR_SET;
 use eos_proto::dedup::v1::dedup_server::DedupServer;
+use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -75,14 +75,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .validate()
         .map_err(|problem| anyhow::anyhow!("configuration: {problem}"))?;
     let boundary = boundary(&config);
-    tracing::info!(
-        guarantee = %boundary.guarantee,
-        input = %boundary.input,
-        result = %boundary.result,
-        checkpoint = %boundary.checkpoint,
-        recovery = %boundary.recovery,
-        "boundary"
-    );
     let policy = config.retention_policy();
     tracing::info!(
         retention = %humantime::format_duration(policy.retention),

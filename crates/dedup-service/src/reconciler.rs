@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use eos_core::trace_context::{context_from_stored, event_id_in};
+use eos_runtime::trace_context::{context_from_stored, event_id_in};
 use futures::StreamExt as _;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;

@@ -37,7 +37,7 @@ pub struct BeginItem {
     pub request_id: String,
     pub lease_ttl: Duration,
     pub occurred_at: OffsetDateTime,
-    /// The Begin's own trace context ([`eos_core::trace_context::stored_context`]), kept with the
+    /// The Begin's own trace context ([`eos_runtime::trace_context::stored_context`]), kept with the
     /// intent when this Begin acquires it.
     pub trace_context: Option<String>,
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use eos_core::Guarantee;
 use eos_core::envelope::MAX_ID_BYTES;
-use eos_core::telemetry::LogFormat;
+use eos_runtime::{InstanceFlags, LogFlags};
 
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
 /// letter (input + headers) must still fit the broker's default 1 MiB message limit.
@@ -51,11 +51,8 @@ pub struct Config {
     #[arg(long, env = "EOS_GROUP_ID", default_value = "eos-processor")]
     pub group_id: String,
 
-    /// Stable identity of this instance [default: the host name]. transactional.id is
-    /// <group-id>-<instance-id>: a restarted instance with the same id fences its zombie, so keep
-    /// it stable across restarts (e.g. the pod name) and unique per running instance.
-    #[arg(long, env = "EOS_INSTANCE_ID")]
-    pub instance_id: Option<String>,
+    #[command(flatten)]
+    pub instance: InstanceFlags,
 
     /// exactly-once (Kafka transactions) or at-least-once (no transactions; offsets committed
     /// after delivery — for benchmarks and to show what goes wrong without transactions).
@@ -92,10 +89,8 @@ pub struct Config {
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
 
-    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
-    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    #[arg(long, env = "EOS_LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
 
     /// Test-only fault switch: abort every Nth transaction after writing it, to exercise the
     /// abort-and-rewind path.
@@ -116,17 +111,8 @@ impl Config {
             .unwrap_or_else(|| format!("{}-{}-changelog", self.group_id, self.input_topic))
     }
 
-    pub fn instance_id(&self) -> String {
-        self.instance_id.clone().unwrap_or_else(|| {
-            hostname::get()
-                .ok()
-                .and_then(|name| name.into_string().ok())
-                .unwrap_or_else(|| "localhost".into())
-        })
-    }
-
     pub fn transactional_id(&self) -> String {
-        format!("{}-{}", self.group_id, self.instance_id())
+        format!("{}-{}", self.group_id, self.instance.instance_id())
     }
 
     /// Checks what clap cannot: values that parse but make no sense together.
@@ -163,7 +149,7 @@ impl Config {
                 2 * MAX_ID_BYTES
             ));
         }
-        if self.instance_id().is_empty() {
+        if self.instance.instance_id().is_empty() {
             return Err("--instance-id must not be empty".into());
         }
         if self.fault_abort_every == Some(0) {

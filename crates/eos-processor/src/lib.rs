@@ -17,8 +17,8 @@ pub mod transaction_loop;
 pub mod transform;
 
 use anyhow::Context as _;
-use eos_core::ops_http::OpsEndpoint;
 use eos_core::{Boundary, Guarantee};
+use eos_runtime::ops_http::OpsEndpoint;
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -71,15 +71,6 @@ pub fn boundary(config: &Config) -> Boundary {
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().map_err(ProcessorError::Config)?;
     let boundary = boundary(&config);
-    tracing::info!(
-        guarantee = %boundary.guarantee,
-        input = %boundary.input,
-        result = %boundary.result,
-        checkpoint = %boundary.checkpoint,
-        recovery = %boundary.recovery,
-        "boundary"
-    );
-
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
     let readiness = ops.readiness.clone();
 
@@ -104,7 +95,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         dlq_topic: config.dlq_topic(),
         changelog_topic: config.changelog_topic(),
         group_id: config.group_id.clone(),
-        instance_id: config.instance_id(),
+        instance_id: config.instance.instance_id(),
         transactional_id: config.transactional_id(),
         commit_interval: config.commit_interval,
         max_batch: config.max_batch,

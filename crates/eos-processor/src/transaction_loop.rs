@@ -22,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use eos_core::ops_http::Readiness;
-use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
-use eos_core::{DeadLetterReason, Guarantee, dead_letter, trace_context};
+use eos_core::{DeadLetterReason, Guarantee, dead_letter};
+use eos_runtime::ops_http::Readiness;
+use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
+use eos_runtime::trace_context;
 
 use crate::changelog;
 use crate::error::ProcessorError;

@@ -1011,7 +1011,7 @@ fn check_order(
 mod tests {
     use std::time::Duration;
 
-    use eos_core::trace_context::EVENT_ID_HEADER;
+    use eos_runtime::trace_context::EVENT_ID_HEADER;
     use time::macros::datetime;
 
     use super::*;

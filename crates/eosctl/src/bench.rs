@@ -304,7 +304,7 @@ pub async fn run(settings: KafkaSettings, options: BenchOptions) -> anyhow::Resu
     let signal = {
         let stop = Arc::clone(&stop);
         tokio::spawn(async move {
-            eos_core::shutdown::wait_for_signal().await;
+            eos_runtime::shutdown::wait_for_signal().await;
             tracing::warn!("interrupted: stopping the benchmark and cleaning up");
             stop.store(true, Ordering::Relaxed);
         })

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use eos_core::envelope::DEFAULT_MAX_RECORD_BYTES;
-use eos_core::telemetry::LogFormat;
+use eos_runtime::telemetry::LogFormat;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 

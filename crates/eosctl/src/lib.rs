@@ -195,7 +195,7 @@ async fn run_produce(kafka: KafkaSettings, args: ProduceArgs) -> anyhow::Result<
     let signal = {
         let stop = Arc::clone(&stop);
         tokio::spawn(async move {
-            eos_core::shutdown::wait_for_signal().await;
+            eos_runtime::shutdown::wait_for_signal().await;
             tracing::warn!("interrupted: waiting for records already sent");
             stop.store(true, Ordering::Relaxed);
         })

@@ -14,7 +14,7 @@ use std::fmt;
 
 use eos_core::DeadLetterReason;
 use eos_core::envelope::MAX_ID_BYTES;
-use eos_core::trace_context::{self, EVENT_ID_HEADER};
+use eos_runtime::trace_context::{self, EVENT_ID_HEADER};
 use opentelemetry::Context;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
@@ -616,8 +616,8 @@ fn pad_string(seed: u64, len: usize) -> String {
 mod tests {
     use std::collections::{BTreeMap, HashMap, HashSet};
 
-    use eos_core::trace_context::{BAGGAGE_HEADER, TRACEPARENT_HEADER};
     use eos_core::{EnvelopeError, EventEnvelope};
+    use eos_runtime::trace_context::{BAGGAGE_HEADER, TRACEPARENT_HEADER};
     use time::macros::datetime;
 
     use super::*;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use eos_core::telemetry::LogFormat;
+use eos_runtime::telemetry::LogFormat;
 
 use crate::faults::FaultPlan;
 

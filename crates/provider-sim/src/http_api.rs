@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use eos_core::trace_context;
+use eos_runtime::trace_context;
 use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;

@@ -46,7 +46,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         error_after_apply = plan.error_after_apply,
         "fault plan"
     );
-    let metrics = eos_core::ops_http::install_prometheus_recorder()?;
+    let metrics = eos_runtime::ops_http::install_prometheus_recorder()?;
     http_api::describe_metrics();
     let state = AppState {
         ledger: Arc::new(Mutex::new(Ledger::new(config.key_ttl))),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
-use eos_core::telemetry::LogFormat;
+use eos_runtime::{InstanceFlags, LogFlags};
 
 /// Where the input position lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,11 +72,8 @@ pub struct Config {
     #[arg(long, env = "EOS_SINK_GROUP_ID", default_value = "sink-writer")]
     pub group_id: String,
 
-    /// Stable identity of this instance [default: the host name]: the static group membership
-    /// id (group.instance.id), so a restarted instance takes its partitions back at once. Keep it
-    /// stable across restarts and unique per running instance.
-    #[arg(long, env = "EOS_INSTANCE_ID")]
-    pub instance_id: Option<String>,
+    #[command(flatten)]
+    pub instance: InstanceFlags,
 
     /// PostgreSQL connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -137,10 +134,8 @@ pub struct Config {
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9465")]
     pub metrics_addr: SocketAddr,
 
-    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
-    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    #[arg(long, env = "EOS_LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
 
     /// Test-only fault switch: sleep this long after a batch is decided and before its database
     /// transaction begins, so a test can freeze the process holding a batch (zombie tests).
@@ -153,15 +148,6 @@ impl Config {
         self.dlq_topic
             .clone()
             .unwrap_or_else(|| format!("{}.sink-dlq", self.topic))
-    }
-
-    pub fn instance_id(&self) -> String {
-        self.instance_id.clone().unwrap_or_else(|| {
-            hostname::get()
-                .ok()
-                .and_then(|name| name.into_string().ok())
-                .unwrap_or_else(|| "localhost".into())
-        })
     }
 
     /// The sink's name in its own tables.
@@ -180,7 +166,7 @@ impl Config {
         if self.group_id.is_empty() {
             return Err("--group-id must not be empty".into());
         }
-        if self.instance_id().is_empty() {
+        if self.instance.instance_id().is_empty() {
             return Err("--instance-id must not be empty".into());
         }
         if self.max_batch == 0 {

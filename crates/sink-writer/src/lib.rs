@@ -37,8 +37,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use eos_core::ops_http::{OpsEndpoint, Readiness};
 use eos_core::{Boundary, Guarantee};
+use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -148,15 +148,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     config.validate().map_err(SinkError::Config)?;
     let specs = target_specs(&config)?;
     let boundary = boundary(&config, &specs);
-    tracing::info!(
-        guarantee = %boundary.guarantee,
-        input = %boundary.input,
-        result = %boundary.result,
-        checkpoint = %boundary.checkpoint,
-        recovery = %boundary.recovery,
-        "boundary"
-    );
-
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
     let result = serve(config, specs, ops.readiness.clone(), shutdown).await;
     ops.stop().await;
@@ -190,7 +181,7 @@ async fn serve(
             lease_ttl_ms = spec.lease_ttl.as_millis() as u64,
             "provider target"
         );
-        providers.push(ProviderTarget::new(spec, config.instance_id())?);
+        providers.push(ProviderTarget::new(spec, config.instance.instance_id())?);
     }
     let providers = Arc::new(providers);
     for target in &prepared {
@@ -222,7 +213,7 @@ async fn serve(
         topic: config.topic.clone(),
         dlq_topic: config.dlq_topic(),
         group_id: config.group_id.clone(),
-        instance_id: config.instance_id(),
+        instance_id: config.instance.instance_id(),
         offsets: config.offsets,
         max_batch: config.max_batch,
         batch_interval: config.batch_interval,

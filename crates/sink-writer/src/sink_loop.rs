@@ -38,9 +38,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, error, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use eos_core::ops_http::Readiness;
-use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
-use eos_core::{DeadLetterReason, trace_context};
+use eos_core::DeadLetterReason;
+use eos_runtime::ops_http::Readiness;
+use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
+use eos_runtime::trace_context;
 
 use crate::batch_plan::Candidate;
 use crate::checkpoint_store::{self, Move};

@@ -283,7 +283,7 @@ async fn assert_exact(pool: &PgPool, sink: &Sink, truth: &TopicTruth) -> anyhow:
     for letter in &letters {
         let headers = letter.headers().context("dead letter without headers")?;
         let header = |name: &str| {
-            eos_core::trace_context::header_str(headers, name)
+            eos_runtime::trace_context::header_str(headers, name)
                 .and_then(|v| v.parse::<i64>().ok())
                 .unwrap_or(-1)
         };

@@ -5,7 +5,7 @@ use clap::Parser as _;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = sink_writer::bench::BenchArgs::parse();
-    let telemetry = match eos_core::telemetry::init("sink-writer-bench", Default::default()) {
+    let telemetry = match eos_runtime::telemetry::init("sink-writer-bench", Default::default()) {
         Ok(telemetry) => telemetry,
         Err(error) => {
             eprintln!("sink-writer-bench: {error}");

@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::boundary::Boundary;
+use eos_core::Boundary;
 
 /// Installs the process-wide Prometheus recorder. Call once, before any metric is recorded.
 pub fn install_prometheus_recorder() -> Result<PrometheusHandle, OpsError> {
@@ -66,7 +66,8 @@ pub struct OpsEndpoint {
 }
 
 impl OpsEndpoint {
-    /// Installs the Prometheus recorder, runs `describe` (the service's metric descriptions),
+    /// Logs the service's boundary (its guarantee, stated once at start-up), installs the
+    /// Prometheus recorder, runs `describe` (the service's metric descriptions),
     /// binds `addr` (a taken port is a start-up error) and serves. Logs the bound address as
     /// `metrics_addr`, which scripts and tests read when `addr` has port 0.
     pub async fn start(
@@ -74,6 +75,14 @@ impl OpsEndpoint {
         boundary: Boundary,
         describe: fn(),
     ) -> Result<Self, OpsError> {
+        tracing::info!(
+            guarantee = %boundary.guarantee,
+            input = %boundary.input,
+            result = %boundary.result,
+            checkpoint = %boundary.checkpoint,
+            recovery = %boundary.recovery,
+            "boundary"
+        );
         let metrics = install_prometheus_recorder()?;
         describe();
         let server = OpsServer::bind(addr).await?;

@@ -1,0 +1,23 @@
+//! What every eos-suite binary runs on, apart from its own work: [`service_main`] (telemetry,
+//! the shutdown signal, the exit code), the flag groups the services share, the operations
+//! endpoint (`/metrics`, `/healthz`, `/readyz`, `/boundary`, with the boundary logged at
+//! start-up), the consumer set-up and rebalance recording of the Kafka services, and W3C trace
+//! context and baggage propagation over Kafka headers, gRPC metadata and HTTP headers.
+//!
+//! Guarantee: the settings exactly-once depends on are set here once and not configurable — a
+//! consumer is `read_committed` with no automatic commits or offset stores, under static group
+//! membership — and every service states its guarantee the same way: logged, and served on
+//! `/boundary`. The event envelope and the other pure types live in `eos-core`, which does no
+//! I/O.
+
+pub mod ops_http;
+pub mod rebalance;
+pub mod service_flags;
+pub mod service_main;
+pub mod shutdown;
+pub mod telemetry;
+pub mod trace_context;
+
+pub use service_flags::{InstanceFlags, LogFlags};
+pub use service_main::{run_with_telemetry, service_main};
+pub use telemetry::LogFormat;

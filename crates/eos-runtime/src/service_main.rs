@@ -1,0 +1,55 @@
+//! The body of every binary's `main`: telemetry first (so start-up errors are logged), the
+//! shutdown signal, the work, then a telemetry flush so the last spans reach the collector.
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::shutdown::shutdown_token;
+use crate::telemetry::{self, LogFormat};
+
+/// Runs a tool's work with telemetry around it and returns its exit code. A telemetry set-up
+/// error (e.g. a bad OTLP endpoint) exits 2 before any work starts.
+pub async fn run_with_telemetry<Work>(
+    name: &'static str,
+    log_format: LogFormat,
+    work: impl FnOnce() -> Work,
+) -> ExitCode
+where
+    Work: Future<Output = ExitCode>,
+{
+    let telemetry = match telemetry::init(name, log_format) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = work().await;
+    telemetry.shutdown().await;
+    code
+}
+
+/// Runs a service until SIGINT/SIGTERM cancels the token it is given (it then drains and
+/// returns `Ok`, exit 0) or it fails (logged with its causes, exit 1 — an orchestrator restarts
+/// it, and for the Kafka services the restarted instance fences this one).
+pub async fn service_main<Service>(
+    name: &'static str,
+    log_format: LogFormat,
+    run: impl FnOnce(CancellationToken) -> Service,
+) -> ExitCode
+where
+    Service: Future<Output = anyhow::Result<()>>,
+{
+    run_with_telemetry(name, log_format, || async move {
+        match run(shutdown_token()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(error = format!("{error:#}"), "{name} stopped");
+                ExitCode::FAILURE
+            }
+        }
+    })
+    .await
+}
