@@ -9,6 +9,7 @@
 
 pub mod changelog;
 pub mod config;
+pub mod consumed_positions;
 pub mod error;
 pub mod metrics;
 pub mod partition_state;

@@ -27,6 +27,7 @@ use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_me
 use eos_core::{DeadLetterReason, Guarantee, dead_letter, trace_context};
 
 use crate::changelog;
+use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
 use crate::partition_state::{Decision, DedupPolicy, InputRecord, Overlay, PartitionState};
@@ -122,7 +123,7 @@ struct Batch<S> {
     started: Option<Instant>,
     records: Vec<PendingRecord>,
     overlays: HashMap<i32, Overlay<S>>,
-    next_offsets: HashMap<i32, i64>,
+    positions: ConsumedPositions,
     counts: BatchCounts,
     /// The `process` spans of its first records: the transaction span links to them, since one
     /// transaction has many inputs (and so no single parent).
@@ -135,7 +136,7 @@ impl<S> Default for Batch<S> {
             started: None,
             records: Vec::new(),
             overlays: HashMap::new(),
-            next_offsets: HashMap::new(),
+            positions: ConsumedPositions::default(),
             counts: BatchCounts::default(),
             links: Vec::new(),
         }
@@ -426,7 +427,7 @@ impl<T: Transform> TransactionLoop<T> {
             self.settings.policy,
         );
         batch.counts.records_in += 1;
-        batch.next_offsets.insert(partition, message.offset() + 1);
+        batch.positions.read(partition, message.offset());
         if batch.links.len() < MAX_SPAN_LINKS {
             let span_context = span.context().span().span_context().clone();
             if span_context.is_valid() {
@@ -524,18 +525,6 @@ impl<T: Transform> TransactionLoop<T> {
         records
     }
 
-    fn offsets(&self, batch: &Batch<T::EntityState>) -> Result<TopicPartitionList, KafkaError> {
-        let mut offsets = TopicPartitionList::new();
-        for (&partition, &next) in &batch.next_offsets {
-            offsets.add_partition_offset(
-                &self.settings.input_topic,
-                partition,
-                Offset::Offset(next),
-            )?;
-        }
-        Ok(offsets)
-    }
-
     fn commit_transactional(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
         let span = info_span!(
             "transaction",
@@ -611,7 +600,10 @@ impl<T: Transform> TransactionLoop<T> {
         for record in batch.records.iter().chain(changelog) {
             send(&self.producer, record).map_err(classify)?;
         }
-        let offsets = self.offsets(batch).map_err(classify)?;
+        let offsets = batch
+            .positions
+            .to_offsets(&self.settings.input_topic)
+            .map_err(classify)?;
         let group_metadata = self
             .consumer
             .group_metadata()
@@ -764,7 +756,7 @@ impl<T: Transform> TransactionLoop<T> {
             send(&self.producer, record)?;
         }
         self.flush_delivered(timeout)?;
-        let offsets = self.offsets(&batch)?;
+        let offsets = batch.positions.to_offsets(&self.settings.input_topic)?;
         self.consumer.commit(&offsets, CommitMode::Sync)?;
         histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
         self.apply_committed(batch);
