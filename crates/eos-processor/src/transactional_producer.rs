@@ -21,7 +21,8 @@ use crate::error::ProcessorError;
 
 /// Commit attempts whose outcome is unknown before the producer is replaced.
 const COMMIT_ATTEMPTS: u32 = 5;
-/// Attempts of a retriable call other than commit before the batch is aborted.
+/// Attempts of a retriable call other than commit before giving up on it (sending offsets: the
+/// batch is aborted; aborting: the producer is replaced).
 const CALL_ATTEMPTS: u32 = 5;
 
 /// A record decided in this batch, waiting to be written.
@@ -50,15 +51,58 @@ pub enum TxnFailure {
 /// A failed call before the commit: nothing of the batch is visible, unless the producer is dead.
 impl From<KafkaError> for TxnFailure {
     fn from(error: KafkaError) -> Self {
-        match &error {
-            KafkaError::Transaction(rd) if rd.is_fatal() => Self::Fatal(error),
-            _ => Self::Abortable(error),
+        match ErrorKind::of(&error) {
+            ErrorKind::Fatal => Self::Fatal(error),
+            ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                Self::Abortable(error)
+            }
         }
     }
 }
 
-fn is_retriable(error: &KafkaError) -> bool {
-    matches!(error, KafkaError::Transaction(rd) if rd.is_retriable() && !rd.txn_requires_abort())
+/// What librdkafka says a failed call still allows (at most one of its flags is set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorKind {
+    /// Fenced or broken: the producer can do nothing more.
+    Fatal,
+    /// The open transaction can only be aborted.
+    RequiresAbort,
+    /// The same call may be made again.
+    Retriable,
+    /// Anything else, such as a timeout or an error outside a transactional call.
+    Other,
+}
+
+impl ErrorKind {
+    fn of(error: &KafkaError) -> Self {
+        match error {
+            KafkaError::Transaction(rd) if rd.is_fatal() => Self::Fatal,
+            KafkaError::Transaction(rd) if rd.txn_requires_abort() => Self::RequiresAbort,
+            KafkaError::Transaction(rd) if rd.is_retriable() => Self::Retriable,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Makes `call` up to `attempts` times, again only after a failure `may_repeat` accepts, and
+/// returns the first success or the failure it stopped at.
+fn retry<E: std::fmt::Display>(
+    attempts: u32,
+    retrying: &str,
+    may_repeat: impl Fn(&E) -> bool,
+    mut call: impl FnMut() -> Result<(), E>,
+) -> Result<(), E> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match call() {
+            Ok(()) => return Ok(()),
+            Err(error) if may_repeat(&error) && attempt < attempts => {
+                warn!(%error, attempt, "{retrying}");
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Counts failed deliveries (at-least-once mode has no transaction to fail instead).
@@ -125,12 +169,14 @@ impl TransactionalProducer {
         let producer: ThreadedProducer<DeliveryTracker> =
             config.create_with_context(DeliveryTracker::default())?;
         if guarantee == Guarantee::ExactlyOnce {
-            producer
-                .init_transactions(call_timeout)
-                .map_err(|error| match &error {
-                    KafkaError::Transaction(rd) if rd.is_fatal() => ProcessorError::Fatal(error),
-                    _ => ProcessorError::Kafka(error),
-                })?;
+            producer.init_transactions(call_timeout).map_err(|error| {
+                match ErrorKind::of(&error) {
+                    ErrorKind::Fatal => ProcessorError::Fatal(error),
+                    ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                        ProcessorError::Kafka(error)
+                    }
+                }
+            })?;
             info!(%transactional_id, "transactions initialised; earlier instances with this id are fenced");
         }
         Ok(Self {
@@ -178,64 +224,58 @@ impl TransactionalProducer {
         offsets: &TopicPartitionList,
         group_metadata: &ConsumerGroupMetadata,
     ) -> Result<(), TxnFailure> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.producer.send_offsets_to_transaction(
-                offsets,
-                group_metadata,
-                self.call_timeout,
-            ) {
-                Ok(()) => return Ok(()),
-                Err(error) if is_retriable(&error) && attempt < CALL_ATTEMPTS => {
-                    warn!(%error, attempt, "send_offsets_to_transaction failed; retrying");
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
+        retry(
+            CALL_ATTEMPTS,
+            "send_offsets_to_transaction failed; retrying",
+            |error| ErrorKind::of(error) == ErrorKind::Retriable,
+            || {
+                self.producer.send_offsets_to_transaction(
+                    offsets,
+                    group_metadata,
+                    self.call_timeout,
+                )
+            },
+        )
+        .map_err(TxnFailure::from)
     }
 
-    /// Commits; a retriable failure means the outcome is unknown, so only the commit is retried.
+    /// Waits for the deliveries, then commits. Unless the failure is fatal or requires an abort,
+    /// the outcome is unknown (the commit may have happened), so only the commit is retried.
     pub fn commit(&self) -> Result<(), TxnFailure> {
         self.wait_for_deliveries();
-        let mut last_error = None;
-        for attempt in 1..=COMMIT_ATTEMPTS {
-            match self.producer.commit_transaction(self.call_timeout) {
-                Ok(()) => return Ok(()),
-                Err(KafkaError::Transaction(rd)) if rd.is_fatal() => {
-                    return Err(TxnFailure::Fatal(KafkaError::Transaction(rd)));
-                }
-                Err(KafkaError::Transaction(rd)) if rd.txn_requires_abort() => {
-                    return Err(TxnFailure::Abortable(KafkaError::Transaction(rd)));
-                }
-                Err(error) => {
-                    warn!(%error, attempt, "commit outcome unknown; retrying the commit");
-                    last_error = Some(error);
-                }
-            }
-        }
-        Err(TxnFailure::Unknown(
-            last_error.unwrap_or(KafkaError::Canceled),
-        ))
+        retry(
+            COMMIT_ATTEMPTS,
+            "commit outcome unknown; retrying the commit",
+            |error| {
+                matches!(
+                    ErrorKind::of(error),
+                    ErrorKind::Retriable | ErrorKind::Other
+                )
+            },
+            || self.producer.commit_transaction(self.call_timeout),
+        )
+        .map_err(|error| match ErrorKind::of(&error) {
+            ErrorKind::Fatal => TxnFailure::Fatal(error),
+            ErrorKind::RequiresAbort => TxnFailure::Abortable(error),
+            ErrorKind::Retriable | ErrorKind::Other => TxnFailure::Unknown(error),
+        })
     }
 
     /// Aborts the open transaction. `Unknown` when it could not: a fresh producer's
     /// `init_transactions` aborts whatever is still open.
     pub fn abort(&self) -> Result<(), TxnFailure> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.producer.abort_transaction(self.call_timeout) {
-                Ok(()) => return Ok(()),
-                Err(KafkaError::Transaction(rd)) if rd.is_fatal() => {
-                    return Err(TxnFailure::Fatal(KafkaError::Transaction(rd)));
-                }
-                Err(error) if is_retriable(&error) && attempt < CALL_ATTEMPTS => {
-                    warn!(%error, attempt, "abort failed; retrying");
-                }
-                Err(error) => return Err(TxnFailure::Unknown(error)),
+        retry(
+            CALL_ATTEMPTS,
+            "abort failed; retrying",
+            |error| ErrorKind::of(error) == ErrorKind::Retriable,
+            || self.producer.abort_transaction(self.call_timeout),
+        )
+        .map_err(|error| match ErrorKind::of(&error) {
+            ErrorKind::Fatal => TxnFailure::Fatal(error),
+            ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                TxnFailure::Unknown(error)
             }
-        }
+        })
     }
 
     /// At-least-once: waits until everything sent so far is delivered; a failed delivery is fatal.
@@ -274,5 +314,50 @@ impl TransactionalProducer {
             std::thread::sleep(Duration::from_micros(500));
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `retry` with 5 attempts, repeating only "busy", over a call that fails with `failures` in
+    /// turn and then succeeds: its result and how many calls it made.
+    fn retry_over(failures: &[&'static str]) -> (Result<(), &'static str>, usize) {
+        let mut calls = 0;
+        let result = retry(
+            5,
+            "retrying",
+            |error| *error == "busy",
+            || {
+                calls += 1;
+                failures
+                    .get(calls - 1)
+                    .map_or(Ok(()), |&failure| Err(failure))
+            },
+        );
+        (result, calls)
+    }
+
+    #[test]
+    fn repeats_a_repeatable_failure_until_success() {
+        assert_eq!(retry_over(&["busy", "busy"]), (Ok(()), 3));
+    }
+
+    #[test]
+    fn stops_at_a_failure_it_may_not_repeat() {
+        assert_eq!(retry_over(&["busy", "fenced", "busy"]), (Err("fenced"), 2));
+    }
+
+    #[test]
+    fn gives_up_after_the_last_attempt() {
+        assert_eq!(retry_over(&["busy"; 9]), (Err("busy"), 5));
+    }
+
+    #[test]
+    fn an_error_outside_a_transactional_call_aborts_the_batch() {
+        let error = KafkaError::Global(RDKafkaErrorCode::Fail);
+        assert_eq!(ErrorKind::of(&error), ErrorKind::Other);
+        assert!(matches!(TxnFailure::from(error), TxnFailure::Abortable(_)));
     }
 }
