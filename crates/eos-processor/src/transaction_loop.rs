@@ -661,7 +661,8 @@ impl<T: Transform> TransactionLoop<T> {
     }
 }
 
-/// The original bytes and headers plus the reason and the source position (DESIGN.md §2.3).
+/// The original bytes and headers plus the reason and the source position, in the
+/// `eos_core::dead_letter` headers.
 fn dead_letter_record(
     dlq_topic: &str,
     message: &OwnedMessage,
