@@ -9,11 +9,13 @@
 
 pub mod changelog;
 pub mod config;
+pub mod consumed_positions;
 pub mod error;
 pub mod metrics;
 pub mod partition_state;
 pub mod topics;
 pub mod transaction_loop;
+pub mod transactional_producer;
 pub mod transform;
 
 use anyhow::Context as _;

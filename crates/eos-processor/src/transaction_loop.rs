@@ -8,7 +8,6 @@
 //! simply dropped, and whoever owns the partitions next re-reads them from the committed offsets.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
@@ -16,8 +15,7 @@ use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -28,17 +26,15 @@ use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static
 use eos_runtime::trace_context;
 
 use crate::changelog;
+use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
 use crate::partition_state::{Decision, DedupPolicy, InputRecord, Overlay, PartitionState};
+use crate::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 use crate::transform::{SourcePosition, Transform};
 
 /// How often committed ids past the horizon are swept into tombstones, per partition.
 const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
-/// Commit attempts whose outcome is unknown before the producer is replaced.
-const COMMIT_ATTEMPTS: u32 = 5;
-/// Attempts of a retriable call other than commit before the batch is aborted.
-const CALL_ATTEMPTS: u32 = 5;
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -67,44 +63,23 @@ impl LoopSettings {
         self.transaction_timeout.max(Duration::from_secs(10))
     }
 
+    fn create_producer(&self) -> Result<TransactionalProducer, ProcessorError> {
+        TransactionalProducer::new(
+            &self.client_config,
+            self.guarantee,
+            &self.transactional_id,
+            self.transaction_timeout,
+            self.call_timeout(),
+        )
+    }
+
     fn restore_timeout(&self) -> Duration {
         // A crashed owner's open transaction holds the changelog's LSO until the broker aborts it.
         self.transaction_timeout * 3 + Duration::from_secs(30)
     }
 }
 
-/// Counts failed deliveries (at-least-once mode has no transaction to fail instead).
-#[derive(Debug, Default)]
-struct DeliveryTracker {
-    failures: Mutex<Vec<String>>,
-}
-
-impl ClientContext for DeliveryTracker {}
-
-impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _opaque: ()) {
-        if let Err((error, _)) = result
-            && let Ok(mut failures) = self.failures.lock()
-        {
-            failures.push(error.to_string());
-        }
-    }
-}
-
-type LoopProducer = ThreadedProducer<DeliveryTracker>;
 type LoopConsumer = BaseConsumer<RebalanceRecorder>;
-
-/// A record decided in this batch, waiting to be written.
-#[derive(Debug)]
-struct PendingRecord {
-    topic: String,
-    partition: Option<i32>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-    headers: OwnedHeaders,
-}
 
 #[derive(Debug, Default)]
 struct BatchCounts {
@@ -123,7 +98,7 @@ struct Batch<S> {
     started: Option<Instant>,
     records: Vec<PendingRecord>,
     overlays: HashMap<i32, Overlay<S>>,
-    next_offsets: HashMap<i32, i64>,
+    positions: ConsumedPositions,
     counts: BatchCounts,
     /// The `process` spans of its first records: the transaction span links to them, since one
     /// transaction has many inputs (and so no single parent).
@@ -136,7 +111,7 @@ impl<S> Default for Batch<S> {
             started: None,
             records: Vec::new(),
             overlays: HashMap::new(),
-            next_offsets: HashMap::new(),
+            positions: ConsumedPositions::default(),
             counts: BatchCounts::default(),
             links: Vec::new(),
         }
@@ -149,32 +124,11 @@ impl<S> Batch<S> {
     }
 }
 
-/// Why a transaction did not commit.
-enum TxnFailure {
-    /// Nothing of the batch is visible: abort, rewind, redo.
-    Abortable(KafkaError),
-    /// The commit's outcome is unknown: never abort; replace the producer and recover.
-    Unknown(KafkaError),
-    /// Fenced or fatal: stop.
-    Fatal(KafkaError),
-}
-
-fn classify(error: KafkaError) -> TxnFailure {
-    match &error {
-        KafkaError::Transaction(rd) if rd.is_fatal() => TxnFailure::Fatal(error),
-        _ => TxnFailure::Abortable(error),
-    }
-}
-
-fn is_retriable(error: &KafkaError) -> bool {
-    matches!(error, KafkaError::Transaction(rd) if rd.is_retriable() && !rd.txn_requires_abort())
-}
-
 pub struct TransactionLoop<T: Transform> {
     settings: LoopSettings,
     transform: T,
     consumer: LoopConsumer,
-    producer: LoopProducer,
+    producer: TransactionalProducer,
     states: HashMap<i32, PartitionState<T::EntityState>>,
     last_sweep: HashMap<i32, Instant>,
     batch: Batch<T::EntityState>,
@@ -199,7 +153,7 @@ impl<T: Transform> TransactionLoop<T> {
         transform: T,
         readiness: Readiness,
     ) -> Result<Self, ProcessorError> {
-        let producer = create_producer(&settings)?;
+        let producer = settings.create_producer()?;
         let consumer = subscribe_static_member(
             &settings.client_config,
             &settings.group_id,
@@ -277,7 +231,7 @@ impl<T: Transform> TransactionLoop<T> {
             .consumer
             .client()
             .fatal_error()
-            .or_else(|| self.producer.client().fatal_error());
+            .or_else(|| self.producer.fatal_error());
         match fatal {
             Some((code, reason)) => {
                 tracing::error!(%code, reason, "fatal client error; this instance is fenced or broken");
@@ -427,7 +381,7 @@ impl<T: Transform> TransactionLoop<T> {
             self.settings.policy,
         );
         batch.counts.records_in += 1;
-        batch.next_offsets.insert(partition, message.offset() + 1);
+        batch.positions.read(partition, message.offset());
         if batch.links.len() < MAX_SPAN_LINKS {
             let span_context = span.context().span().span_context().clone();
             if span_context.is_valid() {
@@ -525,18 +479,6 @@ impl<T: Transform> TransactionLoop<T> {
         records
     }
 
-    fn offsets(&self, batch: &Batch<T::EntityState>) -> Result<TopicPartitionList, KafkaError> {
-        let mut offsets = TopicPartitionList::new();
-        for (&partition, &next) in &batch.next_offsets {
-            offsets.add_partition_offset(
-                &self.settings.input_topic,
-                partition,
-                Offset::Offset(next),
-            )?;
-        }
-        Ok(offsets)
-    }
-
     fn commit_transactional(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
         let span = info_span!(
             "transaction",
@@ -565,10 +507,7 @@ impl<T: Transform> TransactionLoop<T> {
                     RDKafkaErrorCode::Fail,
                 )))
             }
-            Ok(()) => {
-                wait_for_deliveries(&self.producer, self.settings.call_timeout());
-                self.commit_with_retry()
-            }
+            Ok(()) => self.producer.commit(),
         };
         span.record(
             "eos.outcome",
@@ -608,54 +547,16 @@ impl<T: Transform> TransactionLoop<T> {
         batch: &Batch<T::EntityState>,
         changelog: &[PendingRecord],
     ) -> Result<(), TxnFailure> {
-        self.producer.begin_transaction().map_err(classify)?;
+        self.producer.begin()?;
         for record in batch.records.iter().chain(changelog) {
-            send(&self.producer, record).map_err(classify)?;
+            self.producer.send(record)?;
         }
-        let offsets = self.offsets(batch).map_err(classify)?;
+        let offsets = batch.positions.to_offsets(&self.settings.input_topic)?;
         let group_metadata = self
             .consumer
             .group_metadata()
             .ok_or_else(|| TxnFailure::Abortable(KafkaError::Global(RDKafkaErrorCode::State)))?;
-        let timeout = self.settings.call_timeout();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .producer
-                .send_offsets_to_transaction(&offsets, &group_metadata, timeout)
-            {
-                Ok(()) => return Ok(()),
-                Err(error) if is_retriable(&error) && attempt < CALL_ATTEMPTS => {
-                    warn!(%error, attempt, "send_offsets_to_transaction failed; retrying");
-                }
-                Err(error) => return Err(classify(error)),
-            }
-        }
-    }
-
-    /// Commits; a retriable failure means the outcome is unknown, so only the commit is retried.
-    fn commit_with_retry(&self) -> Result<(), TxnFailure> {
-        let timeout = self.settings.call_timeout();
-        let mut last_error = None;
-        for attempt in 1..=COMMIT_ATTEMPTS {
-            match self.producer.commit_transaction(timeout) {
-                Ok(()) => return Ok(()),
-                Err(KafkaError::Transaction(rd)) if rd.is_fatal() => {
-                    return Err(TxnFailure::Fatal(KafkaError::Transaction(rd)));
-                }
-                Err(KafkaError::Transaction(rd)) if rd.txn_requires_abort() => {
-                    return Err(TxnFailure::Abortable(KafkaError::Transaction(rd)));
-                }
-                Err(error) => {
-                    warn!(%error, attempt, "commit outcome unknown; retrying the commit");
-                    last_error = Some(error);
-                }
-            }
-        }
-        Err(TxnFailure::Unknown(
-            last_error.unwrap_or(KafkaError::Canceled),
-        ))
+        self.producer.send_offsets(&offsets, &group_metadata)
     }
 
     fn apply_committed(&mut self, batch: Batch<T::EntityState>) {
@@ -684,25 +585,14 @@ impl<T: Transform> TransactionLoop<T> {
     fn abort_and_rewind(&mut self, cause: &KafkaError) -> Result<(), ProcessorError> {
         warn!(error = %cause, "aborting transaction");
         counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
-        let timeout = self.settings.call_timeout();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.producer.abort_transaction(timeout) {
-                Ok(()) => break,
-                Err(KafkaError::Transaction(rd)) if rd.is_fatal() => {
-                    return Err(ProcessorError::Fatal(KafkaError::Transaction(rd)));
-                }
-                Err(error) if is_retriable(&error) && attempt < CALL_ATTEMPTS => {
-                    warn!(%error, attempt, "abort failed; retrying");
-                }
-                Err(error) => {
-                    // A fresh producer's init_transactions aborts whatever is still open.
-                    return self.replace_producer_and_recover(&error);
-                }
+        match self.producer.abort() {
+            Ok(()) => self.rewind_to_committed(),
+            Err(TxnFailure::Fatal(error)) => Err(ProcessorError::Fatal(error)),
+            // A fresh producer's init_transactions aborts whatever is still open.
+            Err(TxnFailure::Abortable(error) | TxnFailure::Unknown(error)) => {
+                self.replace_producer_and_recover(&error)
             }
         }
-        self.rewind_to_committed()
     }
 
     /// The commit's outcome is unknown. A new producer with the same transactional.id fences the
@@ -711,7 +601,7 @@ impl<T: Transform> TransactionLoop<T> {
     fn replace_producer_and_recover(&mut self, cause: &KafkaError) -> Result<(), ProcessorError> {
         warn!(error = %cause, "replacing the producer and recovering from committed state");
         counter!(m::TRANSACTIONS, "outcome" => "recovered").increment(1);
-        self.producer = create_producer(&self.settings)?;
+        self.producer = self.settings.create_producer()?;
         let partitions: Vec<i32> = self.states.keys().copied().collect();
         for partition in partitions {
             self.restore(partition)?;
@@ -750,7 +640,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// committed.
     fn send_decided_now(&mut self) -> Result<(), ProcessorError> {
         for record in self.batch.records.drain(..) {
-            send(&self.producer, &record)?;
+            self.producer.send(&record)?;
         }
         Ok(())
     }
@@ -759,114 +649,21 @@ impl<T: Transform> TransactionLoop<T> {
     /// previous is delivered. A crash before the offsets are committed repeats effects on restart.
     fn commit_at_least_once(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
         let started = Instant::now();
-        let timeout = self.settings.call_timeout();
-        self.flush_delivered(timeout)?;
+        self.producer.flush_delivered()?;
         for record in &self.changelog_records(&batch) {
-            send(&self.producer, record)?;
+            self.producer.send(record)?;
         }
-        self.flush_delivered(timeout)?;
-        let offsets = self.offsets(&batch)?;
+        self.producer.flush_delivered()?;
+        let offsets = batch.positions.to_offsets(&self.settings.input_topic)?;
         self.consumer.commit(&offsets, CommitMode::Sync)?;
         histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
         self.apply_committed(batch);
         Ok(())
     }
-
-    fn flush_delivered(&self, timeout: Duration) -> Result<(), ProcessorError> {
-        if !wait_for_deliveries(&self.producer, timeout) {
-            self.producer.flush(Duration::ZERO)?;
-        }
-        let failures = self
-            .producer
-            .context()
-            .failures
-            .lock()
-            .map(|mut failures| std::mem::take(&mut *failures))
-            .unwrap_or_default();
-        if let Some(first) = failures.first() {
-            return Err(ProcessorError::Fatal(KafkaError::Global(
-                RDKafkaErrorCode::Fail,
-            )))
-            .inspect_err(|_| warn!(failed = failures.len(), first, "deliveries failed"));
-        }
-        Ok(())
-    }
 }
 
-fn create_producer(settings: &LoopSettings) -> Result<LoopProducer, ProcessorError> {
-    let mut config = settings.client_config.clone();
-    config
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        // librdkafka's default backoff makes back-to-back transactions slow (DESIGN.md §2.4): the
-        // next AddOffsetsToTxn meets the previous transaction's markers ("concurrent
-        // transactions") and waits a backoff that doubles up to retry.backoff.max.ms.
-        .set("retry.backoff.ms", "1")
-        .set("retry.backoff.max.ms", "10");
-    if settings.guarantee == Guarantee::ExactlyOnce {
-        config
-            .set("transactional.id", &settings.transactional_id)
-            .set(
-                "transaction.timeout.ms",
-                settings.transaction_timeout.as_millis().to_string(),
-            );
-    }
-    let producer: LoopProducer = config.create_with_context(DeliveryTracker::default())?;
-    if settings.guarantee == Guarantee::ExactlyOnce {
-        producer
-            .init_transactions(settings.call_timeout())
-            .map_err(|error| match &error {
-                KafkaError::Transaction(rd) if rd.is_fatal() => ProcessorError::Fatal(error),
-                _ => ProcessorError::Kafka(error),
-            })?;
-        info!(transactional_id = %settings.transactional_id, "transactions initialised; earlier instances with this id are fenced");
-    }
-    Ok(producer)
-}
-
-/// Waits until every enqueued record is acknowledged; false on timeout.
-///
-/// rust-rdkafka's `flush` (also called inside `commit_transaction`) polls in 100 ms slices, and
-/// with a `ThreadedProducer` the background thread takes the delivery events, so each flush
-/// would sleep a full slice: 100 ms per transaction. Waiting on the queue length here makes that
-/// inner flush a no-op.
-fn wait_for_deliveries(producer: &LoopProducer, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while producer.in_flight_count() > 0 {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(500));
-    }
-    true
-}
-
-/// Enqueues one record, waiting while the local queue is full.
-fn send(producer: &LoopProducer, record: &PendingRecord) -> Result<(), KafkaError> {
-    let mut base = BaseRecord::to(&record.topic).headers(record.headers.clone());
-    if let Some(partition) = record.partition {
-        base = base.partition(partition);
-    }
-    if let Some(key) = &record.key {
-        base = base.key(key.as_slice());
-    }
-    if let Some(payload) = &record.payload {
-        base = base.payload(payload.as_slice());
-    }
-    loop {
-        match producer.send(base) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                base = returned;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err((error, _)) => return Err(error),
-        }
-    }
-}
-
-/// The original bytes and headers plus the reason and the source position (DESIGN.md §2.3).
+/// The original bytes and headers plus the reason and the source position, in the
+/// `eos_core::dead_letter` headers.
 fn dead_letter_record(
     dlq_topic: &str,
     message: &OwnedMessage,

@@ -1,0 +1,54 @@
+//! The input positions a batch has consumed, as the offsets its commit records.
+//!
+//! A committed offset is the next offset to read, never the last one read: a restarted reader
+//! resumes exactly at the committed offset, so committing the last one read would process that
+//! record twice.
+
+use std::collections::HashMap;
+
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// Per input partition, the offset to read next.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumedPositions {
+    next_offsets: HashMap<i32, i64>,
+}
+
+impl ConsumedPositions {
+    /// The record at `offset` of `partition` was read: the next to read is the one after it.
+    pub fn read(&mut self, partition: i32, offset: i64) {
+        self.next_offsets.insert(partition, offset + 1);
+    }
+
+    /// The offsets to commit for `topic`, one per partition read.
+    pub fn to_offsets(&self, topic: &str) -> Result<TopicPartitionList, KafkaError> {
+        let mut offsets = TopicPartitionList::new();
+        for (&partition, &next) in &self.next_offsets {
+            offsets.add_partition_offset(topic, partition, Offset::Offset(next))?;
+        }
+        Ok(offsets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_the_offset_after_the_last_one_read() {
+        let mut positions = ConsumedPositions::default();
+        positions.read(0, 41);
+        positions.read(0, 42);
+        positions.read(3, 7);
+        let offsets = positions.to_offsets("payments").expect("valid offsets");
+        assert_eq!(offsets.count(), 2);
+        let next = |partition| {
+            offsets
+                .find_partition("payments", partition)
+                .map(|elem| elem.offset())
+        };
+        assert_eq!(next(0), Some(Offset::Offset(43)));
+        assert_eq!(next(3), Some(Offset::Offset(8)));
+    }
+}

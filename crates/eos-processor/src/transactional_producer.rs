@@ -1,0 +1,363 @@
+//! The output producer: its creation (transactional in exactly-once mode, idempotent only in
+//! at-least-once mode), sending records, waiting for their delivery, and the transactional calls
+//! with their errors classified into what the transaction loop does next ([`TxnFailure`]).
+//!
+//! Every call here blocks up to its timeout, so the producer is used only from the loop's
+//! dedicated thread, never on the async reactor.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+use tracing::{info, warn};
+
+use eos_core::Guarantee;
+
+use crate::error::ProcessorError;
+
+/// Commit attempts whose outcome is unknown before the producer is replaced.
+const COMMIT_ATTEMPTS: u32 = 5;
+/// Attempts of a retriable call other than commit before giving up on it (sending offsets: the
+/// batch is aborted; aborting: the producer is replaced).
+const CALL_ATTEMPTS: u32 = 5;
+
+/// A record decided in this batch, waiting to be written.
+#[derive(Debug)]
+pub struct PendingRecord {
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: OwnedHeaders,
+}
+
+/// Why a transaction did not commit.
+#[derive(Debug)]
+pub enum TxnFailure {
+    /// Nothing of the batch is visible: abort, rewind, redo.
+    Abortable(KafkaError),
+    /// The transaction's outcome is unknown (a commit that may have happened, or an abort that
+    /// did not finish): never abort; replace the producer, whose `init_transactions` resolves the
+    /// transaction, and recover.
+    Unknown(KafkaError),
+    /// Fenced or fatal: stop.
+    Fatal(KafkaError),
+}
+
+/// A failed call before the commit: nothing of the batch is visible, unless the producer is dead.
+impl From<KafkaError> for TxnFailure {
+    fn from(error: KafkaError) -> Self {
+        match ErrorKind::of(&error) {
+            ErrorKind::Fatal => Self::Fatal(error),
+            ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                Self::Abortable(error)
+            }
+        }
+    }
+}
+
+/// What librdkafka says a failed call still allows (at most one of its flags is set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorKind {
+    /// Fenced or broken: the producer can do nothing more.
+    Fatal,
+    /// The open transaction can only be aborted.
+    RequiresAbort,
+    /// The same call may be made again.
+    Retriable,
+    /// Anything else, such as a timeout or an error outside a transactional call.
+    Other,
+}
+
+impl ErrorKind {
+    fn of(error: &KafkaError) -> Self {
+        match error {
+            KafkaError::Transaction(rd) if rd.is_fatal() => Self::Fatal,
+            KafkaError::Transaction(rd) if rd.txn_requires_abort() => Self::RequiresAbort,
+            KafkaError::Transaction(rd) if rd.is_retriable() => Self::Retriable,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Makes `call` up to `attempts` times, again only after a failure `may_repeat` accepts, and
+/// returns the first success or the failure it stopped at.
+fn retry<E: std::fmt::Display>(
+    attempts: u32,
+    retrying: &str,
+    may_repeat: impl Fn(&E) -> bool,
+    mut call: impl FnMut() -> Result<(), E>,
+) -> Result<(), E> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match call() {
+            Ok(()) => return Ok(()),
+            Err(error) if may_repeat(&error) && attempt < attempts => {
+                warn!(%error, attempt, "{retrying}");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Counts failed deliveries (at-least-once mode has no transaction to fail instead).
+#[derive(Debug, Default)]
+struct DeliveryTracker {
+    failures: Mutex<Vec<String>>,
+}
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _opaque: ()) {
+        if let Err((error, _)) = result
+            && let Ok(mut failures) = self.failures.lock()
+        {
+            failures.push(error.to_string());
+        }
+    }
+}
+
+/// The producer of outputs, dead letters and changelog records.
+pub struct TransactionalProducer {
+    producer: ThreadedProducer<DeliveryTracker>,
+    /// How long one blocking call may take.
+    call_timeout: Duration,
+}
+
+impl std::fmt::Debug for TransactionalProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalProducer")
+            .field("call_timeout", &self.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransactionalProducer {
+    /// Creates the producer; in exactly-once mode `init_transactions` fences any earlier instance
+    /// with the same `transactional_id` and aborts its open transaction.
+    pub fn new(
+        client_config: &ClientConfig,
+        guarantee: Guarantee,
+        transactional_id: &str,
+        transaction_timeout: Duration,
+        call_timeout: Duration,
+    ) -> Result<Self, ProcessorError> {
+        let mut config = client_config.clone();
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            // librdkafka's default backoff makes back-to-back transactions slow: the next
+            // AddOffsetsToTxn meets the previous transaction's markers ("concurrent transactions")
+            // and waits a backoff that doubles up to retry.backoff.max.ms.
+            .set("retry.backoff.ms", "1")
+            .set("retry.backoff.max.ms", "10");
+        if guarantee == Guarantee::ExactlyOnce {
+            config.set("transactional.id", transactional_id).set(
+                "transaction.timeout.ms",
+                transaction_timeout.as_millis().to_string(),
+            );
+        }
+        let producer: ThreadedProducer<DeliveryTracker> =
+            config.create_with_context(DeliveryTracker::default())?;
+        if guarantee == Guarantee::ExactlyOnce {
+            producer.init_transactions(call_timeout).map_err(|error| {
+                match ErrorKind::of(&error) {
+                    ErrorKind::Fatal => ProcessorError::Fatal(error),
+                    ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                        ProcessorError::Kafka(error)
+                    }
+                }
+            })?;
+            info!(%transactional_id, "transactions initialised; earlier instances with this id are fenced");
+        }
+        Ok(Self {
+            producer,
+            call_timeout,
+        })
+    }
+
+    /// The producer's fatal error, if it has one (e.g. fenced by a newer instance).
+    pub fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.producer.client().fatal_error()
+    }
+
+    pub fn begin(&self) -> Result<(), TxnFailure> {
+        Ok(self.producer.begin_transaction()?)
+    }
+
+    /// Enqueues one record, waiting while the local queue is full.
+    pub fn send(&self, record: &PendingRecord) -> Result<(), KafkaError> {
+        let mut base = BaseRecord::to(&record.topic).headers(record.headers.clone());
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
+        if let Some(key) = &record.key {
+            base = base.key(key.as_slice());
+        }
+        if let Some(payload) = &record.payload {
+            base = base.payload(payload.as_slice());
+        }
+        loop {
+            match self.producer.send(base) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    base = returned;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((error, _)) => return Err(error),
+            }
+        }
+    }
+
+    /// Adds the consumed `offsets` to the open transaction.
+    pub fn send_offsets(
+        &self,
+        offsets: &TopicPartitionList,
+        group_metadata: &ConsumerGroupMetadata,
+    ) -> Result<(), TxnFailure> {
+        retry(
+            CALL_ATTEMPTS,
+            "send_offsets_to_transaction failed; retrying",
+            |error| ErrorKind::of(error) == ErrorKind::Retriable,
+            || {
+                self.producer.send_offsets_to_transaction(
+                    offsets,
+                    group_metadata,
+                    self.call_timeout,
+                )
+            },
+        )
+        .map_err(TxnFailure::from)
+    }
+
+    /// Waits for the deliveries, then commits. Unless the failure is fatal or requires an abort,
+    /// the outcome is unknown (the commit may have happened), so only the commit is retried.
+    pub fn commit(&self) -> Result<(), TxnFailure> {
+        self.wait_for_deliveries();
+        retry(
+            COMMIT_ATTEMPTS,
+            "commit outcome unknown; retrying the commit",
+            |error| {
+                matches!(
+                    ErrorKind::of(error),
+                    ErrorKind::Retriable | ErrorKind::Other
+                )
+            },
+            || self.producer.commit_transaction(self.call_timeout),
+        )
+        .map_err(|error| match ErrorKind::of(&error) {
+            ErrorKind::Fatal => TxnFailure::Fatal(error),
+            ErrorKind::RequiresAbort => TxnFailure::Abortable(error),
+            ErrorKind::Retriable | ErrorKind::Other => TxnFailure::Unknown(error),
+        })
+    }
+
+    /// Aborts the open transaction. `Unknown` when it could not: a fresh producer's
+    /// `init_transactions` aborts whatever is still open.
+    pub fn abort(&self) -> Result<(), TxnFailure> {
+        retry(
+            CALL_ATTEMPTS,
+            "abort failed; retrying",
+            |error| ErrorKind::of(error) == ErrorKind::Retriable,
+            || self.producer.abort_transaction(self.call_timeout),
+        )
+        .map_err(|error| match ErrorKind::of(&error) {
+            ErrorKind::Fatal => TxnFailure::Fatal(error),
+            ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                TxnFailure::Unknown(error)
+            }
+        })
+    }
+
+    /// At-least-once: waits until everything sent so far is delivered; a failed delivery is fatal.
+    pub fn flush_delivered(&self) -> Result<(), ProcessorError> {
+        if !self.wait_for_deliveries() {
+            self.producer.flush(Duration::ZERO)?;
+        }
+        let failures = self
+            .producer
+            .context()
+            .failures
+            .lock()
+            .map(|mut failures| std::mem::take(&mut *failures))
+            .unwrap_or_default();
+        if let Some(first) = failures.first() {
+            return Err(ProcessorError::Fatal(KafkaError::Global(
+                RDKafkaErrorCode::Fail,
+            )))
+            .inspect_err(|_| warn!(failed = failures.len(), first, "deliveries failed"));
+        }
+        Ok(())
+    }
+
+    /// Waits until every enqueued record is acknowledged; false on timeout.
+    ///
+    /// rust-rdkafka's `flush` (also called inside `commit_transaction`) polls in 100 ms slices,
+    /// and with a `ThreadedProducer` the background thread takes the delivery events, so each
+    /// flush would sleep a full slice: 100 ms per transaction. Waiting on the queue length here
+    /// makes that inner flush a no-op.
+    fn wait_for_deliveries(&self) -> bool {
+        let deadline = Instant::now() + self.call_timeout;
+        while self.producer.in_flight_count() > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `retry` with 5 attempts, repeating only "busy", over a call that fails with `failures` in
+    /// turn and then succeeds: its result and how many calls it made.
+    fn retry_over(failures: &[&'static str]) -> (Result<(), &'static str>, usize) {
+        let mut calls = 0;
+        let result = retry(
+            5,
+            "retrying",
+            |error| *error == "busy",
+            || {
+                calls += 1;
+                failures
+                    .get(calls - 1)
+                    .map_or(Ok(()), |&failure| Err(failure))
+            },
+        );
+        (result, calls)
+    }
+
+    #[test]
+    fn repeats_a_repeatable_failure_until_success() {
+        assert_eq!(retry_over(&["busy", "busy"]), (Ok(()), 3));
+    }
+
+    #[test]
+    fn stops_at_a_failure_it_may_not_repeat() {
+        assert_eq!(retry_over(&["busy", "fenced", "busy"]), (Err("fenced"), 2));
+    }
+
+    #[test]
+    fn gives_up_after_the_last_attempt() {
+        assert_eq!(retry_over(&["busy"; 9]), (Err("busy"), 5));
+    }
+
+    #[test]
+    fn an_error_outside_a_transactional_call_aborts_the_batch() {
+        let error = KafkaError::Global(RDKafkaErrorCode::Fail);
+        assert_eq!(ErrorKind::of(&error), ErrorKind::Other);
+        assert!(matches!(TxnFailure::from(error), TxnFailure::Abortable(_)));
+    }
+}
