@@ -24,6 +24,7 @@ pub mod config;
 pub mod dead_letters;
 pub mod decision;
 pub mod error;
+pub mod input_position;
 pub mod mapping;
 pub mod metrics;
 pub mod provider_target;

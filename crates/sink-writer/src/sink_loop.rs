@@ -48,6 +48,7 @@ use crate::config::OffsetsMode;
 use crate::dead_letters;
 use crate::decision::{self, BatchDecision, TargetCounts, TargetView};
 use crate::error::SinkError;
+use crate::input_position::InputPosition;
 use crate::mapping::{DecodedEvent, InputRecord, Refusal};
 use crate::metrics as m;
 use crate::provider_target::{self, EffectItem, ProviderTarget, Settled};
@@ -77,9 +78,21 @@ pub struct LoopSettings {
 
 type LoopConsumer = BaseConsumer<RebalanceRecorder>;
 
-/// Per partition: the owner epoch held (postgres mode) and the offset to resume at (`None`: the
-/// beginning).
-type Positions = BTreeMap<i32, (Option<i64>, Option<i64>)>;
+/// Where a partition starts reading once positioned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PartitionStart {
+    partition: i32,
+    /// The owner epoch this instance holds (`--offsets postgres`).
+    epoch: Option<i64>,
+    /// The checkpoint (or group offset) to resume at; `None`: the beginning of the partition.
+    resume_at: Option<InputPosition>,
+}
+
+impl PartitionStart {
+    fn next_offset(&self) -> Option<i64> {
+        self.resume_at.as_ref().map(|position| position.next_offset)
+    }
+}
 
 /// An owned partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -392,7 +405,7 @@ impl SinkLoop {
         if pending.is_empty() || !self.backoff.due() {
             return Ok(());
         }
-        let positions = match self.settings.offsets {
+        let starts = match self.settings.offsets {
             OffsetsMode::Postgres => match self.fence_and_read(&pending) {
                 Ok(positions) => positions,
                 Err(SinkError::Transient(error)) => {
@@ -404,12 +417,12 @@ impl SinkLoop {
             OffsetsMode::Kafka => self.kafka_committed(&pending)?,
         };
         let mut seek = TopicPartitionList::new();
-        for (&partition, &(_, next)) in &positions {
-            let offset = match next {
+        for start in &starts {
+            let offset = match start.next_offset() {
                 Some(next) => Offset::Offset(next),
                 None => Offset::Beginning,
             };
-            seek.add_partition_offset(&self.settings.topic, partition, offset)?;
+            seek.add_partition_offset(&self.settings.topic, start.partition, offset)?;
         }
         let sought = match self.consumer.seek_partitions(seek, KAFKA_TIMEOUT) {
             Ok(sought) => sought,
@@ -427,9 +440,10 @@ impl SinkLoop {
                 self.backoff.failed();
                 continue;
             }
-            let Some(&(epoch, next)) = positions.get(&partition) else {
+            let Some(start) = starts.iter().find(|start| start.partition == partition) else {
                 continue;
             };
+            let (epoch, next) = (start.epoch, start.next_offset());
             // Only a partition still assigned (no revoke in between) becomes ready.
             if let Some(slot) = self.slots.get_mut(&partition) {
                 *slot = Slot::Ready {
@@ -452,7 +466,7 @@ impl SinkLoop {
     }
 
     /// Postgres mode: fence first (bump the owner epoch), then read the checkpoint.
-    fn fence_and_read(&mut self, partitions: &[i32]) -> Result<Positions, SinkError> {
+    fn fence_and_read(&mut self, partitions: &[i32]) -> Result<Vec<PartitionStart>, SinkError> {
         let settings = &self.settings;
         let pool = &self.pool;
         let (epochs, checkpoints) = self
@@ -480,17 +494,24 @@ impl SinkLoop {
             );
         }
         self.backoff.reset();
-        let mut positions = BTreeMap::new();
+        let mut starts = Vec::with_capacity(partitions.len());
         for &partition in partitions {
-            let epoch = epochs.get(&partition).copied();
-            let next = checkpoints.get(&partition).copied().flatten();
+            let start = PartitionStart {
+                partition,
+                epoch: epochs.get(&partition).copied(),
+                resume_at: checkpoints
+                    .iter()
+                    .find(|checkpoint| checkpoint.partition == partition)
+                    .cloned(),
+            };
+            let (epoch, next) = (start.epoch, start.next_offset());
             if let Some(next) = next {
                 self.check_not_beyond_retention(partition, next)?;
             }
             info!(partition, ?epoch, next_offset = ?next, "fenced; checkpoint read after the fence");
-            positions.insert(partition, (epoch, next));
+            starts.push(start);
         }
-        Ok(positions)
+        Ok(starts)
     }
 
     /// A checkpoint below the partition's first offset means records were deleted by retention
@@ -512,18 +533,24 @@ impl SinkLoop {
     }
 
     /// Kafka mode: the group offsets (committed after each database commit).
-    fn kafka_committed(&self, partitions: &[i32]) -> Result<Positions, SinkError> {
+    fn kafka_committed(&self, partitions: &[i32]) -> Result<Vec<PartitionStart>, SinkError> {
         let committed = self
             .consumer
             .committed_offsets(self.partition_list(partitions), KAFKA_TIMEOUT)?;
         Ok(partitions
             .iter()
-            .map(|&partition| {
-                let next = committed
+            .map(|&partition| PartitionStart {
+                partition,
+                epoch: None,
+                resume_at: committed
                     .find_partition(&self.settings.topic, partition)
                     .and_then(|elem| elem.offset().to_raw())
-                    .filter(|offset| *offset >= 0);
-                (partition, (None, next))
+                    .filter(|offset| *offset >= 0)
+                    .map(|next_offset| InputPosition {
+                        topic: self.settings.topic.clone(),
+                        partition,
+                        next_offset,
+                    }),
             })
             .collect())
     }
@@ -605,19 +632,21 @@ impl SinkLoop {
         }
     }
 
-    /// Writes the open batch in one transaction. On success the batch is cleared and the Kafka
-    /// group offsets follow; on error the batch is kept for the caller to retry or drop.
     /// The consumer's position per owned partition: the offset after the last record returned,
     /// or past transaction markers and aborted records that `read_committed` skipped.
-    fn app_positions(&self) -> HashMap<i32, i64> {
+    fn consumer_positions(&self) -> Vec<InputPosition> {
         let Ok(list) = self.consumer.position() else {
-            return HashMap::new();
+            return Vec::new();
         };
         list.elements_for_topic(&self.settings.topic)
             .iter()
             .filter_map(|elem| {
-                let offset = elem.offset().to_raw().filter(|offset| *offset >= 0)?;
-                Some((elem.partition(), offset))
+                let next_offset = elem.offset().to_raw().filter(|offset| *offset >= 0)?;
+                Some(InputPosition {
+                    topic: self.settings.topic.clone(),
+                    partition: elem.partition(),
+                    next_offset,
+                })
             })
             .collect()
     }
@@ -626,53 +655,59 @@ impl SinkLoop {
     /// control records (commit markers) and aborted records behind it. Without the latter, a sink
     /// on a transactional topic (eos-processor's output) would stop one short of the end of every
     /// partition, and its lag would never reach zero.
-    fn checkpoint_moves(&self) -> BTreeMap<i32, i64> {
+    fn checkpoint_moves(&self) -> Vec<Move> {
         let mut next_offsets = decision::next_offsets(&self.batch);
-        for (partition, position) in self.app_positions() {
-            let Some(Slot::Ready { committed, .. }) = self.slots.get(&partition) else {
+        for position in self.consumer_positions() {
+            let Some(Slot::Ready { committed, .. }) = self.slots.get(&position.partition) else {
                 continue;
             };
-            let floor = next_offsets.get(&partition).copied().or(*committed);
-            if floor.is_none_or(|floor| position > floor) {
-                next_offsets.insert(partition, position);
+            let floor = next_offsets
+                .get(&position.partition)
+                .copied()
+                .or(*committed);
+            if floor.is_none_or(|floor| position.next_offset > floor) {
+                next_offsets.insert(position.partition, position.next_offset);
             }
         }
         next_offsets
+            .into_iter()
+            .map(|(partition, next_offset)| {
+                let epoch = match self.slots.get(&partition) {
+                    Some(Slot::Ready { epoch, .. }) => epoch.unwrap_or(0),
+                    _ => 0,
+                };
+                Move {
+                    to: InputPosition {
+                        topic: self.settings.topic.clone(),
+                        partition,
+                        next_offset,
+                    },
+                    epoch,
+                }
+            })
+            .collect()
     }
 
     /// An idle partition whose position moved past what is committed (only markers or aborted
     /// records arrived): worth a checkpoint-only transaction.
     fn markers_to_commit(&self) -> bool {
         self.batch.is_empty()
-            && self
-                .app_positions()
-                .into_iter()
-                .any(|(partition, position)| {
-                    matches!(
-                        self.slots.get(&partition),
-                        Some(Slot::Ready { committed, .. })
-                            if committed.is_none_or(|committed| position > committed)
-                    )
-                })
+            && self.consumer_positions().into_iter().any(|position| {
+                matches!(
+                    self.slots.get(&position.partition),
+                    Some(Slot::Ready { committed, .. })
+                        if committed.is_none_or(|committed| position.next_offset > committed)
+                )
+            })
     }
 
+    /// Writes the open batch in one transaction. On success the batch is cleared and the Kafka
+    /// group offsets follow; on error the batch is kept for the caller to retry or drop.
     fn flush(&mut self) -> Result<(), SinkError> {
-        let next_offsets = self.checkpoint_moves();
-        if self.batch.is_empty() && next_offsets.is_empty() {
+        let moves = self.checkpoint_moves();
+        if self.batch.is_empty() && moves.is_empty() {
             self.batch_started = None;
             return Ok(());
-        }
-        let mut moves = Vec::with_capacity(next_offsets.len());
-        for (&partition, &next_offset) in &next_offsets {
-            let epoch = match self.slots.get(&partition) {
-                Some(Slot::Ready { epoch, .. }) => epoch.unwrap_or(0),
-                _ => 0,
-            };
-            moves.push(Move {
-                partition,
-                next_offset,
-                epoch,
-            });
         }
         if let Some(stall) = self
             .settings
@@ -703,9 +738,9 @@ impl SinkLoop {
         histogram!(m::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
         histogram!(m::BATCH_RECORDS).record(report.records as f64);
         record_metrics(&report);
-        for (&partition, &next) in &next_offsets {
-            if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&partition) {
-                *committed = Some(next);
+        for Move { to, .. } in &moves {
+            if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&to.partition) {
+                *committed = Some(to.next_offset);
             }
         }
         debug!(
@@ -1071,18 +1106,13 @@ impl BatchWriter<'_> {
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, SinkError> {
         let mut tx = self.pool.begin().await.map_err(SinkError::from_db)?;
         if self.settings.offsets == OffsetsMode::Postgres {
-            let moved = checkpoint_store::advance(
-                &mut tx,
-                &self.settings.group_id,
-                &self.settings.topic,
-                moves,
-            )
-            .await
-            .map_err(SinkError::from_db)?;
+            let moved = checkpoint_store::advance(&mut tx, &self.settings.group_id, moves)
+                .await
+                .map_err(SinkError::from_db)?;
             if moved.len() != moves.len() {
                 let partitions: Vec<i32> = moves
                     .iter()
-                    .map(|m| m.partition)
+                    .map(|m| m.to.partition)
                     .filter(|p| !moved.contains(p))
                     .collect();
                 let _ = tx.rollback().await;
