@@ -16,6 +16,7 @@
 //! restarts. Dead letters in the Kafka topic are at-least-once (see [`dead_letters`]).
 //! `--offsets kafka` is the weaker boundary: at-least-once delivery into idempotent targets.
 
+mod backoff;
 pub mod batch_plan;
 pub mod bench;
 pub mod checkpoint_store;

@@ -42,6 +42,7 @@ use eos_core::ops_http::Readiness;
 use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
 use eos_core::{DeadLetterReason, trace_context};
 
+use crate::backoff::Backoff;
 use crate::batch_plan::Candidate;
 use crate::checkpoint_store::{self, Move};
 use crate::config::OffsetsMode;
@@ -57,7 +58,6 @@ use crate::table_writer::{self, ConflictRow, DeadLetterRow};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -107,45 +107,6 @@ enum Slot {
         /// The last committed checkpoint, for Kafka offsets and the lag gauge.
         committed: Option<i64>,
     },
-}
-
-/// Exponential backoff for PostgreSQL retries.
-#[derive(Debug)]
-struct Backoff {
-    max: Duration,
-    delay: Duration,
-    attempt: u32,
-    next_try: Instant,
-}
-
-impl Backoff {
-    fn new(max: Duration) -> Self {
-        Self {
-            max,
-            delay: FIRST_BACKOFF,
-            attempt: 0,
-            next_try: Instant::now(),
-        }
-    }
-
-    fn reset(&mut self) {
-        self.delay = FIRST_BACKOFF;
-        self.attempt = 0;
-        self.next_try = Instant::now();
-    }
-
-    fn due(&self) -> bool {
-        Instant::now() >= self.next_try
-    }
-
-    /// Schedules the next attempt; returns (attempt number, delay).
-    fn failed(&mut self) -> (u32, Duration) {
-        self.attempt += 1;
-        let delay = self.delay;
-        self.next_try = Instant::now() + delay;
-        self.delay = (self.delay * 2).min(self.max);
-        (self.attempt, delay)
-    }
 }
 
 /// Outcome of a committed batch, for metrics and logs.
@@ -365,7 +326,7 @@ impl SinkLoop {
                         self.slots.insert(partition, Slot::Pending);
                     }
                     // A new assignment is worth an immediate attempt even while backing off.
-                    self.backoff.next_try = Instant::now();
+                    self.backoff.try_now();
                 }
             }
         }
@@ -487,9 +448,9 @@ impl SinkLoop {
             })
             .map_err(SinkError::from_db)?;
         counter!(m::FENCES).increment(partitions.len() as u64);
-        if self.backoff.attempt > 0 {
+        if self.backoff.attempts() > 0 {
             info!(
-                attempts = self.backoff.attempt,
+                attempts = self.backoff.attempts(),
                 "postgres reachable again; re-fenced and re-read checkpoints"
             );
         }
@@ -614,11 +575,7 @@ impl SinkLoop {
                 Ok(()) => return Ok(()),
                 Err(SinkError::Transient(error)) if Instant::now() < deadline => {
                     self.retry_later("committing the last batch", &error);
-                    std::thread::sleep(
-                        self.backoff
-                            .next_try
-                            .saturating_duration_since(Instant::now()),
-                    );
+                    std::thread::sleep(self.backoff.remaining());
                 }
                 Err(SinkError::Provider(error)) => {
                     // Nothing of the open batch is committed; the next owner replays it and
