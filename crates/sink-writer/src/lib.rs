@@ -28,6 +28,7 @@ pub mod error;
 pub mod input_position;
 pub mod mapping;
 pub mod metrics;
+mod provider_settlement;
 pub mod provider_target;
 pub mod retention;
 pub mod schema;

@@ -32,7 +32,6 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::{PgConnection, PgPool};
-use time::OffsetDateTime;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, error, info, warn};
@@ -50,9 +49,10 @@ use crate::dead_letters;
 use crate::decision::{self, BatchDecision, TargetCounts, TargetView};
 use crate::error::SinkError;
 use crate::input_position::InputPosition;
-use crate::mapping::{DecodedEvent, InputRecord, Refusal};
+use crate::mapping::{InputRecord, Refusal};
 use crate::metrics as m;
-use crate::provider_target::{self, EffectItem, ProviderTarget, Settled};
+use crate::provider_settlement::{self, ProviderResults};
+use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
 use crate::table_writer::{self, ConflictRow, DeadLetterRow};
 
@@ -790,13 +790,6 @@ struct BatchWriter<'a> {
     dlq: &'a FutureProducer,
 }
 
-/// What the provider targets add to a batch's transaction.
-#[derive(Debug, Default)]
-struct ProviderResults {
-    conflicts: Vec<ConflictRow>,
-    dead_letters: Vec<(usize, Refusal)>,
-}
-
 /// A span per decoded record, parented on the trace context its Kafka headers carry, with the
 /// event id as baggage so every service the record reaches tags its spans with it.
 fn record_spans(
@@ -861,18 +854,6 @@ fn owned_headers(headers: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
     )
 }
 
-fn occurred_at(event: &DecodedEvent, record: &InputRecord) -> OffsetDateTime {
-    event
-        .envelope
-        .occurred_at
-        .or_else(|| {
-            record.timestamp_ms.and_then(|ms| {
-                OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-            })
-        })
-        .unwrap_or_else(OffsetDateTime::now_utc)
-}
-
 fn views(targets: &[PreparedTarget]) -> Vec<TargetView<'_>> {
     targets
         .iter()
@@ -897,7 +878,9 @@ impl BatchWriter<'_> {
         let views = views(self.targets);
         let decision = decision::decide(records, &views, self.settings.max_record_bytes);
         let spans = record_spans(records, &decision, &self.settings.group_id);
-        let provider = self.settle_providers(records, &decision, &spans).await?;
+        let provider =
+            provider_settlement::settle(self.providers, self.shutdown, records, &decision, &spans)
+                .await?;
         let transaction = batch_span(records.len(), &spans);
         async {
             match self
@@ -914,145 +897,6 @@ impl BatchWriter<'_> {
         }
         .instrument(transaction)
         .await
-    }
-
-    /// Every provider target's charges for the batch, settled before the transaction that
-    /// checkpoints them: a crash in between replays the batch, and dedup-service answers what
-    /// was done. Within the batch the first record of an event id leads; later ones are
-    /// duplicates (same fingerprint) or conflicts.
-    async fn settle_providers(
-        &self,
-        records: &[InputRecord],
-        decision: &BatchDecision,
-        spans: &[Option<tracing::Span>],
-    ) -> Result<ProviderResults, SinkError> {
-        let mut results = ProviderResults::default();
-        for target in self.providers {
-            let spec = target.spec();
-            let mut leaders: HashMap<&str, usize> = HashMap::new();
-            let mut items = Vec::new();
-            let mut item_records = Vec::new();
-            let mut followers = Vec::new();
-            for (index, event) in decision.events.iter().enumerate() {
-                let Some(event) = event else { continue };
-                let event_id = event.envelope.event_id.as_str();
-                if let Some(&leader) = leaders.get(event_id) {
-                    followers.push((index, leader));
-                    continue;
-                }
-                let body = match provider_target::request_body(spec, event) {
-                    Ok(body) => body,
-                    Err(detail) => {
-                        results.dead_letters.push((
-                            index,
-                            Refusal {
-                                reason: DeadLetterReason::MissingField,
-                                detail,
-                            },
-                        ));
-                        continue;
-                    }
-                };
-                leaders.insert(event_id, items.len());
-                item_records.push(index);
-                items.push(EffectItem {
-                    event_id: event_id.to_owned(),
-                    fingerprint: *event.fingerprint.as_bytes(),
-                    occurred_at: occurred_at(event, &records[index]),
-                    body,
-                    parent: spans[index]
-                        .as_ref()
-                        .map(OpenTelemetrySpanExt::context)
-                        .unwrap_or_default(),
-                });
-            }
-            if items.is_empty() {
-                continue;
-            }
-            let fingerprints: Vec<[u8; 32]> = items.iter().map(|item| item.fingerprint).collect();
-            let settled = target
-                .settle(items, self.shutdown)
-                .await
-                .map_err(SinkError::Provider)?;
-            let mut refusals: Vec<Option<Refusal>> = vec![None; settled.len()];
-            for (k, outcome) in settled.iter().enumerate() {
-                let index = item_records[k];
-                let record = &records[index];
-                let Some(event) = &decision.events[index] else {
-                    continue;
-                };
-                let refusal = match outcome {
-                    Settled::Charged { .. } => None,
-                    // Nothing was applied and asking again would be refused again: the event
-                    // is accounted for as a dead letter, next to its FAILED intent.
-                    Settled::Rejected { reason } => {
-                        warn!(
-                            target = target.name(),
-                            event_id = %event.envelope.event_id,
-                            reason,
-                            "provider rejected the charge; dead-lettered, FAILED at dedup-service"
-                        );
-                        Some(Refusal {
-                            reason: DeadLetterReason::ProviderRejected,
-                            detail: format!(
-                                "provider target {}: not charged: {reason}",
-                                target.name()
-                            ),
-                        })
-                    }
-                    Settled::Conflict { stored_fingerprint } => {
-                        results.conflicts.push(provider_conflict(
-                            spec.operation_id(event.envelope.event_id.as_str()),
-                            target.name(),
-                            record,
-                            event,
-                            hex(stored_fingerprint),
-                        ));
-                        None
-                    }
-                    Settled::Expired => Some(Refusal {
-                        reason: DeadLetterReason::BeyondDedupHorizon,
-                        detail: format!(
-                            "provider target {}: dedup-service answered EXPIRED (older than its \
-                             retained window): not charged, since an earlier charge could not be \
-                             recognised",
-                            target.name()
-                        ),
-                    }),
-                };
-                if let Some(refusal) = &refusal {
-                    results.dead_letters.push((index, refusal.clone()));
-                }
-                refusals[k] = refusal;
-            }
-            // A re-delivery in the same batch shares its leader's fate: a duplicate of a charge,
-            // or a dead letter of its own when the leader was refused (as it would be in a later
-            // batch, where dedup-service answers for it).
-            for (index, leader) in followers {
-                let Some(event) = &decision.events[index] else {
-                    continue;
-                };
-                let stored = fingerprints[leader];
-                if *event.fingerprint.as_bytes() == stored {
-                    if let Some(refusal) = &refusals[leader] {
-                        results.dead_letters.push((index, refusal.clone()));
-                        continue;
-                    }
-                    counter!(m::PROVIDER_EFFECTS, "target" => target.name().to_owned(), "outcome" => "duplicate")
-                        .increment(1);
-                } else {
-                    results.conflicts.push(provider_conflict(
-                        spec.operation_id(event.envelope.event_id.as_str()),
-                        target.name(),
-                        &records[index],
-                        event,
-                        hex(&stored),
-                    ));
-                }
-            }
-        }
-        results.dead_letters.sort_by_key(|(index, _)| *index);
-        Ok(results)
     }
 
     /// Moves the checkpoints first: the row locks make a concurrent fence wait for this commit,
@@ -1298,37 +1142,5 @@ impl BatchWriter<'_> {
             .map_err(SinkError::DeadLetter)?;
         report.dead_letters = letters.iter().map(|(_, reason, _)| *reason).collect();
         Ok(())
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A reused event id at a provider target: the operation id is known with another fingerprint.
-fn provider_conflict(
-    operation_id: String,
-    target: &str,
-    record: &InputRecord,
-    event: &DecodedEvent,
-    stored_fingerprint: String,
-) -> ConflictRow {
-    ConflictRow {
-        target: target.to_owned(),
-        key: operation_id,
-        event_id: event.envelope.event_id.as_str().to_owned(),
-        reason: "operation_conflict".into(),
-        stored_fingerprint: Some(stored_fingerprint),
-        incoming_fingerprint: event.fingerprint.to_hex(),
-        stored_row: None,
-        incoming_record: serde_json::to_string(&event.raw)
-            .ok()
-            .filter(|json| !json.contains("\\u0000")),
-        detail: "the provider operation of this event id was begun with other content; not \
-                 charged again"
-            .into(),
-        topic: record.topic.clone(),
-        partition: record.partition,
-        offset: record.offset,
     }
 }
