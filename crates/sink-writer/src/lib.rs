@@ -30,6 +30,7 @@ pub mod error;
 pub mod input_position;
 pub mod mapping;
 pub mod metrics;
+mod partition_positioning;
 mod provider_settlement;
 pub mod provider_target;
 pub mod retention;

@@ -1,5 +1,8 @@
-//! The consume → decide → write loop. It runs on a dedicated thread: the Kafka consumer's calls
-//! block, and database work is driven with `Handle::block_on` from here, never on the reactor.
+//! The consume → decide → write loop: polls, follows rebalances, decides when the open batch is
+//! due and hands it to the batch writer (`batch_writer`), which settles provider charges first
+//! (`provider_settlement`). Partitions are positioned by `partition_positioning`. It runs on a
+//! dedicated thread: the Kafka consumer's calls block, and database work is driven with
+//! `Handle::block_on` from here, never on the reactor.
 //!
 //! Invariants:
 //! - A partition is read only after it is *positioned*: fenced (owner epoch bumped) and sought to
@@ -40,7 +43,7 @@ use eos_core::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_me
 
 use crate::backoff::Backoff;
 use crate::batch_writer::BatchWriter;
-use crate::checkpoint_store::{self, Move};
+use crate::checkpoint_store::Move;
 use crate::config::OffsetsMode;
 use crate::dead_letters;
 use crate::decision;
@@ -48,10 +51,10 @@ use crate::error::SinkError;
 use crate::input_position::InputPosition;
 use crate::mapping::InputRecord;
 use crate::metrics as m;
+use crate::partition_positioning::{Positioning, partition_list};
 use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
 
-const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Everything the loop needs, resolved from the configuration.
@@ -71,23 +74,7 @@ pub struct LoopSettings {
     pub client_config: ClientConfig,
 }
 
-type LoopConsumer = BaseConsumer<RebalanceRecorder>;
-
-/// Where a partition starts reading once positioned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PartitionStart {
-    partition: i32,
-    /// The owner epoch this instance holds (`--offsets postgres`).
-    epoch: Option<i64>,
-    /// The checkpoint (or group offset) to resume at; `None`: the beginning of the partition.
-    resume_at: Option<InputPosition>,
-}
-
-impl PartitionStart {
-    fn next_offset(&self) -> Option<i64> {
-        self.resume_at.as_ref().map(|position| position.next_offset)
-    }
-}
+pub(crate) type LoopConsumer = BaseConsumer<RebalanceRecorder>;
 
 /// An owned partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,19 +308,14 @@ impl SinkLoop {
             .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
     }
 
-    fn partition_list(&self, partitions: &[i32]) -> TopicPartitionList {
-        let mut list = TopicPartitionList::new();
-        for &partition in partitions {
-            list.add_partition(&self.settings.topic, partition);
-        }
-        list
-    }
-
     fn pause(&self, partitions: &[i32]) {
         if partitions.is_empty() {
             return;
         }
-        if let Err(error) = self.consumer.pause(&self.partition_list(partitions)) {
+        if let Err(error) = self
+            .consumer
+            .pause(&partition_list(&self.settings.topic, partitions))
+        {
             warn!(%error, ?partitions, "cannot pause partitions; their records are dropped until positioned");
         }
     }
@@ -352,45 +334,23 @@ impl SinkLoop {
         if pending.is_empty() || !self.backoff.due() {
             return Ok(());
         }
-        let starts = match self.settings.offsets {
-            OffsetsMode::Postgres => match self.fence_and_read(&pending) {
-                Ok(positions) => positions,
-                Err(SinkError::Transient(error)) => {
-                    self.retry_later("fencing and reading checkpoints", &error);
-                    return Ok(());
-                }
-                Err(error) => return Err(error),
-            },
-            OffsetsMode::Kafka => self.kafka_committed(&pending)?,
+        let positioning = Positioning {
+            settings: &self.settings,
+            runtime: &self.runtime,
+            pool: &self.pool,
+            consumer: &self.consumer,
         };
-        let mut seek = TopicPartitionList::new();
-        for start in &starts {
-            let offset = match start.next_offset() {
-                Some(next) => Offset::Offset(next),
-                None => Offset::Beginning,
-            };
-            seek.add_partition_offset(&self.settings.topic, start.partition, offset)?;
-        }
-        let sought = match self.consumer.seek_partitions(seek, KAFKA_TIMEOUT) {
-            Ok(sought) => sought,
-            Err(error) => {
-                warn!(%error, "seek failed; retrying");
-                self.backoff.failed();
+        let starts = match positioning.starts(&pending, &mut self.backoff) {
+            Ok(starts) => starts,
+            Err(SinkError::Transient(error)) => {
+                self.retry_later("fencing and reading checkpoints", &error);
                 return Ok(());
             }
+            Err(error) => return Err(error),
         };
         let mut ready = Vec::new();
-        for elem in sought.elements() {
-            let partition = elem.partition();
-            if let Err(error) = elem.error() {
-                warn!(partition, %error, "seek failed; retrying");
-                self.backoff.failed();
-                continue;
-            }
-            let Some(start) = starts.iter().find(|start| start.partition == partition) else {
-                continue;
-            };
-            let (epoch, next) = (start.epoch, start.next_offset());
+        for start in positioning.seek(&starts, &mut self.backoff)? {
+            let (partition, epoch, next) = (start.partition, start.epoch, start.next_offset());
             // Only a partition still assigned (no revoke in between) becomes ready.
             if let Some(slot) = self.slots.get_mut(&partition) {
                 *slot = Slot::Ready {
@@ -403,103 +363,15 @@ impl SinkLoop {
             }
         }
         if !ready.is_empty()
-            && let Err(error) = self.consumer.resume(&self.partition_list(&ready))
+            && let Err(error) = self
+                .consumer
+                .resume(&partition_list(&self.settings.topic, &ready))
         {
             warn!(%error, "cannot resume partitions");
         }
         self.readiness
             .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
         Ok(())
-    }
-
-    /// Postgres mode: fence first (bump the owner epoch), then read the checkpoint.
-    fn fence_and_read(&mut self, partitions: &[i32]) -> Result<Vec<PartitionStart>, SinkError> {
-        let settings = &self.settings;
-        let pool = &self.pool;
-        let (epochs, checkpoints) = self
-            .runtime
-            .block_on(async {
-                let epochs = checkpoint_store::fence(
-                    pool,
-                    &settings.group_id,
-                    &settings.topic,
-                    partitions,
-                    &settings.instance_id,
-                )
-                .await?;
-                let checkpoints =
-                    checkpoint_store::read(pool, &settings.group_id, &settings.topic, partitions)
-                        .await?;
-                Ok::<_, sqlx::Error>((epochs, checkpoints))
-            })
-            .map_err(SinkError::from_db)?;
-        counter!(m::FENCES).increment(partitions.len() as u64);
-        if self.backoff.attempts() > 0 {
-            info!(
-                attempts = self.backoff.attempts(),
-                "postgres reachable again; re-fenced and re-read checkpoints"
-            );
-        }
-        self.backoff.reset();
-        let mut starts = Vec::with_capacity(partitions.len());
-        for &partition in partitions {
-            let start = PartitionStart {
-                partition,
-                epoch: epochs.get(&partition).copied(),
-                resume_at: checkpoints
-                    .iter()
-                    .find(|checkpoint| checkpoint.partition == partition)
-                    .cloned(),
-            };
-            let (epoch, next) = (start.epoch, start.next_offset());
-            if let Some(next) = next {
-                self.check_not_beyond_retention(partition, next)?;
-            }
-            info!(partition, ?epoch, next_offset = ?next, "fenced; checkpoint read after the fence");
-            starts.push(start);
-        }
-        Ok(starts)
-    }
-
-    /// A checkpoint below the partition's first offset means records were deleted by retention
-    /// before this sink wrote them. Skipping ahead silently would hide the loss: refuse.
-    fn check_not_beyond_retention(&self, partition: i32, next: i64) -> Result<(), SinkError> {
-        let (low, _) =
-            self.consumer
-                .fetch_watermarks(&self.settings.topic, partition, KAFKA_TIMEOUT)?;
-        if next < low {
-            return Err(SinkError::Config(format!(
-                "{}[{partition}]: the checkpoint is at offset {next} but the partition starts at \
-                 {low}: {} records were deleted by retention before this sink wrote them. \
-                 Investigate, then move the checkpoint in sink_checkpoints deliberately",
-                self.settings.topic,
-                low - next
-            )));
-        }
-        Ok(())
-    }
-
-    /// Kafka mode: the group offsets (committed after each database commit).
-    fn kafka_committed(&self, partitions: &[i32]) -> Result<Vec<PartitionStart>, SinkError> {
-        let committed = self
-            .consumer
-            .committed_offsets(self.partition_list(partitions), KAFKA_TIMEOUT)?;
-        Ok(partitions
-            .iter()
-            .map(|&partition| PartitionStart {
-                partition,
-                epoch: None,
-                resume_at: committed
-                    .find_partition(&self.settings.topic, partition)
-                    .and_then(|elem| elem.offset().to_raw())
-                    .filter(|offset| *offset >= 0)
-                    .map(|next_offset| InputPosition {
-                        topic: self.settings.topic.clone(),
-                        partition,
-                        next_offset,
-                    }),
-            })
-            .collect())
     }
 
     fn retry_later(&mut self, what: &str, error: &sqlx::Error) {
