@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{self, Move};
 use crate::decision::{self, TargetView};
+use crate::input_position::InputPosition;
 use crate::mapping::InputRecord;
 use crate::schema::{self, PreparedTarget};
 use crate::{migrator, targets};
@@ -104,11 +105,14 @@ async fn idempotent(
         if let Some(epoch) = checkpoint {
             let next_offset = chunk.last().map(|r| r.offset + 1).unwrap_or(0);
             let moves = [Move {
-                partition: 0,
-                next_offset,
+                to: InputPosition {
+                    topic: "bench".into(),
+                    partition: 0,
+                    next_offset,
+                },
                 epoch,
             }];
-            let moved = checkpoint_store::advance(&mut tx, "bench", "bench", &moves).await?;
+            let moved = checkpoint_store::advance(&mut tx, "bench", &moves).await?;
             anyhow::ensure!(moved.len() == 1, "bench checkpoint not fenced to us");
         }
         crate::table_writer::write_target(

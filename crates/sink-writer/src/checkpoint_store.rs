@@ -1,5 +1,5 @@
 //! `sink_checkpoints`: the input positions in `--offsets postgres` mode, and the owner epoch that
-//! fences a zombie (DESIGN.md §2.4: fence first, then read the checkpoint).
+//! fences a zombie: fence first, then read the checkpoint.
 //!
 //! Why this is enough: every batch transaction starts by updating its partitions' rows *with the
 //! owner epoch it was given* (`WHERE owner_epoch = mine`). That update takes the row lock, so a new
@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 
 use sqlx::{PgConnection, PgPool};
+
+use crate::input_position::InputPosition;
 
 /// Bumps the owner epoch of `partitions` (creating their rows on first use) in its own
 /// transaction, and returns the new epoch of each. Waits at most `lock_timeout` for a batch in
@@ -46,14 +48,14 @@ pub async fn fence(
     Ok(rows.into_iter().collect())
 }
 
-/// The committed `next_offset` of each partition (`None`: nothing committed yet). Read after
-/// [`fence`], never before.
+/// The committed checkpoint of each of `partitions` that has one (none: nothing committed yet).
+/// Read after [`fence`], never before.
 pub async fn read(
     pool: &PgPool,
     sink: &str,
     topic: &str,
     partitions: &[i32],
-) -> Result<HashMap<i32, Option<i64>>, sqlx::Error> {
+) -> Result<Vec<InputPosition>, sqlx::Error> {
     let rows: Vec<(i32, Option<i64>)> = sqlx::query_as(
         "SELECT partition, next_offset FROM sink_checkpoints
          WHERE sink = $1 AND topic = $2 AND partition = ANY($3::int[])",
@@ -63,14 +65,22 @@ pub async fn read(
     .bind(partitions)
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().collect())
+    Ok(rows
+        .into_iter()
+        .filter_map(|(partition, next_offset)| {
+            Some(InputPosition {
+                topic: topic.to_owned(),
+                partition,
+                next_offset: next_offset?,
+            })
+        })
+        .collect())
 }
 
-/// A checkpoint move of one batch: partition, new `next_offset`, the epoch this owner holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A checkpoint move of one batch: the new position, under the epoch this owner holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Move {
-    pub partition: i32,
-    pub next_offset: i64,
+    pub to: InputPosition,
     pub epoch: i64,
 }
 
@@ -79,22 +89,23 @@ pub struct Move {
 pub async fn advance(
     conn: &mut PgConnection,
     sink: &str,
-    topic: &str,
     moves: &[Move],
 ) -> Result<Vec<i32>, sqlx::Error> {
-    let partitions: Vec<i32> = moves.iter().map(|m| m.partition).collect();
-    let offsets: Vec<i64> = moves.iter().map(|m| m.next_offset).collect();
+    let topics: Vec<&str> = moves.iter().map(|m| m.to.topic.as_str()).collect();
+    let partitions: Vec<i32> = moves.iter().map(|m| m.to.partition).collect();
+    let offsets: Vec<i64> = moves.iter().map(|m| m.to.next_offset).collect();
     let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();
     sqlx::query_scalar(
         "UPDATE sink_checkpoints AS c
          SET next_offset = m.next_offset, updated_at = now()
-         FROM UNNEST($3::int[], $4::bigint[], $5::bigint[]) AS m(partition, next_offset, epoch)
-         WHERE c.sink = $1 AND c.topic = $2 AND c.partition = m.partition
+         FROM UNNEST($2::text[], $3::int[], $4::bigint[], $5::bigint[])
+             AS m(topic, partition, next_offset, epoch)
+         WHERE c.sink = $1 AND c.topic = m.topic AND c.partition = m.partition
            AND c.owner_epoch = m.epoch
          RETURNING c.partition",
     )
     .bind(sink)
-    .bind(topic)
+    .bind(topics)
     .bind(partitions)
     .bind(offsets)
     .bind(epochs)

@@ -16,7 +16,10 @@
 //! restarts. Dead letters in the Kafka topic are at-least-once (see [`dead_letters`]).
 //! `--offsets kafka` is the weaker boundary: at-least-once delivery into idempotent targets.
 
+mod backoff;
 pub mod batch_plan;
+mod batch_spans;
+mod batch_writer;
 pub mod bench;
 pub mod checkpoint_store;
 pub mod column_type;
@@ -24,8 +27,11 @@ pub mod config;
 pub mod dead_letters;
 pub mod decision;
 pub mod error;
+pub mod input_position;
 pub mod mapping;
 pub mod metrics;
+mod partition_positioning;
+mod provider_settlement;
 pub mod provider_target;
 pub mod retention;
 pub mod schema;

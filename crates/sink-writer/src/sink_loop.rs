@@ -1,5 +1,8 @@
-//! The consume → decide → write loop. It runs on a dedicated thread: the Kafka consumer's calls
-//! block, and database work is driven with `Handle::block_on` from here, never on the reactor.
+//! The consume → decide → write loop: polls, follows rebalances, decides when the open batch is
+//! due and hands it to the batch writer (`batch_writer`), which settles provider charges first
+//! (`provider_settlement`). Partitions are positioned by `partition_positioning`. It runs on a
+//! dedicated thread: the Kafka consumer's calls block, and database work is driven with
+//! `Handle::block_on` from here, never on the reactor.
 //!
 //! Invariants:
 //! - A partition is read only after it is *positioned*: fenced (owner epoch bumped) and sought to
@@ -20,44 +23,39 @@
 //! - After a failure, re-fencing waits for the backoff while the consumer keeps polling, so a
 //!   revocation that happened meanwhile is seen before this instance bumps any epoch again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
-use opentelemetry::trace::TraceContextExt as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sqlx::{PgConnection, PgPool};
-use time::OffsetDateTime;
+use sqlx::PgPool;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, error, info, warn};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing::{debug, error, info, warn};
 
-use eos_core::DeadLetterReason;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
-use eos_runtime::trace_context;
 
-use crate::batch_plan::Candidate;
-use crate::checkpoint_store::{self, Move};
+use crate::backoff::Backoff;
+use crate::batch_writer::BatchWriter;
+use crate::checkpoint_store::Move;
 use crate::config::OffsetsMode;
 use crate::dead_letters;
-use crate::decision::{self, BatchDecision, TargetCounts, TargetView};
+use crate::decision;
 use crate::error::SinkError;
-use crate::mapping::{DecodedEvent, InputRecord, Refusal};
+use crate::input_position::InputPosition;
+use crate::mapping::InputRecord;
 use crate::metrics as m;
-use crate::provider_target::{self, EffectItem, ProviderTarget, Settled};
+use crate::partition_positioning::{Positioning, partition_list};
+use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
-use crate::table_writer::{self, ConflictRow, DeadLetterRow};
 
-const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -76,11 +74,7 @@ pub struct LoopSettings {
     pub client_config: ClientConfig,
 }
 
-type LoopConsumer = BaseConsumer<RebalanceRecorder>;
-
-/// Per partition: the owner epoch held (postgres mode) and the offset to resume at (`None`: the
-/// beginning).
-type Positions = BTreeMap<i32, (Option<i64>, Option<i64>)>;
+pub(crate) type LoopConsumer = BaseConsumer<RebalanceRecorder>;
 
 /// An owned partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,54 +89,6 @@ enum Slot {
         /// The last committed checkpoint, for Kafka offsets and the lag gauge.
         committed: Option<i64>,
     },
-}
-
-/// Exponential backoff for PostgreSQL retries.
-#[derive(Debug)]
-struct Backoff {
-    max: Duration,
-    delay: Duration,
-    attempt: u32,
-    next_try: Instant,
-}
-
-impl Backoff {
-    fn new(max: Duration) -> Self {
-        Self {
-            max,
-            delay: FIRST_BACKOFF,
-            attempt: 0,
-            next_try: Instant::now(),
-        }
-    }
-
-    fn reset(&mut self) {
-        self.delay = FIRST_BACKOFF;
-        self.attempt = 0;
-        self.next_try = Instant::now();
-    }
-
-    fn due(&self) -> bool {
-        Instant::now() >= self.next_try
-    }
-
-    /// Schedules the next attempt; returns (attempt number, delay).
-    fn failed(&mut self) -> (u32, Duration) {
-        self.attempt += 1;
-        let delay = self.delay;
-        self.next_try = Instant::now() + delay;
-        self.delay = (self.delay * 2).min(self.max);
-        (self.attempt, delay)
-    }
-}
-
-/// Outcome of a committed batch, for metrics and logs.
-#[derive(Debug, Default)]
-struct BatchReport {
-    records: usize,
-    per_target: Vec<(String, TargetCounts)>,
-    dead_letters: Vec<DeadLetterReason>,
-    isolated: bool,
 }
 
 pub struct SinkLoop {
@@ -353,7 +299,7 @@ impl SinkLoop {
                         self.slots.insert(partition, Slot::Pending);
                     }
                     // A new assignment is worth an immediate attempt even while backing off.
-                    self.backoff.next_try = Instant::now();
+                    self.backoff.try_now();
                 }
             }
         }
@@ -362,19 +308,14 @@ impl SinkLoop {
             .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
     }
 
-    fn partition_list(&self, partitions: &[i32]) -> TopicPartitionList {
-        let mut list = TopicPartitionList::new();
-        for &partition in partitions {
-            list.add_partition(&self.settings.topic, partition);
-        }
-        list
-    }
-
     fn pause(&self, partitions: &[i32]) {
         if partitions.is_empty() {
             return;
         }
-        if let Err(error) = self.consumer.pause(&self.partition_list(partitions)) {
+        if let Err(error) = self
+            .consumer
+            .pause(&partition_list(&self.settings.topic, partitions))
+        {
             warn!(%error, ?partitions, "cannot pause partitions; their records are dropped until positioned");
         }
     }
@@ -393,44 +334,23 @@ impl SinkLoop {
         if pending.is_empty() || !self.backoff.due() {
             return Ok(());
         }
-        let positions = match self.settings.offsets {
-            OffsetsMode::Postgres => match self.fence_and_read(&pending) {
-                Ok(positions) => positions,
-                Err(SinkError::Transient(error)) => {
-                    self.retry_later("fencing and reading checkpoints", &error);
-                    return Ok(());
-                }
-                Err(error) => return Err(error),
-            },
-            OffsetsMode::Kafka => self.kafka_committed(&pending)?,
+        let positioning = Positioning {
+            settings: &self.settings,
+            runtime: &self.runtime,
+            pool: &self.pool,
+            consumer: &self.consumer,
         };
-        let mut seek = TopicPartitionList::new();
-        for (&partition, &(_, next)) in &positions {
-            let offset = match next {
-                Some(next) => Offset::Offset(next),
-                None => Offset::Beginning,
-            };
-            seek.add_partition_offset(&self.settings.topic, partition, offset)?;
-        }
-        let sought = match self.consumer.seek_partitions(seek, KAFKA_TIMEOUT) {
-            Ok(sought) => sought,
-            Err(error) => {
-                warn!(%error, "seek failed; retrying");
-                self.backoff.failed();
+        let starts = match positioning.starts(&pending, &mut self.backoff) {
+            Ok(starts) => starts,
+            Err(SinkError::Transient(error)) => {
+                self.retry_later("fencing and reading checkpoints", &error);
                 return Ok(());
             }
+            Err(error) => return Err(error),
         };
         let mut ready = Vec::new();
-        for elem in sought.elements() {
-            let partition = elem.partition();
-            if let Err(error) = elem.error() {
-                warn!(partition, %error, "seek failed; retrying");
-                self.backoff.failed();
-                continue;
-            }
-            let Some(&(epoch, next)) = positions.get(&partition) else {
-                continue;
-            };
+        for start in positioning.seek(&starts, &mut self.backoff)? {
+            let (partition, epoch, next) = (start.partition, start.epoch, start.next_offset());
             // Only a partition still assigned (no revoke in between) becomes ready.
             if let Some(slot) = self.slots.get_mut(&partition) {
                 *slot = Slot::Ready {
@@ -443,90 +363,15 @@ impl SinkLoop {
             }
         }
         if !ready.is_empty()
-            && let Err(error) = self.consumer.resume(&self.partition_list(&ready))
+            && let Err(error) = self
+                .consumer
+                .resume(&partition_list(&self.settings.topic, &ready))
         {
             warn!(%error, "cannot resume partitions");
         }
         self.readiness
             .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
         Ok(())
-    }
-
-    /// Postgres mode: fence first (bump the owner epoch), then read the checkpoint.
-    fn fence_and_read(&mut self, partitions: &[i32]) -> Result<Positions, SinkError> {
-        let settings = &self.settings;
-        let pool = &self.pool;
-        let (epochs, checkpoints) = self
-            .runtime
-            .block_on(async {
-                let epochs = checkpoint_store::fence(
-                    pool,
-                    &settings.group_id,
-                    &settings.topic,
-                    partitions,
-                    &settings.instance_id,
-                )
-                .await?;
-                let checkpoints =
-                    checkpoint_store::read(pool, &settings.group_id, &settings.topic, partitions)
-                        .await?;
-                Ok::<_, sqlx::Error>((epochs, checkpoints))
-            })
-            .map_err(SinkError::from_db)?;
-        counter!(m::FENCES).increment(partitions.len() as u64);
-        if self.backoff.attempt > 0 {
-            info!(
-                attempts = self.backoff.attempt,
-                "postgres reachable again; re-fenced and re-read checkpoints"
-            );
-        }
-        self.backoff.reset();
-        let mut positions = BTreeMap::new();
-        for &partition in partitions {
-            let epoch = epochs.get(&partition).copied();
-            let next = checkpoints.get(&partition).copied().flatten();
-            if let Some(next) = next {
-                self.check_not_beyond_retention(partition, next)?;
-            }
-            info!(partition, ?epoch, next_offset = ?next, "fenced; checkpoint read after the fence");
-            positions.insert(partition, (epoch, next));
-        }
-        Ok(positions)
-    }
-
-    /// A checkpoint below the partition's first offset means records were deleted by retention
-    /// before this sink wrote them. Skipping ahead silently would hide the loss: refuse.
-    fn check_not_beyond_retention(&self, partition: i32, next: i64) -> Result<(), SinkError> {
-        let (low, _) =
-            self.consumer
-                .fetch_watermarks(&self.settings.topic, partition, KAFKA_TIMEOUT)?;
-        if next < low {
-            return Err(SinkError::Config(format!(
-                "{}[{partition}]: the checkpoint is at offset {next} but the partition starts at \
-                 {low}: {} records were deleted by retention before this sink wrote them. \
-                 Investigate, then move the checkpoint in sink_checkpoints deliberately",
-                self.settings.topic,
-                low - next
-            )));
-        }
-        Ok(())
-    }
-
-    /// Kafka mode: the group offsets (committed after each database commit).
-    fn kafka_committed(&self, partitions: &[i32]) -> Result<Positions, SinkError> {
-        let committed = self
-            .consumer
-            .committed_offsets(self.partition_list(partitions), KAFKA_TIMEOUT)?;
-        Ok(partitions
-            .iter()
-            .map(|&partition| {
-                let next = committed
-                    .find_partition(&self.settings.topic, partition)
-                    .and_then(|elem| elem.offset().to_raw())
-                    .filter(|offset| *offset >= 0);
-                (partition, (None, next))
-            })
-            .collect())
     }
 
     fn retry_later(&mut self, what: &str, error: &sqlx::Error) {
@@ -588,11 +433,7 @@ impl SinkLoop {
                 Ok(()) => return Ok(()),
                 Err(SinkError::Transient(error)) if Instant::now() < deadline => {
                     self.retry_later("committing the last batch", &error);
-                    std::thread::sleep(
-                        self.backoff
-                            .next_try
-                            .saturating_duration_since(Instant::now()),
-                    );
+                    std::thread::sleep(self.backoff.remaining());
                 }
                 Err(SinkError::Provider(error)) => {
                     // Nothing of the open batch is committed; the next owner replays it and
@@ -606,19 +447,21 @@ impl SinkLoop {
         }
     }
 
-    /// Writes the open batch in one transaction. On success the batch is cleared and the Kafka
-    /// group offsets follow; on error the batch is kept for the caller to retry or drop.
     /// The consumer's position per owned partition: the offset after the last record returned,
     /// or past transaction markers and aborted records that `read_committed` skipped.
-    fn app_positions(&self) -> HashMap<i32, i64> {
+    fn consumer_positions(&self) -> Vec<InputPosition> {
         let Ok(list) = self.consumer.position() else {
-            return HashMap::new();
+            return Vec::new();
         };
         list.elements_for_topic(&self.settings.topic)
             .iter()
             .filter_map(|elem| {
-                let offset = elem.offset().to_raw().filter(|offset| *offset >= 0)?;
-                Some((elem.partition(), offset))
+                let next_offset = elem.offset().to_raw().filter(|offset| *offset >= 0)?;
+                Some(InputPosition {
+                    topic: self.settings.topic.clone(),
+                    partition: elem.partition(),
+                    next_offset,
+                })
             })
             .collect()
     }
@@ -627,53 +470,59 @@ impl SinkLoop {
     /// control records (commit markers) and aborted records behind it. Without the latter, a sink
     /// on a transactional topic (eos-processor's output) would stop one short of the end of every
     /// partition, and its lag would never reach zero.
-    fn checkpoint_moves(&self) -> BTreeMap<i32, i64> {
+    fn checkpoint_moves(&self) -> Vec<Move> {
         let mut next_offsets = decision::next_offsets(&self.batch);
-        for (partition, position) in self.app_positions() {
-            let Some(Slot::Ready { committed, .. }) = self.slots.get(&partition) else {
+        for position in self.consumer_positions() {
+            let Some(Slot::Ready { committed, .. }) = self.slots.get(&position.partition) else {
                 continue;
             };
-            let floor = next_offsets.get(&partition).copied().or(*committed);
-            if floor.is_none_or(|floor| position > floor) {
-                next_offsets.insert(partition, position);
+            let floor = next_offsets
+                .get(&position.partition)
+                .copied()
+                .or(*committed);
+            if floor.is_none_or(|floor| position.next_offset > floor) {
+                next_offsets.insert(position.partition, position.next_offset);
             }
         }
         next_offsets
+            .into_iter()
+            .map(|(partition, next_offset)| {
+                let epoch = match self.slots.get(&partition) {
+                    Some(Slot::Ready { epoch, .. }) => epoch.unwrap_or(0),
+                    _ => 0,
+                };
+                Move {
+                    to: InputPosition {
+                        topic: self.settings.topic.clone(),
+                        partition,
+                        next_offset,
+                    },
+                    epoch,
+                }
+            })
+            .collect()
     }
 
     /// An idle partition whose position moved past what is committed (only markers or aborted
     /// records arrived): worth a checkpoint-only transaction.
     fn markers_to_commit(&self) -> bool {
         self.batch.is_empty()
-            && self
-                .app_positions()
-                .into_iter()
-                .any(|(partition, position)| {
-                    matches!(
-                        self.slots.get(&partition),
-                        Some(Slot::Ready { committed, .. })
-                            if committed.is_none_or(|committed| position > committed)
-                    )
-                })
+            && self.consumer_positions().into_iter().any(|position| {
+                matches!(
+                    self.slots.get(&position.partition),
+                    Some(Slot::Ready { committed, .. })
+                        if committed.is_none_or(|committed| position.next_offset > committed)
+                )
+            })
     }
 
+    /// Writes the open batch in one transaction. On success the batch is cleared and the Kafka
+    /// group offsets follow; on error the batch is kept for the caller to retry or drop.
     fn flush(&mut self) -> Result<(), SinkError> {
-        let next_offsets = self.checkpoint_moves();
-        if self.batch.is_empty() && next_offsets.is_empty() {
+        let moves = self.checkpoint_moves();
+        if self.batch.is_empty() && moves.is_empty() {
             self.batch_started = None;
             return Ok(());
-        }
-        let mut moves = Vec::with_capacity(next_offsets.len());
-        for (&partition, &next_offset) in &next_offsets {
-            let epoch = match self.slots.get(&partition) {
-                Some(Slot::Ready { epoch, .. }) => epoch.unwrap_or(0),
-                _ => 0,
-            };
-            moves.push(Move {
-                partition,
-                next_offset,
-                epoch,
-            });
         }
         if let Some(stall) = self
             .settings
@@ -703,10 +552,10 @@ impl SinkLoop {
         };
         histogram!(m::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
         histogram!(m::BATCH_RECORDS).record(report.records as f64);
-        record_metrics(&report);
-        for (&partition, &next) in &next_offsets {
-            if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&partition) {
-                *committed = Some(next);
+        report.record_metrics();
+        for Move { to, .. } in &moves {
+            if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&to.partition) {
+                *committed = Some(to.next_offset);
             }
         }
         debug!(
@@ -769,580 +618,5 @@ impl SinkLoop {
                 }
             }
         }
-    }
-}
-
-fn record_metrics(report: &BatchReport) {
-    counter!(m::RECORDS_IN).increment(report.records as u64);
-    counter!(m::BATCHES, "outcome" => if report.isolated { "isolated" } else { "committed" })
-        .increment(1);
-    for (target, counts) in &report.per_target {
-        let target = target.clone();
-        counter!(m::ROWS_WRITTEN, "target" => target.clone()).increment(counts.written);
-        counter!(m::DUPLICATES, "target" => target.clone()).increment(counts.duplicates);
-        counter!(m::CONFLICTS, "target" => target.clone()).increment(counts.conflicts);
-        counter!(m::STALE_VERSIONS, "target" => target.clone()).increment(counts.stale);
-        counter!(m::SKIPPED, "target" => target).increment(counts.skipped);
-    }
-    for reason in &report.dead_letters {
-        counter!(m::DEAD_LETTERS, "reason" => reason.as_str()).increment(1);
-    }
-}
-
-/// The database side of one batch, borrowed from the loop for the duration of `block_on`.
-struct BatchWriter<'a> {
-    settings: &'a LoopSettings,
-    pool: &'a PgPool,
-    targets: &'a [PreparedTarget],
-    providers: &'a [ProviderTarget],
-    shutdown: &'a CancellationToken,
-    dlq: &'a FutureProducer,
-}
-
-/// What the provider targets add to a batch's transaction.
-#[derive(Debug, Default)]
-struct ProviderResults {
-    conflicts: Vec<ConflictRow>,
-    dead_letters: Vec<(usize, Refusal)>,
-}
-
-/// A span per decoded record, parented on the trace context its Kafka headers carry, with the
-/// event id as baggage so every service the record reaches tags its spans with it.
-fn record_spans(
-    records: &[InputRecord],
-    decision: &BatchDecision,
-    group_id: &str,
-) -> Vec<Option<tracing::Span>> {
-    records
-        .iter()
-        .zip(&decision.events)
-        .map(|(record, event)| {
-            let event = event.as_ref()?;
-            let event_id = event.envelope.event_id.as_str();
-            let span = tracing::info_span!(
-                "sink-writer write",
-                otel.name = "sink-writer write",
-                otel.kind = "consumer",
-                event_id,
-                messaging.system = "kafka",
-                messaging.operation.type = "process",
-                messaging.destination.name = %record.topic,
-                messaging.destination.partition.id = %record.partition,
-                messaging.consumer.group.name = group_id,
-                messaging.kafka.offset = record.offset,
-            );
-            let parent = trace_context::extract_kafka(&owned_headers(&record.headers));
-            let _ = span.set_parent(trace_context::context_with_event_id(&parent, event_id));
-            Some(span)
-        })
-        .collect()
-}
-
-/// The span of a batch's database transaction. It has many inputs, so no single parent: it links
-/// to the records' spans (the first 128, OpenTelemetry's default limit per span).
-fn batch_span(records: usize, spans: &[Option<tracing::Span>]) -> tracing::Span {
-    let span = tracing::info_span!(
-        "sink-writer transaction",
-        otel.name = "sink-writer transaction",
-        otel.kind = "client",
-        db.system = "postgresql",
-        db.operation.name = "COMMIT",
-        eos.records = records,
-    );
-    for record in spans.iter().flatten().take(128) {
-        let span_context = record.context().span().span_context().clone();
-        if span_context.is_valid() {
-            span.add_link(span_context);
-        }
-    }
-    span
-}
-
-fn owned_headers(headers: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
-    headers.iter().fold(
-        OwnedHeaders::new_with_capacity(headers.len()),
-        |owned, (key, value)| {
-            owned.insert(Header {
-                key,
-                value: value.as_deref(),
-            })
-        },
-    )
-}
-
-fn occurred_at(event: &DecodedEvent, record: &InputRecord) -> OffsetDateTime {
-    event
-        .envelope
-        .occurred_at
-        .or_else(|| {
-            record.timestamp_ms.and_then(|ms| {
-                OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-            })
-        })
-        .unwrap_or_else(OffsetDateTime::now_utc)
-}
-
-fn views(targets: &[PreparedTarget]) -> Vec<TargetView<'_>> {
-    targets
-        .iter()
-        .map(|t| TargetView {
-            shape: &t.shape,
-            kind: t.spec.kind,
-        })
-        .collect()
-}
-
-/// NUL cannot be stored in a text column; a detail is for humans, so escape it.
-fn printable(detail: &str) -> String {
-    detail.replace('\0', "\\0")
-}
-
-impl BatchWriter<'_> {
-    async fn write(
-        &self,
-        records: &[InputRecord],
-        moves: &[Move],
-    ) -> Result<BatchReport, SinkError> {
-        let views = views(self.targets);
-        let decision = decision::decide(records, &views, self.settings.max_record_bytes);
-        let spans = record_spans(records, &decision, &self.settings.group_id);
-        let provider = self.settle_providers(records, &decision, &spans).await?;
-        let transaction = batch_span(records.len(), &spans);
-        async {
-            match self
-                .write_decided(records, moves, &views, &decision, &provider)
-                .await
-            {
-                Err(SinkError::Data(error)) => {
-                    warn!(%error, records = records.len(), "postgres refused the batch's data; redoing it one record at a time");
-                    self.write_isolated(records, moves, &views, decision, &provider)
-                        .await
-                }
-                other => other,
-            }
-        }
-        .instrument(transaction)
-        .await
-    }
-
-    /// Every provider target's charges for the batch, settled before the transaction that
-    /// checkpoints them: a crash in between replays the batch, and dedup-service answers what
-    /// was done. Within the batch the first record of an event id leads; later ones are
-    /// duplicates (same fingerprint) or conflicts.
-    async fn settle_providers(
-        &self,
-        records: &[InputRecord],
-        decision: &BatchDecision,
-        spans: &[Option<tracing::Span>],
-    ) -> Result<ProviderResults, SinkError> {
-        let mut results = ProviderResults::default();
-        for target in self.providers {
-            let spec = target.spec();
-            let mut leaders: HashMap<&str, usize> = HashMap::new();
-            let mut items = Vec::new();
-            let mut item_records = Vec::new();
-            let mut followers = Vec::new();
-            for (index, event) in decision.events.iter().enumerate() {
-                let Some(event) = event else { continue };
-                let event_id = event.envelope.event_id.as_str();
-                if let Some(&leader) = leaders.get(event_id) {
-                    followers.push((index, leader));
-                    continue;
-                }
-                let body = match provider_target::request_body(spec, event) {
-                    Ok(body) => body,
-                    Err(detail) => {
-                        results.dead_letters.push((
-                            index,
-                            Refusal {
-                                reason: DeadLetterReason::MissingField,
-                                detail,
-                            },
-                        ));
-                        continue;
-                    }
-                };
-                leaders.insert(event_id, items.len());
-                item_records.push(index);
-                items.push(EffectItem {
-                    event_id: event_id.to_owned(),
-                    fingerprint: *event.fingerprint.as_bytes(),
-                    occurred_at: occurred_at(event, &records[index]),
-                    body,
-                    parent: spans[index]
-                        .as_ref()
-                        .map(OpenTelemetrySpanExt::context)
-                        .unwrap_or_default(),
-                });
-            }
-            if items.is_empty() {
-                continue;
-            }
-            let fingerprints: Vec<[u8; 32]> = items.iter().map(|item| item.fingerprint).collect();
-            let settled = target
-                .settle(items, self.shutdown)
-                .await
-                .map_err(SinkError::Provider)?;
-            let mut refusals: Vec<Option<Refusal>> = vec![None; settled.len()];
-            for (k, outcome) in settled.iter().enumerate() {
-                let index = item_records[k];
-                let record = &records[index];
-                let Some(event) = &decision.events[index] else {
-                    continue;
-                };
-                let refusal = match outcome {
-                    Settled::Charged { .. } => None,
-                    // Nothing was applied and asking again would be refused again: the event
-                    // is accounted for as a dead letter, next to its FAILED intent.
-                    Settled::Rejected { reason } => {
-                        warn!(
-                            target = target.name(),
-                            event_id = %event.envelope.event_id,
-                            reason,
-                            "provider rejected the charge; dead-lettered, FAILED at dedup-service"
-                        );
-                        Some(Refusal {
-                            reason: DeadLetterReason::ProviderRejected,
-                            detail: format!(
-                                "provider target {}: not charged: {reason}",
-                                target.name()
-                            ),
-                        })
-                    }
-                    Settled::Conflict { stored_fingerprint } => {
-                        results.conflicts.push(provider_conflict(
-                            spec.operation_id(event.envelope.event_id.as_str()),
-                            target.name(),
-                            record,
-                            event,
-                            hex(stored_fingerprint),
-                        ));
-                        None
-                    }
-                    Settled::Expired => Some(Refusal {
-                        reason: DeadLetterReason::BeyondDedupHorizon,
-                        detail: format!(
-                            "provider target {}: dedup-service answered EXPIRED (older than its \
-                             retained window): not charged, since an earlier charge could not be \
-                             recognised",
-                            target.name()
-                        ),
-                    }),
-                };
-                if let Some(refusal) = &refusal {
-                    results.dead_letters.push((index, refusal.clone()));
-                }
-                refusals[k] = refusal;
-            }
-            // A re-delivery in the same batch shares its leader's fate: a duplicate of a charge,
-            // or a dead letter of its own when the leader was refused (as it would be in a later
-            // batch, where dedup-service answers for it).
-            for (index, leader) in followers {
-                let Some(event) = &decision.events[index] else {
-                    continue;
-                };
-                let stored = fingerprints[leader];
-                if *event.fingerprint.as_bytes() == stored {
-                    if let Some(refusal) = &refusals[leader] {
-                        results.dead_letters.push((index, refusal.clone()));
-                        continue;
-                    }
-                    counter!(m::PROVIDER_EFFECTS, "target" => target.name().to_owned(), "outcome" => "duplicate")
-                        .increment(1);
-                } else {
-                    results.conflicts.push(provider_conflict(
-                        spec.operation_id(event.envelope.event_id.as_str()),
-                        target.name(),
-                        &records[index],
-                        event,
-                        hex(&stored),
-                    ));
-                }
-            }
-        }
-        results.dead_letters.sort_by_key(|(index, _)| *index);
-        Ok(results)
-    }
-
-    /// Moves the checkpoints first: the row locks make a concurrent fence wait for this commit,
-    /// and a fence that already happened makes the update match nothing.
-    async fn begin_with_checkpoints(
-        &self,
-        moves: &[Move],
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, SinkError> {
-        let mut tx = self.pool.begin().await.map_err(SinkError::from_db)?;
-        if self.settings.offsets == OffsetsMode::Postgres {
-            let moved = checkpoint_store::advance(
-                &mut tx,
-                &self.settings.group_id,
-                &self.settings.topic,
-                moves,
-            )
-            .await
-            .map_err(SinkError::from_db)?;
-            if moved.len() != moves.len() {
-                let partitions: Vec<i32> = moves
-                    .iter()
-                    .map(|m| m.partition)
-                    .filter(|p| !moved.contains(p))
-                    .collect();
-                let _ = tx.rollback().await;
-                counter!(m::BATCHES, "outcome" => "fenced").increment(1);
-                error!(
-                    ?partitions,
-                    "batch rejected by the epoch fence: a newer owner fenced these partitions; \
-                     rolled back, stopping"
-                );
-                return Err(SinkError::Fenced {
-                    topic: self.settings.topic.clone(),
-                    partitions,
-                });
-            }
-        }
-        Ok(tx)
-    }
-
-    async fn write_decided(
-        &self,
-        records: &[InputRecord],
-        moves: &[Move],
-        views: &[TargetView<'_>],
-        decision: &BatchDecision,
-        provider: &ProviderResults,
-    ) -> Result<BatchReport, SinkError> {
-        let mut tx = self.begin_with_checkpoints(moves).await?;
-        let mut report = BatchReport {
-            records: records.len(),
-            ..BatchReport::default()
-        };
-        let (counts, mut conflicts) = self
-            .write_targets(&mut tx, records, views, decision)
-            .await?;
-        for (target, counts) in self.targets.iter().zip(counts) {
-            report.per_target.push((target.name().to_owned(), counts));
-        }
-        conflicts.extend(provider.conflicts.iter().cloned());
-        let mut dead_letters: Vec<(usize, Refusal)> = decision.dead_letters.clone();
-        dead_letters.extend(provider.dead_letters.iter().cloned());
-        dead_letters.sort_by_key(|(index, _)| *index);
-        self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
-            .await?;
-        tx.commit().await.map_err(SinkError::from_db)?;
-        Ok(report)
-    }
-
-    /// The slow path after PostgreSQL refused a batch's data (a CHECK constraint, a second unique
-    /// index, a trigger): each record in its own savepoint; a refused record is dead-lettered with
-    /// the database's reason, the others are written as usual.
-    async fn write_isolated(
-        &self,
-        records: &[InputRecord],
-        moves: &[Move],
-        views: &[TargetView<'_>],
-        decision: BatchDecision,
-        provider: &ProviderResults,
-    ) -> Result<BatchReport, SinkError> {
-        let mut tx = self.begin_with_checkpoints(moves).await?;
-        let mut report = BatchReport {
-            records: records.len(),
-            isolated: true,
-            ..BatchReport::default()
-        };
-        let mut totals = vec![TargetCounts::default(); self.targets.len()];
-        let mut conflicts: Vec<ConflictRow> = provider.conflicts.clone();
-        let mut dead_letters = decision.dead_letters.clone();
-        dead_letters.extend(provider.dead_letters.iter().cloned());
-        for (index, event) in decision.events.iter().enumerate() {
-            if event.is_none() {
-                continue;
-            }
-            let single = std::slice::from_ref(&records[index]);
-            let one = decision::decide(single, views, self.settings.max_record_bytes);
-            let mut savepoint = sqlx::Connection::begin(&mut *tx)
-                .await
-                .map_err(SinkError::from_db)?;
-            match self
-                .write_targets(&mut savepoint, single, views, &one)
-                .await
-            {
-                Ok((counts, record_conflicts)) => {
-                    savepoint.commit().await.map_err(SinkError::from_db)?;
-                    for (total, c) in totals.iter_mut().zip(counts) {
-                        total.written += c.written;
-                        total.duplicates += c.duplicates;
-                        total.conflicts += c.conflicts;
-                        total.stale += c.stale;
-                        total.skipped += c.skipped;
-                    }
-                    conflicts.extend(record_conflicts);
-                }
-                Err(SinkError::Data(error)) => {
-                    savepoint.rollback().await.map_err(SinkError::from_db)?;
-                    dead_letters.push((
-                        index,
-                        Refusal {
-                            reason: DeadLetterReason::InvalidField,
-                            detail: format!("postgres refused the row: {error}"),
-                        },
-                    ));
-                }
-                Err(other) => return Err(other),
-            }
-        }
-        dead_letters.sort_by_key(|(index, _)| *index);
-        for (target, counts) in self.targets.iter().zip(totals) {
-            report.per_target.push((target.name().to_owned(), counts));
-        }
-        self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
-            .await?;
-        tx.commit().await.map_err(SinkError::from_db)?;
-        Ok(report)
-    }
-
-    /// Every target's write (one statement each), then the outcomes of every record.
-    async fn write_targets(
-        &self,
-        conn: &mut PgConnection,
-        records: &[InputRecord],
-        views: &[TargetView<'_>],
-        decision: &BatchDecision,
-    ) -> Result<(Vec<TargetCounts>, Vec<ConflictRow>), SinkError> {
-        let mut counts = Vec::with_capacity(self.targets.len());
-        let mut conflicts = Vec::new();
-        for (t, (target, view)) in self.targets.iter().zip(views).enumerate() {
-            let candidates = &decision.candidates[t];
-            let send = &decision.send[t];
-            let write = table_writer::write_target(conn, target, candidates, send)
-                .await
-                .map_err(SinkError::from_db)?;
-            let mut outcomes = decision::outcomes(*view, candidates, &write);
-            let late = decision::late_winners(candidates, send, &outcomes, &write);
-            let stored_now = if late.is_empty() {
-                HashMap::new()
-            } else {
-                let late_rows: Vec<&Candidate> = late.iter().map(|&i| &candidates[i]).collect();
-                let stored_now = table_writer::compare_late(conn, target, &late_rows)
-                    .await
-                    .map_err(SinkError::from_db)?;
-                warn!(
-                    target = target.name(),
-                    rows = late.len(),
-                    "another writer stored some keys between this batch's read and its write; \
-                     classified against what it stored"
-                );
-                stored_now
-            };
-            decision::settle_late(*view, candidates, &late, &stored_now, &mut outcomes);
-            let (mut c, target_conflicts) = decision::resolve(
-                *view,
-                candidates,
-                &outcomes,
-                &write,
-                &stored_now,
-                records,
-                &decision.events,
-            );
-            c.skipped = decision.skipped[t];
-            counts.push(c);
-            conflicts.extend(target_conflicts);
-        }
-        Ok((counts, conflicts))
-    }
-
-    /// Conflicts and dead-letter rows into their tables, then the dead letters into Kafka — all
-    /// before the commit (see `dead_letters` for why this order).
-    async fn finish(
-        &self,
-        conn: &mut PgConnection,
-        records: &[InputRecord],
-        conflicts: &[ConflictRow],
-        dead_letters: &[(usize, Refusal)],
-        report: &mut BatchReport,
-    ) -> Result<(), SinkError> {
-        let sink = &self.settings.group_id;
-        for conflict in conflicts {
-            warn!(
-                target = %conflict.target,
-                key = %conflict.key,
-                event_id = %conflict.event_id,
-                partition = conflict.partition,
-                offset = conflict.offset,
-                incoming_fingerprint = %conflict.incoming_fingerprint,
-                stored_fingerprint = ?conflict.stored_fingerprint,
-                "conflict: same key, other content; kept in sink_conflicts"
-            );
-        }
-        table_writer::insert_conflicts(conn, sink, conflicts)
-            .await
-            .map_err(SinkError::from_db)?;
-        if dead_letters.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<DeadLetterRow> = dead_letters
-            .iter()
-            .map(|(index, refusal)| {
-                let record = &records[*index];
-                DeadLetterRow {
-                    topic: record.topic.clone(),
-                    partition: record.partition,
-                    offset: record.offset,
-                    reason: refusal.reason.as_str().to_owned(),
-                    detail: printable(&refusal.detail),
-                }
-            })
-            .collect();
-        table_writer::insert_dead_letters(conn, sink, &self.settings.dlq_topic, &rows)
-            .await
-            .map_err(SinkError::from_db)?;
-        let letters: Vec<(&InputRecord, DeadLetterReason, &str)> = dead_letters
-            .iter()
-            .map(|(index, refusal)| (&records[*index], refusal.reason, refusal.detail.as_str()))
-            .collect();
-        for (record, reason, detail) in &letters {
-            warn!(
-                partition = record.partition,
-                offset = record.offset,
-                reason = reason.as_str(),
-                detail,
-                "dead-lettering record"
-            );
-        }
-        dead_letters::deliver(self.dlq, &self.settings.dlq_topic, &letters)
-            .await
-            .map_err(SinkError::DeadLetter)?;
-        report.dead_letters = letters.iter().map(|(_, reason, _)| *reason).collect();
-        Ok(())
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A reused event id at a provider target: the operation id is known with another fingerprint.
-fn provider_conflict(
-    operation_id: String,
-    target: &str,
-    record: &InputRecord,
-    event: &DecodedEvent,
-    stored_fingerprint: String,
-) -> ConflictRow {
-    ConflictRow {
-        target: target.to_owned(),
-        key: operation_id,
-        event_id: event.envelope.event_id.as_str().to_owned(),
-        reason: "operation_conflict".into(),
-        stored_fingerprint: Some(stored_fingerprint),
-        incoming_fingerprint: event.fingerprint.to_hex(),
-        stored_row: None,
-        incoming_record: serde_json::to_string(&event.raw)
-            .ok()
-            .filter(|json| !json.contains("\\u0000")),
-        detail: "the provider operation of this event id was begun with other content; not \
-                 charged again"
-            .into(),
-        topic: record.topic.clone(),
-        partition: record.partition,
-        offset: record.offset,
     }
 }
