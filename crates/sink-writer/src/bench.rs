@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use eos_core::Checkpoint;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use sqlx::PgPool;
@@ -20,7 +21,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{self, Move};
 use crate::decision::{self, TargetView};
-use crate::input_position::InputPosition;
 use crate::mapping::InputRecord;
 use crate::schema::{self, PreparedTarget};
 use crate::{migrator, targets};
@@ -105,7 +105,7 @@ async fn idempotent(
         if let Some(epoch) = checkpoint {
             let next_offset = chunk.last().map(|r| r.offset + 1).unwrap_or(0);
             let moves = [Move {
-                to: InputPosition {
+                to: Checkpoint {
                     topic: "bench".into(),
                     partition: 0,
                     next_offset,

@@ -9,9 +9,8 @@
 
 use std::collections::HashMap;
 
+use eos_core::Checkpoint;
 use sqlx::{PgConnection, PgPool};
-
-use crate::input_position::InputPosition;
 
 /// Bumps the owner epoch of `partitions` (creating their rows on first use) in its own
 /// transaction, and returns the new epoch of each. Waits at most `lock_timeout` for a batch in
@@ -55,7 +54,7 @@ pub async fn read(
     sink: &str,
     topic: &str,
     partitions: &[i32],
-) -> Result<Vec<InputPosition>, sqlx::Error> {
+) -> Result<Vec<Checkpoint>, sqlx::Error> {
     let rows: Vec<(i32, Option<i64>)> = sqlx::query_as(
         "SELECT partition, next_offset FROM sink_checkpoints
          WHERE sink = $1 AND topic = $2 AND partition = ANY($3::int[])",
@@ -68,7 +67,7 @@ pub async fn read(
     Ok(rows
         .into_iter()
         .filter_map(|(partition, next_offset)| {
-            Some(InputPosition {
+            Some(Checkpoint {
                 topic: topic.to_owned(),
                 partition,
                 next_offset: next_offset?,
@@ -80,7 +79,7 @@ pub async fn read(
 /// A checkpoint move of one batch: the new position, under the epoch this owner holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Move {
-    pub to: InputPosition,
+    pub to: Checkpoint,
     pub epoch: i64,
 }
 

@@ -27,7 +27,6 @@ pub mod config;
 pub mod dead_letters;
 pub mod decision;
 pub mod error;
-pub mod input_position;
 pub mod mapping;
 pub mod metrics;
 mod partition_positioning;

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use eos_core::Checkpoint;
 use metrics::counter;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
@@ -16,7 +17,6 @@ use crate::backoff::Backoff;
 use crate::checkpoint_store;
 use crate::config::OffsetsMode;
 use crate::error::SinkError;
-use crate::input_position::InputPosition;
 use crate::metrics as m;
 use crate::sink_loop::{LoopConsumer, LoopSettings};
 
@@ -29,7 +29,7 @@ pub(crate) struct PartitionStart {
     /// The owner epoch this instance holds (`--offsets postgres`).
     pub(crate) epoch: Option<i64>,
     /// The checkpoint (or group offset) to resume at; `None`: the beginning of the partition.
-    pub(crate) resume_at: Option<InputPosition>,
+    pub(crate) resume_at: Option<Checkpoint>,
 }
 
 impl PartitionStart {
@@ -184,7 +184,7 @@ impl Positioning<'_> {
                     .find_partition(&self.settings.topic, partition)
                     .and_then(|elem| elem.offset().to_raw())
                     .filter(|offset| *offset >= 0)
-                    .map(|next_offset| InputPosition {
+                    .map(|next_offset| Checkpoint {
                         topic: self.settings.topic.clone(),
                         partition,
                         next_offset,

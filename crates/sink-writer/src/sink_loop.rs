@@ -38,6 +38,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use eos_core::Checkpoint;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
 
@@ -48,7 +49,6 @@ use crate::config::OffsetsMode;
 use crate::dead_letters;
 use crate::decision;
 use crate::error::SinkError;
-use crate::input_position::InputPosition;
 use crate::mapping::InputRecord;
 use crate::metrics as m;
 use crate::partition_positioning::{Positioning, partition_list};
@@ -449,7 +449,7 @@ impl SinkLoop {
 
     /// The consumer's position per owned partition: the offset after the last record returned,
     /// or past transaction markers and aborted records that `read_committed` skipped.
-    fn consumer_positions(&self) -> Vec<InputPosition> {
+    fn consumer_positions(&self) -> Vec<Checkpoint> {
         let Ok(list) = self.consumer.position() else {
             return Vec::new();
         };
@@ -457,7 +457,7 @@ impl SinkLoop {
             .iter()
             .filter_map(|elem| {
                 let next_offset = elem.offset().to_raw().filter(|offset| *offset >= 0)?;
-                Some(InputPosition {
+                Some(Checkpoint {
                     topic: self.settings.topic.clone(),
                     partition: elem.partition(),
                     next_offset,
@@ -492,7 +492,7 @@ impl SinkLoop {
                     _ => 0,
                 };
                 Move {
-                    to: InputPosition {
+                    to: Checkpoint {
                         topic: self.settings.topic.clone(),
                         partition,
                         next_offset,
