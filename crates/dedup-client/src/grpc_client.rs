@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
+use eos_runtime::backoff::{Retryable as _, doubling};
 use eos_runtime::trace_context::inject_grpc;
 use time::OffsetDateTime;
 pub use tonic::transport::{Certificate, ClientTlsConfig};
@@ -188,24 +189,26 @@ impl DedupClient {
         F: Fn(GrpcClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let mut backoff = self.policy.first_backoff;
-        let mut attempt = 1;
-        loop {
+        let attempt_once = || {
             let mut message = tonic::Request::new(request.clone());
             message.set_timeout(self.policy.call_timeout);
             inject_grpc(&tracing::Span::current().context(), message.metadata_mut());
-            match send(self.inner.clone(), message).await {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status) if is_transient(status.code()) && attempt < self.policy.attempts => {
-                    tracing::debug!(code = ?status.code(), attempt, "retrying dedup-service call");
-                    let jitter = rand::random_range(0..=backoff.as_millis() as u64 / 2);
-                    tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
-                    backoff = (backoff * 2).min(self.policy.max_backoff);
-                    attempt += 1;
-                }
-                Err(status) => return Err(status.into()),
-            }
-        }
+            send(self.inner.clone(), message)
+        };
+        let mut attempt = 1;
+        let delays = doubling(self.policy.first_backoff, self.policy.max_backoff)
+            .with_jitter()
+            .with_max_times(self.policy.attempts.saturating_sub(1) as usize);
+        attempt_once
+            .retry(delays)
+            .when(|status| is_transient(status.code()))
+            .notify(|status, _delay| {
+                tracing::debug!(code = ?status.code(), attempt, "retrying dedup-service call");
+                attempt += 1;
+            })
+            .await
+            .map(Response::into_inner)
+            .map_err(ClientError::from)
     }
 
     /// Begin. Only `Acquired` allows a provider call.

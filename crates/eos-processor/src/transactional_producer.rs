@@ -16,6 +16,7 @@ use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 use tracing::{info, warn};
 
 use eos_core::Guarantee;
+use eos_runtime::backoff::{BlockingRetryable as _, immediate};
 
 use crate::error::ProcessorError;
 
@@ -85,24 +86,22 @@ impl ErrorKind {
 }
 
 /// Makes `call` up to `attempts` times, again only after a failure `may_repeat` accepts, and
-/// returns the first success or the failure it stopped at.
+/// returns the first success or the failure it stopped at. No wait in between: librdkafka
+/// already backs off between its own requests (`retry.backoff.ms`).
 fn retry<E: std::fmt::Display>(
     attempts: u32,
     retrying: &str,
     may_repeat: impl Fn(&E) -> bool,
-    mut call: impl FnMut() -> Result<(), E>,
+    call: impl FnMut() -> Result<(), E>,
 ) -> Result<(), E> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match call() {
-            Ok(()) => return Ok(()),
-            Err(error) if may_repeat(&error) && attempt < attempts => {
-                warn!(%error, attempt, "{retrying}");
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    let mut attempt = 1;
+    call.retry(immediate(attempts.saturating_sub(1) as usize))
+        .when(may_repeat)
+        .notify(|error, _delay| {
+            warn!(%error, attempt, "{retrying}");
+            attempt += 1;
+        })
+        .call()
 }
 
 /// Counts failed deliveries (at-least-once mode has no transaction to fail instead).

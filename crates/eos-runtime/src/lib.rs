@@ -10,6 +10,7 @@
 //! `/boundary`. The event envelope and the other pure types live in `eos-core`, which does no
 //! I/O.
 
+pub mod backoff;
 pub mod ops_http;
 pub mod rebalance;
 pub mod service_flags;

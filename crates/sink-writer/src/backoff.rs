@@ -1,7 +1,10 @@
-//! Exponential backoff for PostgreSQL retries. The sink loop keeps polling Kafka while it waits,
-//! so it asks whether an attempt is due instead of sleeping.
+//! When to try PostgreSQL again after a failure. The sink loop keeps polling Kafka while it
+//! waits, so it asks whether an attempt is due instead of sleeping; the delays are the
+//! workspace's one policy (`eos_runtime::backoff::doubling`).
 
 use std::time::{Duration, Instant};
+
+use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -9,7 +12,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub(crate) struct Backoff {
     max: Duration,
-    delay: Duration,
+    delays: ExponentialBackoff,
     attempt: u32,
     next_try: Instant,
 }
@@ -18,14 +21,14 @@ impl Backoff {
     pub(crate) fn new(max: Duration) -> Self {
         Self {
             max,
-            delay: FIRST_BACKOFF,
+            delays: doubling(FIRST_BACKOFF, max).build(),
             attempt: 0,
             next_try: Instant::now(),
         }
     }
 
     pub(crate) fn reset(&mut self) {
-        self.delay = FIRST_BACKOFF;
+        self.delays = doubling(FIRST_BACKOFF, self.max).build();
         self.attempt = 0;
         self.next_try = Instant::now();
     }
@@ -37,9 +40,8 @@ impl Backoff {
     /// Schedules the next attempt; returns (attempt number, delay).
     pub(crate) fn failed(&mut self) -> (u32, Duration) {
         self.attempt += 1;
-        let delay = self.delay;
+        let delay = self.delays.next().unwrap_or(self.max);
         self.next_try = Instant::now() + delay;
-        self.delay = (self.delay * 2).min(self.max);
         (self.attempt, delay)
     }
 
@@ -63,19 +65,25 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    /// The delays are computed in floating point; whole milliseconds are what the loop logs.
+    fn failed_ms(backoff: &mut Backoff) -> (u32, u128) {
+        let (attempt, delay) = backoff.failed();
+        (attempt, delay.as_millis())
+    }
+
     #[test]
     fn delays_double_up_to_the_max_and_reset_to_the_first() {
         let mut backoff = Backoff::new(Duration::from_millis(300));
         assert!(backoff.due());
-        assert_eq!(backoff.failed(), (1, Duration::from_millis(100)));
-        assert_eq!(backoff.failed(), (2, Duration::from_millis(200)));
-        assert_eq!(backoff.failed(), (3, Duration::from_millis(300)));
-        assert_eq!(backoff.failed(), (4, Duration::from_millis(300)));
+        assert_eq!(failed_ms(&mut backoff), (1, 100));
+        assert_eq!(failed_ms(&mut backoff), (2, 200));
+        assert_eq!(failed_ms(&mut backoff), (3, 300));
+        assert_eq!(failed_ms(&mut backoff), (4, 300));
         backoff.try_now();
         assert!(backoff.due());
         assert_eq!(backoff.attempts(), 4);
         backoff.reset();
         assert_eq!(backoff.attempts(), 0);
-        assert_eq!(backoff.failed(), (1, Duration::from_millis(100)));
+        assert_eq!(failed_ms(&mut backoff), (1, 100));
     }
 }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use dedup_client::{BeginOutcome, BeginParams, ClientError, DedupClient};
 use dedup_client::{ChargeOutcome, ProviderClient, ProviderError};
+use eos_runtime::backoff::{BackoffBuilder as _, doubling};
 use futures::{StreamExt as _, TryStreamExt as _};
 use metrics::counter;
 use serde_json::Value;
@@ -209,7 +210,7 @@ impl ProviderTarget {
             lease_ttl: Some(self.spec.lease_ttl),
         };
         let work = async {
-            let mut wait = FIRST_WAIT;
+            let mut waits = doubling(FIRST_WAIT, MAX_WAIT).with_jitter().build();
             let mut calls = 0u32;
             loop {
                 let outcome = self
@@ -256,15 +257,13 @@ impl ProviderTarget {
                         timeout: self.spec.settle_timeout,
                     });
                 }
-                let jitter =
-                    Duration::from_millis(rand::random_range(0..=wait.as_millis() as u64 / 2));
+                let wait = waits.next().unwrap_or(MAX_WAIT);
                 tokio::select! {
                     () = shutdown.cancelled() => {
                         return Err(ProviderTargetError::Cancelled { target: self.spec.name.clone() });
                     }
-                    () = tokio::time::sleep(wait + jitter) => {}
+                    () = tokio::time::sleep(wait) => {}
                 }
-                wait = (wait * 2).min(MAX_WAIT);
             }
         };
         work.instrument(span).await
