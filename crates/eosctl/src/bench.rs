@@ -19,10 +19,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -32,10 +30,9 @@ use anyhow::{Context, anyhow, bail};
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{CellAlignment, Table};
 use eos_core::Guarantee;
+use eos_testkit::{ChildProcess, LogMode, ProcessError};
 use indicatif::ProgressBar;
 use nix::sys::resource::{UsageWho, getrusage};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -772,7 +769,7 @@ impl Bench {
                     run.label,
                     progress.committed(),
                     humantime::format_duration(self.options.stall_timeout),
-                    process.log.display()
+                    process.log().display()
                 );
             }
             if let Some(pause) = SAMPLE_INTERVAL.checked_sub(tick.elapsed()) {
@@ -995,9 +992,7 @@ fn mean_value_bytes(summary: &ProduceSummary) -> f64 {
 
 /// One `eos-processor` child process, its output going to a log file.
 struct ProcessorProcess {
-    child: Child,
-    label: String,
-    log: PathBuf,
+    process: ChildProcess,
     /// CPU time of this process's waited-for children before this one started: one processor
     /// runs at a time, so the growth after it is waited for is its own.
     children_cpu_before: Option<Duration>,
@@ -1005,33 +1000,23 @@ struct ProcessorProcess {
 
 impl ProcessorProcess {
     fn spawn(bin: &Path, args: &[String], log: PathBuf, label: &str) -> anyhow::Result<Self> {
-        let stdout = File::create(&log)
-            .with_context(|| format!("cannot create the log file {}", log.display()))?;
-        let stderr = stdout.try_clone().context("cannot share the log file")?;
         let children_cpu_before = children_cpu();
-        let child = Command::new(bin)
-            .args(args)
-            // A fault switch must never leak into a benchmark from the environment.
-            .env_remove("EOS_FAULT_ABORT_EVERY")
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let mut command = Command::new(bin);
+        // A fault switch must never leak into a benchmark from the environment.
+        command.args(args).env_remove("EOS_FAULT_ABORT_EVERY");
+        let process = ChildProcess::spawn(label, command, &log, LogMode::Truncate)?;
         Ok(Self {
-            child,
-            label: label.to_owned(),
-            log,
+            process,
             children_cpu_before,
         })
     }
 
+    fn log(&self) -> &Path {
+        self.process.log_path()
+    }
+
     fn ensure_running(&mut self) -> anyhow::Result<()> {
-        match self
-            .child
-            .try_wait()
-            .context("cannot check on the processor")?
-        {
+        match self.process.try_wait()? {
             None => Ok(()),
             Some(status) => Err(self.failure(&format!("exited early ({status})"))),
         }
@@ -1040,23 +1025,13 @@ impl ProcessorProcess {
     /// SIGTERM, then waits for the processor to finish its batch and exit. Returns the CPU
     /// time (user + system) it used over its life, where the platform tells.
     fn stop(mut self, timeout: Duration) -> anyhow::Result<Option<Duration>> {
-        if let Some(status) = self.child.try_wait()? {
-            return self.check_exit(status);
-        }
-        let pid = i32::try_from(self.child.id()).context("process id out of range")?;
-        kill(Pid::from_raw(pid), Signal::SIGTERM).context("cannot signal the processor")?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return self.check_exit(status);
-            }
-            if Instant::now() >= deadline {
-                return Err(self.failure(&format!(
-                    "did not exit within {} of SIGTERM",
-                    humantime::format_duration(timeout)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        match self.process.terminate(timeout) {
+            Ok(status) => self.check_exit(status),
+            Err(ProcessError::StillRunning { .. }) => Err(self.failure(&format!(
+                "did not exit within {} of SIGTERM",
+                humantime::format_duration(timeout)
+            ))),
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -1071,22 +1046,12 @@ impl ProcessorProcess {
     }
 
     fn failure(&self, what: &str) -> anyhow::Error {
-        let tail = log_tail(&self.log, LOG_TAIL_LINES);
         anyhow!(
-            "eos-processor ({}) {what}; log: {}\n{tail}",
-            self.label,
-            self.log.display()
+            "eos-processor ({}) {what}; log: {}\n{}",
+            self.process.name(),
+            self.log().display(),
+            self.process.last_log_lines(LOG_TAIL_LINES)
         )
-    }
-}
-
-impl Drop for ProcessorProcess {
-    fn drop(&mut self) {
-        // On every error path: never leave a processor running behind the benchmark.
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
@@ -1119,14 +1084,6 @@ fn children_cpu() -> Option<Duration> {
     };
     let total = micros(usage.user_time())? + micros(usage.system_time())?;
     Some(Duration::from_micros(total))
-}
-
-fn log_tail(path: &Path, lines: usize) -> String {
-    let Ok(file) = File::open(path) else {
-        return String::new();
-    };
-    let all: Vec<String> = BufReader::new(file).lines().map_while(Result::ok).collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The part of a ledger output record the latency run needs: where its input came from.
@@ -1252,7 +1209,7 @@ impl ArrivalCollector {
                 arrivals.len(),
                 self.expected,
                 humantime::format_duration(stall_timeout),
-                process.log.display()
+                process.log().display()
             );
         }
         Ok(arrivals)

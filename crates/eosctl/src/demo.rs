@@ -21,10 +21,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
+use eos_testkit::{ChildProcess, LogMode};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::report::grouped;
 
@@ -149,7 +152,7 @@ struct Service {
     binary: PathBuf,
     args: Vec<String>,
     log: PathBuf,
-    child: Option<Child>,
+    process: Option<ChildProcess>,
     restarts: usize,
     /// Where its /readyz is served.
     ops_addr: SocketAddr,
@@ -169,7 +172,7 @@ impl Service {
             binary: bin_dir.join(name),
             args,
             log: run_dir.join(format!("{name}.log")),
-            child: None,
+            process: None,
             restarts: 0,
             ops_addr,
         }
@@ -198,33 +201,25 @@ impl Service {
         Ok(false)
     }
 
+    /// Starts the service; a restart appends to the same log.
     fn start(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("opening {}", self.log.display()))?;
-        let child = Command::new(&self.binary)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", self.binary.display()))?;
-        self.child = Some(child);
+        let mut command = std::process::Command::new(&self.binary);
+        command.args(&self.args);
+        self.process = Some(ChildProcess::spawn(
+            self.name,
+            command,
+            &self.log,
+            LogMode::Append,
+        )?);
         Ok(())
     }
 
-    fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(Child::id)
-    }
-
     /// SIGKILL and restart at once, as an orchestrator would.
-    async fn kill_and_restart(&mut self) -> anyhow::Result<u32> {
-        let pid = self.pid().unwrap_or_default();
-        if let Some(mut child) = self.child.take() {
-            child.kill().await.ok();
+    async fn kill_and_restart(&mut self) -> anyhow::Result<Pid> {
+        let mut pid = Pid::from_raw(0);
+        if let Some(mut process) = self.process.take() {
+            pid = process.pid();
+            process.kill_hard().ok();
         }
         self.restarts += 1;
         self.start()?;
@@ -233,32 +228,37 @@ impl Service {
 
     /// SIGTERM, then wait; `Ok(true)` when it exited 0 in time.
     async fn stop(&mut self) -> anyhow::Result<bool> {
-        let Some(mut child) = self.child.take() else {
+        let Some(mut process) = self.process.take() else {
             return Ok(false);
         };
-        if let Some(pid) = child.id() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).ok();
+        if process.try_wait()?.is_none() {
+            process.signal(Signal::SIGTERM).ok();
         }
-        match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
-            Ok(status) => Ok(status?.success()),
-            Err(_) => {
-                child.kill().await.ok();
-                Ok(false)
+        // Waited for here rather than with the supervisor's blocking wait: the runtime's other
+        // tasks (the trace exporter among them) keep running meanwhile.
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = process.try_wait()? {
+                return Ok(status.success());
             }
+            if Instant::now() >= deadline {
+                process.kill_hard().ok();
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Fails with the log's tail when the process has exited.
     fn check_running(&mut self) -> anyhow::Result<()> {
-        if let Some(child) = self.child.as_mut()
-            && let Some(status) = child.try_wait()?
+        if let Some(process) = self.process.as_mut()
+            && let Some(status) = process.try_wait()?
         {
             bail!(
                 "{} exited ({status}); the end of {}:\n{}",
                 self.name,
                 self.log.display(),
-                log_tail(&self.log, 20)
+                process.last_log_lines(20)
             );
         }
         Ok(())
