@@ -11,14 +11,13 @@
 //! effects hold each output event exactly once.
 //!
 //! The audit's rules ([`audit`], [`boundary_audit`]), the workload generator ([`workload`]) and
-//! the benchmark's figures ([`bench_figures`]) are pure and unit-tested; [`topic_reader`],
+//! the benchmark's figures ([`bench::figures`]) are pure and unit-tested; [`topic_reader`],
 //! [`kafka_client`], [`group_offsets`] and [`produce`] are the Kafka adapters,
 //! [`boundary_reader`] the PostgreSQL and provider one; [`bench`](mod@bench) runs the real
 //! binaries.
 
 pub mod audit;
 pub mod bench;
-pub mod bench_figures;
 pub mod boundary_audit;
 pub mod boundary_reader;
 pub mod cli;
