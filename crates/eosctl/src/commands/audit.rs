@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use anyhow::{Context, bail};
+use indicatif::ProgressBar;
 use time::OffsetDateTime;
 
 use crate::audit::{self, AuditConfig, AuditInput, DEFAULT_EXAMPLE_LIMIT};
@@ -16,12 +17,32 @@ use crate::report::{self, AuditOutcome};
 use crate::topic_reader::{self, TopicSnapshot};
 
 pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result<Status> {
+    let json = args.json;
+    let outcome = audit(kafka, args, progress_bar(0, "records read")).await?;
+    if json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    } else {
+        print!("{}", report::audit_text(&outcome));
+    }
+    Ok(if outcome.report.passed {
+        Status::Success
+    } else {
+        Status::ViolationsFound
+    })
+}
+
+/// Reads what `args` names and audits it; `progress` counts the records read meanwhile. A
+/// violation is in the outcome; an error is what kept the audit from running.
+pub(crate) async fn audit(
+    kafka: KafkaSettings,
+    args: AuditArgs,
+    progress: ProgressBar,
+) -> anyhow::Result<AuditOutcome> {
     let dlq = args
         .dlq
         .clone()
         .unwrap_or_else(|| format!("{}.dlq", args.input));
     let topics = [args.input.clone(), args.output.clone(), dlq.clone()];
-    let progress = progress_bar(0, "records read");
     let end_timeout = args.end_timeout;
     let snapshots = {
         let progress = progress.clone();
@@ -90,8 +111,7 @@ pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result
             DEFAULT_EXAMPLE_LIMIT,
         );
     }
-    let passed = report.passed;
-    let outcome = AuditOutcome {
+    Ok(AuditOutcome {
         input_topic: input.topic,
         output_topic: output.topic,
         dlq_topic: dead_letters.topic,
@@ -102,16 +122,6 @@ pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result
             .is_some()
             .then_some(args.provider_operation_prefix),
         report,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(&outcome)?);
-    } else {
-        print!("{}", report::audit_text(&outcome));
-    }
-    Ok(if passed {
-        Status::Success
-    } else {
-        Status::ViolationsFound
     })
 }
 

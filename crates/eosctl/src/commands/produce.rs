@@ -15,28 +15,8 @@ use crate::report;
 use crate::workload::WorkloadSpec;
 
 pub(crate) async fn run(kafka: KafkaSettings, args: ProduceArgs) -> anyhow::Result<Status> {
-    let spec = WorkloadSpec {
-        seed: args.seed.unwrap_or_else(random_seed),
-        count: args.count,
-        entities: args.entities,
-        duplicate_ratio: args.duplicate_ratio,
-        bad_ratio: args.bad_ratio,
-        conflict_ratio: args.conflict_ratio,
-        value_bytes: args.value_bytes,
-        occurred_at_base: args.occurred_at_base.unwrap_or_else(now_to_the_millisecond),
-    };
-    spec.validate()?;
-    let progress = progress_bar(spec.physical_records(), "delivered");
-    let options = ProduceOptions {
-        topic: args.topic.clone(),
-        layout: TopicLayout {
-            partitions: args.partitions,
-            replication_factor: args.replication_factor,
-        },
-        rate: args.rate,
-        delivery_timeout: args.delivery_timeout,
-        spec,
-    };
+    let options = options(&args)?;
+    let progress = progress_bar(options.spec.physical_records(), "delivered");
 
     // Ctrl-C stops sending but still waits for what was sent, so the summary is true.
     let stop = Arc::new(AtomicBool::new(false));
@@ -58,6 +38,32 @@ pub(crate) async fn run(kafka: KafkaSettings, args: ProduceArgs) -> anyhow::Resu
         print!("{}", report::produce_text(&summary));
     }
     Ok(Status::Success)
+}
+
+/// The workload and where it goes, from the command line; a random seed and now as the base
+/// time unless given.
+pub(crate) fn options(args: &ProduceArgs) -> anyhow::Result<ProduceOptions> {
+    let spec = WorkloadSpec {
+        seed: args.seed.unwrap_or_else(random_seed),
+        count: args.count,
+        entities: args.entities,
+        duplicate_ratio: args.duplicate_ratio,
+        bad_ratio: args.bad_ratio,
+        conflict_ratio: args.conflict_ratio,
+        value_bytes: args.value_bytes,
+        occurred_at_base: args.occurred_at_base.unwrap_or_else(now_to_the_millisecond),
+    };
+    spec.validate()?;
+    Ok(ProduceOptions {
+        topic: args.topic.clone(),
+        layout: TopicLayout {
+            partitions: args.partitions,
+            replication_factor: args.replication_factor,
+        },
+        rate: args.rate,
+        delivery_timeout: args.delivery_timeout,
+        spec,
+    })
 }
 
 fn random_seed() -> u64 {

@@ -9,31 +9,36 @@
 //! processor runs without transactions under the same faults: the contrast is the point.
 //!
 //! Every service is a real child process of the binaries next to this one; their logs, the sink's
-//! targets file and the reports stay in the run's directory.
+//! targets file and the reports stay in the run's directory. The producer, the lag waits and the
+//! audit are this eosctl's own commands, run in-process on their library functions.
 
 mod database;
 mod metrics;
 mod report;
 mod service;
 
-use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
+use indicatif::ProgressBar;
 use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use serde_json::Value;
-use tokio::process::Command;
 
+use crate::cli::{AuditArgs, ProduceArgs};
 use crate::commands::demo::database::{create_database, drop_database, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use crate::commands::demo::service::{Service, free_addr, wait_listening};
+use crate::commands::{self, audit, progress_bar};
+use crate::kafka_client::KafkaSettings;
+use crate::produce;
 use crate::report::grouped;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -126,12 +131,6 @@ pub struct DemoArgs {
     pub json: bool,
 }
 
-fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 /// Progress for people: plain lines on stderr.
 fn say(line: impl AsRef<str>) {
     eprintln!("{}", line.as_ref());
@@ -178,34 +177,12 @@ lease_ttl = "10s"
     )
 }
 
-/// Runs this eosctl with `args`; (exit code, stdout). Its stderr goes to `log`, or to the
-/// terminal for `show_progress` when stderr is one (its progress bar, nothing else is printing).
-async fn eosctl(
-    self_exe: &Path,
-    args: &[String],
-    log: &Path,
-    show_progress: bool,
-) -> anyhow::Result<(i32, String)> {
-    let stderr = if show_progress && std::io::stderr().is_terminal() {
-        Stdio::inherit()
-    } else {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?
-            .into()
-    };
-    let output = Command::new(self_exe)
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(stderr)
-        .output()
-        .await
-        .with_context(|| format!("running eosctl {}", args.join(" ")))?;
-    Ok((
-        output.status.code().unwrap_or(2),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-    ))
+/// A subcommand's arguments from the words a user would type after it: the demo runs `produce`
+/// and `audit` in-process with exactly the defaults of their command lines.
+fn command_args<A: clap::Args + clap::FromArgMatches>(words: &[&str]) -> anyhow::Result<A> {
+    let matches = A::augment_args(clap::Command::new("eosctl"))
+        .try_get_matches_from(std::iter::once("eosctl").chain(words.iter().copied()))?;
+    Ok(A::from_arg_matches(&matches)?)
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -214,6 +191,8 @@ fn strings(args: &[&str]) -> Vec<String> {
 
 pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool> {
     let self_exe = std::env::current_exe().context("locating eosctl")?;
+    // Only the bootstrap servers, as the services get: `-X` properties are eosctl's own.
+    let kafka = KafkaSettings::new(bootstrap_servers, &[])?;
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => self_exe
@@ -377,8 +356,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     let outcome = drive(
         &args,
         seed,
-        &self_exe,
-        bootstrap_servers,
+        &kafka,
         &run_dir,
         [&mut provider, &mut dedup, &mut processor, &mut sink],
         (&input, &output, &processor_group, &sink_group),
@@ -411,10 +389,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     }
     let drained = outcome?;
     say("== audit: the logical set by event_id at every boundary (topics, tables, provider)");
-    let audit_args = strings(&[
-        "--bootstrap-servers",
-        bootstrap_servers,
-        "audit",
+    let audit_args: AuditArgs = command_args(&[
         "--input",
         &input,
         "--output",
@@ -425,20 +400,15 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         &provider_url,
         "--provider-operation-prefix",
         &format!("{provider_name}:"),
-        "--json",
-    ]);
-    let (audit_code, audit_json) =
-        eosctl(&self_exe, &audit_args, &run_dir.join("audit.log"), false).await?;
+    ])?;
+    let outcome = audit::audit(kafka, audit_args, ProgressBar::hidden()).await;
     provider.stop().await.ok();
-    std::fs::write(run_dir.join("audit.json"), &audit_json)?;
-    if audit_code == 2 {
-        bail!(
-            "the audit could not run; see {}:\n{}",
-            run_dir.join("audit.log").display(),
-            log_tail(&run_dir.join("audit.log"), 20)
-        );
-    }
-    let audit: Value = serde_json::from_str(&audit_json).context("eosctl audit printed no JSON")?;
+    let outcome = outcome.context("the audit could not run")?;
+    // What `eosctl audit --json` prints, and the report carries it as that JSON reads back.
+    let audit_json = serde_json::to_string(&outcome)?;
+    std::fs::write(run_dir.join("audit.json"), format!("{audit_json}\n"))?;
+    let audit_code = if outcome.report.passed { 0 } else { 1 };
+    let audit: Value = serde_json::from_str(&audit_json)?;
     let reconciled = unknowns(&database_url, &provider_name).await?;
     if args.drop_database {
         drop_database(&args.database_url, &database).await?;
@@ -483,8 +453,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
 async fn drive(
     args: &DemoArgs,
     seed: u64,
-    self_exe: &Path,
-    bootstrap_servers: &str,
+    kafka: &KafkaSettings,
     run_dir: &Path,
     [provider, dedup, processor, sink]: [&mut Service; 4],
     (input, output, processor_group, sink_group): (&str, &str, &str, &str),
@@ -500,10 +469,7 @@ async fn drive(
         "== producing at {}/s: 5% re-deliveries, 0.5% malformed, 0.1% reused ids with other content",
         args.rate
     ));
-    let produce_args = strings(&[
-        "--bootstrap-servers",
-        bootstrap_servers,
-        "produce",
+    let produce_args: ProduceArgs = command_args(&[
         "--topic",
         input,
         "--count",
@@ -518,12 +484,14 @@ async fn drive(
         &args.rate.to_string(),
         "--seed",
         &seed.to_string(),
-        "--json",
-    ]);
+    ])?;
+    let options = commands::produce::options(&produce_args)?;
     let producer = {
-        let self_exe = self_exe.to_path_buf();
-        let log = run_dir.join("produce.log");
-        tokio::spawn(async move { eosctl(&self_exe, &produce_args, &log, false).await })
+        let kafka = kafka.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        tokio::spawn(
+            async move { produce::run(&kafka, options, ProgressBar::hidden(), stop).await },
+        )
     };
     // The producer creates the input topic; the processor starts once it is there.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -555,36 +523,38 @@ async fn drive(
             service.restarts, service.name
         ));
     }
-    let (produce_code, produce_json) = producer.await.context("the producer task")??;
-    if produce_code != 0 {
-        bail!(
-            "eosctl produce failed; see {}",
-            run_dir.join("produce.log").display()
-        );
-    }
-    std::fs::write(run_dir.join("produce.json"), &produce_json)?;
+    let summary = producer
+        .await
+        .context("the producer task")?
+        .with_context(|| format!("producing to topic {input:?}"))?;
+    std::fs::write(
+        run_dir.join("produce.json"),
+        format!("{}\n", serde_json::to_string(&summary)?),
+    )?;
     say("== producer done; waiting for the pipeline to drain");
-    let timeout = humantime::format_duration(args.drain_timeout).to_string();
+    let timeout = humantime::format_duration(args.drain_timeout);
     let mut drained = true;
     for (group, topic, service) in [
         (processor_group, input, &mut *processor),
         (sink_group, output, &mut *sink),
     ] {
-        let lag_args = strings(&[
-            "--bootstrap-servers",
-            bootstrap_servers,
-            "lag",
-            "--group",
+        let lag = commands::lag::observe(
+            kafka.clone(),
             group,
-            "--topic",
             topic,
-            "--wait",
-            "--timeout",
-            &timeout,
-        ]);
-        let (code, _) = eosctl(self_exe, &lag_args, &run_dir.join("lag.log"), true).await?;
+            Some(args.drain_timeout),
+            progress_bar(0, "records behind"),
+        )
+        .await;
         service.check_running()?;
-        if code != 0 {
+        let caught_up = match lag {
+            Ok(outcome) => !outcome.timed_out,
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot read the lag");
+                false
+            }
+        };
+        if !caught_up {
             say(format!(
                 "   {} did not catch up within {timeout}",
                 service.name
@@ -595,4 +565,30 @@ async fn drive(
         }
     }
     Ok(drained)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_process_commands_get_their_command_line_defaults() -> anyhow::Result<()> {
+        let produce: ProduceArgs =
+            command_args(&["--topic", "t", "--count", "10", "--bad-ratio", "0.005"])?;
+        assert_eq!((produce.entities, produce.value_bytes), (100, 200));
+        assert_eq!(produce.bad_ratio, 0.005);
+        assert_eq!(produce.delivery_timeout, Duration::from_secs(60));
+        let audit: AuditArgs = command_args(&[
+            "--input",
+            "i",
+            "--output",
+            "o",
+            "--database-url",
+            "postgres://h/d",
+        ])?;
+        assert_eq!(audit.sink_table, "event_sink");
+        assert_eq!(audit.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
+        assert!(command_args::<ProduceArgs>(&["--topic", "t", "--count", "x"]).is_err());
+        Ok(())
+    }
 }
