@@ -516,19 +516,76 @@ fn sorted(records: &[SourceRecord]) -> Vec<&SourceRecord> {
 }
 
 /// Runs every check. Never fails: what cannot be parsed is itself a finding.
+///
+/// The phases run in this order, and each records its violations in it (the examples of a kind
+/// are the first found): classify the inputs into logical events, attach the dead letters to the
+/// inputs they name, match the outputs to the logical events, check the running totals and the
+/// per-entity order, and sum up.
 pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
-    let mut recorder = Recorder::new(config.example_limit, &Violation::TOPICS);
-    let mut figures = Figures::default();
-    let horizon_cutoff = time::Duration::try_from(config.dedup_horizon)
-        .ok()
-        .and_then(|horizon| config.now.checked_sub(horizon));
-    let beyond_horizon = |event: &ValidEvent| match (event.event_time, horizon_cutoff) {
-        (Some(at), Some(cutoff)) => at < cutoff,
-        _ => false,
+    let outputs = ParsedOutputs::new(input.output);
+    let mut inputs = classify_inputs(input, config, &outputs);
+    let mut findings = Findings {
+        figures: input_figures(&inputs),
+        recorder: Recorder::new(config.example_limit, &Violation::TOPICS),
+        unaccounted: vec![false; inputs.entries.len()],
     };
+    let dead_lettered = attach_dead_letters(input, config, &mut inputs, &mut findings);
+    let exactly_once = match_outputs(&mut inputs, &outputs, &mut findings);
+    check_totals(&inputs, &outputs, &mut findings);
+    check_order(
+        &inputs.entries,
+        &inputs.groups,
+        &outputs.records,
+        &outputs.events,
+        &mut findings.recorder,
+    );
+    summarise(findings, exactly_once, dead_lettered)
+}
 
-    // Inputs: classify each record and group the valid ones by event id.
-    let mut entries: Vec<InputEntry<'_>> = Vec::with_capacity(input.input.len());
+/// The output records in position order, each with its parse (`None`: it does not parse).
+struct ParsedOutputs<'a> {
+    records: Vec<&'a SourceRecord>,
+    events: Vec<Option<OutputEvent>>,
+}
+
+impl<'a> ParsedOutputs<'a> {
+    fn new(output: &'a [SourceRecord]) -> Self {
+        let records = sorted(output);
+        let events = records.iter().map(|record| parse_output(record)).collect();
+        Self { records, events }
+    }
+}
+
+/// Every input record with its role, and the valid ones grouped into logical events.
+struct ClassifiedInputs<'a> {
+    entries: Vec<InputEntry<'a>>,
+    groups: Vec<Group>,
+    group_by_id: HashMap<String, usize>,
+    position_index: HashMap<Position, usize>,
+}
+
+/// What the phases found so far.
+struct Findings {
+    figures: Figures,
+    recorder: Recorder,
+    /// Per input entry: it has not exactly one correct disposition.
+    unaccounted: Vec<bool>,
+}
+
+/// Inputs the DLQ holds with the right reason.
+struct DeadLettered {
+    malformed: u64,
+    conflicts: u64,
+}
+
+/// Phase 1: parses each input record, groups the valid ones by event id and gives each its role:
+/// malformed, the defining occurrence of its logical event, a duplicate delivery or a conflict.
+fn classify_inputs<'a>(
+    input: &AuditInput<'a>,
+    config: &AuditConfig,
+    outputs: &ParsedOutputs<'_>,
+) -> ClassifiedInputs<'a> {
+    let mut entries: Vec<InputEntry<'a>> = Vec::with_capacity(input.input.len());
     let mut groups: Vec<Group> = Vec::new();
     let mut group_by_id: HashMap<String, usize> = HashMap::new();
     for record in sorted(input.input) {
@@ -570,12 +627,8 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
         .map(|(index, entry)| (entry.record.position(), index))
         .collect();
 
-    let outputs = sorted(input.output);
-    let parsed_outputs: Vec<Option<OutputEvent>> =
-        outputs.iter().map(|record| parse_output(record)).collect();
-
     let mut outputs_by_id: HashMap<&str, Vec<&OutputEvent>> = HashMap::new();
-    for output in parsed_outputs.iter().flatten() {
+    for output in outputs.events.iter().flatten() {
         outputs_by_id
             .entry(output.event_id.as_str())
             .or_default()
@@ -631,11 +684,22 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
             };
         }
     }
+    ClassifiedInputs {
+        entries,
+        groups,
+        group_by_id,
+        position_index,
+    }
+}
 
-    // Figures of the input.
-    figures.input_records = entries.len() as u64;
-    figures.logical_events = groups.len() as u64;
-    for entry in &entries {
+/// The input's figures: records, logical events, and what kind each record is.
+fn input_figures(inputs: &ClassifiedInputs<'_>) -> Figures {
+    let mut figures = Figures {
+        input_records: inputs.entries.len() as u64,
+        logical_events: inputs.groups.len() as u64,
+        ..Figures::default()
+    };
+    for entry in &inputs.entries {
         match (entry.role, &entry.event) {
             (Role::Malformed(reason), _) => {
                 figures.malformed_inputs += 1;
@@ -654,25 +718,50 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
             (_, None) => {}
         }
     }
+    figures
+}
 
-    // The DLQ: attach each record to the input position its headers name.
+/// Phase 2: attaches each DLQ record to the input position its headers name, and checks each
+/// input's dead letters against its role (malformed and conflicting inputs must be there once,
+/// with their reason and original bytes; valid events only for the dedup horizon).
+fn attach_dead_letters(
+    input: &AuditInput<'_>,
+    config: &AuditConfig,
+    inputs: &mut ClassifiedInputs<'_>,
+    findings: &mut Findings,
+) -> DeadLettered {
+    let Findings {
+        figures,
+        recorder,
+        unaccounted,
+    } = findings;
+    let horizon_cutoff = time::Duration::try_from(config.dedup_horizon)
+        .ok()
+        .and_then(|horizon| config.now.checked_sub(horizon));
+    let beyond_horizon = |event: &ValidEvent| match (event.event_time, horizon_cutoff) {
+        (Some(at), Some(cutoff)) => at < cutoff,
+        _ => false,
+    };
+
     let dlq = sorted(input.dlq);
     figures.dlq_records = dlq.len() as u64;
-    let mut dlq_by_input: Vec<Vec<&SourceRecord>> = vec![Vec::new(); entries.len()];
+    let mut dlq_by_input: Vec<Vec<&SourceRecord>> = vec![Vec::new(); inputs.entries.len()];
     for record in &dlq {
         let traced = dlq_source(record)
             .filter(|(topic, _)| *topic == input.input_topic)
-            .and_then(|(_, position)| position_index.get(&position));
+            .and_then(|(_, position)| inputs.position_index.get(&position));
         match traced {
             Some(&index) => dlq_by_input[index].push(record),
             None => recorder.add(Violation::UnexpectedDlqRecord, 1, || record.locator()),
         }
     }
 
-    let mut unaccounted = vec![false; entries.len()];
-    let mut malformed_dead_lettered = 0u64;
-    let mut conflicts_dead_lettered = 0u64;
-    for (index, entry) in entries.iter().enumerate() {
+    let mut dead_lettered = DeadLettered {
+        malformed: 0,
+        conflicts: 0,
+    };
+    let groups = &mut inputs.groups;
+    for (index, entry) in inputs.entries.iter().enumerate() {
         let name = || example_name(entry);
         let copies = &dlq_by_input[index];
         if copies.len() > 1 {
@@ -705,14 +794,14 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
                     });
                     unaccounted[index] = true;
                 }
-                Some(_) => malformed_dead_lettered += 1,
+                Some(_) => dead_lettered.malformed += 1,
             },
             Role::Conflict => match reason {
                 None => {
                     recorder.add(Violation::ConflictMissingFromDlq, 1, name);
                     unaccounted[index] = true;
                 }
-                Some(_) if horizon_allowed => conflicts_dead_lettered += 1,
+                Some(_) if horizon_allowed => dead_lettered.conflicts += 1,
                 Some(reason) if reason != DeadLetterReason::EventIdConflict.as_str() => {
                     recorder.add(Violation::WrongDlqReason, 1, || {
                         format!(
@@ -723,7 +812,7 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
                     });
                     unaccounted[index] = true;
                 }
-                Some(_) => conflicts_dead_lettered += 1,
+                Some(_) => dead_lettered.conflicts += 1,
             },
             Role::Duplicate | Role::Defining => match reason {
                 None => {}
@@ -741,9 +830,24 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
             },
         }
     }
+    dead_lettered
+}
 
-    // The output: match each record to its logical event by id and content.
-    figures.output_records = outputs.len() as u64;
+/// Phase 3: matches each output record to its logical event by id and content, then checks
+/// that each logical event has exactly one output (none when dead-lettered for the horizon).
+/// Returns the logical events output exactly once.
+fn match_outputs(
+    inputs: &mut ClassifiedInputs<'_>,
+    outputs: &ParsedOutputs<'_>,
+    findings: &mut Findings,
+) -> u64 {
+    let Findings {
+        figures,
+        recorder,
+        unaccounted,
+    } = findings;
+    let entries = &inputs.entries;
+    figures.output_records = outputs.records.len() as u64;
     let mut malformed_by_bytes: HashMap<&[u8], usize> = HashMap::new();
     for (index, entry) in entries.iter().enumerate() {
         if matches!(entry.role, Role::Malformed(_)) {
@@ -752,7 +856,8 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
                 .or_insert(index);
         }
     }
-    for (output_index, (record, parsed)) in outputs.iter().zip(&parsed_outputs).enumerate() {
+    for (output_index, (record, parsed)) in outputs.records.iter().zip(&outputs.events).enumerate()
+    {
         let Some(output) = parsed else {
             match malformed_by_bytes.get(record.value_bytes()) {
                 Some(&index) => {
@@ -770,11 +875,11 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
             continue;
         };
         figures.output_sum += i128::from(output.value);
-        let Some(&group_index) = group_by_id.get(&output.event_id) else {
+        let Some(&group_index) = inputs.group_by_id.get(&output.event_id) else {
             recorder.add(Violation::UnexpectedOutput, 1, || output.event_id.clone());
             continue;
         };
-        let group = &mut groups[group_index];
+        let group = &mut inputs.groups[group_index];
         let defining_fingerprint = entries[group.defining]
             .event
             .as_ref()
@@ -802,7 +907,7 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
     }
 
     let mut exactly_once = 0u64;
-    for group in &groups {
+    for group in &inputs.groups {
         let defining = &entries[group.defining];
         let Some(event) = defining.event.as_ref() else {
             continue;
@@ -832,15 +937,25 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
             unaccounted[group.defining] = true;
         }
     }
+    exactly_once
+}
 
-    // Running totals, walked in output order per entity.
-    figures.totals_checked = parsed_outputs
+/// Phase 4: the running per-entity totals, walked in output order, when the output carries
+/// them.
+fn check_totals(
+    inputs: &ClassifiedInputs<'_>,
+    outputs: &ParsedOutputs<'_>,
+    findings: &mut Findings,
+) {
+    let figures = &mut findings.figures;
+    figures.totals_checked = outputs
+        .events
         .iter()
         .flatten()
         .any(|output| output.totals != Totals::Absent);
     let mut expected_totals: BTreeMap<&str, (u64, i128)> = BTreeMap::new();
-    for group in groups.iter().filter(|group| !group.beyond_horizon) {
-        if let Some(event) = entries[group.defining].event.as_ref() {
+    for group in inputs.groups.iter().filter(|group| !group.beyond_horizon) {
+        if let Some(event) = inputs.entries[group.defining].event.as_ref() {
             let slot = expected_totals.entry(&event.entity_id).or_default();
             slot.0 += 1;
             slot.1 += i128::from(event.value);
@@ -848,11 +963,17 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
     }
     figures.entities = expected_totals.len() as u64;
     if figures.totals_checked {
-        check_totals(&parsed_outputs, &expected_totals, &mut recorder);
+        check_entity_chains(&outputs.events, &expected_totals, &mut findings.recorder);
     }
+}
 
-    check_order(&entries, &groups, &outputs, &parsed_outputs, &mut recorder);
-
+/// The last phase: the report's lines, from the figures and the violations found.
+fn summarise(findings: Findings, exactly_once: u64, dead_lettered: DeadLettered) -> AuditReport {
+    let Findings {
+        mut figures,
+        recorder,
+        unaccounted,
+    } = findings;
     figures.inputs_accounted = unaccounted.iter().filter(|&&bad| !bad).count() as u64;
 
     let mut checks = vec![
@@ -869,12 +990,12 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
         check(
             "malformed inputs dead-lettered",
             figures.malformed_inputs.into(),
-            malformed_dead_lettered.into(),
+            dead_lettered.malformed.into(),
         ),
         check(
             "conflicts dead-lettered",
             figures.conflicts.into(),
-            conflicts_dead_lettered.into(),
+            dead_lettered.conflicts.into(),
         ),
     ];
     let mut notes = Vec::new();
@@ -919,7 +1040,7 @@ fn example_name(entry: &InputEntry<'_>) -> String {
 
 /// Each output carrying totals must continue its entity's chain from 0/0 by one event and its
 /// value; the last must equal the entity's logical events. Counted once per entity.
-fn check_totals(
+fn check_entity_chains(
     outputs: &[Option<OutputEvent>],
     expected: &BTreeMap<&str, (u64, i128)>,
     recorder: &mut Recorder,

@@ -116,7 +116,7 @@ pub enum Command {
     /// With --guarantee at-least-once the processor runs without transactions under the same
     /// faults, and the report shows the duplicates the audit catches.
     #[command(after_help = EXIT_STATUS)]
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::commands::demo::DemoArgs),
 }
 
 #[derive(Debug, Args)]

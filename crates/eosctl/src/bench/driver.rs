@@ -1,0 +1,737 @@
+//! The benchmark's driver: writes the inputs, runs one processor after another over them,
+//! follows their committed offsets, and cleans up the topics and groups it created.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow, bail};
+use eos_core::Guarantee;
+use indicatif::ProgressBar;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use time::OffsetDateTime;
+use tokio::runtime::Handle;
+
+use crate::bench::figures::{
+    CommitProgress, CommitSample, LatencySummary, LatencyTrend, ratio, without_ramp_up,
+};
+use crate::bench::latency_collector::{
+    ArrivalCollector, append_samples, latency_samples, read_timestamps,
+};
+use crate::bench::options::BenchOptions;
+use crate::bench::processor_process::ProcessorProcess;
+use crate::bench::report::{
+    BenchReport, GuaranteeThroughput, LatencyFigures, LatencyRateBasis, MachineLoad, RATIO_TARGET,
+    RATIO_TARGET_MIN_BYTES, RoundFigures, SINGLE_RECORD_TARGET, SingleRecordFigures,
+    SizeThroughput,
+};
+use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
+use crate::group_offsets::{GroupOffsetReader, watermarks};
+use crate::kafka_client::{KafkaSettings, TopicLayout, ensure_topic, topic_partitions};
+use crate::produce::{self, ProduceOptions, ProduceSummary};
+use crate::workload::WorkloadSpec;
+
+/// How often the group's committed offsets are sampled.
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+/// How long one committed-offsets fetch may wait (it waits out open transactions).
+const COMMITTED_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a processor may take to finish its batch and exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Records sent through the latency run's processor before measuring, so that its start-up
+/// (joining the group, restoring state, the first transaction) is not counted as latency.
+const WARMUP_RECORDS: u64 = 200;
+/// Entities the benchmark's events are spread over.
+const ENTITIES: u32 = 100;
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// A static group member does not leave its group when it stops; the group can be deleted once
+/// the member's session (10 s in the processor) has expired.
+const GROUP_DELETE_PATIENCE: Duration = Duration::from_secs(15);
+
+/// The names one processor run uses.
+#[derive(Debug, Clone)]
+struct ProcessorRun {
+    label: String,
+    guarantee: Guarantee,
+    max_batch: u32,
+    input: String,
+    output: String,
+    dlq: String,
+    changelog: String,
+    group: String,
+}
+
+pub(super) struct Bench {
+    settings: KafkaSettings,
+    options: BenchOptions,
+    runtime: Handle,
+    stop: Arc<AtomicBool>,
+    run_id: String,
+    seed_base: u64,
+    log_dir: PathBuf,
+    /// Every topic this run created or had a processor create, not yet deleted.
+    topics: Vec<String>,
+    groups: Vec<String>,
+    processes_started: u32,
+}
+
+impl Bench {
+    pub(super) fn new(
+        settings: KafkaSettings,
+        options: BenchOptions,
+        runtime: Handle,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<Self> {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        // Distinct per run, short enough to read in topic names.
+        let seed_base = u64::from((nanos as u32) ^ std::process::id().rotate_left(16));
+        let run_id = format!("{seed_base:08x}");
+        let log_dir = std::env::temp_dir().join(format!("eosctl-bench-{run_id}"));
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
+        Ok(Self {
+            settings,
+            options,
+            runtime,
+            stop,
+            run_id,
+            seed_base,
+            log_dir,
+            topics: Vec::new(),
+            groups: Vec::new(),
+            processes_started: 0,
+        })
+    }
+
+    pub(super) fn run(mut self) -> anyhow::Result<BenchReport> {
+        if self.options.is_debug_build() {
+            tracing::warn!(
+                processor = %self.options.processor_bin.display(),
+                "this is a debug build of eos-processor: the figures will not mean much; build with \
+                 --release and pass --processor-bin target/release/eos-processor"
+            );
+        }
+        tracing::info!(run = %self.run_id, logs = %self.log_dir.display(), "benchmark started");
+        let result = self.run_phases();
+        let cleaned = if self.options.keep_topics {
+            tracing::info!(topics = ?self.topics, groups = ?self.groups, "keeping topics and groups");
+            Ok(false)
+        } else {
+            self.clean_up(result.is_ok()).map(|()| true)
+        };
+        match result {
+            Ok(mut report) => {
+                report.topics_deleted = cleaned?;
+                if !self.options.keep_logs {
+                    let _ = std::fs::remove_dir_all(&self.log_dir);
+                } else {
+                    tracing::info!(logs = %self.log_dir.display(), "processor logs kept");
+                }
+                Ok(report)
+            }
+            Err(error) => {
+                if let Err(cleanup) = cleaned {
+                    tracing::warn!(error = format!("{cleanup:#}"), "cleaning up failed");
+                }
+                Err(error.context(format!(
+                    "benchmark failed; processor logs are in {}",
+                    self.log_dir.display()
+                )))
+            }
+        }
+    }
+
+    fn run_phases(&mut self) -> anyhow::Result<BenchReport> {
+        let load_average_at_start = load_average();
+        let sizes = self.options.sizes.clone();
+        let mut throughput = Vec::with_capacity(sizes.len());
+        if self.options.rounds > 0 {
+            for &size in &sizes {
+                throughput.push(self.throughput(size)?);
+            }
+        }
+        let first_size = sizes[0];
+        let single_record = if self.options.single_records > 0 {
+            Some(self.single_record(first_size)?)
+        } else {
+            None
+        };
+        let latency = if self.options.latency_seconds > 0 {
+            let peak = throughput
+                .first()
+                .and_then(|first| first.exactly_once.median_records_per_second);
+            self.latency(peak, first_size)?
+        } else {
+            Vec::new()
+        };
+        Ok(BenchReport {
+            processor_bin: self.options.processor_bin.display().to_string(),
+            debug_build: self.options.is_debug_build(),
+            partitions: self.options.partitions,
+            commit_interval_ms: self.options.commit_interval.as_millis() as u64,
+            max_batch: self.options.max_batch,
+            rounds: self.options.rounds,
+            throughput,
+            single_record,
+            latency,
+            topics_deleted: false,
+            machine: MachineLoad {
+                cpus: std::thread::available_parallelism().map_or(0, usize::from),
+                load_average_at_start,
+            },
+        })
+    }
+
+    /// Exactly-once and at-least-once rounds, interleaved, over one input of `size`-byte records.
+    fn throughput(&mut self, size: usize) -> anyhow::Result<SizeThroughput> {
+        let input = self.name(&format!("{size}b-in"));
+        tracing::info!(topic = %input, records = self.options.records, value_bytes = size, "writing the input");
+        let summary = self.produce(
+            &input,
+            self.options.records,
+            size,
+            0,
+            self.seed_base + size as u64,
+        )?;
+        let bytes_per_record = mean_value_bytes(&summary);
+        let (partitions, target) = self.input_extent(&input)?;
+
+        let mut exactly_once = Vec::new();
+        let mut at_least_once = Vec::new();
+        for round in 1..=self.options.rounds {
+            for guarantee in [Guarantee::ExactlyOnce, Guarantee::AtLeastOnce] {
+                let short = match guarantee {
+                    Guarantee::ExactlyOnce => "eo",
+                    Guarantee::AtLeastOnce => "alo",
+                };
+                let run = self.processor_run(
+                    &format!("{size}b-{short}-{round}"),
+                    guarantee,
+                    self.options.max_batch,
+                    &input,
+                );
+                let figures = self.drain(&run, &partitions, target)?;
+                tracing::info!(
+                    value_bytes = size,
+                    round,
+                    %guarantee,
+                    records_per_second = figures.records_per_second.round(),
+                    measured_seconds = figures.measured_seconds,
+                    "throughput round done"
+                );
+                match guarantee {
+                    Guarantee::ExactlyOnce => exactly_once.push(figures),
+                    Guarantee::AtLeastOnce => at_least_once.push(figures),
+                }
+            }
+        }
+        self.delete_now(&[input])?;
+
+        let exactly_once =
+            GuaranteeThroughput::new(Guarantee::ExactlyOnce, exactly_once, bytes_per_record);
+        let at_least_once =
+            GuaranteeThroughput::new(Guarantee::AtLeastOnce, at_least_once, bytes_per_record);
+        let ratio_eo_to_alo = exactly_once
+            .median_records_per_second
+            .zip(at_least_once.median_records_per_second)
+            .and_then(|(eo, alo)| ratio(eo, alo));
+        Ok(SizeThroughput {
+            value_bytes: size,
+            mean_value_bytes: bytes_per_record,
+            records: summary.physical_records,
+            exactly_once,
+            at_least_once,
+            ratio_eo_to_alo,
+            ratio_target: (size >= RATIO_TARGET_MIN_BYTES).then_some(RATIO_TARGET),
+        })
+    }
+
+    /// Exactly-once with one record per transaction.
+    fn single_record(&mut self, size: usize) -> anyhow::Result<SingleRecordFigures> {
+        let records = self.options.single_records;
+        let input = self.name("single-in");
+        tracing::info!(topic = %input, records, "writing the single-record backlog");
+        self.produce(&input, records, size, 0, self.seed_base + 1_000_000)?;
+        let (partitions, target) = self.input_extent(&input)?;
+        let run = self.processor_run("single", Guarantee::ExactlyOnce, 1, &input);
+        let figures = self.drain(&run, &partitions, target)?;
+        self.delete_now(&[input])?;
+        tracing::info!(
+            transactions_per_second = figures.records_per_second.round(),
+            "single-record run done"
+        );
+        Ok(SingleRecordFigures {
+            records,
+            value_bytes: size,
+            transactions_per_second: figures.records_per_second,
+            target: SINGLE_RECORD_TARGET,
+        })
+    }
+
+    /// Latency at half of `peak` (or at `--latency-rate`). A latency measured while the
+    /// pipeline falls behind is the length of a queue, not the pipeline's latency: without
+    /// `--latency-rate`, such a run is repeated at half the rate, up to [`LATENCY_RETRIES`] times.
+    /// (The peak is measured with the processor alone; during the latency run the producer and
+    /// the output reader share the machine, which on a small one can take more than half.)
+    fn latency(&mut self, peak: Option<f64>, size: usize) -> anyhow::Result<Vec<LatencyFigures>> {
+        let (mut rate, mut basis) = match (self.options.latency_rate, peak) {
+            (Some(rate), _) => (rate, LatencyRateBasis::Flag),
+            (None, Some(peak)) => (
+                ((peak / 2.0).round() as u64).max(1),
+                LatencyRateBasis::HalfPeak,
+            ),
+            (None, None) => bail!("no exactly-once rate was measured to base the latency run on"),
+        };
+        let mut runs = Vec::new();
+        loop {
+            let figures = self.latency_run(runs.len() + 1, rate, basis, peak, size)?;
+            let kept_up = figures.trend.kept_up;
+            runs.push(figures);
+            let retries = runs.len() - 1;
+            if kept_up || basis == LatencyRateBasis::Flag || retries >= LATENCY_RETRIES || rate < 2
+            {
+                return Ok(runs);
+            }
+            rate /= 2;
+            basis = LatencyRateBasis::HalvedAfterFallingBehind;
+            tracing::info!(
+                rate,
+                "the pipeline fell behind: measuring again at half the rate"
+            );
+        }
+    }
+
+    /// One latency run: a warmed-up exactly-once processor, records produced at `rate`, and a
+    /// read_committed reader of the output noting when each input's output arrives.
+    fn latency_run(
+        &mut self,
+        attempt: usize,
+        rate: u64,
+        basis: LatencyRateBasis,
+        peak: Option<f64>,
+        size: usize,
+    ) -> anyhow::Result<LatencyFigures> {
+        let seconds = self.options.latency_seconds;
+        let records = rate * seconds;
+        // Sent before the measured records, through the same producer, and not measured.
+        let ramp_up_records = rate * PRODUCER_RAMP_UP.as_secs();
+        let label = format!("latency-{attempt}");
+        let input = self.name(&format!("{label}-in"));
+        self.topics.push(input.clone());
+        self.runtime
+            .block_on(ensure_topic(&self.settings, &input, self.layout()))
+            .with_context(|| format!("creating topic {input:?}"))?;
+        let run = self.processor_run(
+            &label,
+            Guarantee::ExactlyOnce,
+            self.options.max_batch,
+            &input,
+        );
+        let offsets = GroupOffsetReader::new(&self.settings, &run.group)?;
+        let mut process = self.spawn(&run)?;
+        let started = Instant::now();
+
+        tracing::info!(
+            records = WARMUP_RECORDS,
+            "warming up the latency run's processor"
+        );
+        let seed = self.seed_base + 2_000_000 + 2 * attempt as u64;
+        self.produce(&input, WARMUP_RECORDS, size, 0, seed)?;
+        let (partitions, warm_target) = self.input_extent(&input)?;
+        self.follow_commits(
+            &mut process,
+            &offsets,
+            &run,
+            &partitions,
+            warm_target,
+            started,
+        )?;
+        let metadata = self.settings.metadata_client()?;
+        let warm_ends: BTreeMap<i32, i64> =
+            watermarks(&self.settings, &metadata, &input, &partitions)?
+                .into_iter()
+                .map(|(partition, (_, end))| (partition, end))
+                .collect();
+        let output_partitions = topic_partitions(&metadata, &self.settings, &run.output)?
+            .ok_or_else(|| {
+                anyhow!(
+                    "the processor did not create its output topic {:?}",
+                    run.output
+                )
+            })?;
+
+        let collector = ArrivalCollector::start(
+            &self.settings,
+            &run.output,
+            &output_partitions,
+            warm_ends.clone(),
+            ramp_up_records + records,
+        )?;
+        tracing::info!(rate, seconds, records, "producing for the latency run");
+        let produced = self.produce(&input, ramp_up_records + records, size, rate, seed + 1);
+        let arrivals = match produced {
+            Ok(_) => collector.finish(&mut process, &self.stop, self.options.stall_timeout),
+            Err(error) => {
+                collector.abandon();
+                Err(error)
+            }
+        }?;
+        process.stop(STOP_TIMEOUT)?;
+        let ends: BTreeMap<i32, i64> = watermarks(&self.settings, &metadata, &input, &partitions)?
+            .into_iter()
+            .map(|(partition, (_, end))| (partition, end))
+            .collect();
+        let sent_at = read_timestamps(
+            &self.settings,
+            &input,
+            &warm_ends,
+            &ends,
+            self.options.stall_timeout,
+        )?;
+        let (samples, unmatched) = latency_samples(&arrivals, &sent_at);
+        if unmatched > 0 {
+            tracing::warn!(unmatched, "output records whose input record was not found");
+        }
+        let ramp_up_ms = PRODUCER_RAMP_UP.as_millis() as i64;
+        let samples = without_ramp_up(samples, ramp_up_ms);
+        if let Some(path) = &self.options.latency_samples {
+            append_samples(path, rate, &samples)
+                .with_context(|| format!("writing latency samples to {}", path.display()))?;
+        }
+        let summary = LatencySummary::from_millis(samples.iter().map(|&(_, latency)| latency))
+            .ok_or_else(|| anyhow!("no output record arrived during the latency run"))?;
+        let commit_interval_ms = self.options.commit_interval.as_millis() as u64;
+        let trend = LatencyTrend::from_samples(samples, commit_interval_ms)
+            .ok_or_else(|| anyhow!("too few output records to judge the latency run"))?;
+        if !trend.kept_up {
+            tracing::warn!(
+                rate,
+                first_quarter_p50_ms = trend.first_quarter_p50_ms,
+                last_quarter_p50_ms = trend.last_quarter_p50_ms,
+                "the pipeline did not keep up with this rate: the latency is a queue's"
+            );
+        }
+        self.delete_now(&[
+            input,
+            run.output.clone(),
+            run.changelog.clone(),
+            run.dlq.clone(),
+        ])?;
+        tracing::info!(
+            p50_ms = summary.p50_ms,
+            p99_ms = summary.p99_ms,
+            "latency run done"
+        );
+        Ok(LatencyFigures {
+            peak_records_per_second: peak,
+            rate_records_per_second: rate,
+            rate_basis: basis,
+            value_bytes: size,
+            seconds,
+            summary,
+            trend,
+        })
+    }
+
+    /// Runs a processor from the start of `run.input` to its end and measures the rate.
+    fn drain(
+        &mut self,
+        run: &ProcessorRun,
+        partitions: &[i32],
+        target: i64,
+    ) -> anyhow::Result<RoundFigures> {
+        let offsets = GroupOffsetReader::new(&self.settings, &run.group)?;
+        let mut process = self.spawn(run)?;
+        let started = Instant::now();
+        let progress =
+            self.follow_commits(&mut process, &offsets, run, partitions, target, started)?;
+        let cpu = process.stop(STOP_TIMEOUT)?;
+        self.delete_now(&[run.output.clone(), run.changelog.clone(), run.dlq.clone()])?;
+        let records_per_second = progress.rate().ok_or_else(|| {
+            anyhow!(
+                "{}: the whole input was committed at once, too fast to measure; give more records",
+                run.label
+            )
+        })?;
+        Ok(RoundFigures {
+            records_per_second,
+            measured_seconds: progress.measured_seconds(),
+            startup_seconds: progress
+                .first_commit_seen_at()
+                .map_or(0.0, |at| at.as_secs_f64()),
+            processor_cpu_ms_per_1000_records: cpu
+                .and_then(|cpu| ratio(cpu.as_secs_f64() * 1e6, target as f64)),
+        })
+    }
+
+    /// Samples the group's committed offsets until they reach `target` in total.
+    fn follow_commits(
+        &self,
+        process: &mut ProcessorProcess,
+        offsets: &GroupOffsetReader,
+        run: &ProcessorRun,
+        partitions: &[i32],
+        target: i64,
+        started: Instant,
+    ) -> anyhow::Result<CommitProgress> {
+        let mut progress = CommitProgress::new(target);
+        loop {
+            let tick = Instant::now();
+            self.check_interrupted()?;
+            process.ensure_running()?;
+            match offsets.committed(&run.input, partitions, COMMITTED_FETCH_TIMEOUT) {
+                Ok(committed) => {
+                    let total: i64 = committed.values().flatten().sum();
+                    let sample = CommitSample {
+                        at: started.elapsed(),
+                        committed: total,
+                    };
+                    if progress.observe(sample) {
+                        return Ok(progress);
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "committed offsets not read; retrying"),
+            }
+            let stalled = started.elapsed().saturating_sub(progress.last_change());
+            if stalled >= self.options.stall_timeout {
+                bail!(
+                    "{}: the group's committed offsets stayed at {} of {target} for {}; processor \
+                     log: {}",
+                    run.label,
+                    progress.committed(),
+                    humantime::format_duration(self.options.stall_timeout),
+                    process.log().display()
+                );
+            }
+            if let Some(pause) = SAMPLE_INTERVAL.checked_sub(tick.elapsed()) {
+                std::thread::sleep(pause);
+            }
+        }
+    }
+
+    fn processor_run(
+        &mut self,
+        label: &str,
+        guarantee: Guarantee,
+        max_batch: u32,
+        input: &str,
+    ) -> ProcessorRun {
+        let run = ProcessorRun {
+            label: label.to_owned(),
+            guarantee,
+            max_batch,
+            input: input.to_owned(),
+            output: self.name(&format!("{label}-out")),
+            dlq: self.name(&format!("{label}-dlq")),
+            changelog: self.name(&format!("{label}-changelog")),
+            group: self.name(label),
+        };
+        // Recorded before the processor creates them, so that a failure still cleans them up.
+        self.topics
+            .extend([run.output.clone(), run.dlq.clone(), run.changelog.clone()]);
+        self.groups.push(run.group.clone());
+        run
+    }
+
+    fn spawn(&mut self, run: &ProcessorRun) -> anyhow::Result<ProcessorProcess> {
+        self.processes_started += 1;
+        let log = self
+            .log_dir
+            .join(format!("{:02}-{}.log", self.processes_started, run.label));
+        let args: Vec<String> = vec![
+            "--bootstrap-servers".into(),
+            self.settings.bootstrap_servers.clone(),
+            "--input-topic".into(),
+            run.input.clone(),
+            "--output-topic".into(),
+            run.output.clone(),
+            "--dlq-topic".into(),
+            run.dlq.clone(),
+            "--changelog-topic".into(),
+            run.changelog.clone(),
+            "--group-id".into(),
+            run.group.clone(),
+            "--instance-id".into(),
+            format!("bench-{}", run.label),
+            "--guarantee".into(),
+            run.guarantee.to_string(),
+            "--commit-interval".into(),
+            humantime::format_duration(self.options.commit_interval).to_string(),
+            "--max-batch".into(),
+            run.max_batch.to_string(),
+            "--partitions".into(),
+            self.options.partitions.to_string(),
+            "--metrics-addr".into(),
+            "127.0.0.1:0".into(),
+        ];
+        tracing::debug!(label = %run.label, log = %log.display(), ?args, "starting eos-processor");
+        ProcessorProcess::spawn(&self.options.processor_bin, &args, log, &run.label)
+    }
+
+    /// Writes `count` valid, distinct events (no duplicates, malformed records or conflicts).
+    fn produce(
+        &mut self,
+        topic: &str,
+        count: u64,
+        value_bytes: usize,
+        rate: u64,
+        seed: u64,
+    ) -> anyhow::Result<ProduceSummary> {
+        if !self.topics.iter().any(|t| t == topic) {
+            self.topics.push(topic.to_owned());
+        }
+        let options = ProduceOptions {
+            topic: topic.to_owned(),
+            layout: self.layout(),
+            rate,
+            delivery_timeout: DELIVERY_TIMEOUT,
+            spec: WorkloadSpec {
+                seed,
+                count,
+                entities: ENTITIES,
+                duplicate_ratio: 0.0,
+                bad_ratio: 0.0,
+                conflict_ratio: 0.0,
+                value_bytes,
+                occurred_at_base: OffsetDateTime::now_utc(),
+            },
+        };
+        self.runtime
+            .block_on(produce::run(
+                &self.settings,
+                options,
+                ProgressBar::hidden(),
+                Arc::clone(&self.stop),
+            ))
+            .with_context(|| format!("producing to topic {topic:?}"))
+    }
+
+    /// The partitions of a freshly written input and the sum of their ends: the committed total
+    /// at which a group has read all of it.
+    fn input_extent(&self, topic: &str) -> anyhow::Result<(Vec<i32>, i64)> {
+        let metadata = self.settings.metadata_client()?;
+        let partitions = topic_partitions(&metadata, &self.settings, topic)?
+            .ok_or_else(|| anyhow!("topic {topic:?} disappeared"))?;
+        let ends = watermarks(&self.settings, &metadata, topic, &partitions)?;
+        let target = ends.values().map(|&(_, end)| end).sum();
+        Ok((partitions, target))
+    }
+
+    fn layout(&self) -> TopicLayout {
+        TopicLayout {
+            partitions: self.options.partitions,
+            replication_factor: -1,
+        }
+    }
+
+    fn name(&self, what: &str) -> String {
+        format!("eosctl-bench-{}-{what}", self.run_id)
+    }
+
+    fn check_interrupted(&self) -> anyhow::Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        Ok(())
+    }
+
+    /// Deletes topics as soon as a run is done with them (the 1 KB rounds write gigabytes).
+    fn delete_now(&mut self, topics: &[String]) -> anyhow::Result<()> {
+        if self.options.keep_topics {
+            return Ok(());
+        }
+        self.delete_topics(topics)?;
+        self.topics.retain(|t| !topics.contains(t));
+        Ok(())
+    }
+
+    fn delete_topics(&self, topics: &[String]) -> anyhow::Result<()> {
+        if topics.is_empty() {
+            return Ok(());
+        }
+        let admin = self.admin()?;
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+        let results = self
+            .runtime
+            .block_on(admin.delete_topics(&names, &options))
+            .map_err(|e| self.settings.unreachable(e))?;
+        for result in results {
+            match result {
+                Ok(topic) => tracing::debug!(topic, "deleted topic"),
+                // Never created (the run failed before the processor got to it): nothing to do.
+                Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((topic, code)) => bail!("cannot delete topic {topic:?}: {code}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the remaining topics and the consumer groups. A group whose static member's
+    /// session has not expired yet cannot be deleted: that is retried for a while after a
+    /// successful run, and left to the broker's offset retention otherwise.
+    fn clean_up(&mut self, patient: bool) -> anyhow::Result<()> {
+        let topics = std::mem::take(&mut self.topics);
+        self.delete_topics(&topics)?;
+        let admin = self.admin()?;
+        let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+        let deadline = Instant::now() + GROUP_DELETE_PATIENCE;
+        let mut remaining = std::mem::take(&mut self.groups);
+        while !remaining.is_empty() {
+            let names: Vec<&str> = remaining.iter().map(String::as_str).collect();
+            let results = self
+                .runtime
+                .block_on(admin.delete_groups(&names, &options))
+                .map_err(|e| self.settings.unreachable(e))?;
+            let mut busy = Vec::new();
+            for result in results {
+                match result {
+                    Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
+                    Err((group, RDKafkaErrorCode::NonEmptyGroup)) => busy.push(group),
+                    Err((group, code)) => {
+                        tracing::warn!(group, %code, "cannot delete consumer group");
+                    }
+                }
+            }
+            remaining = busy;
+            if remaining.is_empty() || !patient || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        if !remaining.is_empty() {
+            tracing::info!(
+                groups = ?remaining,
+                "consumer groups still had a member's session open and were left to expire"
+            );
+        }
+        tracing::info!("deleted the benchmark's topics");
+        Ok(())
+    }
+
+    fn admin(&self) -> anyhow::Result<AdminClient<DefaultClientContext>> {
+        self.settings
+            .client_config()
+            .create()
+            .context("cannot create a Kafka admin client")
+    }
+}
+
+fn mean_value_bytes(summary: &ProduceSummary) -> f64 {
+    ratio(summary.bytes as f64, summary.physical_records as f64).unwrap_or(0.0)
+}
+
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

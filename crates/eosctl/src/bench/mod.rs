@@ -1,0 +1,68 @@
+//! `eosctl bench processor`: measures the real `eos-processor` binary against the real broker and
+//! prints figures (it is a benchmark, not a test: missing a target does not fail it).
+//!
+//! 1. Throughput, exactly-once vs at-least-once: one input topic per record size is written
+//!    once; then rounds run interleaved (EO, ALO, EO, ALO, …), each a fresh processor process
+//!    with a fresh group (so it reads the input from the beginning), output and changelog topics.
+//!    A round's rate runs from the group's first commit to the commit that reaches the end of the
+//!    input: process start-up, joining the group and restoring state are not throughput.
+//! 2. Single-record transactions per second: exactly-once with `--max-batch 1` over a backlog.
+//! 3. End-to-end latency at half the exactly-once peak: records produced at that rate; a
+//!    `read_committed` reader of the output takes, for each output record, the time it arrived
+//!    minus the Kafka timestamp of the input record it came from (its `source`). A run in which
+//!    the pipeline falls behind measures a queue, so it is repeated at half the rate.
+//!
+//! Committed offsets are read with `read_committed` ([`crate::group_offsets`]) every 50 ms.
+//! Everything the benchmark creates (topics, consumer groups) is deleted at the end unless
+//! `--keep-topics`; each processor's stdout and stderr go to a log file whose path is part of any
+//! error.
+//!
+//! [`options`] resolves what to run, the driver runs it, the latency collector times the
+//! latency run's outputs, [`figures`] does the arithmetic and [`report`] holds and prints the
+//! result.
+
+mod driver;
+pub mod figures;
+mod latency_collector;
+pub mod options;
+mod processor_process;
+pub mod report;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::runtime::Handle;
+
+use crate::bench::driver::Bench;
+pub use crate::bench::options::BenchOptions;
+pub use crate::bench::report::{BenchReport, bench_text};
+use crate::kafka_client::KafkaSettings;
+
+/// The latency run's producer is new, and its first records wait for it to connect and get a
+/// producer id: records sent in its first seconds are not measured.
+pub const PRODUCER_RAMP_UP: Duration = Duration::from_secs(2);
+/// How often a latency run that fell behind is repeated at half the rate.
+pub const LATENCY_RETRIES: usize = 2;
+
+/// Runs the benchmark. The work is blocking (child processes, polling), so it runs on a blocking
+/// thread; SIGINT/SIGTERM stop it early, still cleaning up.
+pub async fn run(settings: KafkaSettings, options: BenchOptions) -> anyhow::Result<BenchReport> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let signal = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            eos_runtime::shutdown::wait_for_signal().await;
+            tracing::warn!("interrupted: stopping the benchmark and cleaning up");
+            stop.store(true, Ordering::Relaxed);
+        })
+    };
+    let runtime = Handle::current();
+    let result =
+        tokio::task::spawn_blocking(move || Bench::new(settings, options, runtime, stop)?.run())
+            .await
+            .context("the benchmark task failed");
+    signal.abort();
+    result?
+}

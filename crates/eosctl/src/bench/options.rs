@@ -1,0 +1,116 @@
+//! What `eosctl bench processor` runs, resolved and checked from its command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::cli::ProcessorBenchArgs;
+
+/// What to run, resolved from the command line.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub processor_bin: PathBuf,
+    pub records: u64,
+    pub sizes: Vec<usize>,
+    pub rounds: u32,
+    pub commit_interval: Duration,
+    pub max_batch: u32,
+    pub partitions: i32,
+    pub single_records: u64,
+    pub latency_seconds: u64,
+    /// Overrides half the exactly-once peak.
+    pub latency_rate: Option<u64>,
+    pub stall_timeout: Duration,
+    pub keep_topics: bool,
+    pub keep_logs: bool,
+    /// CSV of every latency sample.
+    pub latency_samples: Option<PathBuf>,
+}
+
+impl BenchOptions {
+    /// The processor defaults to the `eos-processor` next to the running `eosctl` (the same
+    /// cargo profile directory).
+    pub fn from_args(args: &ProcessorBenchArgs) -> anyhow::Result<Self> {
+        let processor_bin = match &args.processor_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .context("cannot find the running executable")?
+                .with_file_name("eos-processor"),
+        };
+        if !processor_bin.is_file() {
+            bail!(
+                "no eos-processor binary at {}: build it (cargo build --release -p eos-processor) \
+                 or pass --processor-bin",
+                processor_bin.display()
+            );
+        }
+        if args.sizes.is_empty() {
+            bail!("--sizes needs at least one size");
+        }
+        let mut distinct = args.sizes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != args.sizes.len() {
+            bail!("--sizes names a size twice");
+        }
+        if args.rounds == 0 && args.latency_seconds > 0 && args.latency_rate.is_none() {
+            bail!(
+                "--rounds 0 measures no exactly-once peak to base the latency run on: give \
+                 --latency-rate or --latency-seconds 0"
+            );
+        }
+        Ok(Self {
+            processor_bin,
+            records: args.records,
+            sizes: args.sizes.clone(),
+            rounds: args.rounds,
+            commit_interval: args.commit_interval,
+            max_batch: args.max_batch,
+            partitions: args.partitions,
+            single_records: args.single_records,
+            latency_seconds: args.latency_seconds,
+            latency_rate: args.latency_rate,
+            stall_timeout: args.stall_timeout,
+            keep_topics: args.keep_topics,
+            keep_logs: args.keep_logs,
+            latency_samples: args.latency_samples.clone(),
+        })
+    }
+
+    /// A debug build of the processor measures the compiler's debug mode, not the design.
+    pub fn is_debug_build(&self) -> bool {
+        self.processor_bin.to_string_lossy().contains(&format!(
+            "{}debug{}",
+            std::path::MAIN_SEPARATOR,
+            std::path::MAIN_SEPARATOR
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_builds_are_recognised() {
+        let options = |path: &str| BenchOptions {
+            processor_bin: PathBuf::from(path),
+            records: 1,
+            sizes: vec![100],
+            rounds: 1,
+            commit_interval: Duration::from_millis(100),
+            max_batch: 1,
+            partitions: 1,
+            single_records: 0,
+            latency_seconds: 0,
+            latency_rate: None,
+            stall_timeout: Duration::from_secs(1),
+            keep_topics: false,
+            keep_logs: false,
+            latency_samples: None,
+        };
+        assert!(options("/w/target/debug/eos-processor").is_debug_build());
+        assert!(!options("/w/target/release/eos-processor").is_debug_build());
+    }
+}

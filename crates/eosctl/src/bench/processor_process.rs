@@ -1,0 +1,93 @@
+//! One `eos-processor` child process of the benchmark, on the shared supervisor: started
+//! without fault switches, its failures quoting its log, its CPU time measured.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use eos_testkit::{ChildProcess, LogMode, ProcessError};
+use nix::sys::resource::{UsageWho, getrusage};
+
+/// Lines of a failed processor's log quoted in the error.
+const LOG_TAIL_LINES: usize = 15;
+
+/// One `eos-processor` child process, its output going to a log file.
+pub(super) struct ProcessorProcess {
+    process: ChildProcess,
+    /// CPU time of this process's waited-for children before this one started: one processor
+    /// runs at a time, so the growth after it is waited for is its own.
+    children_cpu_before: Option<Duration>,
+}
+
+impl ProcessorProcess {
+    pub(super) fn spawn(
+        bin: &Path,
+        args: &[String],
+        log: PathBuf,
+        label: &str,
+    ) -> anyhow::Result<Self> {
+        let children_cpu_before = children_cpu();
+        let mut command = Command::new(bin);
+        // A fault switch must never leak into a benchmark from the environment.
+        command.args(args).env_remove("EOS_FAULT_ABORT_EVERY");
+        let process = ChildProcess::spawn(label, command, &log, LogMode::Truncate)?;
+        Ok(Self {
+            process,
+            children_cpu_before,
+        })
+    }
+
+    pub(super) fn log(&self) -> &Path {
+        self.process.log_path()
+    }
+
+    pub(super) fn ensure_running(&mut self) -> anyhow::Result<()> {
+        match self.process.try_wait()? {
+            None => Ok(()),
+            Some(status) => Err(self.failure(&format!("exited early ({status})"))),
+        }
+    }
+
+    /// SIGTERM, then waits for the processor to finish its batch and exit. Returns the CPU
+    /// time (user + system) it used over its life, where the platform tells.
+    pub(super) fn stop(mut self, timeout: Duration) -> anyhow::Result<Option<Duration>> {
+        match self.process.terminate(timeout) {
+            Ok(status) => self.check_exit(status),
+            Err(ProcessError::StillRunning { .. }) => Err(self.failure(&format!(
+                "did not exit within {} of SIGTERM",
+                humantime::format_duration(timeout)
+            ))),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn check_exit(&self, status: ExitStatus) -> anyhow::Result<Option<Duration>> {
+        if status.success() {
+            Ok(children_cpu()
+                .zip(self.children_cpu_before)
+                .map(|(after, before)| after.saturating_sub(before)))
+        } else {
+            Err(self.failure(&format!("stopped with {status}")))
+        }
+    }
+
+    fn failure(&self, what: &str) -> anyhow::Error {
+        anyhow!(
+            "eos-processor ({}) {what}; log: {}\n{}",
+            self.process.name(),
+            self.log().display(),
+            self.process.last_log_lines(LOG_TAIL_LINES)
+        )
+    }
+}
+
+/// User plus system CPU time of this process's terminated and waited-for children.
+fn children_cpu() -> Option<Duration> {
+    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).ok()?;
+    let micros = |time: nix::sys::time::TimeVal| -> Option<u64> {
+        Some(u64::try_from(time.tv_sec()).ok()? * 1_000_000 + u64::try_from(time.tv_usec()).ok()?)
+    };
+    let total = micros(usage.user_time())? + micros(usage.system_time())?;
+    Some(Duration::from_micros(total))
+}

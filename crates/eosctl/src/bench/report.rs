@@ -1,0 +1,371 @@
+//! What the benchmark measured, and its text rendering (the `--json` output is the serde form
+//! of the same structs).
+
+use std::fmt::Write as _;
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{CellAlignment, Table};
+use eos_core::Guarantee;
+use serde::Serialize;
+
+use crate::bench::figures::{LatencySummary, LatencyTrend, median, megabytes_per_second};
+use crate::report::grouped;
+
+/// The exactly-once/at-least-once throughput ratio the issue asks for, from this record size up.
+pub(super) const RATIO_TARGET: f64 = 0.90;
+pub(super) const RATIO_TARGET_MIN_BYTES: usize = 1024;
+pub(super) const SINGLE_RECORD_TARGET: f64 = 100.0;
+
+/// Everything the benchmark measured. Serialised as the `--json` output.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub processor_bin: String,
+    pub debug_build: bool,
+    pub partitions: i32,
+    pub commit_interval_ms: u64,
+    pub max_batch: u32,
+    pub rounds: u32,
+    pub throughput: Vec<SizeThroughput>,
+    pub single_record: Option<SingleRecordFigures>,
+    /// The latency runs in the order they ran: the first at half the exactly-once peak (or at
+    /// `--latency-rate`); when the pipeline did not keep up, again at half that rate, at most
+    /// [`LATENCY_RETRIES`](crate::bench::LATENCY_RETRIES) times.
+    pub latency: Vec<LatencyFigures>,
+    pub topics_deleted: bool,
+    pub machine: MachineLoad,
+}
+
+/// Whatever else runs on the machine competes with the broker and the processor for CPU: the
+/// figures are only comparable between quiet runs.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct MachineLoad {
+    pub cpus: usize,
+    /// 1-minute load average when the benchmark started (Linux only); later ones would mostly
+    /// show the benchmark itself.
+    pub load_average_at_start: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeThroughput {
+    /// The requested value size (`--sizes`).
+    pub value_bytes: usize,
+    /// The mean size of the values actually written (the smallest envelope the workload
+    /// generator writes is larger than 100 bytes).
+    pub mean_value_bytes: f64,
+    pub records: u64,
+    pub exactly_once: GuaranteeThroughput,
+    pub at_least_once: GuaranteeThroughput,
+    /// Median exactly-once rate over median at-least-once rate.
+    pub ratio_eo_to_alo: Option<f64>,
+    pub ratio_target: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GuaranteeThroughput {
+    pub guarantee: Guarantee,
+    /// In the order they ran.
+    pub rounds: Vec<RoundFigures>,
+    pub median_records_per_second: Option<f64>,
+    pub median_megabytes_per_second: Option<f64>,
+    pub median_processor_cpu_ms_per_1000_records: Option<f64>,
+}
+
+impl GuaranteeThroughput {
+    pub(super) fn new(
+        guarantee: Guarantee,
+        rounds: Vec<RoundFigures>,
+        bytes_per_record: f64,
+    ) -> Self {
+        let rates: Vec<f64> = rounds.iter().map(|r| r.records_per_second).collect();
+        let median_rate = median(&rates);
+        let cpu: Option<Vec<f64>> = rounds
+            .iter()
+            .map(|r| r.processor_cpu_ms_per_1000_records)
+            .collect();
+        Self {
+            guarantee,
+            median_records_per_second: median_rate,
+            median_megabytes_per_second: median_rate
+                .map(|rate| megabytes_per_second(rate, bytes_per_record)),
+            median_processor_cpu_ms_per_1000_records: cpu.as_deref().and_then(median),
+            rounds,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RoundFigures {
+    pub records_per_second: f64,
+    /// From the first commit seen to the end of the input.
+    pub measured_seconds: f64,
+    /// From the process start to the first commit seen (not part of the rate).
+    pub startup_seconds: f64,
+    /// CPU time (user + system) of the processor over its whole life, start-up included, per
+    /// 1,000 input records: unlike the rate, hardly affected by other work on the machine.
+    pub processor_cpu_ms_per_1000_records: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SingleRecordFigures {
+    pub records: u64,
+    pub value_bytes: usize,
+    /// = records per second: one transaction per record.
+    pub transactions_per_second: f64,
+    pub target: f64,
+}
+
+/// Where a latency run's rate came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LatencyRateBasis {
+    /// Half the exactly-once median rate of the first size.
+    HalfPeak,
+    /// `--latency-rate`.
+    Flag,
+    /// Half the rate of the previous run, which did not keep up.
+    HalvedAfterFallingBehind,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyFigures {
+    /// The exactly-once median rate of the first size (absent with `--rounds 0`).
+    pub peak_records_per_second: Option<f64>,
+    pub rate_records_per_second: u64,
+    pub rate_basis: LatencyRateBasis,
+    pub value_bytes: usize,
+    /// Measured; the first seconds of the producer's run are not (see [`PRODUCER_RAMP_UP`](crate::bench::PRODUCER_RAMP_UP)).
+    pub seconds: u64,
+    /// `samples` is the number of output records measured.
+    #[serde(flatten)]
+    pub summary: LatencySummary,
+    #[serde(flatten)]
+    pub trend: LatencyTrend,
+}
+
+fn rate_text(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "-".to_owned(), |rate| grouped(rate.round() as i64))
+}
+
+/// One decimal, or `-` for a figure that could not be taken.
+fn mb_text(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.1}"))
+}
+
+fn verdict(value: f64, target: f64) -> &'static str {
+    if value >= target { "met" } else { "NOT met" }
+}
+
+pub fn bench_text(report: &BenchReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "eos-processor benchmark: {}", report.processor_bin);
+    if report.debug_build {
+        let _ = writeln!(
+            out,
+            "WARNING: a debug build; build with --release for meaningful figures"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} partitions, commit interval {} ms, max batch {}, {} round{} of each guarantee \
+         (interleaved EO, ALO, ...), fresh group per round; rates from the first commit to the end \
+         of the input; CPU ms/1k = the processor's CPU time per 1,000 records",
+        report.partitions,
+        report.commit_interval_ms,
+        report.max_batch,
+        report.rounds,
+        if report.rounds == 1 { "" } else { "s" }
+    );
+    if !report.throughput.is_empty() {
+        let _ = writeln!(out, "{}", throughput_table(report));
+    }
+    if let Some(single) = &report.single_record {
+        let _ = writeln!(
+            out,
+            "single-record transactions/s: {:.0}  ({} records of {} B, exactly-once, \
+             --max-batch 1; target >= {:.0}: {})",
+            single.transactions_per_second,
+            grouped(single.records),
+            single.value_bytes,
+            single.target,
+            verdict(single.transactions_per_second, single.target)
+        );
+    }
+    for latency in &report.latency {
+        let basis = match (latency.rate_basis, latency.peak_records_per_second) {
+            (LatencyRateBasis::HalfPeak, Some(peak)) => format!(
+                "half of the exactly-once peak of {}/s",
+                grouped(peak.round() as i64)
+            ),
+            (LatencyRateBasis::HalvedAfterFallingBehind, _) => {
+                "half the rate of the run before".to_owned()
+            }
+            _ => "--latency-rate".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "latency at {} records/s ({basis}), {} B, {} records over {} s: p50 {} ms, p99 {} ms, \
+             max {} ms",
+            grouped(latency.rate_records_per_second),
+            latency.value_bytes,
+            grouped(latency.summary.samples),
+            latency.seconds,
+            latency.summary.p50_ms,
+            latency.summary.p99_ms,
+            latency.summary.max_ms
+        );
+        if !latency.trend.kept_up {
+            let _ = writeln!(
+                out,
+                "  the pipeline did not keep up at this rate (median latency {} ms over the first \
+                 quarter of the run, {} ms over the last): these figures measure a queue, not \
+                 the pipeline",
+                latency.trend.first_quarter_p50_ms, latency.trend.last_quarter_p50_ms
+            );
+        }
+    }
+    let machine = &report.machine;
+    if let Some(load) = machine.load_average_at_start {
+        let _ = writeln!(
+            out,
+            "machine: {} CPUs, 1-minute load average {load:.2} before the benchmark (other work \
+             on the machine skews the figures)",
+            machine.cpus
+        );
+    }
+    if !report.topics_deleted {
+        let _ = writeln!(out, "the benchmark's topics were kept (--keep-topics)");
+    }
+    out
+}
+
+fn throughput_table(report: &BenchReport) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header([
+        "size".to_owned(),
+        "guarantee".to_owned(),
+        format!("records/s (median of {})", report.rounds),
+        "MB/s".to_owned(),
+        "CPU ms/1k".to_owned(),
+        "each round (records/s)".to_owned(),
+    ]);
+    for size in &report.throughput {
+        let label = if (size.mean_value_bytes - size.value_bytes as f64).abs()
+            > 0.1 * size.value_bytes as f64
+        {
+            format!("{} B (~{:.0} B)", size.value_bytes, size.mean_value_bytes)
+        } else {
+            format!("{} B", size.value_bytes)
+        };
+        for (index, figures) in [&size.exactly_once, &size.at_least_once]
+            .into_iter()
+            .enumerate()
+        {
+            let rounds = figures
+                .rounds
+                .iter()
+                .map(|r| grouped(r.records_per_second.round() as i64))
+                .collect::<Vec<_>>()
+                .join("  ");
+            table.add_row([
+                if index == 0 {
+                    label.clone()
+                } else {
+                    String::new()
+                },
+                figures.guarantee.to_string(),
+                rate_text(figures.median_records_per_second),
+                mb_text(figures.median_megabytes_per_second),
+                mb_text(figures.median_processor_cpu_ms_per_1000_records),
+                rounds,
+            ]);
+        }
+        let target = match (size.ratio_eo_to_alo, size.ratio_target) {
+            (Some(value), Some(target)) => {
+                format!("target >= {target:.2}: {}", verdict(value, target))
+            }
+            _ => String::new(),
+        };
+        table.add_row([
+            String::new(),
+            "ratio EO/ALO".to_owned(),
+            size.ratio_eo_to_alo
+                .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
+            String::new(),
+            String::new(),
+            target,
+        ]);
+    }
+    for index in [2, 3, 4] {
+        if let Some(column) = table.column_mut(index) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(rate: f64) -> RoundFigures {
+        RoundFigures {
+            records_per_second: rate,
+            measured_seconds: 1.0,
+            startup_seconds: 2.0,
+            processor_cpu_ms_per_1000_records: Some(20.0),
+        }
+    }
+
+    #[test]
+    fn text_report_shows_medians_ratio_and_targets() {
+        let exactly_once = GuaranteeThroughput::new(
+            Guarantee::ExactlyOnce,
+            vec![round(9_000.0), round(9_500.0), round(8_000.0)],
+            1024.0,
+        );
+        let at_least_once = GuaranteeThroughput::new(
+            Guarantee::AtLeastOnce,
+            vec![round(10_000.0), round(11_000.0), round(9_000.0)],
+            1024.0,
+        );
+        assert_eq!(exactly_once.median_records_per_second, Some(9_000.0));
+        let report = BenchReport {
+            processor_bin: "/x/target/release/eos-processor".into(),
+            debug_build: false,
+            partitions: 3,
+            commit_interval_ms: 100,
+            max_batch: 5000,
+            rounds: 3,
+            throughput: vec![SizeThroughput {
+                value_bytes: 1024,
+                mean_value_bytes: 1024.0,
+                records: 200_000,
+                ratio_eo_to_alo: Some(0.9),
+                ratio_target: Some(RATIO_TARGET),
+                exactly_once,
+                at_least_once,
+            }],
+            single_record: Some(SingleRecordFigures {
+                records: 2000,
+                value_bytes: 1024,
+                transactions_per_second: 80.0,
+                target: SINGLE_RECORD_TARGET,
+            }),
+            latency: Vec::new(),
+            topics_deleted: true,
+            machine: MachineLoad::default(),
+        };
+        let text = bench_text(&report);
+        assert!(text.contains("9,000"), "{text}");
+        assert!(text.contains("9.2"), "{text}"); // 9,000 × 1024 B = 9.2 MB/s
+        assert!(text.contains("0.90"), "{text}");
+        assert!(text.contains("target >= 0.90: met"), "{text}");
+        assert!(text.contains("target >= 100: NOT met"), "{text}");
+        let json = serde_json::to_value(&report).expect("serialisable");
+        assert_eq!(
+            json["throughput"][0]["exactly_once"]["guarantee"],
+            "exactly-once"
+        );
+    }
+}

@@ -1,0 +1,55 @@
+//! The run's own PostgreSQL database, and what dedup-service's history says about it.
+
+use anyhow::Context as _;
+
+/// Creates `database` on the server of `server_url`; the URL of the new database.
+pub(super) async fn create_database(server_url: &str, database: &str) -> anyhow::Result<String> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(server_url)
+        .await
+        .context("connecting to PostgreSQL (is the stack up? deploy/local/stack up)")?;
+    sqlx::query(&format!("CREATE DATABASE \"{database}\""))
+        .execute(&mut conn)
+        .await
+        .with_context(|| format!("creating database {database}"))?;
+    conn.close().await.ok();
+    let mut url = reqwest::Url::parse(server_url).context("--database-url is not a URL")?;
+    url.set_path(&format!("/{database}"));
+    Ok(url.to_string())
+}
+
+pub(super) async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(server_url).await?;
+    sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+    ))
+    .execute(&mut conn)
+    .await
+    .with_context(|| format!("dropping database {database}"))?;
+    conn.close().await.ok();
+    Ok(())
+}
+
+/// (went UNKNOWN, settled out of UNKNOWN) for this run's operations, from dedup-service's history.
+pub(super) async fn unknowns(
+    database_url: &str,
+    provider_name: &str,
+) -> anyhow::Result<(i64, i64)> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await
+        .context("connecting to PostgreSQL for dedup-service's history")?;
+    let pattern = format!("{provider_name}:%");
+    let (into, out): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE to_state = 'UNKNOWN'),
+                count(*) FILTER (WHERE from_state = 'UNKNOWN')
+           FROM dedup_intent_history WHERE operation_id LIKE $1",
+    )
+    .bind(&pattern)
+    .fetch_one(&pool)
+    .await?;
+    pool.close().await;
+    Ok((into, out))
+}

@@ -1,0 +1,594 @@
+//! `eosctl demo`: the whole pipeline under faults, and one report that says, boundary by
+//! boundary, whether every event had exactly one effect.
+//!
+//! producer (`eosctl produce`) → eos-processor → sink-writer → PostgreSQL tables, and
+//! sink-writer → dedup-service → provider-sim for the charge. While the producer writes, the
+//! processor and the sink-writer are SIGKILLed and restarted in turn, and provider-sim applies
+//! charges but loses some answers. Once everything has drained, `eosctl audit` checks the topics,
+//! the tables and the provider's effects by event_id. With `--guarantee at-least-once` the
+//! processor runs without transactions under the same faults: the contrast is the point.
+//!
+//! Every service is a real child process of the binaries next to this one; their logs, the sink's
+//! targets file and the reports stay in the run's directory. The producer, the lag waits and the
+//! audit are this eosctl's own commands, run in-process on their library functions.
+
+mod database;
+mod metrics;
+mod report;
+mod service;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use indicatif::ProgressBar;
+use rand::{Rng as _, SeedableRng as _};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cli::{AuditArgs, ProduceArgs};
+use crate::commands::demo::database::{create_database, drop_database, unknowns};
+use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
+use crate::commands::demo::report::build_report;
+pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
+use crate::commands::demo::service::{Service, free_addr, wait_listening};
+use crate::commands::{self, audit, progress_bar};
+use crate::kafka_client::KafkaSettings;
+use crate::produce;
+use crate::report::grouped;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DemoGuarantee {
+    /// Transactions in the processor, checkpoints with the rows in the sink.
+    ExactlyOnce,
+    /// The processor without transactions (offsets committed after the output is flushed).
+    AtLeastOnce,
+}
+
+impl DemoGuarantee {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::ExactlyOnce => "exactly-once",
+            Self::AtLeastOnce => "at-least-once",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// exactly-once, or at-least-once to see what the same faults do without transactions.
+    #[arg(long, value_enum, default_value = "exactly-once")]
+    pub guarantee: DemoGuarantee,
+
+    /// Logical events to produce (plus 5% re-deliveries, 0.5% malformed, 0.1% reused ids).
+    #[arg(long, default_value_t = 20_000)]
+    pub events: u64,
+
+    /// Records per second the producer writes.
+    #[arg(long, default_value_t = 2_000)]
+    pub rate: u64,
+
+    /// SIGKILLs of eos-processor while the producer writes (each restarted at once).
+    #[arg(long, default_value_t = 3)]
+    pub processor_kills: usize,
+
+    /// SIGKILLs of sink-writer while the producer writes (each restarted at once).
+    #[arg(long, default_value_t = 3)]
+    pub sink_kills: usize,
+
+    /// Probability that provider-sim applies a charge and drops the connection.
+    #[arg(long, default_value_t = 0.05)]
+    pub provider_drop: f64,
+
+    /// Probability that provider-sim applies a charge and answers 500.
+    #[arg(long, default_value_t = 0.02)]
+    pub provider_error: f64,
+
+    /// Probability that provider-sim applies a charge and answers after the sink's deadline.
+    #[arg(long, default_value_t = 0.02)]
+    pub provider_late: f64,
+
+    /// PostgreSQL server (and a database on it the role can connect to). Each run creates its
+    /// own database there for the sink's tables and dedup-service's intents, and keeps it for
+    /// inspection.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://eos:eos@127.0.0.1:5432/eos",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// Where the service binaries are [default: the directory of this eosctl].
+    #[arg(long, env = "EOS_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+
+    /// The run's directory (logs, targets file, reports) is created under this one.
+    #[arg(long, default_value = ".stack/demo")]
+    pub runs_dir: PathBuf,
+
+    /// How long to wait for the pipeline to drain after the producer is done.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Seed of the workload (its event ids are evt-<seed>-<n>) and of the fault schedule
+    /// [default: the run's start time, so the tables and dedup-service, which outlive a run,
+    /// see new event ids].
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// Drop the run's database after the audit (tests do; people usually want to look).
+    #[arg(long)]
+    pub drop_database: bool,
+
+    /// Print the report as one JSON object on stdout (progress goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Progress for people: plain lines on stderr.
+fn say(line: impl AsRef<str>) {
+    eprintln!("{}", line.as_ref());
+}
+
+/// The sink's targets: the seed's two tables, and the provider charge.
+fn targets_file(provider_name: &str, dedup_url: &str, provider_url: &str) -> String {
+    format!(
+        r#"# Written by `eosctl demo`.
+[[targets]]
+table = "event_sink"
+kind = "append"
+key = "event_id"
+[targets.columns]
+event_id = "event_id"
+entity_id = "entity_id"
+value = "value"
+payload = "payload"
+fingerprint = "fingerprint"
+source_topic = "kafka.topic"
+source_partition = "kafka.partition"
+source_offset = "kafka.offset"
+written_at = "now"
+
+[[targets]]
+table = "entity_state"
+kind = "versioned"
+key = "entity_id"
+[targets.columns]
+entity_id = "entity_id"
+version = "version"
+payload = "payload"
+event_id = "event_id"
+updated_at = "now"
+
+[[targets]]
+kind = "provider"
+name = "{provider_name}"
+dedup_url = "{dedup_url}"
+provider_url = "{provider_url}"
+call_timeout = "1s"
+lease_ttl = "10s"
+"#
+    )
+}
+
+/// A subcommand's arguments from the words a user would type after it: the demo runs `produce`
+/// and `audit` in-process with exactly the defaults of their command lines.
+fn command_args<A: clap::Args + clap::FromArgMatches>(words: &[&str]) -> anyhow::Result<A> {
+    let matches = A::augment_args(clap::Command::new("eosctl"))
+        .try_get_matches_from(std::iter::once("eosctl").chain(words.iter().copied()))?;
+    Ok(A::from_arg_matches(&matches)?)
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool> {
+    let self_exe = std::env::current_exe().context("locating eosctl")?;
+    // Only the bootstrap servers, as the services get: `-X` properties are eosctl's own.
+    let kafka = KafkaSettings::new(bootstrap_servers, &[])?;
+    let bin_dir = match &args.bin_dir {
+        Some(dir) => dir.clone(),
+        None => self_exe
+            .parent()
+            .context("eosctl has no directory")?
+            .to_path_buf(),
+    };
+    for binary in [
+        "eos-processor",
+        "sink-writer",
+        "dedup-service",
+        "provider-sim",
+    ] {
+        if !bin_dir.join(binary).is_file() {
+            bail!(
+                "{} is missing: build the workspace first (make demo does), or point --bin-dir at \
+                 the binaries",
+                bin_dir.join(binary).display()
+            );
+        }
+    }
+    let started = time::OffsetDateTime::now_utc().unix_timestamp();
+    let run_id = format!("{started}-{}", std::process::id());
+    let seed = args
+        .seed
+        .unwrap_or_else(|| u64::try_from(started).unwrap_or_default());
+    let run_dir = args.runs_dir.join(&run_id);
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let run_dir = run_dir.canonicalize()?;
+    let input = format!("demo-payments-{run_id}");
+    let output = format!("demo-ledger-{run_id}");
+    let processor_group = format!("demo-processor-{run_id}");
+    let sink_group = format!("demo-sink-{run_id}");
+    // dedup-service's intents outlive a run: a fresh name keeps this run's operation ids new.
+    let provider_name = format!("pay_{}", run_id.replace('-', "_"));
+
+    let database = format!("eos_demo_{}", run_id.replace('-', "_"));
+    let database_url = create_database(&args.database_url, &database).await?;
+    let provider_addr = free_addr()?;
+    let dedup_addr = free_addr()?;
+    let provider_url = format!("http://{provider_addr}");
+    let dedup_url = format!("http://{dedup_addr}");
+    let traces_note = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+        "traces are exported to OTEL_EXPORTER_OTLP_ENDPOINT"
+    } else {
+        "traces are off: set OTEL_EXPORTER_OTLP_ENDPOINT to export them"
+    };
+    say(format!(
+        "== eos-suite demo ({}): {} payments, {} SIGKILLs of eos-processor, {} of sink-writer, \
+         provider-sim losing {:.0}% of answers",
+        args.guarantee.as_str(),
+        grouped(args.events as i64),
+        args.processor_kills,
+        args.sink_kills,
+        (args.provider_drop + args.provider_error + args.provider_late) * 100.0
+    ));
+    say(format!(
+        "   run directory {} ({traces_note})",
+        run_dir.display()
+    ));
+    say(format!(
+        "   topics {input} -> {output}; PostgreSQL database {database} (event_sink, entity_state, \
+         dedup_intents); provider {provider_url}"
+    ));
+
+    let mut provider = Service::new(
+        "provider-sim",
+        &bin_dir,
+        &run_dir,
+        strings(&[
+            "--addr",
+            &provider_addr.to_string(),
+            "--seed",
+            &seed.to_string(),
+            "--drop-response-after-apply-probability",
+            &args.provider_drop.to_string(),
+            "--error-after-apply-probability",
+            &args.provider_error.to_string(),
+            "--delay-after-apply",
+            "3s",
+            "--delay-after-apply-probability",
+            &args.provider_late.to_string(),
+        ]),
+        provider_addr,
+    );
+    let ops = free_addr()?;
+    let mut dedup = Service::new(
+        "dedup-service",
+        &bin_dir,
+        &run_dir,
+        strings(&[
+            "--listen",
+            &dedup_addr.to_string(),
+            "--database-url",
+            &database_url,
+            "--provider-url",
+            &provider_url,
+            "--reconcile-interval",
+            "200ms",
+            "--in-flight-window",
+            "5s",
+            "--metrics-addr",
+            &ops.to_string(),
+        ]),
+        ops,
+    );
+    let targets = run_dir.join("sink-targets.toml");
+    std::fs::write(
+        &targets,
+        targets_file(&provider_name, &dedup_url, &provider_url),
+    )?;
+    let ops = free_addr()?;
+    let mut processor = Service::new(
+        "eos-processor",
+        &bin_dir,
+        &run_dir,
+        strings(&[
+            "--bootstrap-servers",
+            bootstrap_servers,
+            "--input-topic",
+            &input,
+            "--output-topic",
+            &output,
+            "--group-id",
+            &processor_group,
+            "--instance-id",
+            "demo-processor",
+            "--guarantee",
+            args.guarantee.as_str(),
+            "--metrics-addr",
+            &ops.to_string(),
+        ]),
+        ops,
+    );
+    let ops = free_addr()?;
+    let mut sink = Service::new(
+        "sink-writer",
+        &bin_dir,
+        &run_dir,
+        strings(&[
+            "--bootstrap-servers",
+            bootstrap_servers,
+            "--topic",
+            &output,
+            "--group-id",
+            &sink_group,
+            "--instance-id",
+            "demo-sink",
+            "--database-url",
+            &database_url,
+            "--config",
+            &targets.display().to_string(),
+            "--metrics-addr",
+            &ops.to_string(),
+            "--max-backoff",
+            "1s",
+        ]),
+        ops,
+    );
+
+    let outcome = drive(
+        &args,
+        seed,
+        &kafka,
+        &run_dir,
+        [&mut provider, &mut dedup, &mut processor, &mut sink],
+        (&input, &output, &processor_group, &sink_group),
+        (provider_addr, dedup_addr),
+    )
+    .await;
+    // The counters, read before SIGTERM ends the processes that hold them.
+    let scraped = if outcome.is_ok() {
+        Some(Scraped {
+            processor: scrape(processor.ops_addr).await,
+            sink: scrape(sink.ops_addr).await,
+            dedup: scrape(dedup.ops_addr).await,
+            provider: scrape(provider.ops_addr).await,
+        })
+    } else {
+        None
+    };
+    // Whatever happened, nothing of the run keeps running.
+    let mut stopped_cleanly = true;
+    for service in [&mut sink, &mut processor, &mut dedup] {
+        let clean = service.stop().await.unwrap_or(false);
+        if !clean && outcome.is_ok() {
+            say(format!(
+                "   {} did not exit 0 on SIGTERM; see {}",
+                service.name,
+                service.log.display()
+            ));
+        }
+        stopped_cleanly &= clean;
+    }
+    let drained = outcome?;
+    say("== audit: the logical set by event_id at every boundary (topics, tables, provider)");
+    let audit_args: AuditArgs = command_args(&[
+        "--input",
+        &input,
+        "--output",
+        &output,
+        "--database-url",
+        &database_url,
+        "--provider-url",
+        &provider_url,
+        "--provider-operation-prefix",
+        &format!("{provider_name}:"),
+    ])?;
+    let outcome = audit::audit(kafka, audit_args, ProgressBar::hidden()).await;
+    provider.stop().await.ok();
+    let outcome = outcome.context("the audit could not run")?;
+    // What `eosctl audit --json` prints, and the report carries it as that JSON reads back.
+    let audit_json = serde_json::to_string(&outcome)?;
+    std::fs::write(run_dir.join("audit.json"), format!("{audit_json}\n"))?;
+    let audit_code = if outcome.report.passed { 0 } else { 1 };
+    let audit: Value = serde_json::from_str(&audit_json)?;
+    let reconciled = unknowns(&database_url, &provider_name).await?;
+    if args.drop_database {
+        drop_database(&args.database_url, &database).await?;
+    }
+
+    let kills =
+        |n: usize, name: &str| format!("{n} SIGKILL{} of {name}", if n == 1 { "" } else { "s" });
+    let mut faults = vec![
+        kills(processor.restarts, "eos-processor"),
+        kills(sink.restarts, "sink-writer"),
+    ];
+    faults.push(format!(
+        "provider-sim applied every charge and lost {:.0}% of the answers (dropped, 500, late)",
+        (args.provider_drop + args.provider_error + args.provider_late) * 100.0
+    ));
+    let killed = processor.restarts + sink.restarts > 0;
+    let metrics = metrics_line(scraped.as_ref(), &audit, reconciled, killed);
+    let report = build_report(
+        &args,
+        &run_dir,
+        [&input, &output, &format!("evt-{seed}-0")],
+        faults,
+        audit,
+        audit_code,
+        reconciled,
+        stopped_cleanly && drained,
+        metrics,
+    );
+    std::fs::write(
+        run_dir.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report_text(&report));
+    }
+    Ok(report.passed)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    args: &DemoArgs,
+    seed: u64,
+    kafka: &KafkaSettings,
+    run_dir: &Path,
+    [provider, dedup, processor, sink]: [&mut Service; 4],
+    (input, output, processor_group, sink_group): (&str, &str, &str, &str),
+    (provider_addr, dedup_addr): (SocketAddr, SocketAddr),
+) -> anyhow::Result<bool> {
+    provider.start()?;
+    wait_listening(provider, provider_addr).await?;
+    dedup.start()?;
+    wait_listening(dedup, dedup_addr).await?;
+    say("   provider-sim and dedup-service are up");
+
+    say(format!(
+        "== producing at {}/s: 5% re-deliveries, 0.5% malformed, 0.1% reused ids with other content",
+        args.rate
+    ));
+    let produce_args: ProduceArgs = command_args(&[
+        "--topic",
+        input,
+        "--count",
+        &args.events.to_string(),
+        "--duplicate-ratio",
+        "0.05",
+        "--bad-ratio",
+        "0.005",
+        "--conflict-ratio",
+        "0.001",
+        "--rate",
+        &args.rate.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ])?;
+    let options = commands::produce::options(&produce_args)?;
+    let producer = {
+        let kafka = kafka.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        tokio::spawn(
+            async move { produce::run(&kafka, options, ProgressBar::hidden(), stop).await },
+        )
+    };
+    // The producer creates the input topic; the processor starts once it is there.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    processor.start()?;
+    sink.start()?;
+
+    let produce_seconds = args.events as f64 * 1.06 / args.rate.max(1) as f64;
+    let kills = args.processor_kills + args.sink_kills;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut processor_left, mut sink_left) = (args.processor_kills, args.sink_kills);
+    for i in 0..kills {
+        let gap = produce_seconds / (kills + 1) as f64;
+        let jitter = rng.random_range(0.7..1.3);
+        tokio::time::sleep(Duration::from_secs_f64(gap * jitter)).await;
+        let kill_processor = sink_left == 0 || (processor_left > 0 && i % 2 == 0);
+        let service = if kill_processor {
+            processor_left -= 1;
+            &mut *processor
+        } else {
+            sink_left -= 1;
+            &mut *sink
+        };
+        // A kill should land on a service at work, not one still joining its group.
+        service.wait_ready(Duration::from_secs(30)).await?;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
+        let pid = service.kill_and_restart().await?;
+        say(format!(
+            "   SIGKILL #{} of {} (pid {pid}), restarted",
+            service.restarts, service.name
+        ));
+    }
+    let summary = producer
+        .await
+        .context("the producer task")?
+        .with_context(|| format!("producing to topic {input:?}"))?;
+    std::fs::write(
+        run_dir.join("produce.json"),
+        format!("{}\n", serde_json::to_string(&summary)?),
+    )?;
+    say("== producer done; waiting for the pipeline to drain");
+    let timeout = humantime::format_duration(args.drain_timeout);
+    let mut drained = true;
+    for (group, topic, service) in [
+        (processor_group, input, &mut *processor),
+        (sink_group, output, &mut *sink),
+    ] {
+        let lag = commands::lag::observe(
+            kafka.clone(),
+            group,
+            topic,
+            Some(args.drain_timeout),
+            progress_bar(0, "records behind"),
+        )
+        .await;
+        service.check_running()?;
+        let caught_up = match lag {
+            Ok(outcome) => !outcome.timed_out,
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot read the lag");
+                false
+            }
+        };
+        if !caught_up {
+            say(format!(
+                "   {} did not catch up within {timeout}",
+                service.name
+            ));
+            drained = false;
+        } else {
+            say(format!("   {} caught up with {topic}", service.name));
+        }
+    }
+    Ok(drained)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_process_commands_get_their_command_line_defaults() -> anyhow::Result<()> {
+        let produce: ProduceArgs =
+            command_args(&["--topic", "t", "--count", "10", "--bad-ratio", "0.005"])?;
+        assert_eq!((produce.entities, produce.value_bytes), (100, 200));
+        assert_eq!(produce.bad_ratio, 0.005);
+        assert_eq!(produce.delivery_timeout, Duration::from_secs(60));
+        let audit: AuditArgs = command_args(&[
+            "--input",
+            "i",
+            "--output",
+            "o",
+            "--database-url",
+            "postgres://h/d",
+        ])?;
+        assert_eq!(audit.sink_table, "event_sink");
+        assert_eq!(audit.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
+        assert!(command_args::<ProduceArgs>(&["--topic", "t", "--count", "x"]).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,152 @@
+//! The demo's services: each a child process of its binary on the shared supervisor, with its
+//! log in the run's directory, restarted at once after a SIGKILL.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use eos_testkit::{ChildProcess, LogMode};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A service child process with its log file.
+pub(super) struct Service {
+    pub(super) name: &'static str,
+    binary: PathBuf,
+    args: Vec<String>,
+    pub(super) log: PathBuf,
+    process: Option<ChildProcess>,
+    pub(super) restarts: usize,
+    /// Where its /readyz is served.
+    pub(super) ops_addr: SocketAddr,
+}
+
+impl Service {
+    /// `ops_addr`: where it serves /readyz and /metrics (the caller passes it in `args`).
+    pub(super) fn new(
+        name: &'static str,
+        bin_dir: &Path,
+        run_dir: &Path,
+        args: Vec<String>,
+        ops_addr: SocketAddr,
+    ) -> Self {
+        Self {
+            name,
+            binary: bin_dir.join(name),
+            args,
+            log: run_dir.join(format!("{name}.log")),
+            process: None,
+            restarts: 0,
+            ops_addr,
+        }
+    }
+
+    /// Waits until /readyz answers 200 (partitions assigned and positioned), so that a kill
+    /// lands on a service at work rather than one still joining its group.
+    pub(super) async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let url = format!("http://{}/readyz", self.ops_addr);
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()?;
+        while Instant::now() < deadline {
+            self.check_running()?;
+            if client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(false)
+    }
+
+    /// Starts the service; a restart appends to the same log.
+    pub(super) fn start(&mut self) -> anyhow::Result<()> {
+        let mut command = std::process::Command::new(&self.binary);
+        command.args(&self.args);
+        self.process = Some(ChildProcess::spawn(
+            self.name,
+            command,
+            &self.log,
+            LogMode::Append,
+        )?);
+        Ok(())
+    }
+
+    /// SIGKILL and restart at once, as an orchestrator would.
+    pub(super) async fn kill_and_restart(&mut self) -> anyhow::Result<Pid> {
+        let mut pid = Pid::from_raw(0);
+        if let Some(mut process) = self.process.take() {
+            pid = process.pid();
+            process.kill_hard().ok();
+        }
+        self.restarts += 1;
+        self.start()?;
+        Ok(pid)
+    }
+
+    /// SIGTERM, then wait; `Ok(true)` when it exited 0 in time.
+    pub(super) async fn stop(&mut self) -> anyhow::Result<bool> {
+        let Some(mut process) = self.process.take() else {
+            return Ok(false);
+        };
+        if process.try_wait()?.is_none() {
+            process.signal(Signal::SIGTERM).ok();
+        }
+        // Waited for here rather than with the supervisor's blocking wait: the runtime's other
+        // tasks (the trace exporter among them) keep running meanwhile.
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = process.try_wait()? {
+                return Ok(status.success());
+            }
+            if Instant::now() >= deadline {
+                process.kill_hard().ok();
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Fails with the log's tail when the process has exited.
+    pub(super) fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(process) = self.process.as_mut()
+            && let Some(status) = process.try_wait()?
+        {
+            bail!(
+                "{} exited ({status}); the end of {}:\n{}",
+                self.name,
+                self.log.display(),
+                process.last_log_lines(20)
+            );
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+pub(super) async fn wait_listening(service: &mut Service, addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        service.check_running()?;
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not listen on {addr} within {START_TIMEOUT:?}",
+                service.name
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
