@@ -1,5 +1,5 @@
 //! The reconciler: turns expired leases UNKNOWN, settles UNKNOWN intents by asking the provider
-//! with the same idempotency key, and reports the backlog. Seed 002: the backlog is stable only
+//! with the same idempotency key, and reports the backlog. The backlog is stable only
 //! when the reconcile rate r exceeds the arrival rate u, so both are exported and a warning is
 //! logged while the backlog is non-empty and r <= u.
 
@@ -108,7 +108,8 @@ impl BacklogRates {
         }
     }
 
-    /// Seed 002: stable only when r > u. A non-empty backlog with r <= u is not draining.
+    /// Stable only when r > u (docs/ARCHITECTURE.md "Retention and the replay horizon"). A
+    /// non-empty backlog with r <= u is not draining.
     pub fn is_unstable(&self) -> bool {
         self.backlog > 0 && self.reconcile_rate <= self.arrival_rate
     }

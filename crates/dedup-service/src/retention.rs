@@ -1,4 +1,4 @@
-//! Retention against the replay horizon (seed 002, "Dedup retention and replay horizon"):
+//! Retention against the replay horizon (docs/ARCHITECTURE.md, "Retention and the replay horizon"):
 //!
 //! `retention >= max(client retry horizon, broker replay retention, restore horizon) + margin`
 //!

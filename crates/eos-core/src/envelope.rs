@@ -1,4 +1,5 @@
-//! The event envelope (DESIGN.md §2.2): parsing, validation and the identifier newtypes.
+//! The event envelope (docs/ARCHITECTURE.md "Wire format"): parsing, validation and the identifier
+//! newtypes.
 //!
 //! Parsing never panics and every error names the field it is about, so a dead-letter record says
 //! exactly what was wrong with the original bytes.
@@ -261,7 +262,7 @@ impl EventEnvelope {
         serde_json::to_vec(&self.to_json()).unwrap_or_default()
     }
 
-    /// The fingerprint of everything but `event_id` (DESIGN.md §2.2).
+    /// The fingerprint of everything but `event_id` (docs/ARCHITECTURE.md "Wire format").
     pub fn fingerprint(&self) -> Fingerprint {
         Fingerprint::of_json_object(&self.content_json())
     }

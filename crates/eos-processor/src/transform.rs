@@ -29,7 +29,8 @@ pub trait Transform: Send + 'static {
     ) -> Map<String, Value>;
 }
 
-/// Per-entity running totals: the seed's `counter = counter + 1`, which a replay must not repeat.
+/// Per-entity running totals: the reference practice's `counter = counter + 1`
+/// (docs/ARCHITECTURE.md "The reference practice"), which a replay must not repeat.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerTotals {
     pub total: i64,

@@ -1,7 +1,7 @@
 //! The exactly-once audit: given every record of an input topic, the processor's output topic and
 //! its dead-letter topic, decide whether each input was accounted for exactly once
-//! (DESIGN.md §2.3): one output for each logical event, nothing for a duplicate delivery, one DLQ
-//! entry for each malformed or conflicting record.
+//! (docs/ARCHITECTURE.md "Bad input"): one output for each logical event, nothing for a duplicate
+//! delivery, one DLQ entry for each malformed or conflicting record.
 //!
 //! Pure logic over in-memory [`SourceRecord`]s — no Kafka, no clock — so the rules are unit-tested.
 //! The boundaries past the output (Postgres tables, a provider's effect list) are checked against

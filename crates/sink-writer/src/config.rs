@@ -79,7 +79,7 @@ pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
-    /// TOML file listing the target tables and their column mappings [default: the seed's
+    /// TOML file listing the target tables and their column mappings [default: the
     /// event_sink (append by event_id) and entity_state (versioned by entity_id)].
     #[arg(long, env = "EOS_SINK_CONFIG")]
     pub config: Option<PathBuf>,
@@ -108,7 +108,8 @@ pub struct Config {
 
     /// How far back the input can be replayed (broker retention, backup restores, client retry
     /// horizon). A target that purges rows must keep them longer than this plus
-    /// --retention-margin, or the service refuses to start (seed 002).
+    /// --retention-margin, or the service refuses to start (see docs/ARCHITECTURE.md, "Retention
+    /// and the replay horizon").
     #[arg(long, env = "EOS_SINK_REPLAY_HORIZON", default_value = "7d", value_parser = humantime::parse_duration)]
     pub replay_horizon: Duration,
 

@@ -1,7 +1,7 @@
 //! sink-writer: Kafka → PostgreSQL with exactly-once effects on the tables.
 //!
-//! A Kafka transaction cannot include an `INSERT`, so the sink protects itself (seed 000, "the
-//! external sink must take part in the protection"):
+//! A Kafka transaction cannot include an `INSERT`, so the sink protects itself
+//! (docs/ARCHITECTURE.md "Boundaries": the external sink must take part in the protection):
 //! - **idempotent inserts** keyed by a unique column (`ON CONFLICT DO NOTHING`); a row ignored
 //!   with other content is a broken producer contract, kept in `sink_conflicts`, never hidden and
 //!   never overwriting the stored row;
@@ -129,7 +129,7 @@ pub fn boundary(config: &Config, targets: &Targets) -> Boundary {
     }
 }
 
-/// The targets of this run: from `--config`, or the seed's default tables.
+/// The targets of this run: from `--config`, or the default tables of the reference practice.
 pub fn target_specs(config: &Config) -> Result<Targets, SinkError> {
     let targets = match &config.config {
         Some(path) => targets::load(path).map_err(|e| SinkError::Config(e.to_string()))?,

@@ -56,7 +56,7 @@ pub struct DecodedEvent {
     pub raw: Value,
 }
 
-/// Parses and validates a record value (DESIGN.md §2.2), with the size limit.
+/// Parses and validates a record value (docs/ARCHITECTURE.md "Wire format"), with the size limit.
 pub fn decode(payload: Option<&[u8]>, max_record_bytes: usize) -> Result<DecodedEvent, Refusal> {
     let bytes = payload.unwrap_or_default();
     let envelope = EventEnvelope::parse_with_limit(bytes, max_record_bytes)?;

@@ -1,7 +1,7 @@
 //! dedup-service as a real child process against real PostgreSQL (and provider-sim where the
 //! provider matters): the state machine, races, fencing, lease expiry, retention, bad input,
-//! and the ambiguous-outcome scenario of seed 002 — with and without SIGKILL — audited by the
-//! cardinality of the provider's effects per operation id.
+//! and the ambiguous-outcome scenario (docs/ARCHITECTURE.md "Boundaries") — with and without
+//! SIGKILL — audited by the cardinality of the provider's effects per operation id.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -897,8 +897,9 @@ async fn run_operations(
     Ok(ids.into_iter().collect())
 }
 
-/// The proof of seed 002: the logical set by operation id has exactly as many members as the
-/// provider has effects, each id once, and every intent settled SUCCEEDED.
+/// The proof (docs/ARCHITECTURE.md "Retention and the replay horizon"): the logical set by
+/// operation id has exactly as many members as the provider has effects, each id once, and every
+/// intent settled SUCCEEDED.
 async fn assert_one_effect_per_operation(
     db: &TestDatabase,
     sim: &ProviderSim,

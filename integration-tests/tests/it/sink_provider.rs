@@ -1,8 +1,9 @@
-//! The sink-writer's provider target end to end (issue #5 part 6, seed 002 "External ambiguous
-//! outcome"): real sink-writer, dedup-service and provider-sim processes, real Kafka and
-//! PostgreSQL. The provider applies every charge it receives, then loses a fifth of the answers
-//! (dropped, 5xx, or later than the caller's deadline), and the sink is SIGKILLed mid-run. The
-//! audit is the provider's own effect list: exactly one effect per operation id.
+//! The sink-writer's provider target end to end (issue #5 part 6, docs/ARCHITECTURE.md
+//! "Boundaries": external ambiguous outcome): real sink-writer, dedup-service and provider-sim
+//! processes, real Kafka and PostgreSQL. The provider applies every charge it receives, then loses
+//! a fifth of the answers (dropped, 5xx, or later than the caller's deadline), and the sink is
+//! SIGKILLed mid-run. The audit is the provider's own effect list: exactly one effect per operation
+//! id.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
@@ -230,7 +231,7 @@ async fn sink_provider_target_charges_each_event_once_through_lost_answers_and_s
     db.drop_database().await
 }
 
-/// The provider's final "no" (seed 002's other outcome besides success): provider-sim declines
+/// The provider's final "no" (the other outcome besides success): provider-sim declines
 /// every charge above a limit with a 402, applying nothing. Each such event's intent ends FAILED
 /// and not retryable, and every record of it is accounted for by a `provider_rejected` dead
 /// letter — re-deliveries too, and records replayed after a SIGKILL — while every other event is

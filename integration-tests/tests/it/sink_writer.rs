@@ -456,7 +456,8 @@ async fn sink_seed_versions_apply_only_when_higher_in_any_arrival_order() -> any
     shuffled.shuffle(&mut rand::rngs::StdRng::seed_from_u64(17));
     let mut reversed = incoming.clone();
     reversed.reverse();
-    // Only the versioned target: the seed's entity_state practice on its own, through --config.
+    // Only the versioned target: the reference practice's entity_state on its own, through
+    // --config.
     let config_path = std::env::temp_dir().join(format!("{}.toml", unique_name("sink-config")));
     std::fs::write(
         &config_path,

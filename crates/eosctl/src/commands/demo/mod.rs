@@ -136,7 +136,7 @@ fn say(line: impl AsRef<str>) {
     eprintln!("{}", line.as_ref());
 }
 
-/// The sink's targets: the seed's two tables, and the provider charge.
+/// The sink's targets: the default two tables, and the provider charge.
 fn targets_file(provider_name: &str, dedup_url: &str, provider_url: &str) -> String {
     format!(
         r#"# Written by `eosctl demo`.
