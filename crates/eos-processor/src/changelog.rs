@@ -7,8 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use eos_runtime::backoff::{BlockingRetryable as _, doubling};
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -93,8 +95,16 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
         .set("isolation.level", "read_committed")
         .create()
         .map_err(|e| restore_error(e.to_string()))?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+    // A changelog created moments ago may not have a leader yet on every broker's metadata
+    // (NotLeaderForPartition, LeaderNotAvailable, UnknownTopicOrPartition): that passes, so ask
+    // again for a while instead of failing the start-up.
+    let (low, high) = (|| consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)))
+        .retry(doubling(Duration::from_millis(100), Duration::from_secs(2)).with_max_times(8))
+        .when(leader_not_known_yet)
+        .notify(|error, delay| {
+            tracing::warn!(topic, partition, %error, ?delay, "changelog leader not known yet; asking again");
+        })
+        .call()
         .map_err(|e| restore_error(format!("cannot read watermarks: {e}")))?;
     let mut state = PartitionState::default();
     let mut records = 0u64;
@@ -139,6 +149,19 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
             )));
         }
     }
+}
+
+/// Errors of a partition whose leader the metadata does not know yet: they pass by themselves.
+fn leader_not_known_yet(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownPartition
+        )
+    )
 }
 
 #[cfg(test)]
@@ -195,5 +218,13 @@ mod tests {
         let mut state = PartitionState::<LedgerTotals>::default();
         assert!(restore_record(&mut state, b"entity/17", Some(b"not json")).is_err());
         assert!(restore_record(&mut state, b"mystery/17", Some(b"{}")).is_err());
+    }
+
+    #[test]
+    fn only_an_unknown_leader_is_asked_again() {
+        let not_yet = KafkaError::MetadataFetch(RDKafkaErrorCode::NotLeaderForPartition);
+        let refused = KafkaError::MetadataFetch(RDKafkaErrorCode::TopicAuthorizationFailed);
+        assert!(leader_not_known_yet(&not_yet));
+        assert!(!leader_not_known_yet(&refused));
     }
 }
