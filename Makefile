@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint stack-up stack-down stack-status
+.PHONY: demo test lint sqlx-check stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -16,14 +16,19 @@ demo: stack-up
 	$(CARGO) build --release --workspace --bins
 	target/release/eosctl demo --guarantee $(GUARANTEE) $(DEMO_ARGS)
 
-## test: bring the stack up, then formatting, lints, and every test against the real stack
-test: stack-up lint
+## test: bring the stack up, then the offline query data, formatting, lints, and every test
+## against the real stack
+test: stack-up sqlx-check lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
+sqlx-check: stack-up
+	CARGO=$(CARGO) deploy/local/sqlx-check
 
 stack-up:
 	$(STACK) up

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Executor as _, Row as _};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use time::OffsetDateTime;
 
 use crate::error::DedupError;
@@ -26,10 +25,6 @@ pub fn migrator() -> sqlx::migrate::Migrator {
     migrator.set_ignore_missing(true);
     migrator
 }
-
-const INTENT_COLUMNS: &str = "operation_id, state, fingerprint, fencing_token, holder, request_id, \
-     lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result, failure_reason, \
-     retryable, detail, trace_context";
 
 /// Statements that hit a serialization failure or deadlock changed nothing; run them again.
 const CONFLICT_RETRIES: usize = 5;
@@ -67,7 +62,9 @@ pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool,
         .after_connect(|conn, _| {
             Box::pin(async move {
                 // Every statement here is short; a stuck one is a bug, not a workload.
-                conn.execute("SET statement_timeout = '30s'").await?;
+                sqlx::query!("SET statement_timeout = '30s'")
+                    .execute(conn)
+                    .await?;
                 Ok(())
             })
         })
@@ -81,28 +78,53 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn intent_from_row(row: &PgRow) -> Result<Intent, DedupError> {
-    let state: String = row.try_get("state")?;
-    let state = IntentState::from_db_str(&state)
-        .ok_or_else(|| DedupError::CorruptRow(format!("unknown state {state:?}")))?;
-    Ok(Intent {
-        operation_id: row.try_get("operation_id")?,
-        state,
-        fingerprint: row.try_get("fingerprint")?,
-        fencing_token: row.try_get("fencing_token")?,
-        holder: row.try_get("holder")?,
-        request_id: row.try_get("request_id")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        acquired_at: row.try_get("acquired_at")?,
-        occurred_at: row.try_get("occurred_at")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        result: row.try_get("result")?,
-        failure_reason: row.try_get("failure_reason")?,
-        retryable: row.try_get("retryable")?,
-        detail: row.try_get("detail")?,
-        trace_context: row.try_get("trace_context")?,
-    })
+/// One `dedup_intents` row as the queries return it: every query that reads intents selects
+/// these columns, in this order (`query_as!` checks each against the table).
+#[derive(Debug)]
+struct IntentRow {
+    operation_id: String,
+    state: String,
+    fingerprint: Vec<u8>,
+    fencing_token: i64,
+    holder: String,
+    request_id: String,
+    lease_expires_at: OffsetDateTime,
+    acquired_at: OffsetDateTime,
+    occurred_at: OffsetDateTime,
+    created_at: OffsetDateTime,
+    updated_at: OffsetDateTime,
+    result: Option<Vec<u8>>,
+    failure_reason: Option<String>,
+    retryable: bool,
+    detail: String,
+    trace_context: Option<String>,
+}
+
+impl TryFrom<IntentRow> for Intent {
+    type Error = DedupError;
+
+    fn try_from(row: IntentRow) -> Result<Self, DedupError> {
+        let state = IntentState::from_db_str(&row.state)
+            .ok_or_else(|| DedupError::CorruptRow(format!("unknown state {:?}", row.state)))?;
+        Ok(Intent {
+            operation_id: row.operation_id,
+            state,
+            fingerprint: row.fingerprint,
+            fencing_token: row.fencing_token,
+            holder: row.holder,
+            request_id: row.request_id,
+            lease_expires_at: row.lease_expires_at,
+            acquired_at: row.acquired_at,
+            occurred_at: row.occurred_at,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            result: row.result,
+            failure_reason: row.failure_reason,
+            retryable: row.retryable,
+            detail: row.detail,
+            trace_context: row.trace_context,
+        })
+    }
 }
 
 async fn retry_conflicts<T, F, Fut>(mut attempt: F) -> Result<T, DedupError>
@@ -187,46 +209,6 @@ impl IntentStore {
         &self,
         items: &[BeginItem],
     ) -> Result<(Vec<Intent>, OffsetDateTime), DedupError> {
-        // R: a retryable failure with the same fingerprint is acquired again (new token).
-        // E: a reservation whose lease ran out becomes UNKNOWN — its holder may have called.
-        const R: &str =
-            "(t.state = 'FAILED' AND t.retryable AND t.fingerprint = EXCLUDED.fingerprint)";
-        const E: &str = "(t.state = 'RESERVED' AND t.lease_expires_at <= now())";
-        let sql = format!(
-            "INSERT INTO dedup_intents AS t
-                 (operation_id, fingerprint, state, fencing_token, holder, request_id,
-                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, detail,
-                  trace_context)
-             SELECT i.operation_id, i.fingerprint, 'RESERVED', 1, i.owner, i.request_id,
-                    now() + i.lease_ms * interval '1 millisecond', now(), i.occurred_at,
-                    now(), now(), 'acquired by ' || i.owner, i.trace_context
-             FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::bigint[],
-                         $6::timestamptz[], $8::text[])
-                  AS i(operation_id, fingerprint, owner, request_id, lease_ms, occurred_at,
-                       trace_context)
-             WHERE i.occurred_at >= now() - $7::bigint * interval '1 millisecond'
-             ORDER BY i.operation_id
-             ON CONFLICT (operation_id) DO UPDATE SET
-                 state = CASE WHEN {E} THEN 'UNKNOWN' WHEN {R} THEN 'RESERVED' ELSE t.state END,
-                 fencing_token = CASE WHEN {R} THEN t.fencing_token + 1 ELSE t.fencing_token END,
-                 holder = CASE WHEN {R} THEN EXCLUDED.holder ELSE t.holder END,
-                 request_id = CASE WHEN {R} THEN EXCLUDED.request_id ELSE t.request_id END,
-                 lease_expires_at = CASE WHEN {R} THEN EXCLUDED.lease_expires_at
-                                         ELSE t.lease_expires_at END,
-                 acquired_at = CASE WHEN {R} THEN now() ELSE t.acquired_at END,
-                 trace_context = CASE WHEN {R} THEN EXCLUDED.trace_context
-                                      ELSE t.trace_context END,
-                 result = CASE WHEN {R} THEN NULL ELSE t.result END,
-                 failure_reason = CASE WHEN {R} THEN NULL ELSE t.failure_reason END,
-                 retryable = CASE WHEN {R} THEN FALSE ELSE t.retryable END,
-                 detail = CASE
-                     WHEN {E} THEN 'lease of ' || t.holder || ' expired without an outcome'
-                     WHEN {R} THEN 'acquired again by ' || EXCLUDED.holder
-                                   || ' after a retryable failure'
-                     ELSE t.detail END,
-                 updated_at = CASE WHEN {E} OR {R} THEN now() ELSE t.updated_at END
-             RETURNING {INTENT_COLUMNS}, now() AS db_now"
-        );
         let mut ids = Vec::with_capacity(items.len());
         let mut fingerprints = Vec::with_capacity(items.len());
         let mut owners = Vec::with_capacity(items.len());
@@ -243,22 +225,116 @@ impl IntentStore {
             occurred.push(item.occurred_at);
             trace_contexts.push(item.trace_context.as_deref());
         }
-        let rows = sqlx::query(&sql)
-            .bind(&ids)
-            .bind(&fingerprints)
-            .bind(&owners)
-            .bind(&request_ids)
-            .bind(&leases)
-            .bind(&occurred)
-            .bind(millis(self.retention))
-            .bind(&trace_contexts)
-            .fetch_all(&self.pool)
-            .await?;
+        // Two conditions recur in the update (written out: `query!` checks one literal):
+        // a retryable failure with the same fingerprint is acquired again (new token):
+        //     (t.state = 'FAILED' AND t.retryable AND t.fingerprint = EXCLUDED.fingerprint)
+        // a reservation whose lease ran out becomes UNKNOWN — its holder may have called:
+        //     (t.state = 'RESERVED' AND t.lease_expires_at <= now())
+        let rows = sqlx::query!(
+            r#"INSERT INTO dedup_intents AS t
+                 (operation_id, fingerprint, state, fencing_token, holder, request_id,
+                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, detail,
+                  trace_context)
+             SELECT i.operation_id, i.fingerprint, 'RESERVED', 1, i.owner, i.request_id,
+                    now() + i.lease_ms * interval '1 millisecond', now(), i.occurred_at,
+                    now(), now(), 'acquired by ' || i.owner, i.trace_context
+             FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::bigint[],
+                         $6::timestamptz[], $8::text[])
+                  AS i(operation_id, fingerprint, owner, request_id, lease_ms, occurred_at,
+                       trace_context)
+             WHERE i.occurred_at >= now() - $7::bigint * interval '1 millisecond'
+             ORDER BY i.operation_id
+             ON CONFLICT (operation_id) DO UPDATE SET
+                 state = CASE
+                     WHEN (t.state = 'RESERVED' AND t.lease_expires_at <= now()) THEN 'UNKNOWN'
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN 'RESERVED'
+                     ELSE t.state END,
+                 fencing_token = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN t.fencing_token + 1
+                     ELSE t.fencing_token END,
+                 holder = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN EXCLUDED.holder
+                     ELSE t.holder END,
+                 request_id = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN EXCLUDED.request_id
+                     ELSE t.request_id END,
+                 lease_expires_at = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN EXCLUDED.lease_expires_at
+                     ELSE t.lease_expires_at END,
+                 acquired_at = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN now()
+                     ELSE t.acquired_at END,
+                 trace_context = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN EXCLUDED.trace_context
+                     ELSE t.trace_context END,
+                 result = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN NULL
+                     ELSE t.result END,
+                 failure_reason = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN NULL
+                     ELSE t.failure_reason END,
+                 retryable = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN FALSE
+                     ELSE t.retryable END,
+                 detail = CASE
+                     WHEN (t.state = 'RESERVED' AND t.lease_expires_at <= now())
+                         THEN 'lease of ' || t.holder || ' expired without an outcome'
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint)
+                         THEN 'acquired again by ' || EXCLUDED.holder
+                              || ' after a retryable failure'
+                     ELSE t.detail END,
+                 updated_at = CASE
+                     WHEN (t.state = 'RESERVED' AND t.lease_expires_at <= now())
+                       OR (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN now()
+                     ELSE t.updated_at END
+             RETURNING operation_id, state, fingerprint, fencing_token, holder, request_id,
+                 lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
+                 failure_reason, retryable, detail, trace_context, now() AS "db_now!""#,
+            &ids as &[&str],
+            &fingerprints as &[&[u8]],
+            &owners as &[&str],
+            &request_ids as &[&str],
+            &leases,
+            &occurred,
+            millis(self.retention),
+            &trace_contexts as &[Option<&str>],
+        )
+        .fetch_all(&self.pool)
+        .await?;
         let mut db_now = None;
         let mut intents = Vec::with_capacity(rows.len());
-        for row in &rows {
-            db_now = Some(row.try_get::<OffsetDateTime, _>("db_now")?);
-            intents.push(intent_from_row(row)?);
+        for row in rows {
+            db_now = Some(row.db_now);
+            intents.push(Intent::try_from(IntentRow {
+                operation_id: row.operation_id,
+                state: row.state,
+                fingerprint: row.fingerprint,
+                fencing_token: row.fencing_token,
+                holder: row.holder,
+                request_id: row.request_id,
+                lease_expires_at: row.lease_expires_at,
+                acquired_at: row.acquired_at,
+                occurred_at: row.occurred_at,
+                created_at: row.created_at,
+                updated_at: row.updated_at,
+                result: row.result,
+                failure_reason: row.failure_reason,
+                retryable: row.retryable,
+                detail: row.detail,
+                trace_context: row.trace_context,
+            })?);
         }
         let db_now = match db_now {
             Some(now) => now,
@@ -273,39 +349,54 @@ impl IntentStore {
         &self,
         ids: &[String],
     ) -> Result<(HashMap<String, Intent>, OffsetDateTime, OffsetDateTime), DedupError> {
-        let (since, now): (OffsetDateTime, OffsetDateTime) =
-            sqlx::query_as("SELECT now() - $1::bigint * interval '1 millisecond', now()")
-                .bind(millis(self.retention))
-                .fetch_one(&self.pool)
-                .await?;
-        let rows = sqlx::query(&format!(
-            "SELECT {INTENT_COLUMNS} FROM dedup_intents WHERE operation_id = ANY($1)"
-        ))
-        .bind(ids)
+        let window = sqlx::query!(
+            r#"SELECT now() - $1::bigint * interval '1 millisecond' AS "since!", now() AS "now!""#,
+            millis(self.retention),
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let by_id = self.read_many(ids).await?;
+        Ok((by_id, window.since, window.now))
+    }
+
+    /// The current rows of `ids` that exist, by operation id.
+    async fn read_many(&self, ids: &[String]) -> Result<HashMap<String, Intent>, DedupError> {
+        let rows = sqlx::query_as!(
+            IntentRow,
+            "SELECT operation_id, state, fingerprint, fencing_token, holder, request_id,
+                 lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
+                 failure_reason, retryable, detail, trace_context
+             FROM dedup_intents WHERE operation_id = ANY($1)",
+            ids,
+        )
         .fetch_all(&self.pool)
         .await?;
         let mut by_id = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let intent = intent_from_row(row)?;
+        for row in rows {
+            let intent = Intent::try_from(row)?;
             by_id.insert(intent.operation_id.clone(), intent);
         }
-        Ok((by_id, since, now))
+        Ok(by_id)
     }
 
     async fn now(&self) -> Result<OffsetDateTime, DedupError> {
-        Ok(sqlx::query_scalar("SELECT now()")
+        Ok(sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
             .fetch_one(&self.pool)
             .await?)
     }
 
     pub async fn get(&self, operation_id: &str) -> Result<Option<Intent>, DedupError> {
-        let row = sqlx::query(&format!(
-            "SELECT {INTENT_COLUMNS} FROM dedup_intents WHERE operation_id = $1"
-        ))
-        .bind(operation_id)
+        let row = sqlx::query_as!(
+            IntentRow,
+            "SELECT operation_id, state, fingerprint, fencing_token, holder, request_id,
+                 lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
+                 failure_reason, retryable, detail, trace_context
+             FROM dedup_intents WHERE operation_id = $1",
+            operation_id,
+        )
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(intent_from_row).transpose()
+        row.map(Intent::try_from).transpose()
     }
 
     /// Complete, Fail or MarkUnknown by the holder of `fencing_token`.
@@ -336,28 +427,30 @@ impl IntentStore {
                 format!("marked unknown by the holder: {detail}"),
             ),
         };
-        let sql = format!(
-            "UPDATE dedup_intents SET state = $3, result = $4, failure_reason = $5, retryable = $6,
-                 detail = $7, updated_at = now()
-             WHERE operation_id = $1 AND fencing_token = $2 AND state = ANY($8)
-             RETURNING {INTENT_COLUMNS}"
-        );
         let updated = retry_conflicts(|| async {
-            Ok(sqlx::query(&sql)
-                .bind(operation_id)
-                .bind(fencing_token)
-                .bind(transition.to_state().as_db_str())
-                .bind(result)
-                .bind(failure_reason)
-                .bind(retryable)
-                .bind(&detail)
-                .bind(transition.from_db_states())
-                .fetch_optional(&self.pool)
-                .await?)
+            Ok(sqlx::query_as!(
+                IntentRow,
+                "UPDATE dedup_intents SET state = $3, result = $4, failure_reason = $5,
+                     retryable = $6, detail = $7, updated_at = now()
+                 WHERE operation_id = $1 AND fencing_token = $2 AND state = ANY($8)
+                 RETURNING operation_id, state, fingerprint, fencing_token, holder, request_id,
+                     lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
+                     failure_reason, retryable, detail, trace_context",
+                operation_id,
+                fencing_token,
+                transition.to_state().as_db_str(),
+                result,
+                failure_reason,
+                retryable,
+                &detail,
+                &transition.from_db_states(),
+            )
+            .fetch_optional(&self.pool)
+            .await?)
         })
         .await?;
         if let Some(row) = updated {
-            return intent_from_row(&row);
+            return Intent::try_from(row);
         }
         // Nothing changed; read the row only to say why (or that this is a harmless repeat).
         let current = self.get(operation_id).await?;
@@ -371,36 +464,35 @@ impl IntentStore {
         items: &[(String, i64, Vec<u8>)],
     ) -> Result<Vec<Result<Intent, DedupError>>, DedupError> {
         let transition = Transition::Complete;
-        let columns: Vec<String> = INTENT_COLUMNS
-            .split(", ")
-            .map(|column| format!("t.{column}"))
-            .collect();
-        let sql = format!(
-            "UPDATE dedup_intents t SET state = $4, result = i.result, failure_reason = NULL,
-                 retryable = FALSE, detail = 'completed by the holder', updated_at = now()
-             FROM unnest($1::text[], $2::bigint[], $3::bytea[]) AS i(operation_id, token, result)
-             WHERE t.operation_id = i.operation_id AND t.fencing_token = i.token
-               AND t.state = ANY($5)
-             RETURNING {}",
-            columns.join(", ")
-        );
         let ids: Vec<&str> = items.iter().map(|(id, _, _)| id.as_str()).collect();
         let tokens: Vec<i64> = items.iter().map(|(_, token, _)| *token).collect();
         let results: Vec<&[u8]> = items.iter().map(|(_, _, r)| r.as_slice()).collect();
         let rows = retry_conflicts(|| async {
-            Ok(sqlx::query(&sql)
-                .bind(&ids)
-                .bind(&tokens)
-                .bind(&results)
-                .bind(transition.to_state().as_db_str())
-                .bind(transition.from_db_states())
-                .fetch_all(&self.pool)
-                .await?)
+            Ok(sqlx::query_as!(
+                IntentRow,
+                "UPDATE dedup_intents t SET state = $4, result = i.result, failure_reason = NULL,
+                     retryable = FALSE, detail = 'completed by the holder', updated_at = now()
+                 FROM unnest($1::text[], $2::bigint[], $3::bytea[])
+                     AS i(operation_id, token, result)
+                 WHERE t.operation_id = i.operation_id AND t.fencing_token = i.token
+                   AND t.state = ANY($5)
+                 RETURNING t.operation_id, t.state, t.fingerprint, t.fencing_token, t.holder,
+                     t.request_id, t.lease_expires_at, t.acquired_at, t.occurred_at,
+                     t.created_at, t.updated_at, t.result, t.failure_reason, t.retryable,
+                     t.detail, t.trace_context",
+                &ids as &[&str],
+                &tokens,
+                &results as &[&[u8]],
+                transition.to_state().as_db_str(),
+                &transition.from_db_states(),
+            )
+            .fetch_all(&self.pool)
+            .await?)
         })
         .await?;
         let mut done: HashMap<String, Intent> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let intent = intent_from_row(row)?;
+        for row in rows {
+            let intent = Intent::try_from(row)?;
             done.insert(intent.operation_id.clone(), intent);
         }
         let left: Vec<String> = items
@@ -410,16 +502,7 @@ impl IntentStore {
             .collect();
         let mut current: HashMap<String, Intent> = HashMap::new();
         if !left.is_empty() {
-            let rows = sqlx::query(&format!(
-                "SELECT {INTENT_COLUMNS} FROM dedup_intents WHERE operation_id = ANY($1)"
-            ))
-            .bind(&left)
-            .fetch_all(&self.pool)
-            .await?;
-            for row in &rows {
-                let intent = intent_from_row(row)?;
-                current.insert(intent.operation_id.clone(), intent);
-            }
+            current = self.read_many(&left).await?;
         }
         Ok(items
             .iter()
@@ -437,34 +520,36 @@ impl IntentStore {
             _ => Transition::ResolveFailed,
         };
         let succeeded = transition == Transition::ResolveSucceeded;
-        let sql = format!(
-            "UPDATE dedup_intents SET state = $2, result = $3, failure_reason = $4,
-                 retryable = $5, detail = $6, updated_at = now()
-             WHERE operation_id = $1 AND state = ANY($7)
-               AND ($8::bigint IS NULL OR fencing_token = $8)
-             RETURNING {INTENT_COLUMNS}"
-        );
         let detail = format!(
             "resolved {}: {}",
             transition.to_state(),
             resolution.evidence
         );
         let updated = retry_conflicts(|| async {
-            Ok(sqlx::query(&sql)
-                .bind(&resolution.operation_id)
-                .bind(transition.to_state().as_db_str())
-                .bind(succeeded.then_some(resolution.result.as_slice()))
-                .bind((!succeeded).then_some(resolution.evidence.as_str()))
-                .bind(!succeeded && resolution.retryable)
-                .bind(&detail)
-                .bind(transition.from_db_states())
-                .bind(resolution.expected_fencing_token)
-                .fetch_optional(&self.pool)
-                .await?)
+            Ok(sqlx::query_as!(
+                IntentRow,
+                "UPDATE dedup_intents SET state = $2, result = $3, failure_reason = $4,
+                     retryable = $5, detail = $6, updated_at = now()
+                 WHERE operation_id = $1 AND state = ANY($7)
+                   AND ($8::bigint IS NULL OR fencing_token = $8)
+                 RETURNING operation_id, state, fingerprint, fencing_token, holder, request_id,
+                     lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
+                     failure_reason, retryable, detail, trace_context",
+                &resolution.operation_id,
+                transition.to_state().as_db_str(),
+                succeeded.then_some(resolution.result.as_slice()),
+                (!succeeded).then_some(resolution.evidence.as_str()),
+                !succeeded && resolution.retryable,
+                &detail,
+                &transition.from_db_states(),
+                resolution.expected_fencing_token,
+            )
+            .fetch_optional(&self.pool)
+            .await?)
         })
         .await?;
         if let Some(row) = updated {
-            return intent_from_row(&row);
+            return Intent::try_from(row);
         }
         let current =
             self.get(&resolution.operation_id)
@@ -502,24 +587,28 @@ impl IntentStore {
         after: Option<&(OffsetDateTime, String)>,
         limit: u32,
     ) -> Result<Vec<Intent>, DedupError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {INTENT_COLUMNS} FROM dedup_intents
+        let rows = sqlx::query_as!(
+            IntentRow,
+            "SELECT operation_id, state, fingerprint, fencing_token, holder, request_id,
+                 lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
+                 failure_reason, retryable, detail, trace_context
+             FROM dedup_intents
              WHERE state = 'UNKNOWN'
                AND ($2::timestamptz IS NULL OR (updated_at, operation_id) > ($2, $3))
-             ORDER BY updated_at, operation_id LIMIT $1"
-        ))
-        .bind(i64::from(limit))
-        .bind(after.map(|(at, _)| *at))
-        .bind(after.map(|(_, id)| id.as_str()))
+             ORDER BY updated_at, operation_id LIMIT $1",
+            i64::from(limit),
+            after.map(|(at, _)| *at),
+            after.map(|(_, id)| id.as_str()),
+        )
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(intent_from_row).collect()
+        rows.into_iter().map(Intent::try_from).collect()
     }
 
     /// Turns up to `limit` reservations whose lease ran out into UNKNOWN; their ids.
     pub async fn expire_leases(&self, limit: i64) -> Result<Vec<String>, DedupError> {
         let ids = retry_conflicts(|| async {
-            Ok(sqlx::query_scalar(
+            Ok(sqlx::query_scalar!(
                 "UPDATE dedup_intents t SET state = 'UNKNOWN',
                      detail = 'lease of ' || t.holder || ' expired without an outcome',
                      updated_at = now()
@@ -530,8 +619,8 @@ impl IntentStore {
                  WHERE t.operation_id = due.operation_id
                    AND t.state = 'RESERVED' AND t.lease_expires_at <= now()
                  RETURNING t.operation_id",
+                limit,
             )
-            .bind(limit)
             .fetch_all(&self.pool)
             .await?)
         })
@@ -547,8 +636,8 @@ impl IntentStore {
     /// Such rows stay until reconciled, however old (the UNKNOWN backlog gauge shows them).
     pub async fn purge(&self, limit: i64) -> Result<u64, DedupError> {
         let deleted: i64 = retry_conflicts(|| async {
-            Ok(sqlx::query_scalar(
-                "WITH doomed AS (
+            Ok(sqlx::query_scalar!(
+                r#"WITH doomed AS (
                      SELECT operation_id FROM dedup_intents
                      WHERE state IN ('SUCCEEDED', 'FAILED')
                        AND occurred_at < now() - $1::bigint * interval '1 millisecond'
@@ -563,10 +652,10 @@ impl IntentStore {
                  history AS (
                      DELETE FROM dedup_intent_history h USING gone
                      WHERE h.operation_id = gone.operation_id)
-                 SELECT count(*) FROM gone",
+                 SELECT count(*) AS "deleted!" FROM gone"#,
+                millis(self.retention),
+                limit,
             )
-            .bind(millis(self.retention))
-            .bind(limit)
             .fetch_one(&self.pool)
             .await?)
         })
@@ -576,23 +665,23 @@ impl IntentStore {
 
     /// The UNKNOWN backlog and the transitions into and out of UNKNOWN within `window`.
     pub async fn backlog_counts(&self, window: Duration) -> Result<BacklogCounts, DedupError> {
-        let (backlog, arrivals, cleared): (i64, i64, i64) = sqlx::query_as(
-            "SELECT
-                 (SELECT count(*) FROM dedup_intents WHERE state = 'UNKNOWN'),
+        let counts = sqlx::query!(
+            r#"SELECT
+                 (SELECT count(*) FROM dedup_intents WHERE state = 'UNKNOWN') AS "backlog!",
                  (SELECT count(*) FROM dedup_intent_history
                   WHERE to_state = 'UNKNOWN'
-                    AND at > now() - $1::bigint * interval '1 millisecond'),
+                    AND at > now() - $1::bigint * interval '1 millisecond') AS "arrivals!",
                  (SELECT count(*) FROM dedup_intent_history
                   WHERE from_state = 'UNKNOWN' AND to_state <> 'UNKNOWN'
-                    AND at > now() - $1::bigint * interval '1 millisecond')",
+                    AND at > now() - $1::bigint * interval '1 millisecond') AS "cleared!""#,
+            millis(window),
         )
-        .bind(millis(window))
         .fetch_one(&self.pool)
         .await?;
         Ok(BacklogCounts {
-            backlog,
-            arrivals,
-            cleared,
+            backlog: counts.backlog,
+            arrivals: counts.arrivals,
+            cleared: counts.cleared,
         })
     }
 

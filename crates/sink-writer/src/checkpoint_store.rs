@@ -25,10 +25,10 @@ pub async fn fence(
     let mut tx = pool.begin().await?;
     // A zombie frozen inside its transaction must not block a new owner forever: give up after
     // a while and retry, polling Kafka in between.
-    sqlx::query("SET LOCAL lock_timeout = '5s'")
+    sqlx::query!("SET LOCAL lock_timeout = '5s'")
         .execute(&mut *tx)
         .await?;
-    let rows: Vec<(i32, i64)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "INSERT INTO sink_checkpoints (sink, topic, partition, owner_epoch, owner)
          SELECT $1, $2, p, 1, $4 FROM UNNEST($3::int[]) AS p
          ON CONFLICT (sink, topic, partition) DO UPDATE
@@ -36,15 +36,18 @@ pub async fn fence(
                  owner = EXCLUDED.owner,
                  updated_at = now()
          RETURNING partition, owner_epoch",
+        sink,
+        topic,
+        partitions,
+        owner,
     )
-    .bind(sink)
-    .bind(topic)
-    .bind(partitions)
-    .bind(owner)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(rows.into_iter().collect())
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.partition, row.owner_epoch))
+        .collect())
 }
 
 /// The committed checkpoint of each of `partitions` that has one (none: nothing committed yet).
@@ -55,22 +58,22 @@ pub async fn read(
     topic: &str,
     partitions: &[i32],
 ) -> Result<Vec<Checkpoint>, sqlx::Error> {
-    let rows: Vec<(i32, Option<i64>)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT partition, next_offset FROM sink_checkpoints
          WHERE sink = $1 AND topic = $2 AND partition = ANY($3::int[])",
+        sink,
+        topic,
+        partitions,
     )
-    .bind(sink)
-    .bind(topic)
-    .bind(partitions)
     .fetch_all(pool)
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(partition, next_offset)| {
+        .filter_map(|row| {
             Some(Checkpoint {
                 topic: topic.to_owned(),
-                partition,
-                next_offset: next_offset?,
+                partition: row.partition,
+                next_offset: row.next_offset?,
             })
         })
         .collect())
@@ -94,7 +97,7 @@ pub async fn advance(
     let partitions: Vec<i32> = moves.iter().map(|m| m.to.partition).collect();
     let offsets: Vec<i64> = moves.iter().map(|m| m.to.next_offset).collect();
     let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "UPDATE sink_checkpoints AS c
          SET next_offset = m.next_offset, updated_at = now()
          FROM UNNEST($2::text[], $3::int[], $4::bigint[], $5::bigint[])
@@ -102,12 +105,12 @@ pub async fn advance(
          WHERE c.sink = $1 AND c.topic = m.topic AND c.partition = m.partition
            AND c.owner_epoch = m.epoch
          RETURNING c.partition",
+        sink,
+        &topics as &[&str],
+        &partitions,
+        &offsets,
+        &epochs,
     )
-    .bind(sink)
-    .bind(topics)
-    .bind(partitions)
-    .bind(offsets)
-    .bind(epochs)
     .fetch_all(conn)
     .await
 }

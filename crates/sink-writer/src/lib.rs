@@ -262,10 +262,10 @@ async fn connect(config: &Config, shutdown: &CancellationToken) -> anyhow::Resul
                 // ends a transaction left idle this long, and the fence proceeds. And no statement
                 // may block the loop past Kafka's max.poll.interval.ms (5 min) waiting on a lock:
                 // a cancelled statement is retried like any transient failure.
-                sqlx::query("SET idle_in_transaction_session_timeout = '60s'")
+                sqlx::query!("SET idle_in_transaction_session_timeout = '60s'")
                     .execute(&mut *conn)
                     .await?;
-                sqlx::query("SET statement_timeout = '120s'")
+                sqlx::query!("SET statement_timeout = '120s'")
                     .execute(&mut *conn)
                     .await?;
                 Ok(())

@@ -32,6 +32,7 @@ pub async fn purge_loop(
                 if shutdown.is_cancelled() {
                     return;
                 }
+                // Dynamic: the table and its retention column are user-configured.
                 match sqlx::query(sql)
                     .bind(retention.keep.as_secs_f64())
                     .execute(&pool)

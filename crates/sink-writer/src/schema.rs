@@ -63,42 +63,42 @@ async fn catalog_columns(
     pool: &PgPool,
     quoted_table: &str,
 ) -> Result<Option<Vec<CatalogColumn>>, SinkError> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(quoted_table)
-        .fetch_one(pool)
-        .await
-        .map_err(SinkError::from_db)?;
+    let exists = sqlx::query_scalar!(
+        r#"SELECT to_regclass($1) IS NOT NULL AS "exists!""#,
+        quoted_table,
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(SinkError::from_db)?;
     if !exists {
         return Ok(None);
     }
-    type CatalogRow = (String, String, String, i32, bool, bool, String, String);
-    let rows: Vec<CatalogRow> = sqlx::query_as(
-        "SELECT a.attname::text, t.typname::text, format_type(a.atttypid, a.atttypmod),
-                a.atttypmod, a.attnotnull, a.atthasdef, a.attidentity::text, a.attgenerated::text
+    let rows = sqlx::query!(
+        r#"SELECT a.attname::text AS "name!", t.typname::text AS "typname!",
+                format_type(a.atttypid, a.atttypmod) AS "sql_type!",
+                a.atttypmod AS "typmod!", a.attnotnull AS "not_null!",
+                a.atthasdef AS "has_default!", a.attidentity::text AS "identity!",
+                a.attgenerated::text AS "generated!"
          FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
          WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
-         ORDER BY a.attnum",
+         ORDER BY a.attnum"#,
+        quoted_table,
     )
-    .bind(quoted_table)
     .fetch_all(pool)
     .await
     .map_err(SinkError::from_db)?;
     Ok(Some(
         rows.into_iter()
-            .map(
-                |(name, typname, sql_type, typmod, not_null, has_default, identity, generated)| {
-                    CatalogColumn {
-                        name,
-                        typname,
-                        sql_type,
-                        typmod,
-                        not_null,
-                        has_default,
-                        identity: !identity.is_empty(),
-                        generated: !generated.is_empty(),
-                    }
-                },
-            )
+            .map(|row| CatalogColumn {
+                name: row.name,
+                typname: row.typname,
+                sql_type: row.sql_type,
+                typmod: row.typmod,
+                not_null: row.not_null,
+                has_default: row.has_default,
+                identity: !row.identity.is_empty(),
+                generated: !row.generated.is_empty(),
+            })
             .collect(),
     ))
 }
@@ -110,15 +110,15 @@ async fn has_unique_index(
     quoted_table: &str,
     column: &str,
 ) -> Result<bool, SinkError> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (
              SELECT 1 FROM pg_index i
              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
              WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indnkeyatts = 1
-               AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)",
+               AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2) AS "exists!""#,
+        quoted_table,
+        column,
     )
-    .bind(quoted_table)
-    .bind(column)
     .fetch_one(pool)
     .await
     .map_err(SinkError::from_db)
