@@ -161,7 +161,7 @@ pub async fn insert_conflicts(
     let text = |f: fn(&ConflictRow) -> String| conflicts.iter().map(f).collect::<Vec<_>>();
     let optional =
         |f: fn(&ConflictRow) -> Option<String>| conflicts.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO sink_conflicts (sink, target, key, event_id, reason, stored_fingerprint,
              incoming_fingerprint, stored_row, incoming_record, detail, source_topic,
              source_partition, source_offset)
@@ -171,20 +171,20 @@ pub async fn insert_conflicts(
                      $8::text[], $9::text[], $10::text[], $11::text[], $12::int[], $13::bigint[])
               AS u(target, key, event_id, reason, sfp, ifp, srow, irec, detail, topic, part, off)
          ON CONFLICT (sink, target, source_topic, source_partition, source_offset) DO NOTHING",
+        sink,
+        &text(|c| c.target.clone()),
+        &text(|c| c.key.clone()),
+        &text(|c| c.event_id.clone()),
+        &text(|c| c.reason.clone()),
+        &optional(|c| c.stored_fingerprint.clone()) as &[Option<String>],
+        &text(|c| c.incoming_fingerprint.clone()),
+        &optional(|c| c.stored_row.clone()) as &[Option<String>],
+        &optional(|c| c.incoming_record.clone()) as &[Option<String>],
+        &text(|c| c.detail.clone()),
+        &text(|c| c.topic.clone()),
+        &conflicts.iter().map(|c| c.partition).collect::<Vec<_>>(),
+        &conflicts.iter().map(|c| c.offset).collect::<Vec<_>>(),
     )
-    .bind(sink)
-    .bind(text(|c| c.target.clone()))
-    .bind(text(|c| c.key.clone()))
-    .bind(text(|c| c.event_id.clone()))
-    .bind(text(|c| c.reason.clone()))
-    .bind(optional(|c| c.stored_fingerprint.clone()))
-    .bind(text(|c| c.incoming_fingerprint.clone()))
-    .bind(optional(|c| c.stored_row.clone()))
-    .bind(optional(|c| c.incoming_record.clone()))
-    .bind(text(|c| c.detail.clone()))
-    .bind(text(|c| c.topic.clone()))
-    .bind(conflicts.iter().map(|c| c.partition).collect::<Vec<_>>())
-    .bind(conflicts.iter().map(|c| c.offset).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
@@ -210,21 +210,21 @@ pub async fn insert_dead_letters(
         return Ok(());
     }
     let text = |f: fn(&DeadLetterRow) -> String| dead_letters.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO sink_dead_letters (sink, source_topic, source_partition, source_offset,
              reason, detail, dlq_topic)
          SELECT $1, u.topic, u.part, u.off, u.reason, u.detail, $2
          FROM UNNEST($3::text[], $4::int[], $5::bigint[], $6::text[], $7::text[])
               AS u(topic, part, off, reason, detail)
          ON CONFLICT (sink, source_topic, source_partition, source_offset) DO NOTHING",
+        sink,
+        dlq_topic,
+        &text(|d| d.topic.clone()),
+        &dead_letters.iter().map(|d| d.partition).collect::<Vec<_>>(),
+        &dead_letters.iter().map(|d| d.offset).collect::<Vec<_>>(),
+        &text(|d| d.reason.clone()),
+        &text(|d| d.detail.clone()),
     )
-    .bind(sink)
-    .bind(dlq_topic)
-    .bind(text(|d| d.topic.clone()))
-    .bind(dead_letters.iter().map(|d| d.partition).collect::<Vec<_>>())
-    .bind(dead_letters.iter().map(|d| d.offset).collect::<Vec<_>>())
-    .bind(text(|d| d.reason.clone()))
-    .bind(text(|d| d.detail.clone()))
     .execute(conn)
     .await?;
     Ok(())
