@@ -107,15 +107,18 @@ async fn read_tables(pool: &PgPool, scope: &PostgresScope<'_>) -> anyhow::Result
     // The sink's own table; a database it never migrated has no refusals to read.
     let refused_positions: Vec<(i32, i64)> = if table_exists(pool, "sink_dead_letters").await? {
         let reasons: Vec<&str> = REFUSAL_REASONS.iter().map(|r| r.as_str()).collect();
-        sqlx::query_as(
+        sqlx::query!(
             "SELECT source_partition, source_offset FROM sink_dead_letters \
              WHERE source_topic = $1 AND reason = ANY($2)",
+            scope.output_topic,
+            &reasons as &[&str],
         )
-        .bind(scope.output_topic)
-        .bind(&reasons)
         .fetch_all(pool)
         .await
         .context("reading sink_dead_letters")?
+        .into_iter()
+        .map(|row| (row.source_partition, row.source_offset))
+        .collect()
     } else {
         Vec::new()
     };
@@ -141,11 +144,13 @@ async fn read_tables(pool: &PgPool, scope: &PostgresScope<'_>) -> anyhow::Result
 }
 
 async fn table_exists(pool: &PgPool, table: &str) -> anyhow::Result<bool> {
-    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(quote_table(table))
-        .fetch_one(pool)
-        .await
-        .with_context(|| format!("looking up table {table:?}"))
+    sqlx::query_scalar!(
+        r#"SELECT to_regclass($1) IS NOT NULL AS "exists!""#,
+        quote_table(table)
+    )
+    .fetch_one(pool)
+    .await
+    .with_context(|| format!("looking up table {table:?}"))
 }
 
 /// `table` (optionally `schema.table`) quoted for SQL, once PostgreSQL confirms it exists.

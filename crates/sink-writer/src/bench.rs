@@ -217,10 +217,10 @@ async fn end_to_end(args: &BenchArgs, pool: &PgPool) -> anyhow::Result<(f64, Dur
     let service = tokio::spawn(crate::run(config, shutdown.clone()));
     let deadline = started + Duration::from_secs(600);
     loop {
-        let done: Option<i64> = sqlx::query_scalar(
+        let done: Option<i64> = sqlx::query_scalar!(
             "SELECT SUM(next_offset)::BIGINT FROM sink_checkpoints WHERE sink = $1",
+            group,
         )
-        .bind(&group)
         .fetch_one(pool)
         .await?;
         if done.unwrap_or(0) >= args.end_to_end as i64 {

@@ -42,14 +42,14 @@ pub(super) async fn unknowns(
         .await
         .context("connecting to PostgreSQL for dedup-service's history")?;
     let pattern = format!("{provider_name}:%");
-    let (into, out): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE to_state = 'UNKNOWN'),
-                count(*) FILTER (WHERE from_state = 'UNKNOWN')
-           FROM dedup_intent_history WHERE operation_id LIKE $1",
+    let counts = sqlx::query!(
+        r#"SELECT count(*) FILTER (WHERE to_state = 'UNKNOWN') AS "into_unknown!",
+                  count(*) FILTER (WHERE from_state = 'UNKNOWN') AS "out_of_unknown!"
+             FROM dedup_intent_history WHERE operation_id LIKE $1"#,
+        pattern,
     )
-    .bind(&pattern)
     .fetch_one(&pool)
     .await?;
     pool.close().await;
-    Ok((into, out))
+    Ok((counts.into_unknown, counts.out_of_unknown))
 }
