@@ -352,14 +352,16 @@ mod tests {
 
     #[test]
     fn a_missing_program_names_itself() {
+        let log = log_path("missing");
         let error = ChildProcess::spawn(
             "nothing",
             Command::new("/nonexistent/eos-nothing"),
-            &log_path("missing"),
+            &log,
             LogMode::Truncate,
         )
         .err()
         .map(|e| e.to_string());
+        let _ = std::fs::remove_file(log);
         assert_eq!(
             error.as_deref(),
             Some("cannot start /nonexistent/eos-nothing")
