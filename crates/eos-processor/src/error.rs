@@ -25,3 +25,13 @@ pub enum ProcessorError {
     #[error("Kafka: {0}")]
     Kafka(#[from] KafkaError),
 }
+
+impl From<eos_runtime::transactional_producer::ProducerError> for ProcessorError {
+    fn from(error: eos_runtime::transactional_producer::ProducerError) -> Self {
+        use eos_runtime::transactional_producer::ProducerError;
+        match error {
+            ProducerError::Fatal(error) => Self::Fatal(error),
+            ProducerError::Kafka(error) => Self::Kafka(error),
+        }
+    }
+}

@@ -15,7 +15,6 @@ pub mod metrics;
 pub mod partition_state;
 pub mod topics;
 pub mod transaction_loop;
-pub mod transactional_producer;
 pub mod transform;
 
 use anyhow::Context as _;

@@ -30,8 +30,8 @@ use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
 use crate::partition_state::{Decision, DedupPolicy, InputRecord, Overlay, PartitionState};
-use crate::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 use crate::transform::{SourcePosition, Transform};
+use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 
 /// How often committed ids past the horizon are swept into tombstones, per partition.
 const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
@@ -71,6 +71,7 @@ impl LoopSettings {
             self.transaction_timeout,
             self.call_timeout(),
         )
+        .map_err(ProcessorError::from)
     }
 
     fn restore_timeout(&self) -> Duration {

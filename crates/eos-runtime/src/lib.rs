@@ -18,6 +18,7 @@ pub mod service_main;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace_context;
+pub mod transactional_producer;
 
 pub use service_flags::{InstanceFlags, LogFlags};
 pub use service_main::{run_with_telemetry, service_main};

@@ -1,6 +1,7 @@
-//! The output producer: its creation (transactional in exactly-once mode, idempotent only in
+//! A Kafka producer for the services that write in Kafka transactions (eos-processor,
+//! outbox-relay): its creation (transactional in exactly-once mode, idempotent only in
 //! at-least-once mode), sending records, waiting for their delivery, and the transactional calls
-//! with their errors classified into what the transaction loop does next ([`TxnFailure`]).
+//! with their errors classified into what the caller's loop does next ([`TxnFailure`]).
 //!
 //! Every call here blocks up to its timeout, so the producer is used only from the loop's
 //! dedicated thread, never on the async reactor.
@@ -16,9 +17,8 @@ use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 use tracing::{info, warn};
 
 use eos_core::Guarantee;
-use eos_runtime::backoff::{BlockingRetryable as _, immediate};
 
-use crate::error::ProcessorError;
+use crate::backoff::{BlockingRetryable as _, immediate};
 
 /// Commit attempts whose outcome is unknown before the producer is replaced.
 const COMMIT_ATTEMPTS: u32 = 5;
@@ -34,6 +34,18 @@ pub struct PendingRecord {
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
     pub headers: OwnedHeaders,
+}
+
+/// Why the producer could not be created or its deliveries did not all succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// Fenced by a newer instance, or a fatal producer error: stop producing and exit non-zero
+    /// so the orchestrator restarts the service (and the restart fences whatever is left).
+    #[error("fatal Kafka error, stopping: {0}")]
+    Fatal(KafkaError),
+    /// A call failed outside a transaction; the caller may try again.
+    #[error("Kafka: {0}")]
+    Kafka(#[from] KafkaError),
 }
 
 /// Why a transaction did not commit.
@@ -124,7 +136,8 @@ impl ProducerContext for DeliveryTracker {
     }
 }
 
-/// The producer of outputs, dead letters and changelog records.
+/// The producer of a service's outputs (and, in eos-processor, its dead letters and changelog
+/// records).
 pub struct TransactionalProducer {
     producer: ThreadedProducer<DeliveryTracker>,
     /// How long one blocking call may take.
@@ -148,7 +161,7 @@ impl TransactionalProducer {
         transactional_id: &str,
         transaction_timeout: Duration,
         call_timeout: Duration,
-    ) -> Result<Self, ProcessorError> {
+    ) -> Result<Self, ProducerError> {
         let mut config = client_config.clone();
         config
             .set("enable.idempotence", "true")
@@ -170,9 +183,9 @@ impl TransactionalProducer {
         if guarantee == Guarantee::ExactlyOnce {
             producer.init_transactions(call_timeout).map_err(|error| {
                 match ErrorKind::of(&error) {
-                    ErrorKind::Fatal => ProcessorError::Fatal(error),
+                    ErrorKind::Fatal => ProducerError::Fatal(error),
                     ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
-                        ProcessorError::Kafka(error)
+                        ProducerError::Kafka(error)
                     }
                 }
             })?;
@@ -278,7 +291,7 @@ impl TransactionalProducer {
     }
 
     /// At-least-once: waits until everything sent so far is delivered; a failed delivery is fatal.
-    pub fn flush_delivered(&self) -> Result<(), ProcessorError> {
+    pub fn flush_delivered(&self) -> Result<(), ProducerError> {
         if !self.wait_for_deliveries() {
             self.producer.flush(Duration::ZERO)?;
         }
@@ -290,7 +303,7 @@ impl TransactionalProducer {
             .map(|mut failures| std::mem::take(&mut *failures))
             .unwrap_or_default();
         if let Some(first) = failures.first() {
-            return Err(ProcessorError::Fatal(KafkaError::Global(
+            return Err(ProducerError::Fatal(KafkaError::Global(
                 RDKafkaErrorCode::Fail,
             )))
             .inspect_err(|_| warn!(failed = failures.len(), first, "deliveries failed"));
