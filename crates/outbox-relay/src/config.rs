@@ -1,0 +1,140 @@
+//! Command-line and environment configuration.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use eos_core::Guarantee;
+use eos_runtime::LogFlags;
+
+/// Publishes the rows of the PostgreSQL outbox (table eos_outbox, filled by
+/// eos_outbox_enqueue(...) inside the domain's own transactions) to Kafka.
+///
+/// Rows are read in an order that never skips a committed row and keeps each entity's events in
+/// commit order. In exactly-once mode each batch and the relay's position are written in one
+/// Kafka transaction, so a crash neither loses nor repeats a record for read_committed readers;
+/// a restarted relay with the same name fences the old one. In at-least-once mode the position is
+/// stored in PostgreSQL after Kafka acknowledged the batch, so a crash repeats records.
+/// LISTEN/NOTIFY wakes the relay at each commit; it also polls, in case a notification is missed.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "outbox-relay", version, about, long_about)]
+pub struct Config {
+    /// Kafka bootstrap servers.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub bootstrap_servers: String,
+
+    /// PostgreSQL URL of the database that holds the outbox.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// The relay's name: the key of its position, and its transactional.id is
+    /// outbox-relay-<name>, so a second relay with the same name fences the first. Run one relay
+    /// per outbox.
+    #[arg(long, env = "OUTBOX_RELAY_NAME", default_value = "default")]
+    pub relay_name: String,
+
+    /// exactly-once (Kafka transactions with the position inside) or at-least-once (position in
+    /// PostgreSQL after delivery: a crash repeats records, consumers must dedup by event_id).
+    #[arg(long, env = "EOS_GUARANTEE", default_value = "exactly-once")]
+    pub guarantee: Guarantee,
+
+    /// Compacted topic holding the relay's position (exactly-once mode), created when missing.
+    #[arg(
+        long,
+        env = "OUTBOX_POSITIONS_TOPIC",
+        default_value = "eos-outbox-relay-positions"
+    )]
+    pub positions_topic: String,
+
+    /// Most rows published in one Kafka transaction.
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500)]
+    pub batch_size: i64,
+
+    /// How often to look for rows when no notification came.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Kafka transaction timeout: how long a crashed relay's open transaction blocks readers.
+    #[arg(long, env = "OUTBOX_TRANSACTION_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub transaction_timeout: Duration,
+
+    /// How long published rows stay in the outbox before they are purged.
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub retention: Duration,
+
+    /// How often published rows past the retention are purged (0s: never).
+    #[arg(long, env = "OUTBOX_PURGE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub purge_interval: Duration,
+
+    /// Most rows deleted by one purge statement, so a purge never holds long locks.
+    #[arg(long, env = "OUTBOX_PURGE_BATCH", default_value_t = 1000)]
+    pub purge_batch: i64,
+
+    /// Address of /metrics, /healthz, /readyz and /boundary (port 0: any free port, logged).
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9467")]
+    pub metrics_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+impl Config {
+    pub fn transactional_id(&self) -> String {
+        format!("outbox-relay-{}", self.relay_name)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.relay_name.is_empty() {
+            return Err("--relay-name must not be empty".into());
+        }
+        if self.batch_size < 1 {
+            return Err("--batch-size must be at least 1".into());
+        }
+        if self.purge_batch < 1 {
+            return Err("--purge-batch must be at least 1".into());
+        }
+        if self.poll_interval.is_zero() {
+            return Err("--poll-interval must be above 0".into());
+        }
+        if self.positions_topic.is_empty() {
+            return Err("--positions-topic must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        let mut argv = vec!["outbox-relay", "--database-url", "postgres://x/y"];
+        argv.extend_from_slice(args);
+        Config::try_parse_from(argv)
+    }
+
+    #[test]
+    fn defaults_are_exactly_once_with_a_stable_transactional_id() {
+        let config = parse(&[]).expect("defaults parse");
+        assert_eq!(config.guarantee, Guarantee::ExactlyOnce);
+        assert_eq!(config.transactional_id(), "outbox-relay-default");
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn nonsense_is_refused_with_the_flag_named() {
+        let error = parse(&["--guarantee", "maybe"]).expect_err("refused");
+        assert!(error.to_string().contains("guarantee"), "{error}");
+        let config = parse(&["--batch-size", "0"]).expect("parses");
+        assert_eq!(
+            config.validate(),
+            Err("--batch-size must be at least 1".into())
+        );
+        let config = parse(&["--relay-name", ""]).expect("parses");
+        assert!(config.validate().is_err());
+    }
+}

@@ -1,0 +1,47 @@
+//! The relay's error enum: each variant is something the caller does differently.
+
+use rdkafka::error::KafkaError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// Bad flags: fix the configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The position topic is missing and cannot be created, or has the wrong shape.
+    #[error("topic {topic}: {detail}")]
+    Topic { topic: String, detail: String },
+    /// The position in Kafka and the one in PostgreSQL disagree in a way that means one of them
+    /// lost data: starting would repeat or skip rows, so do not.
+    #[error("position of relay {relay}: {detail}")]
+    Position { relay: String, detail: String },
+    /// A row cannot be turned into a valid envelope (it was written around the table's checks):
+    /// stop rather than skip it.
+    #[error(
+        "outbox row at position {position} (event {event_id}) is not a valid envelope: {detail}"
+    )]
+    InvalidRow {
+        position: i64,
+        event_id: String,
+        detail: String,
+    },
+    /// Fenced by a newer relay with the same name, or a fatal producer error: exit non-zero.
+    #[error("fatal Kafka error, stopping: {0}")]
+    Fatal(KafkaError),
+    /// A Kafka call failed where no transaction was open.
+    #[error("Kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("PostgreSQL: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migrating the outbox schema: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl From<eos_runtime::transactional_producer::ProducerError> for RelayError {
+    fn from(error: eos_runtime::transactional_producer::ProducerError) -> Self {
+        use eos_runtime::transactional_producer::ProducerError;
+        match error {
+            ProducerError::Fatal(error) => Self::Fatal(error),
+            ProducerError::Kafka(error) => Self::Kafka(error),
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! outbox-relay: publishes the PostgreSQL outbox (`eos-outbox`) to Kafka.
+//!
+//! Guarantee (exactly-once mode): every committed outbox row becomes exactly one record for
+//! `read_committed` readers, in each entity's commit order, through relay crashes, zombie relays
+//! and restarts of PostgreSQL or the broker. The rows are read in an order that never skips a
+//! committed row (`eos_outbox::reader`); each batch and the relay's position are one Kafka
+//! transaction; a restarted relay with the same name fences its zombie. In at-least-once mode a
+//! crash repeats records, which consumers absorb by `event_id` (eos-processor does).
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod position_topic;
+pub mod purge;
+pub mod relay_loop;
+
+use anyhow::Context as _;
+use rdkafka::ClientConfig;
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+
+use eos_core::{Boundary, Guarantee};
+use eos_runtime::ops_http::OpsEndpoint;
+
+pub use config::Config;
+pub use error::RelayError;
+use relay_loop::{RelayLoop, RelaySettings};
+
+/// The guarantee this configuration gives, for logs and `/boundary`.
+pub fn boundary(config: &Config) -> Boundary {
+    let input =
+        "postgres table=eos_outbox, read by (order_xid, position) below the snapshot's xmin"
+            .to_owned();
+    let result = "kafka topics named by each row, keyed by each row's key".to_owned();
+    match config.guarantee {
+        Guarantee::ExactlyOnce => Boundary {
+            guarantee: Guarantee::ExactlyOnce,
+            input,
+            result,
+            checkpoint: format!(
+                "kafka topic={} key={}, written inside each batch's transaction \
+                 (transactional.id={})",
+                config.positions_topic,
+                config.relay_name,
+                config.transactional_id()
+            ),
+            recovery: "init_transactions fences the previous relay and aborts its open \
+                       transaction; the position is read back with read_committed and reading \
+                       resumes after it"
+                .into(),
+        },
+        Guarantee::AtLeastOnce => Boundary {
+            guarantee: Guarantee::AtLeastOnce,
+            input,
+            result,
+            checkpoint: "postgres table=eos_outbox_relay_positions, written after Kafka \
+                         acknowledged the batch"
+                .into(),
+            recovery: "resumes after the recorded position; rows published after it are \
+                       published again, so consumers must be idempotent by event_id"
+                .into(),
+        },
+    }
+}
+
+/// Runs the relay until `shutdown` is cancelled (exit 0 after the batch in flight) or a fatal
+/// error (fenced, a position that disagrees with PostgreSQL, a row that is not an envelope).
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    config.validate().map_err(RelayError::Config)?;
+    let ops = OpsEndpoint::start(config.metrics_addr, boundary(&config), metrics::describe).await?;
+    let readiness = ops.readiness.clone();
+
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&config.database_url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    eos_outbox::migrator()
+        .run(&pool)
+        .await
+        .map_err(RelayError::from)?;
+
+    let mut client_config = ClientConfig::new();
+    client_config.set("bootstrap.servers", &config.bootstrap_servers);
+    if config.guarantee == Guarantee::ExactlyOnce {
+        position_topic::ensure_positions_topic(&client_config, &config.positions_topic).await?;
+    }
+    let settings = RelaySettings {
+        client_config,
+        guarantee: config.guarantee,
+        relay_name: config.relay_name.clone(),
+        transactional_id: config.transactional_id(),
+        positions_topic: config.positions_topic.clone(),
+        batch_size: config.batch_size,
+        poll_interval: config.poll_interval,
+        transaction_timeout: config.transaction_timeout,
+    };
+    let relay = RelayLoop::start(settings, pool.clone()).await?;
+    let purge = tokio::spawn(purge::run(
+        pool.clone(),
+        purge::PurgeSettings {
+            interval: config.purge_interval,
+            retention: config.retention,
+            batch: config.purge_batch,
+        },
+        shutdown.clone(),
+    ));
+    let result = relay.run(&shutdown, &readiness).await;
+    shutdown.cancel();
+    let _ = purge.await;
+    pool.close().await;
+    ops.stop().await;
+    result.map_err(anyhow::Error::from)
+}

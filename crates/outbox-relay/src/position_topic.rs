@@ -1,0 +1,183 @@
+//! The relay's position in Kafka (exactly-once mode): a compacted one-partition topic, keyed by
+//! relay name, written inside the same transaction as the records it counts — as Kafka Connect's
+//! exactly-once source connectors keep their offsets. Read back with `read_committed` at start,
+//! it says exactly which rows are in Kafka.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use eos_outbox::OutboxCursor;
+use eos_runtime::transactional_producer::PendingRecord;
+
+use crate::error::RelayError;
+
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The record value: where the relay has got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct PositionValue {
+    order_xid: i64,
+    position: i64,
+}
+
+fn topic_error(topic: &str, detail: impl Into<String>) -> RelayError {
+    RelayError::Topic {
+        topic: topic.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+/// Creates the topic (one partition, compacted) when missing; refuses one that is not compacted
+/// only, since retention could then delete the position and the relay would publish again.
+pub async fn ensure_positions_topic(
+    client_config: &ClientConfig,
+    topic: &str,
+) -> Result<(), RelayError> {
+    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+    let new_topic =
+        NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    for result in admin.create_topics([&new_topic], &options).await? {
+        match result {
+            Ok(topic) => tracing::info!(topic, "created topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(topic_error(&topic, format!("cannot create: {code}")));
+            }
+        }
+    }
+    let configs = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+        .await?;
+    let policy = configs
+        .into_iter()
+        .flatten()
+        .flat_map(|resource| resource.entries)
+        .find(|entry| entry.name == "cleanup.policy")
+        .and_then(|entry| entry.value);
+    match policy.as_deref() {
+        Some("compact") => Ok(()),
+        other => Err(topic_error(
+            topic,
+            format!(
+                "cleanup.policy is {other:?}, expected \"compact\" only: deleting old segments \
+                 could delete the relay's position"
+            ),
+        )),
+    }
+}
+
+/// The record that moves `relay_name`'s position to `cursor`, sent inside the batch's
+/// transaction.
+pub fn position_record(topic: &str, relay_name: &str, cursor: OutboxCursor) -> PendingRecord {
+    let value = PositionValue {
+        order_xid: cursor.order_xid,
+        position: cursor.position,
+    };
+    PendingRecord {
+        topic: topic.to_owned(),
+        partition: Some(0),
+        key: Some(relay_name.as_bytes().to_vec()),
+        payload: serde_json::to_vec(&value).ok(),
+        headers: OwnedHeaders::new(),
+    }
+}
+
+/// `relay_name`'s last committed position (`None`: it never committed one). Call after the
+/// producer's `init_transactions`, which aborts this relay's open transaction; an open
+/// transaction of another relay on the topic is waited for, up to `timeout`.
+pub fn read_position(
+    client_config: &ClientConfig,
+    topic: &str,
+    relay_name: &str,
+    timeout: Duration,
+) -> Result<Option<OutboxCursor>, RelayError> {
+    let position_error = |detail: String| RelayError::Position {
+        relay: relay_name.to_owned(),
+        detail,
+    };
+    let consumer: BaseConsumer = client_config
+        .clone()
+        // librdkafka refuses to fetch without a group id even for a manual assignment; this group
+        // never commits anything.
+        .set("group.id", format!("{topic}-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let (low, high) = consumer.fetch_watermarks(topic, 0, ADMIN_TIMEOUT)?;
+    if high <= low {
+        return Ok(None);
+    }
+    let mut assignment = TopicPartitionList::new();
+    assignment.add_partition_offset(topic, 0, Offset::Offset(low))?;
+    consumer.assign(&assignment)?;
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            let message = message?;
+            if message.key() == Some(relay_name.as_bytes()) {
+                last = match message.payload() {
+                    // A tombstone: an operator reset the position on purpose.
+                    None => None,
+                    Some(bytes) => {
+                        let value: PositionValue = serde_json::from_slice(bytes).map_err(|e| {
+                            position_error(format!(
+                                "record at offset {} does not decode: {e}",
+                                message.offset()
+                            ))
+                        })?;
+                        Some(OutboxCursor {
+                            order_xid: value.order_xid,
+                            position: value.position,
+                        })
+                    }
+                };
+            }
+        }
+        // Aborted records and transaction markers advance the position without being returned.
+        let position = consumer
+            .position()
+            .ok()
+            .and_then(|list| {
+                list.find_partition(topic, 0)
+                    .and_then(|p| p.offset().to_raw())
+            })
+            .unwrap_or(low);
+        if position >= high {
+            return Ok(last);
+        }
+        if Instant::now() > deadline {
+            return Err(position_error(format!(
+                "stuck at offset {position} of {high} of {topic} after {timeout:?}: an open \
+                 transaction holds the last stable offset"
+            )));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_position_record_is_keyed_by_relay_and_round_trips() {
+        let cursor = OutboxCursor {
+            order_xid: 826_260,
+            position: 42,
+        };
+        let record = position_record("positions", "default", cursor);
+        assert_eq!(record.partition, Some(0));
+        assert_eq!(record.key.as_deref(), Some(b"default".as_slice()));
+        let value: PositionValue =
+            serde_json::from_slice(record.payload.as_deref().unwrap_or_default()).expect("decodes");
+        assert_eq!((value.order_xid, value.position), (826_260, 42));
+    }
+}

@@ -1,0 +1,447 @@
+//! The relay loop: read the next rows of the outbox, publish them, move the position; wait for a
+//! notification (or the poll interval) when there is nothing to read.
+//!
+//! Exactly-once mode: the batch's records and the position record are one Kafka transaction
+//! (`eos_runtime::transactional_producer` classifies its failures). Aborted: nothing of it is
+//! visible, and the same rows are read again. Outcome unknown: the producer is replaced (its
+//! `init_transactions` settles the transaction) and the position is read back from Kafka, which
+//! says whether the batch is in. At-least-once mode: the position is stored in PostgreSQL after
+//! Kafka acknowledged the batch, so a crash in between publishes the batch again.
+//!
+//! The producer's calls block, so they run under `block_in_place`.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use rdkafka::ClientConfig;
+use rdkafka::message::OwnedHeaders;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use time::OffsetDateTime;
+use tokio::task::block_in_place;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, info_span, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use eos_core::Guarantee;
+use eos_outbox::relay_positions::{record_relayed, relayed_position};
+use eos_outbox::{OutboxCursor, OutboxRow, read_after};
+use eos_runtime::ops_http::Readiness;
+use eos_runtime::trace_context;
+use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
+use opentelemetry::trace::TraceContextExt as _;
+
+use crate::error::RelayError;
+use crate::metrics as m;
+use crate::position_topic::{position_record, read_position};
+
+/// The channel `eos_outbox_enqueue` notifies at commit.
+pub const NOTIFY_CHANNEL: &str = "eos_outbox";
+/// Longest wait between attempts while PostgreSQL or the broker is unreachable.
+const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Everything the loop needs, resolved from the configuration.
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    pub client_config: ClientConfig,
+    pub guarantee: Guarantee,
+    pub relay_name: String,
+    pub transactional_id: String,
+    pub positions_topic: String,
+    pub batch_size: i64,
+    pub poll_interval: Duration,
+    pub transaction_timeout: Duration,
+}
+
+impl RelaySettings {
+    fn call_timeout(&self) -> Duration {
+        self.transaction_timeout.max(Duration::from_secs(10))
+    }
+
+    /// A crashed relay's open transaction holds the position topic's LSO until the broker
+    /// aborts it.
+    fn position_read_timeout(&self) -> Duration {
+        self.transaction_timeout * 3 + Duration::from_secs(30)
+    }
+
+    fn create_producer(&self) -> Result<TransactionalProducer, RelayError> {
+        Ok(TransactionalProducer::new(
+            &self.client_config,
+            self.guarantee,
+            &self.transactional_id,
+            self.transaction_timeout,
+            self.call_timeout(),
+        )?)
+    }
+}
+
+#[derive(Debug)]
+pub struct RelayLoop {
+    settings: RelaySettings,
+    pool: PgPool,
+    producer: TransactionalProducer,
+    /// The last row known to be published.
+    cursor: OutboxCursor,
+}
+
+impl RelayLoop {
+    /// Creates the producer (fencing an earlier relay of the same name) and finds where to
+    /// resume.
+    pub async fn start(settings: RelaySettings, pool: PgPool) -> Result<Self, RelayError> {
+        let producer = block_in_place(|| settings.create_producer())?;
+        let cursor = recover_cursor(&settings, &pool).await?;
+        info!(
+            relay = %settings.relay_name,
+            order_xid = cursor.order_xid,
+            position = cursor.position,
+            guarantee = %settings.guarantee,
+            "resuming after this outbox position"
+        );
+        Ok(Self {
+            settings,
+            pool,
+            producer,
+            cursor,
+        })
+    }
+
+    /// Publishes until `shutdown` is cancelled (the batch in flight finishes first) or a fatal
+    /// error.
+    pub async fn run(
+        mut self,
+        shutdown: &CancellationToken,
+        readiness: &Readiness,
+    ) -> Result<(), RelayError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        readiness.set(true);
+        let mut database_failures = 0u32;
+        while !shutdown.is_cancelled() {
+            let rows = match read_after(&self.pool, self.cursor, self.settings.batch_size).await {
+                Ok(rows) => rows,
+                Err(error) => {
+                    database_failures += 1;
+                    readiness.set(false);
+                    let delay = retry_backoff(database_failures);
+                    warn!(%error, attempt = database_failures, ?delay, "cannot read the outbox; retrying");
+                    sleep_or_shutdown(delay, shutdown).await;
+                    continue;
+                }
+            };
+            if database_failures > 0 {
+                database_failures = 0;
+                readiness.set(true);
+                info!("reading the outbox again");
+            }
+            if rows.is_empty() {
+                self.wait_for_rows(&mut listener, shutdown).await;
+                continue;
+            }
+            self.publish(&rows).await?;
+        }
+        info!("shutting down: the last batch is published");
+        Ok(())
+    }
+
+    /// Until a notification, the poll interval, or shutdown.
+    async fn wait_for_rows(&self, listener: &mut PgListener, shutdown: &CancellationToken) {
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = tokio::time::sleep(self.settings.poll_interval) => {}
+            notification = listener.try_recv() => {
+                if let Err(error) = notification {
+                    // The listener reconnects on its next call; poll meanwhile.
+                    warn!(%error, "outbox notifications interrupted; polling");
+                    sleep_or_shutdown(self.settings.poll_interval, shutdown).await;
+                }
+            }
+        }
+    }
+
+    async fn publish(&mut self, rows: &[OutboxRow]) -> Result<(), RelayError> {
+        let records = rows.iter().map(record_for).collect::<Result<Vec<_>, _>>()?;
+        let Some(last) = rows.last().map(|row| row.cursor) else {
+            return Ok(());
+        };
+        match self.settings.guarantee {
+            Guarantee::ExactlyOnce => self.publish_in_transaction(&records, rows, last).await,
+            Guarantee::AtLeastOnce => self.publish_then_record(&records, rows, last).await,
+        }
+    }
+
+    async fn publish_in_transaction(
+        &mut self,
+        records: &[PendingRecord],
+        rows: &[OutboxRow],
+        last: OutboxCursor,
+    ) -> Result<(), RelayError> {
+        let position = position_record(
+            &self.settings.positions_topic,
+            &self.settings.relay_name,
+            last,
+        );
+        let outcome = block_in_place(|| {
+            self.producer.begin()?;
+            for record in records.iter().chain(std::iter::once(&position)) {
+                self.producer.send(record).map_err(TxnFailure::from)?;
+            }
+            self.producer.commit()
+        });
+        match outcome {
+            Ok(()) => {
+                counter!(m::TRANSACTIONS, "outcome" => "committed").increment(1);
+                self.published(rows, last).await;
+                Ok(())
+            }
+            Err(TxnFailure::Abortable(error)) => {
+                counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
+                warn!(%error, rows = rows.len(), "batch aborted; publishing it again");
+                match block_in_place(|| self.producer.abort()) {
+                    Ok(()) => Ok(()),
+                    Err(TxnFailure::Fatal(error)) => Err(RelayError::Fatal(error)),
+                    Err(TxnFailure::Abortable(error) | TxnFailure::Unknown(error)) => {
+                        warn!(%error, "abort failed; replacing the producer");
+                        self.recover().await
+                    }
+                }
+            }
+            Err(TxnFailure::Unknown(error)) => {
+                counter!(m::TRANSACTIONS, "outcome" => "recovered").increment(1);
+                warn!(%error, rows = rows.len(), "commit outcome unknown; replacing the producer and reading the position back");
+                self.recover().await
+            }
+            Err(TxnFailure::Fatal(error)) => Err(RelayError::Fatal(error)),
+        }
+    }
+
+    async fn publish_then_record(
+        &mut self,
+        records: &[PendingRecord],
+        rows: &[OutboxRow],
+        last: OutboxCursor,
+    ) -> Result<(), RelayError> {
+        block_in_place(|| -> Result<(), RelayError> {
+            for record in records {
+                self.producer.send(record)?;
+            }
+            Ok(self.producer.flush_delivered()?)
+        })?;
+        self.published(rows, last).await;
+        Ok(())
+    }
+
+    /// After Kafka has the batch: move the cursor and tell PostgreSQL (the authority in
+    /// at-least-once mode; in exactly-once mode a lagging copy that bounds the purge).
+    async fn published(&mut self, rows: &[OutboxRow], last: OutboxCursor) {
+        self.cursor = last;
+        counter!(m::RECORDS_PUBLISHED).increment(rows.len() as u64);
+        gauge!(m::POSITION).set(last.position as f64);
+        let now = OffsetDateTime::now_utc();
+        for row in rows {
+            histogram!(m::ENQUEUE_TO_PUBLISH_SECONDS)
+                .record((now - row.enqueued_at).as_seconds_f64().max(0.0));
+        }
+        if let Err(error) = record_relayed(&self.pool, &self.settings.relay_name, last).await {
+            warn!(%error, position = last.position, "cannot record the published position in PostgreSQL; it catches up with the next batch");
+        }
+    }
+
+    /// A new producer (whose `init_transactions` settles the open transaction) and the position
+    /// read back from where it is authoritative. While the broker or PostgreSQL is unreachable
+    /// this keeps trying: only a fatal error or a position that cannot be trusted stops it.
+    async fn recover(&mut self) -> Result<(), RelayError> {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let recovered = match block_in_place(|| self.settings.create_producer()) {
+                Ok(producer) => {
+                    self.producer = producer;
+                    recover_cursor(&self.settings, &self.pool).await
+                }
+                Err(error) => Err(error),
+            };
+            match recovered {
+                Ok(cursor) => {
+                    self.cursor = cursor;
+                    info!(position = cursor.position, attempt, "recovered; resuming");
+                    return Ok(());
+                }
+                Err(error @ (RelayError::Kafka(_) | RelayError::Database(_))) => {
+                    let delay = retry_backoff(attempt);
+                    warn!(%error, attempt, ?delay, "cannot recover yet; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// Where to resume. Exactly-once: the position committed in Kafka, unless PostgreSQL records a
+/// later one, which means Kafka lost committed records: refuse rather than publish again.
+async fn recover_cursor(
+    settings: &RelaySettings,
+    pool: &PgPool,
+) -> Result<OutboxCursor, RelayError> {
+    let recorded = relayed_position(pool, &settings.relay_name).await?;
+    if settings.guarantee == Guarantee::AtLeastOnce {
+        return Ok(recorded.unwrap_or_default());
+    }
+    let committed = block_in_place(|| {
+        read_position(
+            &settings.client_config,
+            &settings.positions_topic,
+            &settings.relay_name,
+            settings.position_read_timeout(),
+        )
+    })?;
+    match (committed, recorded) {
+        (Some(committed), Some(recorded)) if recorded > committed => Err(RelayError::Position {
+            relay: settings.relay_name.clone(),
+            detail: format!(
+                "PostgreSQL records position {recorded:?} as published, but the last position \
+                 committed to {} is {committed:?}: Kafka lost committed records, so the records \
+                 after it may be missing or would be published twice. Check the topics, then \
+                 update or delete the relay's row in eos_outbox_relay_positions",
+                settings.positions_topic
+            ),
+        }),
+        (None, Some(recorded)) => {
+            warn!(
+                topic = %settings.positions_topic,
+                position = recorded.position,
+                "the position topic has no position for this relay; resuming after PostgreSQL's \
+                 (rows published after it but before the last crash are published again)"
+            );
+            Ok(recorded)
+        }
+        (committed, _) => Ok(committed.unwrap_or_default()),
+    }
+}
+
+/// The record for one row: key and value as the row says, the event id header, and the trace
+/// context of a span whose parent is the context stored at enqueue, so the event's trace goes on
+/// from the domain change.
+fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
+    let payload = row
+        .envelope_bytes()
+        .map_err(|error| RelayError::InvalidRow {
+            position: row.cursor.position,
+            event_id: row.event_id.clone(),
+            detail: error.to_string(),
+        })?;
+    let parent = row
+        .trace_context
+        .as_deref()
+        .map(trace_context::context_from_stored)
+        .unwrap_or_default();
+    let parent = trace_context::context_with_event_id(&parent, &row.event_id);
+    let span = info_span!(
+        "publish",
+        otel.name = "outbox-relay publish",
+        otel.kind = "producer",
+        event_id = %row.event_id,
+        messaging.system = "kafka",
+        messaging.operation.type = "publish",
+        messaging.destination.name = %row.topic,
+        outbox.position = row.cursor.position,
+    );
+    let _ = span.set_parent(parent.clone());
+    // Without an exporter the span has no context of its own: pass the stored one on.
+    let span_cx = span.context();
+    let cx = if span_cx.span().span_context().is_valid() {
+        trace_context::context_with_event_id(&span_cx, &row.event_id)
+    } else {
+        parent
+    };
+    let headers = trace_context::with_event_id(
+        trace_context::inject_kafka(&cx, OwnedHeaders::new()),
+        &row.event_id,
+    );
+    Ok(PendingRecord {
+        topic: row.topic.clone(),
+        partition: None,
+        key: Some(row.key.clone().into_bytes()),
+        payload: Some(payload),
+        headers,
+    })
+}
+
+fn retry_backoff(failures: u32) -> Duration {
+    let millis = 100u64.saturating_mul(1 << failures.min(6));
+    Duration::from_millis(millis).min(MAX_RETRY_BACKOFF)
+}
+
+async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = tokio::time::sleep(delay) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_backoff_doubles_up_to_its_cap() {
+        assert_eq!(retry_backoff(1), Duration::from_millis(200));
+        assert_eq!(retry_backoff(2), Duration::from_millis(400));
+        assert_eq!(retry_backoff(30), MAX_RETRY_BACKOFF);
+    }
+
+    #[test]
+    fn a_record_carries_the_row_key_envelope_and_event_id() {
+        let row = OutboxRow {
+            cursor: OutboxCursor {
+                order_xid: 7,
+                position: 3,
+            },
+            topic: "payments".into(),
+            key: "acct-1".into(),
+            event_id: "ev-1".into(),
+            entity_id: "acct-1".into(),
+            value: 1250,
+            version: Some(2),
+            payload: None,
+            occurred_at: None,
+            trace_context: None,
+            enqueued_at: OffsetDateTime::UNIX_EPOCH,
+        };
+        let record = record_for(&row).expect("valid row");
+        assert_eq!(record.topic, "payments");
+        assert_eq!(record.key.as_deref(), Some(b"acct-1".as_slice()));
+        let envelope =
+            eos_core::EventEnvelope::parse(record.payload.as_deref().unwrap_or_default())
+                .expect("parses");
+        assert_eq!(envelope.event_id.as_str(), "ev-1");
+        assert_eq!((envelope.value, envelope.version), (1250, Some(2)));
+        let headers = record.headers;
+        assert_eq!(
+            trace_context::event_id_header(&headers),
+            Some("ev-1"),
+            "event_id header"
+        );
+    }
+
+    #[test]
+    fn a_row_written_around_the_checks_stops_the_relay_instead_of_being_skipped() {
+        let row = OutboxRow {
+            cursor: OutboxCursor::default(),
+            topic: "payments".into(),
+            key: "k".into(),
+            event_id: String::new(),
+            entity_id: "e".into(),
+            value: 1,
+            version: None,
+            payload: None,
+            occurred_at: None,
+            trace_context: None,
+            enqueued_at: OffsetDateTime::UNIX_EPOCH,
+        };
+        assert!(matches!(
+            record_for(&row),
+            Err(RelayError::InvalidRow { .. })
+        ));
+    }
+}
