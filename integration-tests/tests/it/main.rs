@@ -5,6 +5,7 @@ mod dedup_service;
 mod demo;
 mod eosctl_audit;
 mod kafka_transactions;
+mod outbox;
 mod postgres_idempotency;
 mod processor;
 mod provider_sim;

@@ -1,0 +1,884 @@
+//! The outbox boundary against real PostgreSQL and a real broker: domain transactions that
+//! commit, roll back or lose their backend; commits out of position order; outbox-relay
+//! SIGKILLed, paused as a zombie, and cut off from PostgreSQL; the purge under load. Every run is
+//! audited by `event_id` against the committed domain rows.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use eos_core::{EntityId, EventEnvelope, EventId};
+use eos_outbox::relay_positions::{purge_relayed, record_relayed, relayed_position};
+use eos_outbox::{OutboxCursor, OutboxEvent, read_after};
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{
+    Isolation, PostgresRestartGuard, TestDatabase, bootstrap_servers, create_topic, read_topic,
+    unique_name,
+};
+use rand::{Rng as _, SeedableRng as _};
+use rdkafka::Message as _;
+use sqlx::{Connection as _, PgConnection, PgPool};
+
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(180);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The domain of the tests: an account whose version each payment bumps, and the payment rows.
+const DOMAIN_SCHEMA: &str = "
+    CREATE TABLE accounts (entity_id TEXT PRIMARY KEY, version BIGINT NOT NULL);
+    CREATE TABLE domain_payments (
+        event_id TEXT PRIMARY KEY, entity_id TEXT NOT NULL, amount BIGINT NOT NULL,
+        version BIGINT NOT NULL)";
+
+/// One outbox, its topic and its relay's names.
+struct Outbox {
+    db: TestDatabase,
+    topic: String,
+    positions_topic: String,
+    relay_name: String,
+}
+
+impl Outbox {
+    async fn create() -> anyhow::Result<Self> {
+        Self::on(TestDatabase::create().await?).await
+    }
+
+    async fn on(db: TestDatabase) -> anyhow::Result<Self> {
+        eos_outbox::migrator().run(&db.pool).await?;
+        sqlx::raw_sql(DOMAIN_SCHEMA).execute(&db.pool).await?;
+        let topic = unique_name("outbox-payments");
+        create_topic(&topic, 3).await?;
+        Ok(Self {
+            db,
+            topic,
+            positions_topic: unique_name("outbox-positions"),
+            relay_name: unique_name("relay"),
+        })
+    }
+
+    fn spawn_relay(&self, guarantee: &str, extra: &[&str]) -> anyhow::Result<ServiceProcess> {
+        let mut args: Vec<String> = [
+            "--bootstrap-servers",
+            &bootstrap_servers(),
+            "--database-url",
+            &self.db.url,
+            "--relay-name",
+            &self.relay_name,
+            "--positions-topic",
+            &self.positions_topic,
+            "--guarantee",
+            guarantee,
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--poll-interval",
+            "200ms",
+            "--transaction-timeout",
+            "10s",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        ServiceProcess::spawn("outbox-relay", &args, &[])
+    }
+
+    fn writer(&self, plan: WritePlan) -> DomainWriter {
+        DomainWriter {
+            pool: self.db.pool.clone(),
+            admin_url: self.db.url.clone(),
+            topic: self.topic.clone(),
+            plan,
+        }
+    }
+
+    /// Waits until the relay records, in PostgreSQL, the last row of the outbox as published.
+    /// In exactly-once mode it records a position only after Kafka committed it.
+    async fn wait_relayed(&self, relay: &ServiceProcess) -> anyhow::Result<()> {
+        let last = sqlx::query_as::<_, (i64, i64)>(
+            "SELECT order_xid, position FROM eos_outbox ORDER BY order_xid DESC, position DESC \
+             LIMIT 1",
+        )
+        .fetch_optional(&self.db.pool)
+        .await?
+        .map(|(order_xid, position)| OutboxCursor {
+            order_xid,
+            position,
+        })
+        .unwrap_or_default();
+        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        loop {
+            let relayed = relayed_position(&self.db.pool, &self.relay_name).await?;
+            if relayed.is_some_and(|relayed| relayed >= last) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "relay at {relayed:?}, outbox ends at {last:?} after {CATCH_UP_TIMEOUT:?}\n{}",
+                    relay.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The committed domain rows: event id → (entity id, version).
+    async fn committed(&self) -> anyhow::Result<HashMap<String, (String, i64)>> {
+        let rows = sqlx::query_as::<_, (String, String, i64)>(
+            "SELECT event_id, entity_id, version FROM domain_payments",
+        )
+        .fetch_all(&self.db.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(event_id, entity_id, version)| (event_id, (entity_id, version)))
+            .collect())
+    }
+
+    async fn audit(&self) -> anyhow::Result<OutboxAudit> {
+        let committed = self.committed().await?;
+        let topic = self.topic.clone();
+        let records =
+            tokio::task::spawn_blocking(move || read_topic(&topic, Isolation::ReadCommitted))
+                .await??;
+        Ok(OutboxAudit::of(&committed, &records))
+    }
+
+    async fn drop_database(self) -> anyhow::Result<()> {
+        self.db.drop_database().await
+    }
+}
+
+/// What the topic holds against what the domain committed.
+#[derive(Debug, Default)]
+struct OutboxAudit {
+    committed: usize,
+    records: usize,
+    /// Records beyond the first of their event id.
+    duplicates: usize,
+    /// Committed rows with no record.
+    missing: Vec<String>,
+    /// Records with no committed row (a rolled-back change published).
+    without_row: Vec<String>,
+    /// Records whose content differs from their row, or whose key is not their entity.
+    mismatched: Vec<String>,
+    /// First deliveries of an entity's events out of its version (commit) order.
+    out_of_order: Vec<String>,
+}
+
+impl OutboxAudit {
+    fn of(
+        committed: &HashMap<String, (String, i64)>,
+        records: &[rdkafka::message::OwnedMessage],
+    ) -> Self {
+        let mut audit = Self {
+            committed: committed.len(),
+            records: records.len(),
+            ..Self::default()
+        };
+        let mut seen = HashSet::new();
+        let mut last_version: HashMap<String, i64> = HashMap::new();
+        // read_topic sorts by (partition, offset), and an entity's events share a partition.
+        for record in records {
+            let envelope = match EventEnvelope::parse(record.payload().unwrap_or_default()) {
+                Ok(envelope) => envelope,
+                Err(error) => {
+                    audit
+                        .mismatched
+                        .push(format!("offset {}: {error}", record.offset()));
+                    continue;
+                }
+            };
+            let event_id = envelope.event_id.to_string();
+            if !seen.insert(event_id.clone()) {
+                audit.duplicates += 1;
+                continue;
+            }
+            let Some((entity_id, version)) = committed.get(&event_id) else {
+                audit.without_row.push(event_id);
+                continue;
+            };
+            let version_in_record = envelope.version.map(|v| v as i64);
+            if envelope.entity_id.as_str() != entity_id
+                || version_in_record != Some(*version)
+                || record.key() != Some(entity_id.as_bytes())
+            {
+                audit.mismatched.push(event_id.clone());
+            }
+            let last = last_version.entry(entity_id.clone()).or_insert(0);
+            if *version != *last + 1 {
+                audit
+                    .out_of_order
+                    .push(format!("{entity_id}: version {version} after {last}"));
+            }
+            *last = (*last).max(*version);
+        }
+        audit.missing = committed
+            .keys()
+            .filter(|event_id| !seen.contains(*event_id))
+            .cloned()
+            .collect();
+        audit
+    }
+
+    /// Exactly one record per committed row, none without one, each entity in commit order.
+    fn assert_exact(&self) {
+        assert!(
+            self.duplicates == 0
+                && self.missing.is_empty()
+                && self.without_row.is_empty()
+                && self.mismatched.is_empty()
+                && self.out_of_order.is_empty()
+                && self.records == self.committed,
+            "outbox audit not exact: {}",
+            self.summary()
+        );
+    }
+
+    fn summary(&self) -> String {
+        let first = |list: &[String]| list.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        format!(
+            "committed={} records={} duplicates={} missing={} [{}] without_row={} [{}] \
+             mismatched={} [{}] out_of_order={} [{}]",
+            self.committed,
+            self.records,
+            self.duplicates,
+            self.missing.len(),
+            first(&self.missing),
+            self.without_row.len(),
+            first(&self.without_row),
+            self.mismatched.len(),
+            first(&self.mismatched),
+            self.out_of_order.len(),
+            first(&self.out_of_order),
+        )
+    }
+}
+
+/// How domain transactions end, in percent; the rest commit.
+#[derive(Debug, Clone, Copy)]
+struct WritePlan {
+    /// Committed events to reach.
+    events: u64,
+    workers: u64,
+    entities: u64,
+    rollback_percent: u32,
+    /// Transactions whose backend is terminated before the commit.
+    terminate_percent: u32,
+    /// Upper bound on committed events per second, over all workers (0: no bound).
+    rate: u64,
+    seed: u64,
+}
+
+impl WritePlan {
+    fn commits_only(events: u64, seed: u64) -> Self {
+        Self {
+            events,
+            workers: 4,
+            entities: 50,
+            rollback_percent: 0,
+            terminate_percent: 0,
+            rate: 1_500,
+            seed,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct WriteSummary {
+    committed: AtomicU64,
+    rolled_back: AtomicU64,
+    terminated: AtomicU64,
+    /// Transactions that failed on their own (a deadlock between two workers, PostgreSQL down).
+    failed: AtomicU64,
+}
+
+/// Domain transactions as a service would write them: bump the account's version, insert the
+/// payment, enqueue its event — then commit, roll back, or lose the backend.
+struct DomainWriter {
+    pool: PgPool,
+    admin_url: String,
+    topic: String,
+    plan: WritePlan,
+}
+
+enum Ending {
+    Commit,
+    Rollback,
+    Terminate,
+}
+
+impl DomainWriter {
+    fn spawn(self) -> tokio::task::JoinHandle<anyhow::Result<Arc<WriteSummary>>> {
+        tokio::spawn(self.run())
+    }
+
+    async fn run(self) -> anyhow::Result<Arc<WriteSummary>> {
+        let summary = Arc::new(WriteSummary::default());
+        let this = Arc::new(self);
+        let workers: Vec<_> = (0..this.plan.workers)
+            .map(|worker| tokio::spawn(Arc::clone(&this).worker(worker, Arc::clone(&summary))))
+            .collect();
+        for worker in workers {
+            worker.await??;
+        }
+        Ok(summary)
+    }
+
+    async fn worker(
+        self: Arc<Self>,
+        worker: u64,
+        summary: Arc<WriteSummary>,
+    ) -> anyhow::Result<()> {
+        let plan = self.plan;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed * 1_000 + worker);
+        let started = Instant::now();
+        let mut admin = PgConnection::connect(&self.admin_url).await?;
+        let mut n = 0u64;
+        while summary.committed.load(Ordering::Relaxed) < plan.events {
+            if plan.rate > 0 {
+                let allowed = started.elapsed().as_secs_f64() * plan.rate as f64;
+                if summary.committed.load(Ordering::Relaxed) as f64 > allowed {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            }
+            let roll = rng.random_range(0..100);
+            let ending = if roll < plan.terminate_percent {
+                Ending::Terminate
+            } else if roll < plan.terminate_percent + plan.rollback_percent {
+                Ending::Rollback
+            } else {
+                Ending::Commit
+            };
+            let mut events: Vec<(String, String)> = (0..rng.random_range(1..=3))
+                .map(|_| {
+                    n += 1;
+                    (
+                        format!("{}-w{worker}-{n}", plan.seed),
+                        format!("acct-{}", rng.random_range(0..plan.entities)),
+                    )
+                })
+                .collect();
+            // Accounts locked in one order by every worker, as a service would, so workers do
+            // not deadlock (each deadlock costs PostgreSQL's deadlock_timeout).
+            events.sort_by(|a, b| a.1.cmp(&b.1));
+            let count = events.len() as u64;
+            match self.transaction(&events, ending, &mut admin).await {
+                Ok(TxOutcome::Committed) => {
+                    summary.committed.fetch_add(count, Ordering::Relaxed);
+                }
+                Ok(TxOutcome::RolledBack) => {
+                    summary.rolled_back.fetch_add(count, Ordering::Relaxed);
+                }
+                Ok(TxOutcome::Terminated) => {
+                    summary.terminated.fetch_add(count, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    summary.failed.fetch_add(count, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // The admin connection may have died with the server.
+                    if let Ok(fresh) = PgConnection::connect(&self.admin_url).await {
+                        admin = fresh;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn transaction(
+        &self,
+        events: &[(String, String)],
+        ending: Ending,
+        admin: &mut PgConnection,
+    ) -> anyhow::Result<TxOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await?;
+        for (event_id, entity_id) in events {
+            let version: i64 = sqlx::query_scalar(
+                "INSERT INTO accounts (entity_id, version) VALUES ($1, 1) ON CONFLICT (entity_id) \
+                 DO UPDATE SET version = accounts.version + 1 RETURNING version",
+            )
+            .bind(entity_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            let amount = 100 + version;
+            sqlx::query(
+                "INSERT INTO domain_payments (event_id, entity_id, amount, version) \
+                 VALUES ($1, $2, $3, $4)",
+            )
+            .bind(event_id)
+            .bind(entity_id)
+            .bind(amount)
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+            let mut event = OutboxEvent::new(
+                &self.topic,
+                EventId::new(event_id.clone())?,
+                EntityId::new(entity_id.clone())?,
+                amount,
+            );
+            event.version = Some(version as u64);
+            eos_outbox::enqueue(&mut tx, &event).await?;
+        }
+        match ending {
+            Ending::Commit => {
+                tx.commit().await?;
+                Ok(TxOutcome::Committed)
+            }
+            Ending::Rollback => {
+                tx.rollback().await?;
+                Ok(TxOutcome::RolledBack)
+            }
+            Ending::Terminate => {
+                sqlx::query("SELECT pg_terminate_backend($1)")
+                    .bind(backend)
+                    .execute(&mut *admin)
+                    .await?;
+                match tx.commit().await {
+                    Ok(()) => bail!("a commit on a terminated backend succeeded"),
+                    Err(_) => Ok(TxOutcome::Terminated),
+                }
+            }
+        }
+    }
+}
+
+enum TxOutcome {
+    Committed,
+    RolledBack,
+    Terminated,
+}
+
+async fn join_writer(
+    writer: tokio::task::JoinHandle<anyhow::Result<Arc<WriteSummary>>>,
+) -> anyhow::Result<Arc<WriteSummary>> {
+    writer.await?
+}
+
+fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
+    let status = process.terminate(STOP_TIMEOUT)?;
+    assert!(
+        status.success(),
+        "SIGTERM must exit 0, got {status}\n{}",
+        process.log_tail(30)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_backend()
+-> anyhow::Result<()> {
+    let outbox = Outbox::create().await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    let summary = join_writer(
+        outbox
+            .writer(WritePlan {
+                events: 3_000,
+                workers: 8,
+                entities: 40,
+                rollback_percent: 20,
+                terminate_percent: 10,
+                rate: 0,
+                seed: 1,
+            })
+            .spawn(),
+    )
+    .await?;
+    assert!(
+        summary.rolled_back.load(Ordering::Relaxed) > 0
+            && summary.terminated.load(Ordering::Relaxed) > 0,
+        "the run must include rolled-back and terminated transactions: {summary:?}"
+    );
+    outbox.wait_relayed(&relay).await?;
+    stop_gracefully(&mut relay)?;
+    let audit = outbox.audit().await?;
+    audit.assert_exact();
+    assert!(audit.committed >= 3_000, "{}", audit.summary());
+    outbox.drop_database().await
+}
+
+/// Reads the outbox the naive way: every row with a position above the last one read.
+async fn read_naively(pool: &PgPool, last: &mut i64) -> anyhow::Result<Vec<String>> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT position, event_id FROM eos_outbox WHERE position > $1 ORDER BY position",
+    )
+    .bind(*last)
+    .fetch_all(pool)
+    .await?;
+    if let Some((position, _)) = rows.last() {
+        *last = *position;
+    }
+    Ok(rows.into_iter().map(|(_, event_id)| event_id).collect())
+}
+
+async fn read_in_outbox_order(
+    pool: &PgPool,
+    cursor: &mut OutboxCursor,
+) -> anyhow::Result<Vec<String>> {
+    let rows = read_after(pool, *cursor, 1_000).await?;
+    if let Some(row) = rows.last() {
+        *cursor = row.cursor;
+    }
+    Ok(rows.into_iter().map(|row| row.event_id).collect())
+}
+
+/// Reads in outbox order until `expected` rows came. Other tests' transactions on the same
+/// server hold the snapshot's xmin back for a moment, so committed rows may need a few reads.
+async fn read_all_in_outbox_order(
+    pool: &PgPool,
+    cursor: &mut OutboxCursor,
+    expected: usize,
+) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut read = Vec::new();
+    while read.len() < expected {
+        if Instant::now() > deadline {
+            bail!(
+                "read {} of {expected} committed rows in 30 s: {read:?}",
+                read.len()
+            );
+        }
+        read.extend(read_in_outbox_order(pool, cursor).await?);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(read)
+}
+
+fn event(
+    topic: &str,
+    event_id: &str,
+    entity_id: &str,
+    version: u64,
+) -> anyhow::Result<OutboxEvent> {
+    let mut event = OutboxEvent::new(
+        topic,
+        EventId::new(event_id)?,
+        EntityId::new(entity_id)?,
+        100,
+    );
+    event.version = Some(version);
+    Ok(event)
+}
+
+/// Transactions take positions in one order and commit in the reverse order, with both readers
+/// reading between the commits: the naive reader skips rows for good, the outbox order does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn commits_out_of_position_order_are_never_skipped_but_a_naive_reader_skips_them()
+-> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    eos_outbox::migrator().run(&db.pool).await?;
+    let (mut naive_last, mut cursor) = (0i64, OutboxCursor::default());
+    let (mut naive_seen, mut outbox_seen) = (Vec::new(), Vec::new());
+    let mut enqueued = Vec::new();
+    for round in 0..20 {
+        let mut open = Vec::new();
+        for n in 0..5 {
+            let mut conn = PgConnection::connect(&db.url).await?;
+            sqlx::query("BEGIN").execute(&mut conn).await?;
+            let event_id = format!("r{round}-t{n}");
+            eos_outbox::enqueue(
+                &mut conn,
+                &event("t", &event_id, &format!("e{round}-{n}"), 1)?,
+            )
+            .await?;
+            enqueued.push(event_id);
+            open.push(conn);
+        }
+        while let Some(mut conn) = open.pop() {
+            sqlx::query("COMMIT").execute(&mut conn).await?;
+            naive_seen.extend(read_naively(&db.pool, &mut naive_last).await?);
+            outbox_seen.extend(read_in_outbox_order(&db.pool, &mut cursor).await?);
+        }
+    }
+    naive_seen.extend(read_naively(&db.pool, &mut naive_last).await?);
+    let unread = enqueued.len() - outbox_seen.len();
+    outbox_seen.extend(read_all_in_outbox_order(&db.pool, &mut cursor, unread).await?);
+
+    let mut expected = enqueued.clone();
+    expected.sort();
+    let mut got = outbox_seen.clone();
+    got.sort();
+    assert_eq!(
+        got, expected,
+        "the outbox order reads every committed row once"
+    );
+    let naive: HashSet<&String> = naive_seen.iter().collect();
+    let skipped = enqueued.iter().filter(|id| !naive.contains(id)).count();
+    assert_eq!(
+        skipped,
+        20 * 4,
+        "the naive reader skips every row but the last-committed of each round, so this test \
+         can tell a reader that skips"
+    );
+    db.drop_database().await
+}
+
+/// Transaction A takes its transaction id first; B, younger, enqueues for the entity and
+/// commits; A then enqueues for the same entity and commits. Commit order is B, A: the entity's
+/// events must be read in that order, although A's transaction id is the lower one.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_entitys_events_are_read_in_commit_order_not_transaction_id_order() -> anyhow::Result<()>
+{
+    let db = TestDatabase::create().await?;
+    eos_outbox::migrator().run(&db.pool).await?;
+    let mut older = PgConnection::connect(&db.url).await?;
+    let mut younger = PgConnection::connect(&db.url).await?;
+    sqlx::query("BEGIN").execute(&mut older).await?;
+    let older_xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::TEXT")
+        .fetch_one(&mut older)
+        .await?;
+    sqlx::query("BEGIN").execute(&mut younger).await?;
+    let younger_xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::TEXT")
+        .fetch_one(&mut younger)
+        .await?;
+    assert!(older_xid.parse::<i64>()? < younger_xid.parse::<i64>()?);
+    eos_outbox::enqueue(&mut younger, &event("t", "committed-first", "acct", 1)?).await?;
+    sqlx::query("COMMIT").execute(&mut younger).await?;
+    eos_outbox::enqueue(&mut older, &event("t", "committed-second", "acct", 2)?).await?;
+    sqlx::query("COMMIT").execute(&mut older).await?;
+
+    let mut cursor = OutboxCursor::default();
+    let read = read_all_in_outbox_order(&db.pool, &mut cursor, 2).await?;
+    assert_eq!(read, ["committed-first", "committed-second"]);
+    db.drop_database().await
+}
+
+/// The purge removes only rows behind the relay's recorded position, and entity order rows only
+/// when all their events are behind it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_purge_never_removes_a_row_the_relay_has_not_published() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    eos_outbox::migrator().run(&db.pool).await?;
+    for n in 0..10 {
+        let mut tx = db.pool.begin().await?;
+        eos_outbox::enqueue(
+            &mut tx,
+            &event("t", &format!("ev-{n}"), &format!("e{n}"), 1)?,
+        )
+        .await?;
+        tx.commit().await?;
+    }
+    let purged = purge_relayed(&db.pool, Duration::ZERO, 100).await?;
+    assert_eq!(purged.rows, 0, "no relay position recorded: nothing goes");
+    read_all_in_outbox_order(&db.pool, &mut OutboxCursor::default(), 10).await?;
+    let rows = read_after(&db.pool, OutboxCursor::default(), 100).await?;
+    assert_eq!(rows.len(), 10);
+    record_relayed(&db.pool, "r", rows[4].cursor).await?;
+    let purged = purge_relayed(&db.pool, Duration::ZERO, 100).await?;
+    assert_eq!(purged.rows, 5);
+    let left: Vec<String> = sqlx::query_scalar("SELECT event_id FROM eos_outbox ORDER BY position")
+        .fetch_all(&db.pool)
+        .await?;
+    assert_eq!(left, ["ev-5", "ev-6", "ev-7", "ev-8", "ev-9"]);
+    let entities: i64 = sqlx::query_scalar("SELECT count(*) FROM eos_outbox_entity_order")
+        .fetch_one(&db.pool)
+        .await?;
+    assert!(
+        entities >= 5,
+        "the entities of unpublished rows keep their order rows ({entities} left)"
+    );
+    // A position never moves back, so a late write of an older position purges nothing more.
+    record_relayed(&db.pool, "r", rows[1].cursor).await?;
+    assert_eq!(relayed_position(&db.pool, "r").await?, Some(rows[4].cursor));
+    // Nothing younger than the retention goes, relayed or not.
+    record_relayed(&db.pool, "r", rows[9].cursor).await?;
+    let purged = purge_relayed(&db.pool, Duration::from_secs(3_600), 100).await?;
+    assert_eq!(purged.rows, 0);
+    db.drop_database().await
+}
+
+/// 20,000 committed events while the relay is SIGKILLed six times, then paused as a zombie while
+/// a successor with the same name takes over: every row is in the topic once, in each entity's
+/// commit order, and the zombie is fenced.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() -> anyhow::Result<()>
+{
+    let outbox = Outbox::create().await?;
+    // Built before the writer starts, so the kills land while rows are being written.
+    integration_tests::workspace_binary("outbox-relay")?;
+    let writer = outbox.writer(WritePlan::commits_only(20_000, 2)).spawn();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    for _ in 0..6 {
+        let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(700..2_200))).await;
+        let status = relay.kill_hard()?;
+        assert!(
+            status.code().is_none(),
+            "killed, not exited: {status}\n{}",
+            relay.log_tail(30)
+        );
+    }
+    let mut zombie = outbox.spawn_relay("exactly-once", &[])?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    zombie.pause()?;
+    let mut successor = outbox.spawn_relay("exactly-once", &[])?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    zombie.resume()?;
+    let summary = join_writer(writer).await?;
+    assert!(summary.committed.load(Ordering::Relaxed) >= 20_000);
+    // More rows after the resume, so the zombie tries to publish even if it was idle when paused.
+    join_writer(outbox.writer(WritePlan::commits_only(500, 12)).spawn()).await?;
+    let status = zombie
+        .wait_timeout(Duration::from_secs(60))?
+        .with_context(|| format!("the zombie kept running\n{}", zombie.log_tail(40)))?;
+    assert!(
+        !status.success(),
+        "a fenced zombie exits non-zero\n{}",
+        zombie.log_tail(40)
+    );
+    assert!(
+        zombie.log().to_lowercase().contains("fenced"),
+        "the zombie says it was fenced\n{}",
+        zombie.log_tail(40)
+    );
+    outbox.wait_relayed(&successor).await?;
+    stop_gracefully(&mut successor)?;
+    let audit = outbox.audit().await?;
+    audit.assert_exact();
+    outbox.drop_database().await
+}
+
+/// The same kills with `--guarantee at-least-once`: the topic holds duplicates (the batch in
+/// flight at a kill is published again), and eos-processor's dedup by event_id makes the ledger
+/// exact all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_them()
+-> anyhow::Result<()> {
+    let outbox = Outbox::create().await?;
+    integration_tests::workspace_binary("outbox-relay")?;
+    let writer = outbox
+        .writer(WritePlan {
+            rate: 3_000,
+            ..WritePlan::commits_only(20_000, 3)
+        })
+        .spawn();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    for _ in 0..8 {
+        let mut relay = outbox.spawn_relay("at-least-once", &["--batch-size", "2000"])?;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(700..1_500))).await;
+        relay.kill_hard()?;
+    }
+    let mut relay = outbox.spawn_relay("at-least-once", &[])?;
+    join_writer(writer).await?;
+    outbox.wait_relayed(&relay).await?;
+    stop_gracefully(&mut relay)?;
+    let audit = outbox.audit().await?;
+    assert!(
+        audit.duplicates > 0 && audit.missing.is_empty() && audit.without_row.is_empty(),
+        "at-least-once under kills repeats records and loses none: {}",
+        audit.summary()
+    );
+
+    // eos-processor reads the topic with its duplicates; its ledger counts each event once.
+    let output = unique_name("outbox-ledger");
+    let group = unique_name("outbox-processor");
+    let args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--input-topic",
+        &outbox.topic,
+        "--output-topic",
+        &output,
+        "--group-id",
+        &group,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    let (topic, dlq) = (outbox.topic.clone(), format!("{}.dlq", outbox.topic));
+    let outcome = tokio::task::spawn_blocking(move || {
+        integration_tests::wait_until_consumed(
+            &bootstrap_servers(),
+            &group,
+            &topic,
+            Duration::from_secs(180),
+        )?;
+        integration_tests::eosctl::audit(&topic, &output, &dlq)
+    })
+    .await?
+    .with_context(|| processor.log_tail(40))?;
+    stop_gracefully(&mut processor)?;
+    assert!(
+        outcome.passed(),
+        "ledger not exact:\n{}",
+        outcome.failures()
+    );
+    assert_eq!(outcome.figure("logical_events"), audit.committed as i64);
+    outbox.drop_database().await
+}
+
+/// PostgreSQL stops for longer than the pool's acquire timeout while rows are written and
+/// relayed: the relay waits, then goes on; the topic is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<()> {
+    let server = PostgresRestartGuard::acquire().await?;
+    let outbox = Outbox::on(server.create_database().await?).await?;
+    let writer = outbox.writer(WritePlan::commits_only(8_000, 4)).spawn();
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.stop()?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        relay.is_running(),
+        "the relay waits for PostgreSQL\n{}",
+        relay.log_tail(30)
+    );
+    server.start()?;
+    join_writer(writer).await?;
+    outbox.wait_relayed(&relay).await?;
+    stop_gracefully(&mut relay)?;
+    outbox.audit().await?.assert_exact();
+    outbox.drop_database().await
+}
+
+/// With a zero retention the purge runs right behind the relay under load: no row it has not
+/// published is ever deleted (else the topic would miss it), and the table stays small.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing() -> anyhow::Result<()> {
+    let outbox = Outbox::create().await?;
+    let writer = outbox.writer(WritePlan::commits_only(6_000, 5)).spawn();
+    let mut relay = outbox.spawn_relay(
+        "exactly-once",
+        &[
+            "--retention",
+            "0s",
+            "--purge-interval",
+            "100ms",
+            "--purge-batch",
+            "200",
+        ],
+    )?;
+    let mut largest = 0i64;
+    while !writer.is_finished() {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM eos_outbox")
+            .fetch_one(&outbox.db.pool)
+            .await?;
+        largest = largest.max(rows);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    join_writer(writer).await?;
+    outbox.wait_relayed(&relay).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let left = loop {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM eos_outbox")
+            .fetch_one(&outbox.db.pool)
+            .await?;
+        if rows == 0 || Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    stop_gracefully(&mut relay)?;
+    outbox.audit().await?.assert_exact();
+    assert_eq!(left, 0, "every published row is purged after the retention");
+    assert!(
+        largest < 3_000,
+        "the table stays bounded while 6,000 events pass (largest {largest} rows)"
+    );
+    outbox.drop_database().await
+}
