@@ -6,6 +6,7 @@ mod demo;
 mod eosctl_audit;
 mod kafka_transactions;
 mod outbox;
+mod payments_api;
 mod postgres_idempotency;
 mod processor;
 mod provider_sim;

@@ -1,0 +1,43 @@
+//! Command-line and environment configuration.
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use eos_runtime::LogFlags;
+
+/// A domain service built on the outbox: POST /payments with an Idempotency-Key header records
+/// the payment, bumps the account, and enqueues the payment's event in the same PostgreSQL
+/// transaction, so the event exists if and only if the payment does; outbox-relay publishes it.
+///
+/// A retry with the same key returns the original answer and writes nothing; the same key with
+/// another body is refused (409); a malformed request is refused (400) and writes nothing.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "payments-api", version, about, long_about)]
+pub struct Config {
+    /// Address of the HTTP API.
+    #[arg(long, env = "PAYMENTS_API_ADDR", default_value = "127.0.0.1:8090")]
+    pub addr: SocketAddr,
+
+    /// PostgreSQL URL of the database holding the payments and the outbox.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// Kafka topic the payment events are published to (by outbox-relay).
+    #[arg(long, env = "PAYMENTS_API_TOPIC", default_value = "payments")]
+    pub topic: String,
+
+    /// Most open database connections.
+    #[arg(long, env = "PAYMENTS_API_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+
+    /// Address of /metrics, /healthz, /readyz and /boundary (port 0: any free port, logged).
+    #[arg(
+        long,
+        env = "PAYMENTS_API_METRICS_ADDR",
+        default_value = "127.0.0.1:9468"
+    )]
+    pub metrics_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub log: LogFlags,
+}

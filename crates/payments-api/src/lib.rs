@@ -1,0 +1,86 @@
+//! payments-api: an example domain service on the outbox (docs/ARCHITECTURE.md "Outbox").
+//!
+//! Guarantee: a payment row exists if and only if its event is in the outbox — both are written
+//! in one PostgreSQL transaction — and one Idempotency-Key records at most one payment: a retry
+//! answers from the stored payment, a reuse with another body is refused, and a failed request
+//! writes nothing.
+
+pub mod config;
+pub mod http_api;
+pub mod payment_request;
+pub mod payment_store;
+
+use anyhow::Context as _;
+use sqlx::postgres::PgPoolOptions;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use eos_core::{Boundary, Guarantee};
+use eos_runtime::ops_http::OpsEndpoint;
+
+pub use config::Config;
+
+/// The embedded migrations of the domain tables; they share `_sqlx_migrations` with the
+/// outbox's.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!();
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+pub fn boundary(config: &Config) -> Boundary {
+    Boundary {
+        guarantee: Guarantee::ExactlyOnce,
+        input: "http POST /payments with an Idempotency-Key".into(),
+        result: format!(
+            "postgres tables=payments_api_accounts, payments_api_payments and eos_outbox (topic \
+             {}) in one transaction",
+            config.topic
+        ),
+        checkpoint: "postgres unique idempotency_key of payments_api_payments".into(),
+        recovery: "a request that fails writes nothing; a retry with the same key answers from \
+                   the stored payment"
+            .into(),
+    }
+}
+
+/// Serves until `shutdown` is cancelled; requests in flight finish first.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let ops = OpsEndpoint::start(
+        config.metrics_addr,
+        boundary(&config),
+        http_api::describe_metrics,
+    )
+    .await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(config.db_max_connections)
+        .connect(&config.database_url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    eos_outbox::migrator()
+        .run(&pool)
+        .await
+        .context("migrating the outbox schema")?;
+    migrator()
+        .run(&pool)
+        .await
+        .context("migrating the payments schema")?;
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.addr))?;
+    let http_addr = listener.local_addr()?;
+    tracing::info!(%http_addr, topic = %config.topic, "payments-api listening");
+    ops.readiness.set(true);
+    let app = http_api::router(http_api::AppState {
+        pool: pool.clone(),
+        topic: config.topic.clone(),
+    });
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    pool.close().await;
+    ops.stop().await;
+    served.context("serving HTTP")?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! payments-api, the outbox's example domain service, as a real process on a real database:
+//! retries with one key write one payment and one event; a key reused with another body and bad
+//! input write nothing; through outbox-relay, every payment is on the topic once.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{
+    Isolation, TestDatabase, bootstrap_servers, create_topic, read_topic, unique_name,
+};
+use rdkafka::Message as _;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct PaymentsApi {
+    process: ServiceProcess,
+    base: String,
+    client: reqwest::Client,
+}
+
+impl PaymentsApi {
+    fn start(db: &TestDatabase, topic: &str) -> anyhow::Result<Self> {
+        let args = [
+            "--addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--database-url",
+            &db.url,
+            "--topic",
+            topic,
+        ]
+        .map(str::to_owned);
+        let mut process = ServiceProcess::spawn("payments-api", &args, &[])?;
+        let addr = process.wait_for_log_field("http_addr", START_TIMEOUT)?;
+        Ok(Self {
+            process,
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+        })
+    }
+
+    async fn pay(&self, key: Option<&str>, body: &str) -> anyhow::Result<(u16, bool, Value)> {
+        let mut request = self
+            .client
+            .post(format!("{}/payments", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        let body: Value = response.json().await?;
+        Ok((status, replayed, body))
+    }
+}
+
+async fn counts(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
+    let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments_api_payments")
+        .fetch_one(pool)
+        .await?;
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM eos_outbox")
+        .fetch_one(pool)
+        .await?;
+    Ok((payments, events))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_key_is_one_payment_and_one_event_and_refusals_write_nothing() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let mut api = PaymentsApi::start(&db, "payments")?;
+    let body = r#"{"account_id":"acct-1","amount":1250,"currency":"EUR"}"#;
+
+    // Five concurrent attempts and two later retries with the same key: one payment.
+    let attempts = futures::future::join_all((0..5).map(|_| api.pay(Some("key-1"), body))).await;
+    let mut payment_ids = HashSet::new();
+    for attempt in attempts {
+        let (status, _, answer) = attempt?;
+        assert_eq!(status, 201, "{answer}");
+        payment_ids.insert(answer["payment_id"].as_str().unwrap_or_default().to_owned());
+    }
+    for _ in 0..2 {
+        let (status, replayed, answer) = api
+            .pay(
+                Some("key-1"),
+                r#"{ "currency":"EUR", "amount":1250, "account_id":"acct-1" }"#,
+            )
+            .await?;
+        assert_eq!((status, replayed), (201, true), "{answer}");
+        payment_ids.insert(answer["payment_id"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(
+        payment_ids.len(),
+        1,
+        "every answer names the one payment: {payment_ids:?}"
+    );
+    assert_eq!(counts(&db.pool).await?, (1, 1));
+
+    // The same key with another body is refused and writes nothing.
+    let (status, _, answer) = api
+        .pay(
+            Some("key-1"),
+            r#"{"account_id":"acct-1","amount":9999,"currency":"EUR"}"#,
+        )
+        .await?;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("different request"))
+    );
+
+    // Bad input: 400 with a reason, nothing written.
+    for (key, bad) in [
+        (None, body),
+        (Some("key-2"), "{not json"),
+        (
+            Some("key-3"),
+            r#"{"account_id":"acct-1","amount":-5,"currency":"EUR"}"#,
+        ),
+        (
+            Some("key-4"),
+            r#"{"account_id":"acct-1","amount":5,"currency":"EUR","extra":1}"#,
+        ),
+        (Some("bad key"), body),
+    ] {
+        let (status, _, answer) = api.pay(key, bad).await?;
+        assert_eq!(status, 400, "{key:?} {bad}: {answer}");
+        assert!(
+            answer["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{answer}"
+        );
+    }
+    assert_eq!(counts(&db.pool).await?, (1, 1), "refusals wrote nothing");
+    let version: i64 =
+        sqlx::query_scalar("SELECT version FROM payments_api_accounts WHERE account_id = 'acct-1'")
+            .fetch_one(&db.pool)
+            .await?;
+    assert_eq!(version, 1, "replays and refusals did not bump the account");
+
+    let status = api.process.terminate(Duration::from_secs(30))?;
+    assert!(status.success(), "{}", api.process.log_tail(30));
+    db.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let topic = unique_name("payments-api");
+    create_topic(&topic, 3).await?;
+    let mut api = PaymentsApi::start(&db, &topic)?;
+    let relay_args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--database-url",
+        &db.url,
+        "--relay-name",
+        &unique_name("relay"),
+        "--positions-topic",
+        &unique_name("positions"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &[])?;
+
+    let mut created = HashSet::new();
+    for n in 0..300 {
+        let body =
+            json!({"account_id": format!("acct-{}", n % 7), "amount": 100 + n, "currency": "EUR"});
+        let key = format!("order-{n}");
+        // Every request sent twice, as a client retrying after a lost answer would.
+        let (status, _, first) = api.pay(Some(&key), &body.to_string()).await?;
+        let (again, _, second) = api.pay(Some(&key), &body.to_string()).await?;
+        assert_eq!((status, again), (201, 201));
+        assert_eq!(first["payment_id"], second["payment_id"]);
+        created.insert(first["event_id"].as_str().unwrap_or_default().to_owned());
+    }
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let records = loop {
+        let topic = topic.clone();
+        let records =
+            tokio::task::spawn_blocking(move || read_topic(&topic, Isolation::ReadCommitted))
+                .await??;
+        if records.len() >= created.len() || std::time::Instant::now() > deadline {
+            break records;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut seen = HashSet::new();
+    for record in &records {
+        let envelope: Value = serde_json::from_slice(record.payload().unwrap_or_default())?;
+        let event_id = envelope["event_id"].as_str().unwrap_or_default().to_owned();
+        assert!(seen.insert(event_id.clone()), "{event_id} published twice");
+        assert_eq!(
+            record.key(),
+            envelope["entity_id"].as_str().map(str::as_bytes)
+        );
+    }
+    assert_eq!(seen, created, "the topic holds exactly the payments made");
+
+    for process in [&mut relay, &mut api.process] {
+        let status = process.terminate(Duration::from_secs(30))?;
+        assert!(status.success(), "{}", process.log_tail(30));
+    }
+    db.drop_database().await
+}
