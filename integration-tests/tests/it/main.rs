@@ -5,6 +5,7 @@ mod dedup_service;
 mod demo;
 mod eosctl_audit;
 mod kafka_transactions;
+mod migrate;
 mod postgres_idempotency;
 mod processor;
 mod provider_sim;
