@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::migrate::{Migrate as _, MigrateError, Migrator};
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection as _, PgPool};
 
 /// Why the schema step failed; each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -60,13 +60,23 @@ pub async fn apply(
     migrator: &Migrator,
 ) -> Result<Vec<AppliedMigration>, MigrationError> {
     let before = {
-        let mut conn = pool.acquire().await.map_err(MigrationError::Connect)?;
-        conn.ensure_migrations_table()
+        // Under sqlx's advisory lock, as the migrator itself creates the table: two services
+        // starting on a fresh database must not both create it. A connection of its own, closed
+        // afterwards (which releases the lock), so the lock never stays behind in the pool.
+        let mut conn = pool
+            .acquire()
             .await
-            .map_err(MigrationError::Apply)?;
-        applied_checksums(&mut conn)
-            .await
-            .map_err(MigrationError::Apply)?
+            .map_err(MigrationError::Connect)?
+            .detach();
+        let listed = match conn.lock().await {
+            Ok(()) => match conn.ensure_migrations_table().await {
+                Ok(()) => applied_checksums(&mut conn).await,
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        let _ = conn.close().await;
+        listed.map_err(MigrationError::Apply)?
     };
     migrator.run(pool).await.map_err(MigrationError::Apply)?;
     Ok(migrator
