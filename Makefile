@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint sqlx-check stack-up stack-down stack-status
+.PHONY: demo test lint sqlx-check helm-check stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -16,9 +16,9 @@ demo: stack-up
 	$(CARGO) build --release --workspace --bins
 	target/release/eosctl demo --guarantee $(GUARANTEE) $(DEMO_ARGS)
 
-## test: bring the stack up, then the offline query data, formatting, lints, and every test
-## against the real stack
-test: stack-up sqlx-check lint
+## test: bring the stack up, then the offline query data, the Helm chart, formatting, lints, and
+## every test against the real stack
+test: stack-up sqlx-check helm-check lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -29,6 +29,11 @@ lint:
 ## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
 sqlx-check: stack-up
 	CARGO=$(CARGO) deploy/local/sqlx-check
+
+## helm-check: the Helm chart lints, renders, validates against the Kubernetes schemas and keeps
+## its guarantees (deploy/helm/check; needs no cluster)
+helm-check:
+	deploy/helm/check
 
 stack-up:
 	$(STACK) up

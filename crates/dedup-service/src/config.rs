@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, CommandFactory as _, FromArgMatches as _, Parser};
 use eos_runtime::telemetry::LogFormat;
 
 use crate::retention::RetentionPolicy;
@@ -26,9 +27,15 @@ pub struct Config {
     #[arg(long, env = "DEDUP_GRPC_ADDR", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL; migrations are applied at start-up.
-    #[arg(long, env = "DATABASE_URL")]
+    /// PostgreSQL URL; the migrations are applied at start-up unless --skip-migrations.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+
+    /// Do not apply the migrations at start-up; only check that `dedup-service migrate` has
+    /// applied them (it runs with a role that owns the schema, so this service can run with one
+    /// that only reads and writes rows).
+    #[arg(long, env = "EOS_SKIP_MIGRATIONS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub skip_migrations: bool,
 
     /// Largest PostgreSQL connection pool.
     #[arg(long, env = "DEDUP_DB_MAX_CONNECTIONS", default_value_t = 16)]
@@ -124,6 +131,61 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
 }
 
+/// `dedup-service migrate`: applies the embedded migrations to DATABASE_URL and exits.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "migrate",
+    about = "Apply the schema migrations to DATABASE_URL and exit (run it with a role that owns \
+             the schema, before services started with --skip-migrations)"
+)]
+pub struct MigrateArgs {
+    /// PostgreSQL URL of a role that may create and alter the service's tables.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// Log format on stderr: text or json.
+    #[arg(long, env = "DEDUP_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step.
+#[derive(Debug, Clone)]
+pub enum Invocation {
+    Serve(Box<Config>),
+    Migrate(MigrateArgs),
+}
+
+impl Invocation {
+    /// The command line: [`Config`]'s flags, plus the `migrate` subcommand. Serving flags and
+    /// the subcommand do not mix, and `migrate` does not need the serving flags' required values.
+    pub fn command() -> clap::Command {
+        Config::command()
+            .subcommand(MigrateArgs::command())
+            .subcommand_negates_reqs(true)
+            .args_conflicts_with_subcommands(true)
+    }
+
+    pub fn parse() -> Self {
+        Self::try_parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit())
+    }
+
+    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut matches = Self::command().try_get_matches_from(args)?;
+        match matches.remove_subcommand() {
+            Some((_, mut migrate)) => Ok(Self::Migrate(MigrateArgs::from_arg_matches_mut(
+                &mut migrate,
+            )?)),
+            None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
+                &mut matches,
+            )?))),
+        }
+    }
+}
+
 impl Config {
     pub fn retention_policy(&self) -> RetentionPolicy {
         RetentionPolicy {
@@ -211,7 +273,49 @@ mod tests {
         let config = parse(&[]);
         assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
         assert_eq!(config.retention, Duration::from_secs(30 * 24 * 3600));
+        assert!(
+            !config.skip_migrations,
+            "migrations run at start-up by default"
+        );
         assert!(config.validate().is_ok(), "{:?}", config.validate());
+    }
+
+    #[test]
+    fn migrate_is_a_subcommand_that_needs_only_the_database_url() {
+        let invocation =
+            Invocation::try_parse_from(["dedup-service", "migrate", "--database-url", "pg://a/b"])
+                .expect("migrate parses");
+        let Invocation::Migrate(args) = invocation else {
+            panic!("expected migrate, got {invocation:?}");
+        };
+        assert_eq!(args.database_url, "pg://a/b");
+
+        let invocation = Invocation::try_parse_from([
+            "dedup-service",
+            "--database-url",
+            "pg://a/b",
+            "--skip-migrations",
+        ])
+        .expect("serve parses");
+        let Invocation::Serve(config) = invocation else {
+            panic!("expected serve, got {invocation:?}");
+        };
+        assert!(config.skip_migrations);
+
+        let mixed = Invocation::try_parse_from([
+            "dedup-service",
+            "--listen",
+            "127.0.0.1:1",
+            "migrate",
+            "--database-url",
+            "pg://a/b",
+        ]);
+        assert!(mixed.is_err(), "serving flags and migrate do not mix");
+        let help = Invocation::command().render_long_help().to_string();
+        assert!(
+            help.contains("migrate") && help.contains("--skip-migrations"),
+            "{help}"
+        );
     }
 
     #[test]

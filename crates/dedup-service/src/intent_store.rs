@@ -56,7 +56,14 @@ pub struct IntentStore {
 
 /// Opens a pool and applies the migrations.
 pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    let pool = PgPoolOptions::new()
+    let pool = open(database_url, max_connections).await?;
+    migrator().run(&pool).await?;
+    Ok(pool)
+}
+
+/// Opens a pool; the schema is left as it is.
+pub async fn open(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .after_connect(|conn, _| {
@@ -69,9 +76,7 @@ pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool,
             })
         })
         .connect(database_url)
-        .await?;
-    migrator().run(&pool).await?;
-    Ok(pool)
+        .await
 }
 
 fn millis(duration: Duration) -> i64 {

@@ -16,6 +16,7 @@ pub mod error;
 pub mod grpc_service;
 pub mod intent_store;
 pub mod metrics;
+pub mod migrations;
 pub mod purge;
 pub mod reconciler;
 pub mod retention;
@@ -34,7 +35,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
-pub use config::Config;
+pub use config::{Config, MigrateArgs};
 use dedup_client::ProviderClient;
 pub use error::DedupError;
 use grpc_service::DedupApi;
@@ -68,6 +69,24 @@ pub fn boundary(config: &Config) -> Boundary {
     }
 }
 
+/// `dedup-service migrate`: applies the embedded migrations to the database and logs each one
+/// it applied; fails with the reason (and exit 1) when it cannot.
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let pool = migrations::connect(&args.database_url).await?;
+    let result = migrations::apply(&pool, &intent_store::migrator()).await;
+    pool.close().await;
+    let applied = result?;
+    for migration in &applied {
+        tracing::info!(
+            version = migration.version,
+            description = %migration.description,
+            "migration applied"
+        );
+    }
+    tracing::info!(applied = applied.len(), "dedup-service schema is current");
+    Ok(())
+}
+
 /// Runs the service until `shutdown` is cancelled (then drains and returns `Ok`), or fails at
 /// start-up (bad configuration, retention below the replay horizon, database, ports).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -93,9 +112,17 @@ async fn serve(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = intent_store::connect(&config.database_url, config.db_max_connections)
+    let pool = intent_store::open(&config.database_url, config.db_max_connections)
         .await
-        .context("connecting to PostgreSQL and applying migrations")?;
+        .context("connecting to PostgreSQL")?;
+    let migrator = intent_store::migrator();
+    if config.skip_migrations {
+        migrations::check_applied(&pool, &migrator).await?;
+        tracing::info!("--skip-migrations: the schema is current");
+    } else {
+        let applied = migrations::apply(&pool, &migrator).await?;
+        tracing::info!(applied = applied.len(), "migrations applied at start-up");
+    }
     let store = IntentStore::new(pool.clone(), config.retention);
     let provider = match config.provider_url.as_deref() {
         Some(url) => Some(ProviderClient::new(url, config.provider_timeout)?),

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, CommandFactory as _, FromArgMatches as _, Parser};
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
 use eos_runtime::{InstanceFlags, LogFlags};
 
@@ -75,9 +76,16 @@ pub struct Config {
     #[command(flatten)]
     pub instance: InstanceFlags,
 
-    /// PostgreSQL connection URL.
+    /// PostgreSQL connection URL; the migrations are applied at start-up unless
+    /// --skip-migrations.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+
+    /// Do not apply the migrations at start-up; only check that `sink-writer migrate` has
+    /// applied them (it runs with a role that owns the schema, so the sink can run with one that
+    /// only reads and writes rows of its tables and targets).
+    #[arg(long, env = "EOS_SKIP_MIGRATIONS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub skip_migrations: bool,
 
     /// TOML file listing the target tables and their column mappings [default: the
     /// event_sink (append by event_id) and entity_state (versioned by entity_id)].
@@ -142,6 +150,63 @@ pub struct Config {
     /// transaction begins, so a test can freeze the process holding a batch (zombie tests).
     #[arg(long, env = "EOS_SINK_FAULT_STALL_BEFORE_COMMIT", hide = true, value_parser = humantime::parse_duration)]
     pub fault_stall_before_commit: Option<Duration>,
+}
+
+/// `sink-writer migrate`: applies the embedded migrations (the sink's own tables and the default
+/// targets) to DATABASE_URL and exits. Tables of a `--config` targets file are the user's: the
+/// sink checks them at start-up but never creates them.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "migrate",
+    about = "Apply the schema migrations (the sink's tables and the default targets) to \
+             DATABASE_URL and exit (run it with a role that owns the schema, before sinks started \
+             with --skip-migrations)"
+)]
+pub struct MigrateArgs {
+    /// PostgreSQL URL of a role that may create and alter the sink's tables.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+/// What the command line asks for: run the sink (the flags of [`Config`]) or the `migrate` step.
+#[derive(Debug, Clone)]
+pub enum Invocation {
+    Serve(Box<Config>),
+    Migrate(MigrateArgs),
+}
+
+impl Invocation {
+    /// The command line: [`Config`]'s flags, plus the `migrate` subcommand. Sink flags and the
+    /// subcommand do not mix, and `migrate` does not need the sink flags' required values.
+    pub fn command() -> clap::Command {
+        Config::command()
+            .subcommand(MigrateArgs::command())
+            .subcommand_negates_reqs(true)
+            .args_conflicts_with_subcommands(true)
+    }
+
+    pub fn parse() -> Self {
+        Self::try_parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit())
+    }
+
+    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut matches = Self::command().try_get_matches_from(args)?;
+        match matches.remove_subcommand() {
+            Some((_, mut migrate)) => Ok(Self::Migrate(MigrateArgs::from_arg_matches_mut(
+                &mut migrate,
+            )?)),
+            None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
+                &mut matches,
+            )?))),
+        }
+    }
 }
 
 impl Config {
@@ -214,7 +279,49 @@ mod tests {
         assert_eq!(config.offsets, OffsetsMode::Postgres);
         assert_eq!(config.metrics_addr.port(), 9465);
         assert_eq!(config.replay_horizon, Duration::from_secs(7 * 24 * 3600));
+        assert!(
+            !config.skip_migrations,
+            "migrations run at start-up by default"
+        );
         assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn migrate_is_a_subcommand_that_needs_only_the_database_url() {
+        let invocation =
+            Invocation::try_parse_from(["sink-writer", "migrate", "--database-url", "pg://a/b"])
+                .expect("migrate parses");
+        let Invocation::Migrate(args) = invocation else {
+            panic!("expected migrate, got {invocation:?}");
+        };
+        assert_eq!(args.database_url, "pg://a/b");
+
+        let invocation = Invocation::try_parse_from([
+            "sink-writer",
+            "--database-url",
+            "pg://a/b",
+            "--skip-migrations",
+        ])
+        .expect("sink flags parse");
+        let Invocation::Serve(config) = invocation else {
+            panic!("expected serve, got {invocation:?}");
+        };
+        assert!(config.skip_migrations);
+
+        let mixed = Invocation::try_parse_from([
+            "sink-writer",
+            "--topic",
+            "t",
+            "migrate",
+            "--database-url",
+            "pg://a/b",
+        ]);
+        assert!(mixed.is_err(), "sink flags and migrate do not mix");
+        let help = Invocation::command().render_long_help().to_string();
+        assert!(
+            help.contains("migrate") && help.contains("--skip-migrations"),
+            "{help}"
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod decision;
 pub mod error;
 pub mod mapping;
 pub mod metrics;
+pub mod migrations;
 mod partition_positioning;
 mod provider_settlement;
 pub mod provider_target;
@@ -53,7 +54,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, OffsetsMode};
+pub use config::{Config, MigrateArgs, OffsetsMode};
 pub use error::SinkError;
 use provider_target::ProviderTarget;
 use schema::PreparedTarget;
@@ -147,6 +148,24 @@ pub fn target_specs(config: &Config) -> Result<Targets, SinkError> {
     Ok(targets)
 }
 
+/// `sink-writer migrate`: applies the embedded migrations to the database and logs each one it
+/// applied; fails with the reason (and exit 1) when it cannot.
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let pool = migrations::connect(&args.database_url).await?;
+    let result = migrations::apply(&pool, &migrator()).await;
+    pool.close().await;
+    let applied = result?;
+    for migration in &applied {
+        tracing::info!(
+            version = migration.version,
+            description = %migration.description,
+            "migration applied"
+        );
+    }
+    tracing::info!(applied = applied.len(), "sink-writer schema is current");
+    Ok(())
+}
+
 /// Runs the sink until `shutdown` is cancelled (exit 0 after committing the open batch) or a
 /// fatal error (fenced, bad configuration or schema, a permanent database error).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -168,10 +187,15 @@ async fn serve(
     let Some(pool) = connect(&config, &shutdown).await? else {
         return Ok(());
     };
-    migrator()
-        .run(&pool)
-        .await
-        .context("running the sink's migrations")?;
+    if config.skip_migrations {
+        migrations::check_applied(&pool, &migrator()).await?;
+        tracing::info!("--skip-migrations: the schema is current");
+    } else {
+        let applied = migrations::apply(&pool, &migrator())
+            .await
+            .context("running the sink's migrations")?;
+        tracing::info!(applied = applied.len(), "migrations applied at start-up");
+    }
     let mut prepared = Vec::with_capacity(specs.tables.len());
     for spec in specs.tables {
         prepared.push(schema::prepare(&pool, spec).await?);

@@ -5,6 +5,7 @@ mod dedup_service;
 mod demo;
 mod eosctl_audit;
 mod kafka_transactions;
+mod migrate;
 mod outbox;
 mod payments_api;
 mod postgres_idempotency;

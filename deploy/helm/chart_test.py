@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Property tests of the eos-suite chart's rendered manifests: what carries the guarantee.
+
+Renders the chart with `helm template` for the default values and every values file in
+eos-suite/ci/, then asserts on the manifests: each processor/sink replica's instance id is its
+pod name (so distinct per replica and stable across restarts), every container has probes, pods
+run as non-root with a read-only root filesystem and no capabilities, the migration Job is a
+pre-install/pre-upgrade hook that runs before anything else, and bad values (test-values/) fail
+the render with a message that says what to change.
+
+Run alone:  HELM=/path/to/helm python3 deploy/helm/chart_test.py -v
+(needs PyYAML; deploy/helm/check runs it with everything installed). HELM defaults to `helm`,
+KUBE_VERSION (the version rendered for) to 1.37.0.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+import unittest
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+CHART = HERE / "eos-suite"
+HELM = os.environ.get("HELM", "helm")
+KUBE_VERSION = os.environ.get("KUBE_VERSION", "1.37.0")
+RELEASE = "rel"
+
+# Values files that must fail to render, and what the error must say.
+BAD_VALUES = {
+    "misspelt-key.yaml": "additional properties 'replica' not allowed",
+    "kafka-client-properties.yaml": "issue #13",
+    "grace-too-short.yaml": "must be longer than processor.transactionTimeoutSeconds",
+    "no-database-secret.yaml": "set database.existingSecret",
+}
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+# The binaries whose replicas keep their own Kafka positions: the instance id must be the pod name.
+INSTANCE_BINARIES = ("eos-processor", "sink-writer")
+
+
+def helm_template(values_file=None):
+    command = [HELM, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
+    if values_file is not None:
+        command += ["--values", str(values_file)]
+    return subprocess.run(command, capture_output=True, text=True, check=False)
+
+
+def render(values_file=None):
+    result = helm_template(values_file)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template {values_file or '(defaults)'} failed:\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def values_files():
+    """(label, path) of every values set the chart must render: the defaults and ci/*.yaml."""
+    return [("defaults", None)] + [
+        (path.name, path) for path in sorted((CHART / "ci").glob("*.yaml"))
+    ]
+
+
+RENDERED = {}
+
+
+def manifests(label, path):
+    if label not in RENDERED:
+        RENDERED[label] = render(path)
+    return RENDERED[label]
+
+
+def of_kind(docs, *kinds):
+    return [doc for doc in docs if doc["kind"] in kinds]
+
+
+def pod_spec(workload):
+    return workload["spec"]["template"]["spec"]
+
+
+def containers(workload, init=True):
+    spec = pod_spec(workload)
+    found = list(spec.get("containers", []))
+    if init:
+        found += spec.get("initContainers", [])
+    return found
+
+
+def env_of(container):
+    return {entry["name"]: entry for entry in container.get("env", [])}
+
+
+def binary_of(container):
+    """The binary a container runs: the image name without registry and tag."""
+    return container["image"].rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def seconds(duration):
+    match = re.fullmatch(r"(\d+)s", duration)
+    assert match, f"expected a duration in whole seconds, got {duration!r}"
+    return int(match.group(1))
+
+
+def hook_weight(doc):
+    return int(doc["metadata"].get("annotations", {}).get("helm.sh/hook-weight", "0"))
+
+
+def hooks(doc):
+    value = doc["metadata"].get("annotations", {}).get("helm.sh/hook", "")
+    return {hook.strip() for hook in value.split(",") if hook.strip()}
+
+
+class RenderedChart(unittest.TestCase):
+    def each_rendering(self):
+        for label, path in values_files():
+            with self.subTest(values=label):
+                yield label, manifests(label, path)
+
+    def test_each_processor_and_sink_replica_gets_its_pod_name_as_instance_id(self):
+        for label, docs in self.each_rendering():
+            seen_binaries = set()
+            all_ids = set()
+            for workload in of_kind(docs, *WORKLOAD_KINDS):
+                for container in containers(workload):
+                    binary = binary_of(container)
+                    if binary not in INSTANCE_BINARIES or container.get("args") == ["migrate"]:
+                        continue
+                    seen_binaries.add(binary)
+                    name = workload["metadata"]["name"]
+                    # Only a StatefulSet gives pods stable names (<name>-<ordinal>).
+                    self.assertEqual(workload["kind"], "StatefulSet", f"{binary} in {name}")
+                    self.assertEqual(workload["spec"].get("podManagementPolicy"), "Parallel")
+                    instance = [e for e in container.get("env", []) if e["name"] == "EOS_INSTANCE_ID"]
+                    self.assertEqual(len(instance), 1, f"{name}: exactly one EOS_INSTANCE_ID")
+                    self.assertNotIn("value", instance[0], f"{name}: not a fixed value")
+                    self.assertEqual(
+                        instance[0]["valueFrom"],
+                        {"fieldRef": {"fieldPath": "metadata.name"}},
+                        f"{name}: EOS_INSTANCE_ID from the pod name",
+                    )
+                    replicas = workload["spec"]["replicas"]
+                    ids = {f"{name}-{ordinal}" for ordinal in range(replicas)}
+                    self.assertEqual(len(ids), replicas)
+                    self.assertFalse(ids & all_ids, f"{name}: ids shared with another StatefulSet")
+                    all_ids |= ids
+            self.assertEqual(seen_binaries, set(INSTANCE_BINARIES), label)
+
+    def test_grace_periods_outlast_the_shutdown_work(self):
+        timeouts = {
+            "eos-processor": "EOS_TRANSACTION_TIMEOUT",
+            "sink-writer": "EOS_SINK_SHUTDOWN_TIMEOUT",
+            "dedup-service": "DEDUP_SHUTDOWN_TIMEOUT",
+        }
+        for _, docs in self.each_rendering():
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                for container in containers(workload):
+                    variable = timeouts.get(binary_of(container))
+                    if variable is None:
+                        continue
+                    timeout = seconds(env_of(container)[variable]["value"])
+                    grace = pod_spec(workload)["terminationGracePeriodSeconds"]
+                    self.assertGreater(grace, timeout, workload["metadata"]["name"])
+
+    def test_every_service_container_has_liveness_and_readiness_probes(self):
+        for _, docs in self.each_rendering():
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                for container in containers(workload):
+                    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+                    for probe_name in ("livenessProbe", "readinessProbe"):
+                        probe = container.get(probe_name)
+                        self.assertIsNotNone(probe, f"{container['name']} {probe_name}")
+                        if binary_of(container) == "dedup-service":
+                            self.assertIn("grpc", probe, "dedup-service: native gRPC probes")
+                            self.assertEqual(probe["grpc"]["port"], ports["grpc"])
+                        else:
+                            http = probe["httpGet"]
+                            expected = "/healthz" if probe_name == "livenessProbe" else "/readyz"
+                            self.assertEqual(http["path"], expected)
+                            self.assertIn(http["port"], ports, "the probe's port is declared")
+
+    def test_ops_and_grpc_addresses_listen_on_the_pod_network(self):
+        address_variables = ("EOS_METRICS_ADDR", "DEDUP_METRICS_ADDR", "DEDUP_GRPC_ADDR",
+                             "PROVIDER_SIM_ADDR")
+        for _, docs in self.each_rendering():
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                for container in containers(workload):
+                    env = env_of(container)
+                    ports = {p["containerPort"] for p in container.get("ports", [])}
+                    found = [v for v in address_variables if v in env]
+                    self.assertTrue(found, f"{container['name']} sets its listen addresses")
+                    for variable in found:
+                        host, port = env[variable]["value"].rsplit(":", 1)
+                        self.assertEqual(host, "0.0.0.0", f"{container['name']} {variable}")
+                        self.assertIn(int(port), ports, f"{container['name']} {variable}")
+
+    def test_pods_run_as_non_root_read_only_without_capabilities(self):
+        for _, docs in self.each_rendering():
+            for workload in of_kind(docs, *WORKLOAD_KINDS):
+                spec = pod_spec(workload)
+                pod_security = spec.get("securityContext", {})
+                self.assertIs(spec.get("automountServiceAccountToken"), False)
+                for container in containers(workload):
+                    security = container.get("securityContext", {})
+                    where = f"{workload['metadata']['name']}/{container['name']}"
+
+                    def setting(key):
+                        return security.get(key, pod_security.get(key))
+
+                    self.assertIs(setting("runAsNonRoot"), True, where)
+                    self.assertNotEqual(setting("runAsUser"), 0, where)
+                    self.assertIs(security.get("readOnlyRootFilesystem"), True, where)
+                    self.assertIs(security.get("allowPrivilegeEscalation"), False, where)
+                    self.assertIn("ALL", security.get("capabilities", {}).get("drop", []), where)
+                    self.assertFalse(security.get("capabilities", {}).get("add"), where)
+                    self.assertEqual(setting("seccompProfile"), {"type": "RuntimeDefault"}, where)
+
+    def test_migration_job_runs_before_everything_else(self):
+        for _, docs in self.each_rendering():
+            jobs = [d for d in of_kind(docs, "Job") if d["metadata"]["name"].endswith("-migrate")]
+            self.assertEqual(len(jobs), 1)
+            job = jobs[0]
+            self.assertTrue({"pre-install", "pre-upgrade"} <= hooks(job), hooks(job))
+            migration_secrets = {
+                entry["valueFrom"]["secretKeyRef"]["name"]
+                for container in containers(job)
+                for entry in container.get("env", [])
+                if "secretKeyRef" in entry.get("valueFrom", {})
+            }
+            self.assertEqual(len(migration_secrets), 1, "one owner-role Secret")
+            for doc in docs:
+                if doc is job or not hooks(doc):
+                    continue
+                what = f"{doc['kind']}/{doc['metadata']['name']}"
+                if doc["kind"] == "Secret" and doc["metadata"]["name"] in migration_secrets:
+                    # The Job's own input must exist before it: a lower weight still.
+                    self.assertLess(hook_weight(doc), hook_weight(job), what)
+                else:
+                    self.assertGreater(hook_weight(doc), hook_weight(job), what)
+            # The services are ordinary release resources: Helm creates them only after the
+            # pre-install/pre-upgrade hooks succeeded.
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                self.assertFalse(hooks(workload), workload["metadata"]["name"])
+            # Both schemas, one after the other (init container, then container).
+            spec = pod_spec(job)
+            steps = spec.get("initContainers", []) + spec["containers"]
+            self.assertEqual([binary_of(c) for c in steps], ["dedup-service", "sink-writer"])
+            for step in steps:
+                self.assertEqual(step["args"], ["migrate"])
+            self.assertEqual(spec["restartPolicy"], "Never")
+
+    def test_services_use_the_runtime_role_and_skip_migrations(self):
+        for _, docs in self.each_rendering():
+            job = [d for d in of_kind(docs, "Job") if d["metadata"]["name"].endswith("-migrate")][0]
+            owner_secret = env_of(containers(job)[0])["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                for container in containers(workload):
+                    env = env_of(container)
+                    if "DATABASE_URL" not in env:
+                        continue
+                    self.assertEqual(env["EOS_SKIP_MIGRATIONS"]["value"], "true")
+                    runtime = env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+                    self.assertNotEqual(runtime["name"], owner_secret["name"])
+
+    def test_statefulsets_have_their_headless_service(self):
+        for _, docs in self.each_rendering():
+            services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
+            for workload in of_kind(docs, "StatefulSet"):
+                service = services.get(workload["spec"]["serviceName"])
+                self.assertIsNotNone(service, workload["metadata"]["name"])
+                self.assertEqual(service["spec"].get("clusterIP"), "None")
+                labels = workload["spec"]["template"]["metadata"]["labels"]
+                for key, value in service["spec"]["selector"].items():
+                    self.assertEqual(labels.get(key), value)
+
+    def test_every_selector_matches_its_pods(self):
+        for _, docs in self.each_rendering():
+            pod_labels = [w["spec"]["template"]["metadata"]["labels"]
+                          for w in of_kind(docs, "Deployment", "StatefulSet")]
+
+            def matches(selector):
+                return [labels for labels in pod_labels
+                        if all(labels.get(k) == v for k, v in selector.items())]
+
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                selector = workload["spec"]["selector"]["matchLabels"]
+                labels = workload["spec"]["template"]["metadata"]["labels"]
+                self.assertTrue(all(labels.get(k) == v for k, v in selector.items()))
+                self.assertEqual(len(matches(selector)), 1, "selectors do not overlap")
+            for budget in of_kind(docs, "PodDisruptionBudget"):
+                self.assertEqual(len(matches(budget["spec"]["selector"]["matchLabels"])), 1)
+            for service in of_kind(docs, "Service"):
+                self.assertEqual(len(matches(service["spec"]["selector"])), 1,
+                                 service["metadata"]["name"])
+
+    def test_dedup_service_runs_several_replicas(self):
+        for _, docs in self.each_rendering():
+            dedup = [w for w in of_kind(docs, "Deployment")
+                     if binary_of(containers(w)[0]) == "dedup-service"]
+            self.assertEqual(len(dedup), 1)
+            self.assertGreaterEqual(dedup[0]["spec"]["replicas"], 2)
+
+    def test_sink_targets_file_is_mounted_and_parses(self):
+        for _, docs in self.each_rendering():
+            config_maps = {c["metadata"]["name"]: c for c in of_kind(docs, "ConfigMap")}
+            for workload in of_kind(docs, "StatefulSet"):
+                container = containers(workload)[0]
+                path = env_of(container).get("EOS_SINK_CONFIG", {}).get("value")
+                if path is None:
+                    continue
+                mount = [m for m in container["volumeMounts"]
+                         if path.startswith(m["mountPath"] + "/")]
+                self.assertEqual(len(mount), 1, path)
+                volume = [v for v in pod_spec(workload)["volumes"]
+                          if v["name"] == mount[0]["name"]][0]
+                config_map = config_maps[volume["configMap"]["name"]]
+                targets = tomllib.loads(config_map["data"][Path(path).name])["targets"]
+                self.assertTrue(targets, "at least one target")
+
+
+class BadValues(unittest.TestCase):
+    def test_bad_values_fail_the_render_saying_what_to_change(self):
+        files = sorted((HERE / "test-values").glob("*.yaml"))
+        self.assertEqual({f.name for f in files}, set(BAD_VALUES), "every bad file has its check")
+        for path in files:
+            with self.subTest(values=path.name):
+                result = helm_template(path)
+                self.assertNotEqual(result.returncode, 0, f"{path.name} must not render")
+                self.assertIn(BAD_VALUES[path.name], result.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main())

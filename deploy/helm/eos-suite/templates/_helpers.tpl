@@ -1,0 +1,182 @@
+{{/* Names, labels, images and the checks every template shares. */}}
+
+{{- define "eos-suite.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "eos-suite.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A component's resource name: <fullname>-<component>. Args: (list $ "component"). */}}
+{{- define "eos-suite.componentName" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" (include "eos-suite.fullname" $root | trunc 45 | trimSuffix "-") (index . 1) }}
+{{- end }}
+
+{{- define "eos-suite.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "eos-suite.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: eos-suite
+{{- end }}
+
+{{/* Selector labels of one component. Args: (list $ "component"). */}}
+{{- define "eos-suite.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "eos-suite.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* All labels of one component. Args: (list $ "component"). */}}
+{{- define "eos-suite.componentLabels" -}}
+{{ include "eos-suite.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* An image reference. Args: (list $ "binary" .Values.<component>.image.repository). */}}
+{{- define "eos-suite.image" -}}
+{{- $root := index . 0 -}}
+{{- $repository := default (printf "eos-suite/%s" (index . 1)) (index . 2) -}}
+{{- $tag := default $root.Chart.AppVersion $root.Values.image.tag -}}
+{{- if $root.Values.image.registry }}
+{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) $repository $tag }}
+{{- else }}
+{{- printf "%s:%s" $repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "eos-suite.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseSecretName" -}}
+{{- default (printf "%s-database" (include "eos-suite.fullname" .)) .Values.database.existingSecret }}
+{{- end }}
+
+{{- define "eos-suite.migrationSecretName" -}}
+{{- default (printf "%s-database-owner" (include "eos-suite.fullname" .)) .Values.migration.existingSecret }}
+{{- end }}
+
+{{/* The provider URL dedup-service reconciles against. */}}
+{{- define "eos-suite.providerUrl" -}}
+{{- if .Values.dedup.providerUrl }}
+{{- .Values.dedup.providerUrl }}
+{{- else if .Values.providerSim.enabled }}
+{{- printf "http://%s:%d" (include "eos-suite.componentName" (list . "provider-sim")) (int .Values.providerSim.port) }}
+{{- end }}
+{{- end }}
+
+{{/* DATABASE_URL of the runtime role, from its Secret. */}}
+{{- define "eos-suite.databaseEnv" -}}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "eos-suite.databaseSecretName" . }}
+      key: {{ .Values.database.secretKey }}
+- name: EOS_SKIP_MIGRATIONS
+  value: "true"
+{{- end }}
+
+{{/* Pod-level settings every pod shares. */}}
+{{- define "eos-suite.podSpecCommon" -}}
+serviceAccountName: {{ include "eos-suite.serviceAccountName" . }}
+automountServiceAccountToken: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod metadata every pod shares. Args: (list $ "component") or (list $ "component" dict), the dict
+holding annotations of this pod on top of podAnnotations.
+*/}}
+{{- define "eos-suite.podMetadata" -}}
+{{- $root := index . 0 -}}
+{{- $annotations := $root.Values.podAnnotations | default dict -}}
+{{- if gt (len .) 2 -}}
+{{- $annotations = merge (deepCopy (index . 2)) $annotations -}}
+{{- end -}}
+labels:
+  {{- include "eos-suite.selectorLabels" (list $root (index . 1)) | nindent 2 }}
+  app.kubernetes.io/part-of: eos-suite
+  {{- with $root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The writable scratch directory a read-only root filesystem still needs. */}}
+{{- define "eos-suite.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+{{- define "eos-suite.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end }}
+
+{{/*
+Checks values.schema.json cannot express: they fail the render with a message saying what to
+change. Called once, from the ServiceAccount template (always rendered).
+*/}}
+{{- define "eos-suite.validate" -}}
+{{- if .Values.kafka.clientProperties }}
+{{- fail "kafka.clientProperties is set, but the services accept only kafka.bootstrapServers today: a TLS/SASL property would be ignored and the services would connect without it. The property passthrough is issue #13; until then leave kafka.clientProperties empty." }}
+{{- end }}
+{{- if and (or .Values.sink.enabled .Values.dedup.enabled) (not .Values.database.existingSecret) (not .Values.database.url) }}
+{{- fail "database: set database.existingSecret (a Secret holding the runtime role's DATABASE_URL) or database.url (the chart makes the Secret)" }}
+{{- end }}
+{{- if and .Values.migration.enabled (not .Values.migration.existingSecret) (not .Values.migration.url) }}
+{{- fail "migration: set migration.existingSecret (a Secret holding the schema owner's DATABASE_URL) or migration.url (the chart makes a hook Secret)" }}
+{{- end }}
+{{- if le (int .Values.processor.terminationGracePeriodSeconds) (int .Values.processor.transactionTimeoutSeconds) }}
+{{- fail (printf "processor.terminationGracePeriodSeconds (%d) must be longer than processor.transactionTimeoutSeconds (%d): a pod killed mid-transaction leaves it open until the broker times it out" (int .Values.processor.terminationGracePeriodSeconds) (int .Values.processor.transactionTimeoutSeconds)) }}
+{{- end }}
+{{- if le (int .Values.sink.terminationGracePeriodSeconds) (int .Values.sink.shutdownTimeoutSeconds) }}
+{{- fail (printf "sink.terminationGracePeriodSeconds (%d) must be longer than sink.shutdownTimeoutSeconds (%d), so SIGTERM can commit the open batch" (int .Values.sink.terminationGracePeriodSeconds) (int .Values.sink.shutdownTimeoutSeconds)) }}
+{{- end }}
+{{- if le (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds) }}
+{{- fail (printf "dedup.terminationGracePeriodSeconds (%d) must be longer than dedup.shutdownTimeoutSeconds (%d), so SIGTERM can drain in-flight calls" (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds)) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,315 @@
+//! The schema as its own step (README, "Deploy with Helm"): `dedup-service migrate` and
+//! `sink-writer migrate` apply the migrations to a fresh database with the owner role, and the
+//! services started with --skip-migrations then work on it with a runtime role that has only the
+//! row privileges the README lists (it cannot create, alter or drop a table) — and refuse a
+//! database nobody migrated instead of creating tables themselves.
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use dedup_client::{BeginOutcome, BeginParams};
+use integration_tests::eosctl::{self, Workload};
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{TestDatabase, database_url, unique_name};
+use time::OffsetDateTime;
+
+use crate::dedup_service::Dedup;
+use crate::sink_writer::{Sink, stop_gracefully};
+
+const MIGRATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs `<binary> migrate` against `database_url` and returns its log; fails unless it exits 0.
+fn run_migrate(binary: &str, database_url: &str) -> anyhow::Result<String> {
+    let args = ["migrate", "--database-url", database_url].map(str::to_owned);
+    let mut process = ServiceProcess::spawn(binary, &args, &[])?;
+    let status = process
+        .wait_timeout(MIGRATE_TIMEOUT)?
+        .with_context(|| format!("{binary} migrate still running\n{}", process.log_tail(30)))?;
+    ensure!(
+        status.success(),
+        "{binary} migrate exited with {status}\n{}",
+        process.log_tail(30)
+    );
+    Ok(process.log())
+}
+
+/// Every relation in the public schema with its kind, and the applied migration versions: what
+/// a service that changes no schema leaves exactly as it found it.
+async fn schema_snapshot(db: &TestDatabase) -> anyhow::Result<(Vec<String>, Vec<i64>)> {
+    let relations: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text || ':' || c.relkind::text FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    let versions: Vec<i64> = if table_exists(db, "_sqlx_migrations").await? {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&db.pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    Ok((relations, versions))
+}
+
+async fn table_exists(db: &TestDatabase, table: &str) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(table)
+        .fetch_one(&db.pool)
+        .await?)
+}
+
+/// A login role with no privileges of its own, made by the PostgreSQL superuser (over the local
+/// socket, as the `postgres` OS user: the test role cannot create roles) and dropped again, with
+/// whatever it was granted in `database`, even when the test fails and leaves the database.
+struct RuntimeRole {
+    name: String,
+    password: String,
+    database: String,
+}
+
+impl RuntimeRole {
+    fn create(database: &str) -> anyhow::Result<Self> {
+        let role = Self {
+            name: unique_name("eos_it_runtime").replace('-', "_"),
+            password: unique_name("pw").replace('-', ""),
+            database: database.to_owned(),
+        };
+        role.superuser_sql(
+            None,
+            &format!(
+                "CREATE ROLE \"{}\" LOGIN PASSWORD '{}'",
+                role.name, role.password
+            ),
+        )?;
+        Ok(role)
+    }
+
+    /// `url` (of the owner role) with this role's credentials.
+    fn url(&self, url: &str) -> anyhow::Result<String> {
+        let (scheme, rest) = url.split_once("://").context("a postgres:// URL")?;
+        let (_, host_and_database) = rest.split_once('@').context("a URL with credentials")?;
+        Ok(format!(
+            "{scheme}://{}:{}@{host_and_database}",
+            self.name, self.password
+        ))
+    }
+
+    fn superuser_sql(&self, database: Option<&str>, sql: &str) -> anyhow::Result<()> {
+        let port = database_url()
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next().map(str::to_owned))
+            .unwrap_or_else(|| "5432".into());
+        let output = Command::new("runuser")
+            .args([
+                "-u",
+                "postgres",
+                "--",
+                "psql",
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ])
+            .args(["-p", &port, "-d", database.unwrap_or("postgres"), "-c", sql])
+            .output()
+            .context("runuser not found: this test makes a role as the postgres superuser")?;
+        ensure!(
+            output.status.success(),
+            "as postgres: {sql}: {} (needs root and the local stack's PostgreSQL)",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for RuntimeRole {
+    fn drop(&mut self) {
+        // The grants and default privileges naming the role keep it from being dropped; they go
+        // with the database, or here when a failed test left the database behind.
+        let revoke = format!("DROP OWNED BY \"{}\"", self.name);
+        let _ = self.superuser_sql(Some(&self.database), &revoke);
+        let drop_role = format!("DROP ROLE IF EXISTS \"{}\"", self.name);
+        if let Err(error) = self.superuser_sql(None, &drop_role) {
+            eprintln!("could not drop role {}: {error:#}", self.name);
+        }
+    }
+}
+
+/// Whether `role_url` may run `sql`; the error text when it may not.
+async fn refused(role_url: &str, sql: &str) -> anyhow::Result<Option<String>> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(role_url)
+        .await?;
+    let result = sqlx::raw_sql(sql).execute(&pool).await;
+    pool.close().await;
+    Ok(result.err().map(|error| error.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -> anyhow::Result<()>
+{
+    let db = TestDatabase::create().await?;
+    // The README's grants, given by the owner before the first migrate.
+    let role = RuntimeRole::create(&db.name)?;
+    let runtime_url = role.url(&db.url)?;
+    sqlx::raw_sql(&format!(
+        "GRANT USAGE ON SCHEMA public TO \"{0}\";
+         ALTER DEFAULT PRIVILEGES IN SCHEMA public
+             GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO \"{0}\";
+         ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE ON SEQUENCES TO \"{0}\";",
+        role.name
+    ))
+    .execute(&db.pool)
+    .await?;
+    assert!(
+        !table_exists(&db, "dedup_intents").await?,
+        "a fresh database"
+    );
+
+    let log = run_migrate("dedup-service", &db.url)?;
+    assert_eq!(
+        log.matches("migration applied").count(),
+        2,
+        "both dedup-service migrations are applied and logged\n{log}"
+    );
+    let log = run_migrate("sink-writer", &db.url)?;
+    assert_eq!(
+        log.matches("migration applied").count(),
+        1,
+        "the sink's migration is applied and logged (the other crate's are ignored)\n{log}"
+    );
+    for table in [
+        "dedup_intents",
+        "dedup_intent_history",
+        "sink_checkpoints",
+        "sink_conflicts",
+        "sink_dead_letters",
+        "event_sink",
+        "entity_state",
+    ] {
+        assert!(table_exists(&db, table).await?, "migrate created {table}");
+    }
+    // A second run (every helm upgrade runs the job again) applies nothing and still succeeds.
+    let log = run_migrate("dedup-service", &db.url)?;
+    assert!(
+        !log.contains("migration applied") && log.contains("schema is current"),
+        "a current schema is left alone\n{log}"
+    );
+    let migrated = schema_snapshot(&db).await?;
+    assert_eq!(migrated.1.len(), 3, "{migrated:?}");
+
+    // The runtime role can change no table.
+    for sql in [
+        "CREATE TABLE runtime_made (id INT)",
+        "DROP TABLE event_sink",
+        "ALTER TABLE dedup_intents ADD COLUMN runtime_made INT",
+    ] {
+        let error = refused(&runtime_url, sql).await?;
+        assert!(
+            error
+                .as_deref()
+                .is_some_and(|e| e.contains("permission denied") || e.contains("must be owner")),
+            "the runtime role must not run {sql}: {error:?}"
+        );
+    }
+
+    // dedup-service without migrations, as the runtime role: a Begin is acquired, so the store
+    // works on this schema with row privileges only.
+    let mut dedup = Dedup::spawn_on(&runtime_url, "127.0.0.1:0", &["--skip-migrations"])?;
+    let client = dedup.client()?;
+    let params = BeginParams {
+        operation_id: unique_name("migrate-op"),
+        fingerprint: vec![7; 32],
+        owner: "migrate-test".into(),
+        occurred_at: OffsetDateTime::now_utc(),
+        lease_ttl: None,
+    };
+    match client.begin(&params).await? {
+        BeginOutcome::Acquired { .. } => {}
+        other => bail!(
+            "expected ACQUIRED, got {other:?}\n{}",
+            dedup.process.log_tail(30)
+        ),
+    }
+    assert!(
+        dedup
+            .process
+            .log()
+            .contains("--skip-migrations: the schema is current"),
+        "{}",
+        dedup.process.log_tail(30)
+    );
+    let status = dedup.process.terminate(Duration::from_secs(30))?;
+    ensure!(status.success(), "{}", dedup.process.log_tail(30));
+
+    // sink-writer without migrations, as the runtime role: drains a workload (rows, conflicts,
+    // dead letters, checkpoints) into the migrated tables.
+    let topic = unique_name("migrate-sink");
+    let workload_topic = topic.clone();
+    tokio::task::spawn_blocking(move || {
+        eosctl::produce(&workload_topic, &Workload::chaos(300, 93))
+    })
+    .await??;
+    let sink = Sink::new(&topic, &runtime_url);
+    let mut process = sink.spawn("member-a", &["--skip-migrations"], &[])?;
+    sink.wait_drained(&db.pool, &mut process).await?;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM event_sink")
+        .fetch_one(&db.pool)
+        .await?;
+    assert!(rows > 0, "the sink wrote rows\n{}", process.log_tail(30));
+    stop_gracefully(&mut process)?;
+
+    assert_eq!(
+        schema_snapshot(&db).await?,
+        migrated,
+        "services started with --skip-migrations changed no relation and applied no migration"
+    );
+    db.drop_database().await?;
+    drop(role);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn services_that_skip_migrations_refuse_an_unmigrated_database() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let untouched = schema_snapshot(&db).await?;
+
+    // By the environment variable, as the Helm chart sets it.
+    let args = [
+        "--database-url",
+        &db.url,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut dedup =
+        ServiceProcess::spawn("dedup-service", &args, &[("EOS_SKIP_MIGRATIONS", "true")])?;
+    let sink = Sink::new(&unique_name("migrate-refused"), &db.url);
+    let mut sink_process = sink.spawn("member-a", &["--skip-migrations"], &[])?;
+    for (binary, process) in [
+        ("dedup-service", &mut dedup),
+        ("sink-writer", &mut sink_process),
+    ] {
+        let status = process
+            .wait_timeout(MIGRATE_TIMEOUT)?
+            .with_context(|| format!("{binary} kept running\n{}", process.log_tail(30)))?;
+        let log = process.log();
+        assert!(!status.success(), "{binary} exits non-zero\n{log}");
+        assert!(
+            log.contains(&format!("run `{binary} migrate`")),
+            "{binary} says what to do\n{log}"
+        );
+    }
+    assert_eq!(
+        schema_snapshot(&db).await?,
+        untouched,
+        "a service started with --skip-migrations creates nothing"
+    );
+    db.drop_database().await
+}
