@@ -16,7 +16,6 @@ pub mod error;
 pub mod grpc_service;
 pub mod intent_store;
 pub mod metrics;
-pub mod migrations;
 pub mod purge;
 pub mod reconciler;
 pub mod retention;
@@ -29,6 +28,7 @@ use eos_core::{Boundary, Guarantee};
 use eos_proto::dedup::v1::FILE_DESCRIPTOR_SET;
 use eos_proto::dedup::v1::dedup_server::DedupServer;
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
+use eos_runtime::schema_migrations as migrations;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -72,19 +72,12 @@ pub fn boundary(config: &Config) -> Boundary {
 /// `dedup-service migrate`: applies the embedded migrations to the database and logs each one
 /// it applied; fails with the reason (and exit 1) when it cannot.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
-    let pool = migrations::connect(&args.database_url).await?;
-    let result = migrations::apply(&pool, &intent_store::migrator()).await;
-    pool.close().await;
-    let applied = result?;
-    for migration in &applied {
-        tracing::info!(
-            version = migration.version,
-            description = %migration.description,
-            "migration applied"
-        );
-    }
-    tracing::info!(applied = applied.len(), "dedup-service schema is current");
-    Ok(())
+    Ok(migrations::migrate_command(
+        "dedup-service",
+        &args.database_url,
+        &intent_store::migrator(),
+    )
+    .await?)
 }
 
 /// Runs the service until `shutdown` is cancelled (then drains and returns `Ok`), or fails at
@@ -115,14 +108,13 @@ async fn serve(
     let pool = intent_store::open(&config.database_url, config.db_max_connections)
         .await
         .context("connecting to PostgreSQL")?;
-    let migrator = intent_store::migrator();
-    if config.skip_migrations {
-        migrations::check_applied(&pool, &migrator).await?;
-        tracing::info!("--skip-migrations: the schema is current");
-    } else {
-        let applied = migrations::apply(&pool, &migrator).await?;
-        tracing::info!(applied = applied.len(), "migrations applied at start-up");
-    }
+    migrations::prepare_at_start(
+        &pool,
+        &intent_store::migrator(),
+        "dedup-service",
+        config.skip_migrations,
+    )
+    .await?;
     let store = IntentStore::new(pool.clone(), config.retention);
     let provider = match config.provider_url.as_deref() {
         Some(url) => Some(ProviderClient::new(url, config.provider_timeout)?),

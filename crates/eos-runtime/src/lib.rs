@@ -13,6 +13,8 @@
 pub mod backoff;
 pub mod ops_http;
 pub mod rebalance;
+#[cfg(feature = "postgres")]
+pub mod schema_migrations;
 pub mod service_flags;
 pub mod service_main;
 pub mod shutdown;

@@ -37,3 +37,60 @@ pub struct LogFlags {
     #[arg(long = "log-format", env = "EOS_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
 }
+
+/// `<service> migrate`: applies the service's schema migrations to DATABASE_URL and exits.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "migrate",
+    about = "Apply the schema migrations to DATABASE_URL and exit (run it with a role that owns \
+             the schema, before services started with --skip-migrations)"
+)]
+pub struct MigrateArgs {
+    /// PostgreSQL URL of a role that may create and alter the service's tables.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+/// What the command line of a service with PostgreSQL tables asks for: run the service (the
+/// flags of `Config`) or the `migrate` step.
+#[derive(Debug, Clone)]
+pub enum Invocation<Config> {
+    Serve(Box<Config>),
+    Migrate(MigrateArgs),
+}
+
+impl<Config: clap::Parser> Invocation<Config> {
+    /// The command line: `Config`'s flags, plus the `migrate` subcommand. Service flags and the
+    /// subcommand do not mix, and `migrate` does not need the service flags' required values.
+    pub fn command() -> clap::Command {
+        use clap::CommandFactory as _;
+        Config::command()
+            .subcommand(MigrateArgs::command())
+            .subcommand_negates_reqs(true)
+            .args_conflicts_with_subcommands(true)
+    }
+
+    pub fn parse() -> Self {
+        Self::try_parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit())
+    }
+
+    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::FromArgMatches as _;
+        let mut matches = Self::command().try_get_matches_from(args)?;
+        match matches.remove_subcommand() {
+            Some((_, mut migrate)) => Ok(Self::Migrate(MigrateArgs::from_arg_matches_mut(
+                &mut migrate,
+            )?)),
+            None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
+                &mut matches,
+            )?))),
+        }
+    }
+}

@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser};
 use eos_core::Guarantee;
 use eos_runtime::LogFlags;
 
@@ -30,6 +31,12 @@ pub struct Config {
     /// PostgreSQL URL of the database that holds the outbox.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+
+    /// Do not apply the migrations at start-up; only check that `outbox-relay migrate` has applied
+    /// them (it runs with a role that owns the schema, so this service can run with one that only
+    /// reads and writes rows).
+    #[arg(long, env = "EOS_SKIP_MIGRATIONS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub skip_migrations: bool,
 
     /// The relay's name: the key of its position, and its transactional.id is
     /// outbox-relay-<name>, so a second relay with the same name fences the first. Run one relay
@@ -107,6 +114,9 @@ impl Config {
     }
 }
 
+/// What the command line asks for: run the service (the flags of [`Config`]) or `outbox-relay migrate`.
+pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +133,18 @@ mod tests {
         assert_eq!(config.guarantee, Guarantee::ExactlyOnce);
         assert_eq!(config.transactional_id(), "outbox-relay-default");
         assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn migrate_is_a_subcommand_that_needs_only_the_database_url() {
+        let invocation =
+            Invocation::try_parse_from(["outbox-relay", "migrate", "--database-url", "pg://a/b"])
+                .expect("parses");
+        assert!(matches!(invocation, Invocation::Migrate(args) if args.database_url == "pg://a/b"));
+        assert!(
+            Invocation::try_parse_from(["outbox-relay", "--batch-size", "5", "migrate"]).is_err(),
+            "service flags and migrate do not mix"
+        );
     }
 
     #[test]

@@ -32,8 +32,6 @@ pub enum RelayError {
     Kafka(#[from] KafkaError),
     #[error("PostgreSQL: {0}")]
     Database(#[from] sqlx::Error),
-    #[error("migrating the outbox schema: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
 impl From<eos_runtime::transactional_producer::ProducerError> for RelayError {

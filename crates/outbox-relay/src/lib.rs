@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
+use eos_runtime::schema_migrations;
+use eos_runtime::service_flags::MigrateArgs;
 
 pub use config::Config;
 pub use error::RelayError;
@@ -63,6 +65,16 @@ pub fn boundary(config: &Config) -> Boundary {
     }
 }
 
+/// `outbox-relay migrate`: applies the outbox's migrations (table, function, relay positions).
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    Ok(schema_migrations::migrate_command(
+        "outbox-relay",
+        &args.database_url,
+        &eos_outbox::migrator(),
+    )
+    .await?)
+}
+
 /// Runs the relay until `shutdown` is cancelled (exit 0 after the batch in flight) or a fatal
 /// error (fenced, a position that disagrees with PostgreSQL, a row that is not an envelope).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -75,10 +87,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .connect(&config.database_url)
         .await
         .context("connecting to PostgreSQL")?;
-    eos_outbox::migrator()
-        .run(&pool)
-        .await
-        .map_err(RelayError::from)?;
+    schema_migrations::prepare_at_start(
+        &pool,
+        &eos_outbox::migrator(),
+        "outbox-relay",
+        config.skip_migrations,
+    )
+    .await?;
 
     let mut client_config = ClientConfig::new();
     client_config.set("bootstrap.servers", &config.bootstrap_servers);

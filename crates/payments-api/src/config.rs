@@ -2,7 +2,8 @@
 
 use std::net::SocketAddr;
 
-use clap::Parser;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser};
 use eos_runtime::LogFlags;
 
 /// A domain service built on the outbox: POST /payments with an Idempotency-Key header records
@@ -21,6 +22,12 @@ pub struct Config {
     /// PostgreSQL URL of the database holding the payments and the outbox.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+
+    /// Do not apply the migrations at start-up; only check that `payments-api migrate` has applied
+    /// them (it runs with a role that owns the schema, so this service can run with one that only
+    /// reads and writes rows).
+    #[arg(long, env = "EOS_SKIP_MIGRATIONS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub skip_migrations: bool,
 
     /// Kafka topic the payment events are published to (by outbox-relay).
     #[arg(long, env = "PAYMENTS_API_TOPIC", default_value = "payments")]
@@ -41,3 +48,6 @@ pub struct Config {
     #[command(flatten)]
     pub log: LogFlags,
 }
+
+/// What the command line asks for: run the service (the flags of [`Config`]) or `payments-api migrate`.
+pub type Invocation = eos_runtime::service_flags::Invocation<Config>;

@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
+use eos_runtime::schema_migrations;
+use eos_runtime::service_flags::MigrateArgs;
 
 pub use config::Config;
 
@@ -44,6 +46,14 @@ pub fn boundary(config: &Config) -> Boundary {
     }
 }
 
+/// `payments-api migrate`: applies the outbox's migrations and the payments tables.
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    for migrator in [eos_outbox::migrator(), migrator()] {
+        schema_migrations::migrate_command("payments-api", &args.database_url, &migrator).await?;
+    }
+    Ok(())
+}
+
 /// Serves until `shutdown` is cancelled; requests in flight finish first.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let ops = OpsEndpoint::start(
@@ -57,14 +67,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .connect(&config.database_url)
         .await
         .context("connecting to PostgreSQL")?;
-    eos_outbox::migrator()
-        .run(&pool)
-        .await
-        .context("migrating the outbox schema")?;
-    migrator()
-        .run(&pool)
-        .await
-        .context("migrating the payments schema")?;
+    for migrator in [eos_outbox::migrator(), migrator()] {
+        schema_migrations::prepare_at_start(
+            &pool,
+            &migrator,
+            "payments-api",
+            config.skip_migrations,
+        )
+        .await?;
+    }
     let listener = TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;

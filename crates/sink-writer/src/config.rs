@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use clap::{ArgAction, CommandFactory as _, FromArgMatches as _, Parser};
+use clap::{ArgAction, Parser};
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
 use eos_runtime::{InstanceFlags, LogFlags};
 
@@ -152,62 +152,11 @@ pub struct Config {
     pub fault_stall_before_commit: Option<Duration>,
 }
 
-/// `sink-writer migrate`: applies the embedded migrations (the sink's own tables and the default
-/// targets) to DATABASE_URL and exits. Tables of a `--config` targets file are the user's: the
-/// sink checks them at start-up but never creates them.
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "migrate",
-    about = "Apply the schema migrations (the sink's tables and the default targets) to \
-             DATABASE_URL and exit (run it with a role that owns the schema, before sinks started \
-             with --skip-migrations)"
-)]
-pub struct MigrateArgs {
-    /// PostgreSQL URL of a role that may create and alter the sink's tables.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-
-    #[command(flatten)]
-    pub log: LogFlags,
-}
-
-/// What the command line asks for: run the sink (the flags of [`Config`]) or the `migrate` step.
-#[derive(Debug, Clone)]
-pub enum Invocation {
-    Serve(Box<Config>),
-    Migrate(MigrateArgs),
-}
-
-impl Invocation {
-    /// The command line: [`Config`]'s flags, plus the `migrate` subcommand. Sink flags and the
-    /// subcommand do not mix, and `migrate` does not need the sink flags' required values.
-    pub fn command() -> clap::Command {
-        Config::command()
-            .subcommand(MigrateArgs::command())
-            .subcommand_negates_reqs(true)
-            .args_conflicts_with_subcommands(true)
-    }
-
-    pub fn parse() -> Self {
-        Self::try_parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit())
-    }
-
-    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let mut matches = Self::command().try_get_matches_from(args)?;
-        match matches.remove_subcommand() {
-            Some((_, mut migrate)) => Ok(Self::Migrate(MigrateArgs::from_arg_matches_mut(
-                &mut migrate,
-            )?)),
-            None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
-                &mut matches,
-            )?))),
-        }
-    }
-}
+/// What the command line asks for: run the sink (the flags of [`Config`]) or `sink-writer
+/// migrate`, which applies the sink's own tables and the default targets. Tables of a `--config`
+/// targets file are the user's: the sink checks them at start-up but never creates them.
+pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
+pub use eos_runtime::service_flags::MigrateArgs;
 
 impl Config {
     pub fn dlq_topic(&self) -> String {

@@ -29,7 +29,6 @@ pub mod decision;
 pub mod error;
 pub mod mapping;
 pub mod metrics;
-pub mod migrations;
 mod partition_positioning;
 mod provider_settlement;
 pub mod provider_target;
@@ -45,6 +44,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
+use eos_runtime::schema_migrations as migrations;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -151,19 +151,7 @@ pub fn target_specs(config: &Config) -> Result<Targets, SinkError> {
 /// `sink-writer migrate`: applies the embedded migrations to the database and logs each one it
 /// applied; fails with the reason (and exit 1) when it cannot.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
-    let pool = migrations::connect(&args.database_url).await?;
-    let result = migrations::apply(&pool, &migrator()).await;
-    pool.close().await;
-    let applied = result?;
-    for migration in &applied {
-        tracing::info!(
-            version = migration.version,
-            description = %migration.description,
-            "migration applied"
-        );
-    }
-    tracing::info!(applied = applied.len(), "sink-writer schema is current");
-    Ok(())
+    Ok(migrations::migrate_command("sink-writer", &args.database_url, &migrator()).await?)
 }
 
 /// Runs the sink until `shutdown` is cancelled (exit 0 after committing the open batch) or a
@@ -187,15 +175,9 @@ async fn serve(
     let Some(pool) = connect(&config, &shutdown).await? else {
         return Ok(());
     };
-    if config.skip_migrations {
-        migrations::check_applied(&pool, &migrator()).await?;
-        tracing::info!("--skip-migrations: the schema is current");
-    } else {
-        let applied = migrations::apply(&pool, &migrator())
-            .await
-            .context("running the sink's migrations")?;
-        tracing::info!(applied = applied.len(), "migrations applied at start-up");
-    }
+    migrations::prepare_at_start(&pool, &migrator(), "sink-writer", config.skip_migrations)
+        .await
+        .context("preparing the sink's schema")?;
     let mut prepared = Vec::with_capacity(specs.tables.len());
     for spec in specs.tables {
         prepared.push(schema::prepare(&pool, spec).await?);

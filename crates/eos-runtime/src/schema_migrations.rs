@@ -1,7 +1,8 @@
-//! The schema as its own step. `sink-writer migrate` applies the embedded migrations with a role that
-//! owns the schema (a deployment's migration job); a service started with `--skip-migrations`
-//! changes no table and only checks that every embedded migration is applied, so it can run with
-//! a role that only reads and writes rows (see the README, "Deploy with Helm").
+//! The schema as its own step, for every service with PostgreSQL tables. `<service> migrate`
+//! applies the service's embedded migrations with a role that owns the schema (a deployment's
+//! migration job); a service started with `--skip-migrations` changes no table and only checks
+//! that every embedded migration is applied, so it can run with a role that only reads and writes
+//! rows (see the README, "Deploy with Helm").
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,20 +20,32 @@ pub enum MigrationError {
     Apply(#[source] MigrateError),
     #[error(
         "cannot read the applied migrations from _sqlx_migrations: with --skip-migrations run \
-         `sink-writer migrate` with a role that owns the schema first, and let this role read \
+         `{service} migrate` with a role that owns the schema first, and let this role read \
          _sqlx_migrations"
     )]
-    ReadApplied(#[source] MigrateError),
+    ReadApplied {
+        service: &'static str,
+        #[source]
+        source: MigrateError,
+    },
     #[error(
-        "migration {version} ({description}) is not applied; run `sink-writer migrate` with a role \
+        "migration {version} ({description}) is not applied; run `{service} migrate` with a role \
          that owns the schema first, or start without --skip-migrations"
     )]
-    NotApplied { version: i64, description: String },
+    NotApplied {
+        service: &'static str,
+        version: i64,
+        description: String,
+    },
     #[error(
         "migration {version} ({description}) was applied with other content than this build's; \
-         the database belongs to another version of sink-writer"
+         the database belongs to another version of {service}"
     )]
-    Changed { version: i64, description: String },
+    Changed {
+        service: &'static str,
+        version: i64,
+        description: String,
+    },
 }
 
 /// One migration this run applied.
@@ -91,11 +104,15 @@ pub async fn apply(
 
 /// Checks, without changing anything, that every embedded migration is applied with the same
 /// content: what a service started with `--skip-migrations` needs before it touches a row.
-pub async fn check_applied(pool: &PgPool, migrator: &Migrator) -> Result<(), MigrationError> {
+pub async fn check_applied(
+    pool: &PgPool,
+    migrator: &Migrator,
+    service: &'static str,
+) -> Result<(), MigrationError> {
     let mut conn = pool.acquire().await.map_err(MigrationError::Connect)?;
     let applied = applied_checksums(&mut conn)
         .await
-        .map_err(MigrationError::ReadApplied)?;
+        .map_err(|source| MigrationError::ReadApplied { service, source })?;
     for migration in migrator
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
@@ -104,12 +121,14 @@ pub async fn check_applied(pool: &PgPool, migrator: &Migrator) -> Result<(), Mig
         match applied.get(&migration.version) {
             None => {
                 return Err(MigrationError::NotApplied {
+                    service,
                     version: migration.version,
                     description,
                 });
             }
             Some(checksum) if checksum.as_slice() != &*migration.checksum => {
                 return Err(MigrationError::Changed {
+                    service,
                     version: migration.version,
                     description,
                 });
@@ -129,4 +148,42 @@ async fn applied_checksums(
         .into_iter()
         .map(|m| (m.version, m.checksum.into_owned()))
         .collect())
+}
+
+/// The whole `<service> migrate` command: connect, apply, log each migration applied.
+pub async fn migrate_command(
+    service: &'static str,
+    database_url: &str,
+    migrator: &Migrator,
+) -> Result<(), MigrationError> {
+    let pool = connect(database_url).await?;
+    let result = apply(&pool, migrator).await;
+    pool.close().await;
+    let applied = result?;
+    for migration in &applied {
+        tracing::info!(
+            version = migration.version,
+            description = %migration.description,
+            "migration applied"
+        );
+    }
+    tracing::info!(applied = applied.len(), "{service} schema is current");
+    Ok(())
+}
+
+/// At a service's start: apply the migrations, or with `--skip-migrations` only check them.
+pub async fn prepare_at_start(
+    pool: &PgPool,
+    migrator: &Migrator,
+    service: &'static str,
+    skip_migrations: bool,
+) -> Result<(), MigrationError> {
+    if skip_migrations {
+        check_applied(pool, migrator, service).await?;
+        tracing::info!("--skip-migrations: the schema is current");
+    } else {
+        let applied = apply(pool, migrator).await?;
+        tracing::info!(applied = applied.len(), "migrations applied at start-up");
+    }
+    Ok(())
 }
