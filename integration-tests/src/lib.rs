@@ -68,7 +68,18 @@ pub fn admin() -> anyhow::Result<AdminClient<DefaultClientContext>> {
 
 /// Creates `name` with `partitions` partitions and waits until its leaders are known.
 pub async fn create_topic(name: &str, partitions: i32) -> anyhow::Result<()> {
-    let admin = admin()?;
+    create_topic_on(&bootstrap_servers(), name, partitions).await
+}
+
+/// [`create_topic`] on another broker (a test's private one).
+pub async fn create_topic_on(
+    bootstrap_servers: &str,
+    name: &str,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client_config_for(bootstrap_servers)
+        .create()
+        .context("cannot create a Kafka admin client")?;
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin
@@ -80,11 +91,11 @@ pub async fn create_topic(name: &str, partitions: i32) -> anyhow::Result<()> {
             bail!("cannot create topic {topic}: {code}");
         }
     }
-    wait_for_leaders(name, partitions)
+    wait_for_leaders(bootstrap_servers, name, partitions)
 }
 
-fn wait_for_leaders(topic: &str, partitions: i32) -> anyhow::Result<()> {
-    let consumer: BaseConsumer = client_config().create()?;
+fn wait_for_leaders(bootstrap_servers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
+    let consumer: BaseConsumer = client_config_for(bootstrap_servers).create()?;
     for _ in 0..100 {
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
         let ready = metadata.topics().iter().any(|t| {
@@ -136,7 +147,16 @@ impl Isolation {
 /// The end is each partition's high watermark; a `read_committed` reader reaches it only once no
 /// transaction is open there, so the wait is bounded and a failure says so.
 pub fn read_topic(topic: &str, isolation: Isolation) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer: BaseConsumer = client_config()
+    read_topic_on(&bootstrap_servers(), topic, isolation)
+}
+
+/// [`read_topic`] on another broker (a test's private one).
+pub fn read_topic_on(
+    bootstrap_servers: &str,
+    topic: &str,
+    isolation: Isolation,
+) -> anyhow::Result<Vec<OwnedMessage>> {
+    let consumer: BaseConsumer = client_config_for(bootstrap_servers)
         .set("group.id", unique_name("reader"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", isolation.as_config())

@@ -14,8 +14,8 @@ use eos_outbox::relay_positions::{purge_relayed, record_relayed, relayed_positio
 use eos_outbox::{OutboxCursor, OutboxEvent, read_after};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, PostgresRestartGuard, TestDatabase, bootstrap_servers, create_topic, read_topic,
-    unique_name,
+    Isolation, PostgresRestartGuard, TestDatabase, bootstrap_servers, create_topic_on,
+    read_topic_on, unique_name,
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
@@ -34,6 +34,7 @@ const DOMAIN_SCHEMA: &str = "
 /// One outbox, its topic and its relay's names.
 struct Outbox {
     db: TestDatabase,
+    bootstrap: String,
     topic: String,
     positions_topic: String,
     relay_name: String,
@@ -45,12 +46,17 @@ impl Outbox {
     }
 
     async fn on(db: TestDatabase) -> anyhow::Result<Self> {
+        Self::on_broker(db, bootstrap_servers()).await
+    }
+
+    async fn on_broker(db: TestDatabase, bootstrap: String) -> anyhow::Result<Self> {
         eos_outbox::migrator().run(&db.pool).await?;
         sqlx::raw_sql(DOMAIN_SCHEMA).execute(&db.pool).await?;
         let topic = unique_name("outbox-payments");
-        create_topic(&topic, 3).await?;
+        create_topic_on(&bootstrap, &topic, 3).await?;
         Ok(Self {
             db,
+            bootstrap,
             topic,
             positions_topic: unique_name("outbox-positions"),
             relay_name: unique_name("relay"),
@@ -60,7 +66,7 @@ impl Outbox {
     fn spawn_relay(&self, guarantee: &str, extra: &[&str]) -> anyhow::Result<ServiceProcess> {
         let mut args: Vec<String> = [
             "--bootstrap-servers",
-            &bootstrap_servers(),
+            &self.bootstrap,
             "--database-url",
             &self.db.url,
             "--relay-name",
@@ -136,10 +142,11 @@ impl Outbox {
 
     async fn audit(&self) -> anyhow::Result<OutboxAudit> {
         let committed = self.committed().await?;
-        let topic = self.topic.clone();
-        let records =
-            tokio::task::spawn_blocking(move || read_topic(&topic, Isolation::ReadCommitted))
-                .await??;
+        let (bootstrap, topic) = (self.bootstrap.clone(), self.topic.clone());
+        let records = tokio::task::spawn_blocking(move || {
+            read_topic_on(&bootstrap, &topic, Isolation::ReadCommitted)
+        })
+        .await??;
         Ok(OutboxAudit::of(&committed, &records))
     }
 
@@ -831,6 +838,37 @@ async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<(
     server.start()?;
     join_writer(writer).await?;
     outbox.wait_relayed(&relay).await?;
+    stop_gracefully(&mut relay)?;
+    outbox.audit().await?.assert_exact();
+    outbox.drop_database().await
+}
+
+/// The relay's broker is SIGKILLed mid-run and restarted: the relay keeps trying (or, if it gave
+/// up, its orchestrator restarts it), and the topic is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_killed_mid_run_and_restarted_leaves_the_topic_exact() -> anyhow::Result<()> {
+    let broker = crate::processor::PrivateBroker::start()?;
+    let outbox = Outbox::on_broker(TestDatabase::create().await?, broker.bootstrap()).await?;
+    integration_tests::workspace_binary("outbox-relay")?;
+    let writer = outbox.writer(WritePlan::commits_only(8_000, 6)).spawn();
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    broker.kill_hard()?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.stack(&["up", "kafka"])?;
+    join_writer(writer).await?;
+    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+    loop {
+        if !relay.is_running() {
+            relay = outbox.spawn_relay("exactly-once", &[])?;
+        }
+        match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await {
+            Ok(Ok(())) => break,
+            Ok(Err(error)) => return Err(error),
+            Err(_) if Instant::now() < deadline => {}
+            Err(_) => bail!("the relay did not catch up\n{}", relay.log_tail(40)),
+        }
+    }
     stop_gracefully(&mut relay)?;
     outbox.audit().await?.assert_exact();
     outbox.drop_database().await

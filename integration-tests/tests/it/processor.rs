@@ -265,14 +265,14 @@ fn rebalances_with_a_graceful_stop_and_a_kill_stay_exact() -> anyhow::Result<()>
 }
 
 /// A broker of this test's own (the stack script on free ports), so killing it harms no other test.
-struct PrivateBroker {
+pub(crate) struct PrivateBroker {
     dir: PathBuf,
     port: u16,
     controller_port: u16,
 }
 
 impl PrivateBroker {
-    fn stack(&self, args: &[&str]) -> anyhow::Result<()> {
+    pub(crate) fn stack(&self, args: &[&str]) -> anyhow::Result<()> {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/stack");
         let output = Command::new(script)
             .args(args)
@@ -288,7 +288,7 @@ impl PrivateBroker {
         Ok(())
     }
 
-    fn start() -> anyhow::Result<Self> {
+    pub(crate) fn start() -> anyhow::Result<Self> {
         let free_port = || -> anyhow::Result<u16> {
             Ok(std::net::TcpListener::bind("127.0.0.1:0")?
                 .local_addr()?
@@ -304,11 +304,11 @@ impl PrivateBroker {
         Ok(broker)
     }
 
-    fn bootstrap(&self) -> String {
+    pub(crate) fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    fn kill_hard(&self) -> anyhow::Result<()> {
+    pub(crate) fn kill_hard(&self) -> anyhow::Result<()> {
         let pid: i32 = std::fs::read_to_string(self.dir.join("kafka/kafka.pid"))?
             .trim()
             .parse()?;
