@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint sqlx-check stack-up stack-down stack-status
+.PHONY: demo test lint sqlx-check compose-check stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -18,7 +18,7 @@ demo: stack-up
 
 ## test: bring the stack up, then the offline query data, formatting, lints, and every test
 ## against the real stack
-test: stack-up sqlx-check lint
+test: stack-up sqlx-check compose-check lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -29,6 +29,11 @@ lint:
 ## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
 sqlx-check: stack-up
 	CARGO=$(CARGO) deploy/local/sqlx-check
+
+## compose-check: deploy/compose/docker-compose.yml loads as `docker compose` v2 loads it
+## (compose-go) and passes the compose specification's JSON schema; no Docker engine needed
+compose-check:
+	deploy/compose/check-compose
 
 stack-up:
 	$(STACK) up
