@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint sqlx-check compose-check stack-up stack-down stack-status
+.PHONY: demo test lint sqlx-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -34,6 +34,11 @@ sqlx-check: stack-up
 ## (compose-go) and passes the compose specification's JSON schema; no Docker engine needed
 compose-check:
 	deploy/compose/check-compose
+
+## compose-test: the real compose run (Docker engine, images, SIGKILLs, audit, Jaeger trace);
+## deploy/compose/e2e says what it does
+compose-test:
+	CARGO=$(CARGO) deploy/compose/e2e
 
 stack-up:
 	$(STACK) up
