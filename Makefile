@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint sqlx-check helm-check stack-up stack-down stack-status
+.PHONY: demo test lint sqlx-check helm-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -16,9 +16,9 @@ demo: stack-up
 	$(CARGO) build --release --workspace --bins
 	target/release/eosctl demo --guarantee $(GUARANTEE) $(DEMO_ARGS)
 
-## test: bring the stack up, then the offline query data, the Helm chart, formatting, lints, and
-## every test against the real stack
-test: stack-up sqlx-check helm-check lint
+## test: bring the stack up, then the offline query data, the Helm chart, the compose file,
+## formatting, lints, and every test against the real stack
+test: stack-up sqlx-check helm-check compose-check lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -34,6 +34,16 @@ sqlx-check: stack-up
 ## its guarantees (deploy/helm/check; needs no cluster)
 helm-check:
 	deploy/helm/check
+
+## compose-check: deploy/compose/docker-compose.yml loads as `docker compose` v2 loads it
+## (compose-go) and passes the compose specification's JSON schema; no Docker engine needed
+compose-check:
+	deploy/compose/check-compose
+
+## compose-test: the real compose run (Docker engine, images, SIGKILLs, audit, Jaeger trace);
+## deploy/compose/e2e says what it does
+compose-test:
+	CARGO=$(CARGO) deploy/compose/e2e
 
 stack-up:
 	$(STACK) up
