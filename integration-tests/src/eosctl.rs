@@ -144,6 +144,17 @@ pub fn audit_on(
     output: &str,
     dlq: &str,
 ) -> anyhow::Result<AuditOutcome> {
+    audit_with(bootstrap_servers, input, output, dlq, &[])
+}
+
+/// [`audit_on`] with more `eosctl audit` flags (the boundaries past the topics).
+pub fn audit_with(
+    bootstrap_servers: &str,
+    input: &str,
+    output: &str,
+    dlq: &str,
+    extra: &[&str],
+) -> anyhow::Result<AuditOutcome> {
     let result = Command::new(workspace_binary("eosctl")?)
         .args([
             "audit",
@@ -157,6 +168,7 @@ pub fn audit_on(
             bootstrap_servers,
             "--json",
         ])
+        .args(extra)
         .output()?;
     let exit_code = result.status.code().unwrap_or(-1);
     if exit_code != 0 && exit_code != 1 {

@@ -122,6 +122,12 @@ pub enum Violation {
     /// A provider effect for an event the sink dead-lettered as not charged (`provider_rejected`,
     /// `beyond_dedup_horizon`): money moved that the sink says did not.
     RefusedButApplied,
+    /// A committed domain row whose event is not on the input topic (the outbox lost it).
+    DomainRowWithoutEvent,
+    /// Extra records of one outbox event on the input topic (counted per extra copy).
+    EventPublishedTwice,
+    /// An event on the input topic with no committed domain row (a rolled-back change published).
+    EventWithoutDomainRow,
 }
 
 impl Violation {
@@ -163,6 +169,13 @@ impl Violation {
         Self::RefusedButApplied,
     ];
 
+    /// The kinds an audit with `--outbox-database-url` adds.
+    pub const OUTBOX: [Violation; 3] = [
+        Self::DomainRowWithoutEvent,
+        Self::EventPublishedTwice,
+        Self::EventWithoutDomainRow,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MissingOutput => "missing_output",
@@ -191,6 +204,9 @@ impl Violation {
             Self::UnexpectedEffect => "unexpected_effect",
             Self::EffectMismatch => "effect_mismatch",
             Self::RefusedButApplied => "refused_but_applied",
+            Self::DomainRowWithoutEvent => "domain_row_without_event",
+            Self::EventPublishedTwice => "event_published_twice",
+            Self::EventWithoutDomainRow => "event_without_domain_row",
         }
     }
 
@@ -223,6 +239,9 @@ impl Violation {
             Self::UnexpectedEffect => "provider effects for no output event",
             Self::EffectMismatch => "provider effects whose amount differs from the value",
             Self::RefusedButApplied => "provider effects for events dead-lettered as not charged",
+            Self::DomainRowWithoutEvent => "missing: committed domain rows without an event",
+            Self::EventPublishedTwice => "duplicated: extra records of one outbox event",
+            Self::EventWithoutDomainRow => "events without a committed domain row",
         }
     }
 }
@@ -285,6 +304,12 @@ pub struct Figures {
     /// or dedup-service answered EXPIRED): they must have no effect. Read with `--database-url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_refused: Option<u64>,
+    /// Committed domain rows (`--outbox-domain-query`) that must each have one event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_domain_rows: Option<u64>,
+    /// Distinct event ids among the input records that parse.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_events: Option<u64>,
 }
 
 /// One line of the report: a figure the exactly-once result must have, and the one found.

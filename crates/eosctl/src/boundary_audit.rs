@@ -1,5 +1,7 @@
 //! The audit past the output topic: the sink-writer's PostgreSQL targets and the provider's
-//! effects must each hold the output's logical set exactly once, by `event_id`.
+//! effects must each hold the output's logical set exactly once, by `event_id`; and before the
+//! input topic, the outbox: every committed domain row has exactly one event on the input topic,
+//! and no event there lacks one.
 //!
 //! Pure, like [`audit`](crate::audit): rows and effects come in as plain values (read by
 //! [`boundary_reader`](crate::boundary_reader)), and the findings go into the same
@@ -16,7 +18,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Deserialize;
 
+use eos_core::EventEnvelope;
+
 use crate::audit::{AuditReport, OutputFacts, Recorder, Violation, check};
+use crate::source_record::SourceRecord;
 
 /// A row of the append target (`event_sink`), as far as the audit reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +290,46 @@ pub fn audit_provider(
         check("sum of provider amounts (cents)", charged_sum, effects_sum),
     ];
     merge(report, checks, recorder, &Violation::PROVIDER);
+}
+
+/// Checks the outbox boundary: each of `domain_event_ids` (the committed domain rows) is the
+/// event id of exactly one input record, and every input event id is one of them. Input records
+/// that are not envelopes are not outbox events (the outbox table cannot hold them) and are left
+/// to the topic audit.
+pub fn audit_outbox(
+    report: &mut AuditReport,
+    domain_event_ids: &BTreeSet<String>,
+    input: &[SourceRecord],
+    example_limit: usize,
+) {
+    let mut recorder = Recorder::new(example_limit, &Violation::OUTBOX);
+    let mut copies: BTreeMap<String, u64> = BTreeMap::new();
+    for record in input {
+        if let Ok(envelope) = EventEnvelope::parse(record.value.as_deref().unwrap_or_default()) {
+            *copies.entry(envelope.event_id.to_string()).or_default() += 1;
+        }
+    }
+    let mut exactly_once = 0u64;
+    for event_id in domain_event_ids {
+        match copies.get(event_id) {
+            None => recorder.add(Violation::DomainRowWithoutEvent, 1, || event_id.clone()),
+            Some(1) => exactly_once += 1,
+            Some(&n) => recorder.add(Violation::EventPublishedTwice, n - 1, || event_id.clone()),
+        }
+    }
+    for (event_id, &n) in &copies {
+        if !domain_event_ids.contains(event_id) {
+            recorder.add(Violation::EventWithoutDomainRow, n, || event_id.clone());
+        }
+    }
+    report.figures.outbox_domain_rows = Some(domain_event_ids.len() as u64);
+    report.figures.outbox_events = Some(copies.len() as u64);
+    let checks = [check(
+        "committed domain rows with exactly one event on the input",
+        domain_event_ids.len() as i128,
+        exactly_once.into(),
+    )];
+    merge(report, checks, recorder, &Violation::OUTBOX);
 }
 
 /// Appends a boundary's check lines — its rules, then one per violation kind — and violations,
@@ -680,5 +725,58 @@ mod tests {
         assert_eq!(json["violations"]["missing_effect"]["count"], 4);
         assert_eq!(json["passed"], false);
         Ok(())
+    }
+
+    /// The outbox boundary over input records `ids` (one record each, in order) against the
+    /// committed domain rows `rows`.
+    fn outbox_audit(rows: &[&str], ids: &[&str]) -> AuditReport {
+        let (mut report, _) = pipeline();
+        let input: Vec<SourceRecord> = ids
+            .iter()
+            .enumerate()
+            .map(|(offset, id)| {
+                crate::test_support::record(
+                    INPUT,
+                    0,
+                    offset as i64,
+                    &crate::test_support::envelope(id, "acct", 1),
+                )
+            })
+            .chain(std::iter::once(crate::test_support::record(
+                INPUT,
+                0,
+                99,
+                b"not an envelope",
+            )))
+            .collect();
+        let rows: BTreeSet<String> = rows.iter().map(|id| (*id).to_owned()).collect();
+        audit_outbox(&mut report, &rows, &input, DEFAULT_EXAMPLE_LIMIT);
+        report
+    }
+
+    #[test]
+    fn the_outbox_passes_when_each_committed_row_has_one_event() {
+        let report = outbox_audit(&["p-1", "p-2"], &["p-1", "p-2"]);
+        assert!(report.passed, "{:?}", report.checks);
+        assert_eq!(report.figures.outbox_domain_rows, Some(2));
+        assert_eq!(report.figures.outbox_events, Some(2));
+        for kind in Violation::OUTBOX {
+            assert_eq!(report.violation_count(kind), 0, "{kind}");
+        }
+    }
+
+    #[test]
+    fn the_outbox_catches_a_lost_a_doubled_and_an_orphan_event() {
+        let report = outbox_audit(&["p-1", "p-2", "p-3"], &["p-1", "p-1", "p-1", "p-2", "p-9"]);
+        assert!(!report.passed);
+        assert_eq!(report.violation_count(Violation::DomainRowWithoutEvent), 1);
+        assert_eq!(report.violation_count(Violation::EventPublishedTwice), 2);
+        assert_eq!(report.violation_count(Violation::EventWithoutDomainRow), 1);
+        let line = report
+            .checks
+            .iter()
+            .find(|check| check.name.starts_with("committed domain rows"))
+            .expect("the outbox's check line");
+        assert_eq!((line.expected, line.actual), (3, 1));
     }
 }

@@ -199,6 +199,25 @@ pub async fn read_provider_effects(provider_url: &str) -> anyhow::Result<Vec<Pro
     Ok(list.effects)
 }
 
+/// The event ids of the committed domain rows: `query` (one text column) on `database_url`.
+/// The query is the user's, so it is not compile-checked.
+pub async fn read_domain_event_ids(
+    database_url: &str,
+    query: &str,
+) -> anyhow::Result<BTreeSet<String>> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await
+        .context("connecting to PostgreSQL (--outbox-database-url)")?;
+    let ids = sqlx::query_scalar::<_, String>(query)
+        .fetch_all(&pool)
+        .await
+        .with_context(|| format!("running --outbox-domain-query {query:?}"));
+    pool.close().await;
+    Ok(ids?.into_iter().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

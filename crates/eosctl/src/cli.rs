@@ -399,6 +399,23 @@ pub struct AuditArgs {
         help_heading = "Provider effects"
     )]
     pub provider_operation_prefix: String,
+
+    /// Also audit the outbox boundary, in this database (the one holding the domain rows and
+    /// the outbox): every committed domain row has exactly one event on --input
+    /// (domain_row_without_event, event_published_twice), and no event there lacks a committed
+    /// row (event_without_domain_row).
+    #[arg(long, value_name = "URL", help_heading = "Outbox")]
+    pub outbox_database_url: Option<String>,
+
+    /// SQL returning the event_id (one text column) of every committed domain row.
+    #[arg(
+        long,
+        value_name = "SQL",
+        default_value = "SELECT payment_id FROM payments_api_payments",
+        requires = "outbox_database_url",
+        help_heading = "Outbox"
+    )]
+    pub outbox_domain_query: String,
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {
@@ -517,6 +534,7 @@ mod tests {
         };
         assert!(audit(&["--sink-table", "rows"]).is_err());
         assert!(audit(&["--provider-operation-prefix", "refunds:"]).is_err());
+        assert!(audit(&["--outbox-domain-query", "SELECT 1"]).is_err());
         assert!(audit(&["--database-url", "postgres://h/db", "--state-table", "s"]).is_ok());
         assert!(
             audit(&[

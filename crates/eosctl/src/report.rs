@@ -27,6 +27,9 @@ pub struct AuditOutcome {
     /// The key prefix of the provider effects audited, when `--provider-url` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_operation_prefix: Option<String>,
+    /// The query naming the committed domain rows, when `--outbox-database-url` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_domain_query: Option<String>,
     #[serde(flatten)]
     pub report: AuditReport,
 }
@@ -127,6 +130,9 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
     if let Some(prefix) = &outcome.provider_operation_prefix {
         let _ = writeln!(out, "provider: effects with keys {prefix:?}<event_id>");
     }
+    if let Some(query) = &outcome.outbox_domain_query {
+        let _ = writeln!(out, "outbox: committed domain rows from {query:?}");
+    }
 
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
@@ -186,6 +192,12 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
             Some(figures.output_sum),
         ),
     ];
+    if let Some(count) = figures.outbox_domain_rows {
+        rows.push(("committed domain rows (outbox)", count, None));
+    }
+    if let Some(count) = figures.outbox_events {
+        rows.push(("  distinct events on the input", count, None));
+    }
     if let Some(count) = figures.postgres_rows {
         rows.push(("rows in the sink table", count, figures.postgres_sum));
     }
@@ -254,6 +266,13 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
         } else {
             format!("; {} hold each output event once", boundaries.join(" and "))
         };
+        let downstream = match figures.outbox_domain_rows {
+            Some(rows) => format!(
+                "; each of {} committed domain rows has one event on the input{downstream}",
+                grouped(rows)
+            ),
+            None => downstream,
+        };
         let _ = writeln!(
             out,
             "PASS: every input accounted for exactly once ({} inputs, {} logical events){downstream}",
@@ -284,6 +303,7 @@ mod tests {
 
     fn outcome(figures: Figures, boundaries: bool) -> AuditOutcome {
         AuditOutcome {
+            outbox_domain_query: None,
             input_topic: "payments".into(),
             output_topic: "ledger".into(),
             dlq_topic: "payments.dlq".into(),

@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, TestDatabase, bootstrap_servers, create_topic, read_topic, unique_name,
@@ -205,7 +207,56 @@ async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Res
     }
     assert_eq!(seen, created, "the topic holds exactly the payments made");
 
-    for process in [&mut relay, &mut api.process] {
+    // eos-processor over the topic, and eosctl audit from the domain rows to the ledger.
+    let (output, group) = (
+        unique_name("payments-api-ledger"),
+        unique_name("payments-api-processor"),
+    );
+    let processor_args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--input-topic",
+        &topic,
+        "--output-topic",
+        &output,
+        "--group-id",
+        &group,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut processor = ServiceProcess::spawn("eos-processor", &processor_args, &[])?;
+    let (audit_topic, database_url) = (topic.clone(), db.url.clone());
+    // The relay writes in transactions, so each input partition ends with a commit marker the
+    // processor's committed offset never passes: wait for the audit to pass, not for the group's
+    // offsets to reach the end.
+    let outcome = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let outcome = integration_tests::eosctl::audit_with(
+                &bootstrap_servers(),
+                &audit_topic,
+                &output,
+                &format!("{audit_topic}.dlq"),
+                &["--outbox-database-url", &database_url],
+            )?;
+            if outcome.passed() || std::time::Instant::now() > deadline {
+                return anyhow::Ok(outcome);
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    })
+    .await?;
+    let outcome = outcome.with_context(|| processor.log_tail(40))?;
+    assert!(
+        outcome.passed(),
+        "not exact from the domain rows on:\n{}",
+        outcome.failures()
+    );
+    assert_eq!(outcome.figure("outbox_domain_rows"), created.len() as i64);
+    assert_eq!(outcome.figure("logical_events"), created.len() as i64);
+
+    for process in [&mut processor, &mut relay, &mut api.process] {
         let status = process.terminate(Duration::from_secs(30))?;
         assert!(status.success(), "{}", process.log_tail(30));
     }

@@ -111,7 +111,16 @@ pub(crate) async fn audit(
             DEFAULT_EXAMPLE_LIMIT,
         );
     }
+    if let Some(database_url) = &args.outbox_database_url {
+        let domain =
+            boundary_reader::read_domain_event_ids(database_url, &args.outbox_domain_query).await?;
+        boundary_audit::audit_outbox(&mut report, &domain, &input.records, DEFAULT_EXAMPLE_LIMIT);
+    }
     Ok(AuditOutcome {
+        outbox_domain_query: args
+            .outbox_database_url
+            .is_some()
+            .then_some(args.outbox_domain_query),
         input_topic: input.topic,
         output_topic: output.topic,
         dlq_topic: dead_letters.topic,
