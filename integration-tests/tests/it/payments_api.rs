@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use integration_tests::otlp_collector::OtlpCollector;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, TestDatabase, bootstrap_servers, create_topic, read_topic, unique_name,
@@ -259,6 +260,129 @@ async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Res
     for process in [&mut processor, &mut relay, &mut api.process] {
         let status = process.terminate(Duration::from_secs(30))?;
         assert!(status.success(), "{}", process.log_tail(30));
+    }
+    db.drop_database().await
+}
+
+/// One trace per payment, starting at the HTTP request: payments-api's request span is the root,
+/// outbox-relay's publish span is its child (through the context stored in the outbox row), and
+/// eos-processor's process span is the relay's child (through the record's headers).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payments_trace_starts_at_the_http_request_and_crosses_the_relay() -> anyhow::Result<()> {
+    let collector = OtlpCollector::start()?;
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+    ];
+    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let db = TestDatabase::create().await?;
+    let topic = unique_name("payments-traced");
+    create_topic(&topic, 3).await?;
+    let args = [
+        "--addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--database-url",
+        &db.url,
+        "--topic",
+        &topic,
+    ]
+    .map(str::to_owned);
+    let mut api_process = ServiceProcess::spawn("payments-api", &args, &otel)?;
+    let addr = api_process.wait_for_log_field("http_addr", START_TIMEOUT)?;
+    let api = PaymentsApi {
+        process: api_process,
+        base: format!("http://{addr}"),
+        client: reqwest::Client::new(),
+    };
+    let relay_args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--database-url",
+        &db.url,
+        "--relay-name",
+        &unique_name("relay"),
+        "--positions-topic",
+        &unique_name("positions"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &otel)?;
+    let processor_args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--input-topic",
+        &topic,
+        "--output-topic",
+        &unique_name("ledger-traced"),
+        "--group-id",
+        &unique_name("processor-traced"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut processor = ServiceProcess::spawn("eos-processor", &processor_args, &otel)?;
+
+    let mut event_ids = Vec::new();
+    for n in 0..20 {
+        let body =
+            json!({"account_id": format!("acct-{}", n % 3), "amount": 500 + n, "currency": "EUR"});
+        let (status, _, answer) = api
+            .pay(Some(&format!("traced-{n}")), &body.to_string())
+            .await?;
+        assert_eq!(status, 201, "{answer}");
+        event_ids.push(answer["event_id"].as_str().unwrap_or_default().to_owned());
+    }
+    let services = ["payments-api", "outbox-relay", "eos-processor"];
+    let wanted = event_ids.clone();
+    let waited = collector.wait_until(Duration::from_secs(90), move |spans| {
+        wanted.iter().all(|event_id| {
+            services.iter().all(|service| {
+                spans
+                    .iter()
+                    .any(|s| s.service_name == *service && s.event_id() == Some(event_id))
+            })
+        })
+    });
+    for process in [&mut processor, &mut relay] {
+        let status = process.terminate(Duration::from_secs(30))?;
+        assert!(status.success(), "{}", process.log_tail(30));
+    }
+    let mut api = api;
+    let status = api.process.terminate(Duration::from_secs(30))?;
+    assert!(status.success(), "{}", api.process.log_tail(30));
+    waited?;
+
+    for event_id in &event_ids {
+        let spans = collector.spans_of_event(event_id);
+        let of = |service: &str| {
+            spans
+                .iter()
+                .find(|s| s.service_name == service)
+                .cloned()
+                .with_context(|| format!("{event_id}: no {service} span in {spans:?}"))
+        };
+        let (request, publish, process) = (
+            of("payments-api")?,
+            of("outbox-relay")?,
+            of("eos-processor")?,
+        );
+        assert_eq!(
+            request.parent_span_id, None,
+            "{event_id}: the request starts the trace"
+        );
+        assert_eq!(
+            (publish.trace_id.as_str(), publish.parent_span_id.as_deref()),
+            (request.trace_id.as_str(), Some(request.span_id.as_str())),
+            "{event_id}: the relay's span is the request's child"
+        );
+        assert_eq!(
+            (process.trace_id.as_str(), process.parent_span_id.as_deref()),
+            (request.trace_id.as_str(), Some(publish.span_id.as_str())),
+            "{event_id}: the processor's span is the relay's child"
+        );
     }
     db.drop_database().await
 }
