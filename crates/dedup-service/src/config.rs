@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use clap::{ArgAction, CommandFactory as _, FromArgMatches as _, Parser};
+use clap::{ArgAction, Parser};
 use eos_runtime::telemetry::LogFormat;
 
 use crate::retention::RetentionPolicy;
@@ -148,43 +148,9 @@ pub struct MigrateArgs {
     pub log_format: LogFormat,
 }
 
-/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step.
-#[derive(Debug, Clone)]
-pub enum Invocation {
-    Serve(Box<Config>),
-    Migrate(MigrateArgs),
-}
-
-impl Invocation {
-    /// The command line: [`Config`]'s flags, plus the `migrate` subcommand. Serving flags and
-    /// the subcommand do not mix, and `migrate` does not need the serving flags' required values.
-    pub fn command() -> clap::Command {
-        Config::command()
-            .subcommand(MigrateArgs::command())
-            .subcommand_negates_reqs(true)
-            .args_conflicts_with_subcommands(true)
-    }
-
-    pub fn parse() -> Self {
-        Self::try_parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit())
-    }
-
-    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let mut matches = Self::command().try_get_matches_from(args)?;
-        match matches.remove_subcommand() {
-            Some((_, mut migrate)) => Ok(Self::Migrate(MigrateArgs::from_arg_matches_mut(
-                &mut migrate,
-            )?)),
-            None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
-                &mut matches,
-            )?))),
-        }
-    }
-}
+/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step. Its
+/// own [`MigrateArgs`], since dedup-service logs by `DEDUP_LOG_FORMAT`.
+pub type Invocation = eos_runtime::service_flags::Invocation<Config, MigrateArgs>;
 
 impl Config {
     pub fn retention_policy(&self) -> RetentionPolicy {

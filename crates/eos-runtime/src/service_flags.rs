@@ -55,20 +55,20 @@ pub struct MigrateArgs {
 }
 
 /// What the command line of a service with PostgreSQL tables asks for: run the service (the
-/// flags of `Config`) or the `migrate` step.
+/// flags of `Config`) or the `migrate` step (the flags of `Migrate`, [`MigrateArgs`] unless the
+/// service names its own).
 #[derive(Debug, Clone)]
-pub enum Invocation<Config> {
+pub enum Invocation<Config, Migrate = MigrateArgs> {
     Serve(Box<Config>),
-    Migrate(MigrateArgs),
+    Migrate(Migrate),
 }
 
-impl<Config: clap::Parser> Invocation<Config> {
+impl<Config: clap::Parser, Migrate: clap::Parser> Invocation<Config, Migrate> {
     /// The command line: `Config`'s flags, plus the `migrate` subcommand. Service flags and the
     /// subcommand do not mix, and `migrate` does not need the service flags' required values.
     pub fn command() -> clap::Command {
-        use clap::CommandFactory as _;
         Config::command()
-            .subcommand(MigrateArgs::command())
+            .subcommand(Migrate::command())
             .subcommand_negates_reqs(true)
             .args_conflicts_with_subcommands(true)
     }
@@ -82,12 +82,11 @@ impl<Config: clap::Parser> Invocation<Config> {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        use clap::FromArgMatches as _;
         let mut matches = Self::command().try_get_matches_from(args)?;
         match matches.remove_subcommand() {
-            Some((_, mut migrate)) => Ok(Self::Migrate(MigrateArgs::from_arg_matches_mut(
-                &mut migrate,
-            )?)),
+            Some((_, mut migrate)) => {
+                Ok(Self::Migrate(Migrate::from_arg_matches_mut(&mut migrate)?))
+            }
             None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
                 &mut matches,
             )?))),

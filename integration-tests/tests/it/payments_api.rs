@@ -63,6 +63,29 @@ impl PaymentsApi {
     }
 }
 
+/// eos-processor from `input` to `output` as consumer group `group`, with extra environment.
+fn spawn_processor(
+    input: &str,
+    output: &str,
+    group: &str,
+    envs: &[(&str, &str)],
+) -> anyhow::Result<ServiceProcess> {
+    let args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--input-topic",
+        input,
+        "--output-topic",
+        output,
+        "--group-id",
+        group,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    ServiceProcess::spawn("eos-processor", &args, envs)
+}
+
 async fn counts(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments_api_payments")
         .fetch_one(pool)
@@ -213,20 +236,7 @@ async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Res
         unique_name("payments-api-ledger"),
         unique_name("payments-api-processor"),
     );
-    let processor_args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--input-topic",
-        &topic,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
-    let mut processor = ServiceProcess::spawn("eos-processor", &processor_args, &[])?;
+    let mut processor = spawn_processor(&topic, &output, &group, &[])?;
     let (audit_topic, database_url) = (topic.clone(), db.url.clone());
     // The relay writes in transactions, so each input partition ends with a commit marker the
     // processor's committed offset never passes: wait for the audit to pass, not for the group's
@@ -310,20 +320,12 @@ async fn a_payments_trace_starts_at_the_http_request_and_crosses_the_relay() -> 
     ]
     .map(str::to_owned);
     let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &otel)?;
-    let processor_args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--input-topic",
+    let mut processor = spawn_processor(
         &topic,
-        "--output-topic",
         &unique_name("ledger-traced"),
-        "--group-id",
         &unique_name("processor-traced"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
-    let mut processor = ServiceProcess::spawn("eos-processor", &processor_args, &otel)?;
+        &otel,
+    )?;
 
     let mut event_ids = Vec::new();
     for n in 0..20 {
