@@ -343,6 +343,9 @@ impl TestDatabase {
 pub struct PostgresRestartGuard {
     _lock: File,
     cluster: (String, String),
+    /// Set between `stop` and `start`, so a test that fails in between still leaves the server
+    /// running for the tests after it (see `Drop`).
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl PostgresRestartGuard {
@@ -358,6 +361,7 @@ impl PostgresRestartGuard {
         Ok(Self {
             _lock: lock,
             cluster,
+            stopped: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -383,11 +387,26 @@ impl PostgresRestartGuard {
 
     /// Stops the server (fast: open connections are cut, open transactions roll back).
     pub fn stop(&self) -> anyhow::Result<()> {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.pg_ctlcluster("stop")
     }
 
     pub fn start(&self) -> anyhow::Result<()> {
-        self.pg_ctlcluster("start")
+        self.pg_ctlcluster("start")?;
+        self.stopped
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Drop for PostgresRestartGuard {
+    fn drop(&mut self) {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+            && let Err(error) = self.pg_ctlcluster("start")
+        {
+            eprintln!("could not restart PostgreSQL after a failed test: {error:#}");
+        }
     }
 }
 

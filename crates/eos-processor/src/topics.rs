@@ -6,10 +6,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
+
+use eos_runtime::topic_config::cleanup_policy;
 
 use crate::error::ProcessorError;
 
@@ -117,7 +119,7 @@ pub async fn ensure_topics(
             ),
         ));
     }
-    check_compacted(&admin, &options, &plan.changelog).await?;
+    check_compacted(&admin, &plan.changelog).await?;
     Ok(input_partitions)
 }
 
@@ -147,25 +149,16 @@ async fn wait_for_topics(
 
 async fn check_compacted(
     admin: &AdminClient<DefaultClientContext>,
-    options: &AdminOptions,
     changelog: &str,
 ) -> Result<(), ProcessorError> {
-    let results = admin
-        .describe_configs([&ResourceSpecifier::Topic(changelog)], options)
-        .await?;
-    for result in results {
-        let resource =
-            result.map_err(|code| topic_error(changelog, format!("cannot describe: {code}")))?;
-        let policy = resource
-            .get("cleanup.policy")
-            .and_then(|entry| entry.value.clone())
-            .unwrap_or_default();
-        if !policy.split(',').any(|p| p.trim() == "compact") {
-            return Err(topic_error(
-                changelog,
-                format!("cleanup.policy is {policy:?}; a state changelog must be compacted"),
-            ));
-        }
+    let policy = cleanup_policy(admin, changelog, METADATA_TIMEOUT)
+        .await
+        .map_err(|error| topic_error(changelog, error.to_string()))?;
+    if !policy.split(',').any(|p| p.trim() == "compact") {
+        return Err(topic_error(
+            changelog,
+            format!("cleanup.policy is {policy:?}; a state changelog must be compacted"),
+        ));
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod service_flags;
 pub mod service_main;
 pub mod shutdown;
 pub mod telemetry;
+pub mod topic_config;
 pub mod trace_context;
 pub mod transactional_producer;
 

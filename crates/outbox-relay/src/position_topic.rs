@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedHeaders};
@@ -14,6 +14,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use eos_outbox::OutboxCursor;
+use eos_runtime::topic_config::cleanup_policy;
 use eos_runtime::transactional_producer::PendingRecord;
 
 use crate::error::RelayError;
@@ -53,17 +54,11 @@ pub async fn ensure_positions_topic(
             }
         }
     }
-    let configs = admin
-        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
-        .await?;
-    let policy = configs
-        .into_iter()
-        .flatten()
-        .flat_map(|resource| resource.entries)
-        .find(|entry| entry.name == "cleanup.policy")
-        .and_then(|entry| entry.value);
-    match policy.as_deref() {
-        Some("compact") => Ok(()),
+    let policy = cleanup_policy(&admin, topic, ADMIN_TIMEOUT)
+        .await
+        .map_err(|error| topic_error(topic, error.to_string()))?;
+    match policy.as_str() {
+        "compact" => Ok(()),
         other => Err(topic_error(
             topic,
             format!(
