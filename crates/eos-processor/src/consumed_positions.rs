@@ -21,6 +21,22 @@ impl ConsumedPositions {
         self.next_offsets.insert(partition, offset + 1);
     }
 
+    /// The consumer's position on `partition` is `next`: records it skipped without returning
+    /// them (transaction markers, aborted records) are consumed too. Never moves backwards.
+    pub fn advance_to(&mut self, partition: i32, next: i64) {
+        let entry = self.next_offsets.entry(partition).or_insert(next);
+        *entry = (*entry).max(next);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.next_offsets.is_empty()
+    }
+
+    /// The next offset to read per partition.
+    pub fn next_offsets(&self) -> impl Iterator<Item = (i32, i64)> + '_ {
+        self.next_offsets.iter().map(|(&p, &next)| (p, next))
+    }
+
     /// The offsets to commit for `topic`, one per partition read.
     pub fn to_offsets(&self, topic: &str) -> Result<TopicPartitionList, KafkaError> {
         let mut offsets = TopicPartitionList::new();
@@ -50,5 +66,16 @@ mod tests {
         };
         assert_eq!(next(0), Some(Offset::Offset(43)));
         assert_eq!(next(3), Some(Offset::Offset(8)));
+    }
+
+    #[test]
+    fn a_position_past_markers_moves_the_offset_forward_only() {
+        let mut positions = ConsumedPositions::default();
+        positions.read(0, 41);
+        positions.advance_to(0, 44);
+        positions.advance_to(0, 40);
+        positions.advance_to(1, 7);
+        let next: HashMap<i32, i64> = positions.next_offsets().collect();
+        assert_eq!(next, HashMap::from([(0, 44), (1, 7)]));
     }
 }

@@ -133,6 +133,8 @@ pub struct TransactionLoop<T: Transform> {
     states: HashMap<i32, PartitionState<T::EntityState>>,
     last_sweep: HashMap<i32, Instant>,
     batch: Batch<T::EntityState>,
+    /// Per owned partition, the offset this instance last committed (unknown after assignment).
+    committed_next: HashMap<i32, i64>,
     transactions_written: u64,
     readiness: Readiness,
 }
@@ -169,6 +171,7 @@ impl<T: Transform> TransactionLoop<T> {
             states: HashMap::new(),
             last_sweep: HashMap::new(),
             batch: Batch::default(),
+            committed_next: HashMap::new(),
             transactions_written: 0,
             readiness,
         })
@@ -212,6 +215,7 @@ impl<T: Transform> TransactionLoop<T> {
                     }
                 }
                 Some(Err(error)) => self.consumer_error(error)?,
+                None if self.batch.is_empty() => self.commit_markers_passed()?,
                 None => {}
             }
             let full = self.batch.counts.records_in as usize >= self.settings.max_batch;
@@ -267,6 +271,7 @@ impl<T: Transform> TransactionLoop<T> {
                     self.batch = Batch::default();
                     for partition in &partitions {
                         self.states.remove(partition);
+                        self.committed_next.remove(partition);
                     }
                     info!(?partitions, lost, "partitions revoked");
                     self.readiness.set(false);
@@ -452,12 +457,63 @@ impl<T: Transform> TransactionLoop<T> {
         }
     }
 
+    /// The consumer's position on each owned partition. Past the last record returned it also
+    /// counts what `read_committed` skipped (commit markers, aborted records), so committing it
+    /// lets the group's lag reach zero on a transactional input (outbox-relay's or another
+    /// processor's output). Every record before it was returned by `poll` and decided, since
+    /// nothing is polled between deciding and committing.
+    fn owned_positions(&self) -> Vec<(i32, i64)> {
+        let Ok(list) = self.consumer.position() else {
+            return Vec::new();
+        };
+        list.elements_for_topic(&self.settings.input_topic)
+            .iter()
+            .filter(|elem| self.states.contains_key(&elem.partition()))
+            .filter_map(|elem| Some((elem.partition(), elem.offset().to_raw()?)))
+            .filter(|&(_, next)| next >= 0)
+            .collect()
+    }
+
+    /// Idle, with the consumer past transaction markers it has not committed yet: an
+    /// offsets-only transaction moves the group there.
+    fn commit_markers_passed(&mut self) -> Result<(), ProcessorError> {
+        let mut positions = ConsumedPositions::default();
+        for (partition, next) in self.owned_positions() {
+            if self
+                .committed_next
+                .get(&partition)
+                .is_none_or(|&committed| next > committed)
+            {
+                positions.advance_to(partition, next);
+            }
+        }
+        if positions.is_empty() {
+            return Ok(());
+        }
+        debug!(
+            ?positions,
+            "committing the offsets past transaction markers"
+        );
+        let batch = Batch {
+            positions,
+            ..Batch::default()
+        };
+        self.commit(batch)
+    }
+
     /// Writes the open batch with the configured guarantee.
     fn finish_batch(&mut self) -> Result<(), ProcessorError> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.batch);
+        for (partition, next) in self.owned_positions() {
+            batch.positions.advance_to(partition, next);
+        }
+        self.commit(batch)
+    }
+
+    fn commit(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
         match self.settings.guarantee {
             Guarantee::ExactlyOnce => self.commit_transactional(batch),
             Guarantee::AtLeastOnce => self.commit_at_least_once(batch),
@@ -561,6 +617,7 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     fn apply_committed(&mut self, batch: Batch<T::EntityState>) {
+        self.committed_next.extend(batch.positions.next_offsets());
         let counts = batch.counts;
         for (partition, overlay) in batch.overlays {
             if let Some(state) = self.states.get_mut(&partition) {

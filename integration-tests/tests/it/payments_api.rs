@@ -237,25 +237,24 @@ async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Res
         unique_name("payments-api-processor"),
     );
     let mut processor = spawn_processor(&topic, &output, &group, &[])?;
-    let (audit_topic, database_url) = (topic.clone(), db.url.clone());
-    // The relay writes in transactions, so each input partition ends with a commit marker the
-    // processor's committed offset never passes: wait for the audit to pass, not for the group's
-    // offsets to reach the end.
+    // The relay writes in transactions, so each input partition ends with a commit marker: the
+    // group reaches the end only if the processor commits past markers too.
+    let (audit_topic, database_url, consumed_group) =
+        (topic.clone(), db.url.clone(), group.clone());
     let outcome = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let outcome = integration_tests::eosctl::audit_with(
-                &bootstrap_servers(),
-                &audit_topic,
-                &output,
-                &format!("{audit_topic}.dlq"),
-                &["--outbox-database-url", &database_url],
-            )?;
-            if outcome.passed() || std::time::Instant::now() > deadline {
-                return anyhow::Ok(outcome);
-            }
-            std::thread::sleep(Duration::from_secs(2));
-        }
+        integration_tests::wait_until_consumed(
+            &bootstrap_servers(),
+            &consumed_group,
+            &audit_topic,
+            Duration::from_secs(120),
+        )?;
+        integration_tests::eosctl::audit_with(
+            &bootstrap_servers(),
+            &audit_topic,
+            &output,
+            &format!("{audit_topic}.dlq"),
+            &["--outbox-database-url", &database_url],
+        )
     })
     .await?;
     let outcome = outcome.with_context(|| processor.log_tail(40))?;
