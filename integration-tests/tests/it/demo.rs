@@ -1,14 +1,19 @@
 //! `eosctl demo` on a small workload, as a user runs it: every service a real process, real
-//! SIGKILLs, a provider that loses answers. Exactly-once must pass at every boundary;
-//! at-least-once under the same faults must not, and the report must say where.
+//! SIGKILLs, a provider that loses answers. Exactly-once must pass at every boundary, from the
+//! payments-api's rows through the outbox to the provider; at-least-once under the same faults
+//! must not, and the report must say where.
 
 use std::process::Command;
 
 use integration_tests::{bootstrap_servers, workspace_binary};
 use serde_json::Value;
 
-/// Runs the demo; (exit code, its JSON report).
-fn demo(guarantee: &str, processor_kills: &str, sink_kills: &str) -> anyhow::Result<(i32, Value)> {
+/// Runs the demo; (exit code, its JSON report). `kills`: of the relay, the processor, the sink.
+fn demo(
+    guarantee: &str,
+    source: &str,
+    [relay_kills, processor_kills, sink_kills]: [&str; 3],
+) -> anyhow::Result<(i32, Value)> {
     let runs_dir = std::env::temp_dir().join("eos-demo-runs");
     let output = Command::new(workspace_binary("eosctl")?)
         .args([
@@ -17,6 +22,10 @@ fn demo(guarantee: &str, processor_kills: &str, sink_kills: &str) -> anyhow::Res
             "demo",
             "--guarantee",
             guarantee,
+            "--source",
+            source,
+            "--relay-kills",
+            relay_kills,
             "--events",
             "3000",
             "--rate",
@@ -48,12 +57,15 @@ fn line<'a>(report: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn demo_exactly_once_passes_at_every_boundary_under_kills() -> anyhow::Result<()> {
-    let (code, report) = demo("exactly-once", "2", "2")?;
+    let (code, report) = demo("exactly-once", "payments-api", ["2", "2", "2"])?;
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["passed"], true);
-    assert_eq!(report["faults"][0], "2 SIGKILLs of eos-processor");
-    assert_eq!(report["faults"][1], "2 SIGKILLs of sink-writer");
+    assert_eq!(report["faults"][0], "2 SIGKILLs of outbox-relay");
+    assert_eq!(report["faults"][1], "2 SIGKILLs of eos-processor");
+    assert_eq!(report["faults"][2], "2 SIGKILLs of sink-writer");
     for name in [
+        "payments-api",
+        "outbox → topic",
         "logical inputs",
         "duplicates suppressed",
         "dead letters by reason",
@@ -69,13 +81,18 @@ fn demo_exactly_once_passes_at_every_boundary_under_kills() -> anyhow::Result<()
     assert_eq!(figures["logical_events"], 3000);
     assert_eq!(figures["postgres_rows"], 3000);
     assert_eq!(figures["provider_effects"], 3000);
-    assert!(figures["duplicate_deliveries"].as_u64() >= Some(100));
+    assert_eq!(figures["outbox_domain_rows"], 3000);
+    assert_eq!(figures["outbox_events"], 3000);
+    let clients = line(&report, "payments-api")["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(clients.starts_with("3,000 payments created;"), "{clients}");
     Ok(())
 }
 
 #[test]
 fn demo_at_least_once_under_kills_is_caught_by_the_audit() -> anyhow::Result<()> {
-    let (code, report) = demo("at-least-once", "4", "0")?;
+    let (code, report) = demo("at-least-once", "payments-api", ["2", "4", "0"])?;
     assert_eq!(code, 1, "{report:#}");
     assert_eq!(report["passed"], false);
     let duplicated = report["audit"]["violations"]["duplicated_output"]["count"]
@@ -93,11 +110,17 @@ fn demo_at_least_once_under_kills_is_caught_by_the_audit() -> anyhow::Result<()>
 }
 
 /// The metrics test: without kills, every service's counters (scraped from each real process's
-/// /metrics at the end of the run) equal the audit's figures.
+/// /metrics at the end of the run) equal the audit's figures. The producer writes straight onto
+/// the topic here, with re-deliveries, malformed records and reused ids for the processor to
+/// dedup and dead-letter.
 #[test]
 fn demo_metrics_of_every_service_agree_with_the_audit() -> anyhow::Result<()> {
-    let (code, report) = demo("exactly-once", "0", "0")?;
+    let (code, report) = demo("exactly-once", "producer", ["0", "0", "0"])?;
     assert_eq!(code, 0, "{report:#}");
+    let figures = &report["audit"]["figures"];
+    assert_eq!(figures["logical_events"], 3000);
+    assert!(figures["duplicate_deliveries"].as_u64() >= Some(100));
+    assert!(figures["dlq_records"].as_u64() >= Some(10));
     let metrics = line(&report, "metrics agree with the audit");
     assert_eq!(metrics["passed"], true, "{report:#}");
     assert!(

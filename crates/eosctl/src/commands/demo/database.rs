@@ -53,3 +53,24 @@ pub(super) async fn unknowns(
     pool.close().await;
     Ok((counts.into_unknown, counts.out_of_unknown))
 }
+
+/// Outbox rows `relay_name` has not published yet (0 once it has caught up).
+pub(super) async fn outbox_backlog(database_url: &str, relay_name: &str) -> anyhow::Result<i64> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await
+        .context("connecting to PostgreSQL for the outbox")?;
+    let backlog = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM eos_outbox AS row
+          WHERE NOT EXISTS (SELECT 1 FROM eos_outbox_relay_positions AS relayed
+                             WHERE relayed.relay_name = $1
+                               AND (row.order_xid, row.position)
+                                   <= (relayed.order_xid, relayed.position))",
+    )
+    .bind(relay_name)
+    .fetch_one(&pool)
+    .await?;
+    pool.close().await;
+    Ok(backlog)
+}

@@ -1,19 +1,26 @@
 //! `eosctl demo`: the whole pipeline under faults, and one report that says, boundary by
 //! boundary, whether every event had exactly one effect.
 //!
-//! producer (`eosctl produce`) → eos-processor → sink-writer → PostgreSQL tables, and
-//! sink-writer → dedup-service → provider-sim for the charge. While the producer writes, the
-//! processor and the sink-writer are SIGKILLed and restarted in turn, and provider-sim applies
-//! charges but loses some answers. Once everything has drained, `eosctl audit` checks the topics,
-//! the tables and the provider's effects by event_id. With `--guarantee at-least-once` the
-//! processor runs without transactions under the same faults: the contrast is the point.
+//! HTTP clients → payments-api (payment row + outbox row in one PostgreSQL transaction) →
+//! outbox-relay → the payments topic → eos-processor → sink-writer → PostgreSQL tables, and
+//! sink-writer → dedup-service → provider-sim for the charge. While the clients pay, the relay,
+//! the processor and the sink-writer are SIGKILLed and restarted in turn, and provider-sim
+//! applies charges but loses some answers. Once everything has drained, `eosctl audit` checks the
+//! outbox (one event per committed payment), the topics, the tables and the provider's effects
+//! by event_id. With `--guarantee at-least-once` the relay and the processor run without
+//! transactions under the same faults: the contrast is the point.
+//!
+//! `--source producer` starts at the topic instead: `eosctl produce` writes re-deliveries,
+//! malformed records and reused ids with other content straight onto it, which the processor must
+//! dedup and dead-letter (payments-api refuses such requests before anything is written).
 //!
 //! Every service is a real child process of the binaries next to this one; their logs, the sink's
-//! targets file and the reports stay in the run's directory. The producer, the lag waits and the
-//! audit are this eosctl's own commands, run in-process on their library functions.
+//! targets file and the reports stay in the run's directory. The clients, the producer, the lag
+//! waits and the audit are this eosctl's own code, run in-process.
 
 mod database;
 mod metrics;
+mod payments_workload;
 mod report;
 mod service;
 
@@ -31,13 +38,14 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::cli::{AuditArgs, ProduceArgs};
-use crate::commands::demo::database::{create_database, drop_database, unknowns};
+use crate::commands::demo::database::{create_database, drop_database, outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
+use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use crate::commands::demo::service::{Service, free_addr, wait_listening};
 use crate::commands::{self, audit, progress_bar};
-use crate::kafka_client::KafkaSettings;
+use crate::kafka_client::{KafkaSettings, TopicLayout, ensure_topic};
 use crate::produce;
 use crate::report::grouped;
 
@@ -48,6 +56,17 @@ pub enum DemoGuarantee {
     ExactlyOnce,
     /// The processor without transactions (offsets committed after the output is flushed).
     AtLeastOnce,
+}
+
+/// Where the demo's events enter the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DemoSource {
+    /// HTTP clients of payments-api; outbox-relay publishes each committed payment's event.
+    PaymentsApi,
+    /// `eosctl produce` straight onto the topic, with re-deliveries, malformed records and reused
+    /// ids for the processor to absorb.
+    Producer,
 }
 
 impl DemoGuarantee {
@@ -65,13 +84,24 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "exactly-once")]
     pub guarantee: DemoGuarantee,
 
-    /// Logical events to produce (plus 5% re-deliveries, 0.5% malformed, 0.1% reused ids).
+    /// payments-api (clients → outbox → outbox-relay → topic) or producer (straight onto the
+    /// topic, with re-deliveries, malformed records and reused ids).
+    #[arg(long, value_enum, default_value = "payments-api")]
+    pub source: DemoSource,
+
+    /// Payments to make (payments-api: plus 5% resent with the same key, 0.1% keys reused with
+    /// another amount, 0.5% malformed requests) or logical events to produce (producer: plus 5%
+    /// re-deliveries, 0.5% malformed, 0.1% reused ids).
     #[arg(long, default_value_t = 20_000)]
     pub events: u64,
 
-    /// Records per second the producer writes.
+    /// Payments or records per second.
     #[arg(long, default_value_t = 2_000)]
     pub rate: u64,
+
+    /// SIGKILLs of outbox-relay while the clients pay (each restarted at once).
+    #[arg(long, default_value_t = 2)]
+    pub relay_kills: usize,
 
     /// SIGKILLs of eos-processor while the producer writes (each restarted at once).
     #[arg(long, default_value_t = 3)]
@@ -200,12 +230,16 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
             .context("eosctl has no directory")?
             .to_path_buf(),
     };
-    for binary in [
+    let mut binaries = vec![
         "eos-processor",
         "sink-writer",
         "dedup-service",
         "provider-sim",
-    ] {
+    ];
+    if args.source == DemoSource::PaymentsApi {
+        binaries.extend(["payments-api", "outbox-relay"]);
+    }
+    for binary in binaries {
         if !bin_dir.join(binary).is_file() {
             bail!(
                 "{} is missing: build the workspace first (make demo does), or point --bin-dir at \
@@ -240,11 +274,19 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     } else {
         "traces are off: set OTEL_EXPORTER_OTLP_ENDPOINT to export them"
     };
+    let relay_kills = match args.source {
+        DemoSource::PaymentsApi => format!("{} of outbox-relay, ", args.relay_kills),
+        DemoSource::Producer => String::new(),
+    };
     say(format!(
-        "== eos-suite demo ({}): {} payments, {} SIGKILLs of eos-processor, {} of sink-writer, \
-         provider-sim losing {:.0}% of answers",
+        "== eos-suite demo ({}): {} payments through {}, SIGKILLs: {relay_kills}{} of \
+         eos-processor, {} of sink-writer; provider-sim losing {:.0}% of answers",
         args.guarantee.as_str(),
         grouped(args.events as i64),
+        match args.source {
+            DemoSource::PaymentsApi => "payments-api and the outbox",
+            DemoSource::Producer => "eosctl produce",
+        },
         args.processor_kills,
         args.sink_kills,
         (args.provider_drop + args.provider_error + args.provider_late) * 100.0
@@ -254,8 +296,8 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         run_dir.display()
     ));
     say(format!(
-        "   topics {input} -> {output}; PostgreSQL database {database} (event_sink, entity_state, \
-         dedup_intents); provider {provider_url}"
+        "   topics {input} -> {output}; PostgreSQL database {database} (payments_api_payments, \
+         eos_outbox, event_sink, entity_state, dedup_intents); provider {provider_url}"
     ));
 
     let mut provider = Service::new(
@@ -353,12 +395,25 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         ops,
     );
 
+    let mut outbox = match args.source {
+        DemoSource::PaymentsApi => Some(OutboxServices::new(
+            &args,
+            (&bin_dir, &run_dir),
+            bootstrap_servers,
+            &database_url,
+            &input,
+            format!("demo-{run_id}"),
+        )?),
+        DemoSource::Producer => None,
+    };
+
     let outcome = drive(
         &args,
         seed,
         &kafka,
         &run_dir,
         [&mut provider, &mut dedup, &mut processor, &mut sink],
+        outbox.as_mut(),
         (&input, &output, &processor_group, &sink_group),
         (provider_addr, dedup_addr),
     )
@@ -376,7 +431,11 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     };
     // Whatever happened, nothing of the run keeps running.
     let mut stopped_cleanly = true;
-    for service in [&mut sink, &mut processor, &mut dedup] {
+    let mut services = vec![&mut sink, &mut processor, &mut dedup];
+    if let Some(outbox) = outbox.as_mut() {
+        services.extend([&mut outbox.relay, &mut outbox.api]);
+    }
+    for service in services {
         let clean = service.stop().await.unwrap_or(false);
         if !clean && outcome.is_ok() {
             say(format!(
@@ -387,9 +446,13 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         }
         stopped_cleanly &= clean;
     }
-    let drained = outcome?;
-    say("== audit: the logical set by event_id at every boundary (topics, tables, provider)");
-    let audit_args: AuditArgs = command_args(&[
+    let (drained, payments) = outcome?;
+    say(
+        "== audit: the logical set by event_id at every boundary (outbox, topics, tables, \
+         provider)",
+    );
+    let prefix = format!("{provider_name}:");
+    let mut audit_words = vec![
         "--input",
         &input,
         "--output",
@@ -399,8 +462,12 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         "--provider-url",
         &provider_url,
         "--provider-operation-prefix",
-        &format!("{provider_name}:"),
-    ])?;
+        &prefix,
+    ];
+    if outbox.is_some() {
+        audit_words.extend(["--outbox-database-url", &database_url]);
+    }
+    let audit_args: AuditArgs = command_args(&audit_words)?;
     let outcome = audit::audit(kafka, audit_args, ProgressBar::hidden()).await;
     provider.stop().await.ok();
     let outcome = outcome.context("the audit could not run")?;
@@ -416,21 +483,36 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
 
     let kills =
         |n: usize, name: &str| format!("{n} SIGKILL{} of {name}", if n == 1 { "" } else { "s" });
-    let mut faults = vec![
+    let mut faults = Vec::new();
+    if let Some(outbox) = &outbox {
+        faults.push(kills(outbox.relay.restarts, "outbox-relay"));
+    }
+    faults.extend([
         kills(processor.restarts, "eos-processor"),
         kills(sink.restarts, "sink-writer"),
-    ];
+    ]);
     faults.push(format!(
         "provider-sim applied every charge and lost {:.0}% of the answers (dropped, 500, late)",
         (args.provider_drop + args.provider_error + args.provider_late) * 100.0
     ));
-    let killed = processor.restarts + sink.restarts > 0;
+    let killed = processor.restarts
+        + sink.restarts
+        + outbox.as_ref().map_or(0, |outbox| outbox.relay.restarts)
+        > 0;
     let metrics = metrics_line(scraped.as_ref(), &audit, reconciled, killed);
     let report = build_report(
         &args,
         &run_dir,
-        [&input, &output, &format!("evt-{seed}-0")],
+        [
+            &input,
+            &output,
+            &payments
+                .as_ref()
+                .and_then(|payments| payments.first_payment_id.clone())
+                .unwrap_or_else(|| format!("evt-{seed}-0")),
+        ],
         faults,
+        payments.as_ref(),
         audit,
         audit_code,
         reconciled,
@@ -449,6 +531,161 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     Ok(report.passed)
 }
 
+/// payments-api and outbox-relay, when the payments come through the outbox.
+struct OutboxServices {
+    api: Service,
+    api_addr: SocketAddr,
+    relay: Service,
+    relay_name: String,
+    database_url: String,
+}
+
+impl OutboxServices {
+    fn new(
+        args: &DemoArgs,
+        (bin_dir, run_dir): (&Path, &Path),
+        bootstrap_servers: &str,
+        database_url: &str,
+        topic: &str,
+        relay_name: String,
+    ) -> anyhow::Result<Self> {
+        let api_addr = free_addr()?;
+        let ops = free_addr()?;
+        let api = Service::new(
+            "payments-api",
+            bin_dir,
+            run_dir,
+            strings(&[
+                "--addr",
+                &api_addr.to_string(),
+                "--database-url",
+                database_url,
+                "--topic",
+                topic,
+                "--metrics-addr",
+                &ops.to_string(),
+            ]),
+            ops,
+        );
+        let ops = free_addr()?;
+        let relay = Service::new(
+            "outbox-relay",
+            bin_dir,
+            run_dir,
+            strings(&[
+                "--bootstrap-servers",
+                bootstrap_servers,
+                "--database-url",
+                database_url,
+                "--relay-name",
+                &relay_name,
+                "--guarantee",
+                args.guarantee.as_str(),
+                "--metrics-addr",
+                &ops.to_string(),
+            ]),
+            ops,
+        );
+        Ok(Self {
+            api,
+            api_addr,
+            relay,
+            relay_name,
+            database_url: database_url.to_owned(),
+        })
+    }
+
+    /// Waits until the relay has published every outbox row.
+    async fn wait_relayed(&mut self, timeout: Duration) -> anyhow::Result<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            self.relay.check_running()?;
+            if outbox_backlog(&self.database_url, &self.relay_name).await? == 0 {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The workload running in the background: the producer's, or payments-api's clients'.
+enum Workload {
+    Producer(tokio::task::JoinHandle<anyhow::Result<produce::ProduceSummary>>),
+    Payments(tokio::task::JoinHandle<anyhow::Result<PaymentsSummary>>),
+}
+
+/// Starts the workload's source; the processor and the sink start once its topic exists.
+async fn start_workload(
+    args: &DemoArgs,
+    seed: u64,
+    kafka: &KafkaSettings,
+    input: &str,
+    outbox: Option<&mut OutboxServices>,
+) -> anyhow::Result<Workload> {
+    let Some(outbox) = outbox else {
+        say(format!(
+            "== producing at {}/s: 5% re-deliveries, 0.5% malformed, 0.1% reused ids with other \
+             content",
+            args.rate
+        ));
+        let produce_args: ProduceArgs = command_args(&[
+            "--topic",
+            input,
+            "--count",
+            &args.events.to_string(),
+            "--duplicate-ratio",
+            "0.05",
+            "--bad-ratio",
+            "0.005",
+            "--conflict-ratio",
+            "0.001",
+            "--rate",
+            &args.rate.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ])?;
+        let options = commands::produce::options(&produce_args)?;
+        let kafka = kafka.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer = tokio::spawn(async move {
+            Ok(produce::run(&kafka, options, ProgressBar::hidden(), stop).await?)
+        });
+        // The producer creates the input topic; the processor starts once it is there.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return Ok(Workload::Producer(producer));
+    };
+    let layout = TopicLayout {
+        partitions: 3,
+        replication_factor: -1,
+    };
+    ensure_topic(kafka, input, layout).await?;
+    outbox.api.start()?;
+    wait_listening(&mut outbox.api, outbox.api_addr).await?;
+    outbox.relay.start()?;
+    outbox.relay.wait_ready(Duration::from_secs(60)).await?;
+    say(format!(
+        "== paying at {}/s through payments-api: 5% resent with the same key, 0.1% keys reused \
+         with another amount, 0.5% malformed requests",
+        args.rate
+    ));
+    let workload = PaymentsWorkload {
+        api_url: format!("http://{}", outbox.api_addr),
+        payments: args.events,
+        rate: args.rate,
+        accounts: 100,
+        resend_ratio: 0.05,
+        key_reuse_ratio: 0.001,
+        malformed_ratio: 0.005,
+        seed,
+    };
+    Ok(Workload::Payments(tokio::spawn(payments_workload::run(
+        workload,
+    ))))
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     args: &DemoArgs,
@@ -456,64 +693,48 @@ async fn drive(
     kafka: &KafkaSettings,
     run_dir: &Path,
     [provider, dedup, processor, sink]: [&mut Service; 4],
+    mut outbox: Option<&mut OutboxServices>,
     (input, output, processor_group, sink_group): (&str, &str, &str, &str),
     (provider_addr, dedup_addr): (SocketAddr, SocketAddr),
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<(bool, Option<PaymentsSummary>)> {
     provider.start()?;
     wait_listening(provider, provider_addr).await?;
     dedup.start()?;
     wait_listening(dedup, dedup_addr).await?;
     say("   provider-sim and dedup-service are up");
 
-    say(format!(
-        "== producing at {}/s: 5% re-deliveries, 0.5% malformed, 0.1% reused ids with other content",
-        args.rate
-    ));
-    let produce_args: ProduceArgs = command_args(&[
-        "--topic",
-        input,
-        "--count",
-        &args.events.to_string(),
-        "--duplicate-ratio",
-        "0.05",
-        "--bad-ratio",
-        "0.005",
-        "--conflict-ratio",
-        "0.001",
-        "--rate",
-        &args.rate.to_string(),
-        "--seed",
-        &seed.to_string(),
-    ])?;
-    let options = commands::produce::options(&produce_args)?;
-    let producer = {
-        let kafka = kafka.clone();
-        let stop = Arc::new(AtomicBool::new(false));
-        tokio::spawn(
-            async move { produce::run(&kafka, options, ProgressBar::hidden(), stop).await },
-        )
-    };
-    // The producer creates the input topic; the processor starts once it is there.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let workload = start_workload(args, seed, kafka, input, outbox.as_deref_mut()).await?;
     processor.start()?;
     sink.start()?;
 
-    let produce_seconds = args.events as f64 * 1.06 / args.rate.max(1) as f64;
-    let kills = args.processor_kills + args.sink_kills;
+    let relay_kills = if outbox.is_some() {
+        args.relay_kills
+    } else {
+        0
+    };
+    let workload_seconds = args.events as f64 * 1.06 / args.rate.max(1) as f64;
+    let kills = args.processor_kills + args.sink_kills + relay_kills;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (mut processor_left, mut sink_left) = (args.processor_kills, args.sink_kills);
-    for i in 0..kills {
-        let gap = produce_seconds / (kills + 1) as f64;
+    // Round robin over the services with kills left: relay, processor, sink.
+    let mut left = [relay_kills, args.processor_kills, args.sink_kills];
+    let mut turn = 0;
+    for _ in 0..kills {
+        let gap = workload_seconds / (kills + 1) as f64;
         let jitter = rng.random_range(0.7..1.3);
         tokio::time::sleep(Duration::from_secs_f64(gap * jitter)).await;
-        let kill_processor = sink_left == 0 || (processor_left > 0 && i % 2 == 0);
-        let service = if kill_processor {
-            processor_left -= 1;
-            &mut *processor
-        } else {
-            sink_left -= 1;
-            &mut *sink
+        while left[turn % 3] == 0 {
+            turn += 1;
+        }
+        left[turn % 3] -= 1;
+        let service = match turn % 3 {
+            0 => match outbox.as_deref_mut() {
+                Some(outbox) => &mut outbox.relay,
+                None => bail!("relay kills without a relay"),
+            },
+            1 => &mut *processor,
+            _ => &mut *sink,
         };
+        turn += 1;
         // A kill should land on a service at work, not one still joining its group.
         service.wait_ready(Duration::from_secs(30)).await?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
@@ -523,17 +744,45 @@ async fn drive(
             service.restarts, service.name
         ));
     }
-    let summary = producer
-        .await
-        .context("the producer task")?
-        .with_context(|| format!("producing to topic {input:?}"))?;
-    std::fs::write(
-        run_dir.join("produce.json"),
-        format!("{}\n", serde_json::to_string(&summary)?),
-    )?;
-    say("== producer done; waiting for the pipeline to drain");
+    let payments = match workload {
+        Workload::Producer(producer) => {
+            let summary = producer
+                .await
+                .context("the producer task")?
+                .with_context(|| format!("producing to topic {input:?}"))?;
+            std::fs::write(
+                run_dir.join("produce.json"),
+                format!("{}\n", serde_json::to_string(&summary)?),
+            )?;
+            say("== producer done; waiting for the pipeline to drain");
+            None
+        }
+        Workload::Payments(clients) => {
+            let summary = clients
+                .await
+                .context("the payments clients' task")?
+                .context("paying through payments-api")?;
+            std::fs::write(
+                run_dir.join("payments.json"),
+                format!("{}\n", serde_json::to_string(&summary)?),
+            )?;
+            say(format!(
+                "== {} payments made; waiting for the pipeline to drain",
+                grouped(summary.created as i64)
+            ));
+            Some(summary)
+        }
+    };
     let timeout = humantime::format_duration(args.drain_timeout);
     let mut drained = true;
+    if let Some(outbox) = outbox {
+        if outbox.wait_relayed(args.drain_timeout).await? {
+            say("   outbox-relay published every outbox row");
+        } else {
+            say(format!("   outbox-relay did not catch up within {timeout}"));
+            drained = false;
+        }
+    }
     for (group, topic, service) in [
         (processor_group, input, &mut *processor),
         (sink_group, output, &mut *sink),
@@ -564,7 +813,7 @@ async fn drive(
             say(format!("   {} caught up with {topic}", service.name));
         }
     }
-    Ok(drained)
+    Ok((drained, payments))
 }
 
 #[cfg(test)]

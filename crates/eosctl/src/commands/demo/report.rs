@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::commands::demo::payments_workload::PaymentsSummary;
 use crate::commands::demo::{DemoArgs, DemoGuarantee};
 use crate::report::grouped;
 
@@ -27,6 +28,8 @@ pub struct DemoReport {
     pub run_dir: String,
     pub topics: BTreeMap<&'static str, String>,
     pub faults: Vec<String>,
+    /// An event that went through every service: `eosctl trace <it>` shows its trace.
+    pub sample_event_id: String,
     pub lines: Vec<ReportLine>,
     pub traces: String,
     /// `eosctl audit --json` as it printed it.
@@ -71,6 +74,7 @@ pub(super) fn build_report(
     run_dir: &Path,
     [input, output, sample_event]: [&str; 3],
     faults: Vec<String>,
+    payments: Option<&PaymentsSummary>,
     audit: Value,
     audit_code: i32,
     (went_unknown, reconciled): (i64, i64),
@@ -78,7 +82,46 @@ pub(super) fn build_report(
     metrics: ReportLine,
 ) -> DemoReport {
     let g = |name: &str| grouped(figure(&audit, name));
-    let mut lines = vec![
+    let mut lines = Vec::new();
+    if let Some(payments) = payments {
+        let n = |count: u64| grouped(count as i64);
+        lines.push(ReportLine {
+            name: "payments-api".into(),
+            passed: Some(payments.broken_promise_count == 0),
+            detail: if payments.broken_promise_count == 0 {
+                format!(
+                    "{} payments created; {} resends answered from the key, {} reused keys and {} \
+                     malformed requests refused with nothing written; {} retries after no answer",
+                    n(payments.created),
+                    n(payments.replayed),
+                    n(payments.key_reuse_refused),
+                    n(payments.malformed_refused),
+                    n(payments.retried),
+                )
+            } else {
+                format!(
+                    "{} answers broke the API's promises, e.g. {}",
+                    n(payments.broken_promise_count),
+                    payments.broken_promises.join("; ")
+                )
+            },
+        });
+        lines.push(check_line(
+            "outbox → topic",
+            &audit,
+            &[
+                "domain_row_without_event",
+                "event_published_twice",
+                "event_without_domain_row",
+            ],
+            format!(
+                "{} committed payment rows, {} events on the input topic: one each",
+                g("outbox_domain_rows"),
+                g("outbox_events")
+            ),
+        ));
+    }
+    lines.extend([
         ReportLine {
             name: "physical attempts".into(),
             passed: None,
@@ -107,7 +150,7 @@ pub(super) fn build_report(
                 g("duplicate_deliveries")
             ),
         ),
-    ];
+    ]);
     let by_reason = audit["figures"]["malformed_by_reason"]
         .as_object()
         .map(|reasons| {
@@ -132,11 +175,19 @@ pub(super) fn build_report(
             "duplicated_in_dlq",
             "unexpected_dlq_record",
         ],
-        format!(
-            "{} ({by_reason}; event_id_conflict {})",
-            g("dlq_records"),
-            g("conflicts")
-        ),
+        if by_reason.is_empty() {
+            format!(
+                "{} (event_id_conflict {})",
+                g("dlq_records"),
+                g("conflicts")
+            )
+        } else {
+            format!(
+                "{} ({by_reason}; event_id_conflict {})",
+                g("dlq_records"),
+                g("conflicts")
+            )
+        },
     ));
     lines.push(check_line(
         "running totals",
@@ -202,10 +253,14 @@ pub(super) fn build_report(
     let duplicated = audit["violations"]["duplicated_output"]["examples"][0]
         .as_str()
         .map(str::to_owned);
+    let first_span = match payments {
+        Some(_) => "payments-api → outbox-relay",
+        None => "eosctl produce",
+    };
     let traces = format!(
         "with OTEL_EXPORTER_OTLP_ENDPOINT set (e.g. Jaeger's OTLP port, http://127.0.0.1:4317), \
          every service exports its spans; in Jaeger search by tag event_id={sample_event} to see \
-         eosctl produce → eos-processor → sink-writer → dedup-service → provider-sim in one trace{}",
+         {first_span} → eos-processor → sink-writer → dedup-service → provider-sim in one trace{}",
         duplicated
             .map(|s| format!("; a duplicated one to look at: {s}"))
             .unwrap_or_default()
@@ -216,6 +271,7 @@ pub(super) fn build_report(
         run_dir: run_dir.display().to_string(),
         topics: BTreeMap::from([("input", input.to_owned()), ("output", output.to_owned())]),
         faults,
+        sample_event_id: sample_event.to_owned(),
         lines,
         traces,
         audit,
@@ -242,10 +298,19 @@ pub fn report_text(report: &DemoReport) -> String {
     let _ = writeln!(text, "   traces: {}", report.traces);
     let _ = writeln!(text, "   run directory: {}", report.run_dir);
     if report.passed {
+        let outbox = if report
+            .lines
+            .iter()
+            .any(|line| line.name == "outbox → topic")
+        {
+            "outbox, "
+        } else {
+            ""
+        };
         let _ = writeln!(
             text,
-            "RESULT: PASS: exactly one effect per event at every boundary (topics, PostgreSQL, \
-             provider)"
+            "RESULT: PASS: exactly one effect per event at every boundary ({outbox}topics, \
+             PostgreSQL, provider)"
         );
     } else if report.guarantee == DemoGuarantee::AtLeastOnce {
         let _ = writeln!(
