@@ -3,10 +3,12 @@
 
 Renders the chart with `helm template` for the default values and every values file in
 eos-suite/ci/, then asserts on the manifests: each processor/sink replica's instance id is its
-pod name (so distinct per replica and stable across restarts), every container has probes, pods
-run as non-root with a read-only root filesystem and no capabilities, the migration Job is a
-pre-install/pre-upgrade hook that runs before anything else, and bad values (test-values/) fail
-the render with a message that says what to change.
+pod name (so distinct per replica and stable across restarts), outbox-relay is one StatefulSet pod
+whose name (its position's key and transactional.id) is a fixed value that no upgrade changes,
+payments-api publishes to the processor's input, every container has probes, pods run as
+non-root with a read-only root filesystem and no capabilities, the migration Job is a
+pre-install/pre-upgrade hook that runs every service's schema step before anything else, and bad
+values (test-values/) fail the render with a message that says what to change.
 
 Run alone:  HELM=/path/to/helm python3 deploy/helm/chart_test.py -v
 (needs PyYAML; deploy/helm/check runs it with everything installed). HELM defaults to `helm`,
@@ -35,24 +37,32 @@ BAD_VALUES = {
     "kafka-client-properties.yaml": "issue #13",
     "grace-too-short.yaml": "must be longer than processor.transactionTimeoutSeconds",
     "no-database-secret.yaml": "set database.existingSecret",
+    "relay-grace-too-short.yaml": "must be longer than outboxRelay.transactionTimeoutSeconds",
+    "payments-api-without-relay.yaml": "paymentsApi.enabled needs outboxRelay.enabled",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
 # The binaries whose replicas keep their own Kafka positions: the instance id must be the pod name.
 INSTANCE_BINARIES = ("eos-processor", "sink-writer")
+# The order of the migration Job's steps, of the binaries that are enabled.
+MIGRATION_ORDER = ("dedup-service", "sink-writer", "outbox-relay", "payments-api")
 
 
-def helm_template(values_file=None):
+def helm_template(values_file=None, settings=()):
     command = [HELM, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION]
     if values_file is not None:
         command += ["--values", str(values_file)]
+    for setting in settings:
+        command += ["--set", setting]
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def render(values_file=None):
-    result = helm_template(values_file)
+def render(values_file=None, settings=()):
+    result = helm_template(values_file, settings)
     if result.returncode != 0:
-        raise AssertionError(f"helm template {values_file or '(defaults)'} failed:\n{result.stderr}")
+        raise AssertionError(
+            f"helm template {values_file or '(defaults)'} {' '.join(settings)} failed:\n"
+            f"{result.stderr}")
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
@@ -101,6 +111,20 @@ def seconds(duration):
     match = re.fullmatch(r"(\d+)s", duration)
     assert match, f"expected a duration in whole seconds, got {duration!r}"
     return int(match.group(1))
+
+
+def workloads_running(docs, binary):
+    """The Deployments/StatefulSets whose (first) container runs `binary`."""
+    return [w for w in of_kind(docs, "Deployment", "StatefulSet")
+            if binary_of(containers(w, init=False)[0]) == binary]
+
+
+def relay_name(docs):
+    """outbox-relay's OUTBOX_RELAY_NAME in a rendering (it must be a fixed value)."""
+    (relay,) = workloads_running(docs, "outbox-relay")
+    entry = env_of(containers(relay, init=False)[0])["OUTBOX_RELAY_NAME"]
+    assert "valueFrom" not in entry, "OUTBOX_RELAY_NAME must be a fixed value"
+    return entry["value"]
 
 
 def hook_weight(doc):
@@ -152,7 +176,9 @@ class RenderedChart(unittest.TestCase):
             "eos-processor": "EOS_TRANSACTION_TIMEOUT",
             "sink-writer": "EOS_SINK_SHUTDOWN_TIMEOUT",
             "dedup-service": "DEDUP_SHUTDOWN_TIMEOUT",
+            "outbox-relay": "OUTBOX_TRANSACTION_TIMEOUT",
         }
+        seen = set()
         for _, docs in self.each_rendering():
             for workload in of_kind(docs, "Deployment", "StatefulSet"):
                 for container in containers(workload):
@@ -162,6 +188,8 @@ class RenderedChart(unittest.TestCase):
                     timeout = seconds(env_of(container)[variable]["value"])
                     grace = pod_spec(workload)["terminationGracePeriodSeconds"]
                     self.assertGreater(grace, timeout, workload["metadata"]["name"])
+                    seen.add(binary_of(container))
+        self.assertEqual(seen, set(timeouts), "every binary with a shutdown timeout was checked")
 
     def test_every_service_container_has_liveness_and_readiness_probes(self):
         for _, docs in self.each_rendering():
@@ -182,7 +210,8 @@ class RenderedChart(unittest.TestCase):
 
     def test_ops_and_grpc_addresses_listen_on_the_pod_network(self):
         address_variables = ("EOS_METRICS_ADDR", "DEDUP_METRICS_ADDR", "DEDUP_GRPC_ADDR",
-                             "PROVIDER_SIM_ADDR")
+                             "PROVIDER_SIM_ADDR", "OUTBOX_METRICS_ADDR", "PAYMENTS_API_ADDR",
+                             "PAYMENTS_API_METRICS_ADDR")
         for _, docs in self.each_rendering():
             for workload in of_kind(docs, "Deployment", "StatefulSet"):
                 for container in containers(workload):
@@ -242,10 +271,19 @@ class RenderedChart(unittest.TestCase):
             # pre-install/pre-upgrade hooks succeeded.
             for workload in of_kind(docs, "Deployment", "StatefulSet"):
                 self.assertFalse(hooks(workload), workload["metadata"]["name"])
-            # Both schemas, one after the other (init container, then container).
+            # Every service that uses the database has its schema step, one after the other (init
+            # containers, then the last as the container), in a fixed order.
             spec = pod_spec(job)
             steps = spec.get("initContainers", []) + spec["containers"]
-            self.assertEqual([binary_of(c) for c in steps], ["dedup-service", "sink-writer"])
+            self.assertEqual(len(spec["containers"]), 1)
+            with_database = {
+                binary_of(container)
+                for workload in of_kind(docs, "Deployment", "StatefulSet")
+                for container in containers(workload)
+                if "DATABASE_URL" in env_of(container)
+            }
+            expected = [binary for binary in MIGRATION_ORDER if binary in with_database]
+            self.assertEqual([binary_of(c) for c in steps], expected)
             for step in steps:
                 self.assertEqual(step["args"], ["migrate"])
             self.assertEqual(spec["restartPolicy"], "Never")
@@ -293,6 +331,79 @@ class RenderedChart(unittest.TestCase):
             for service in of_kind(docs, "Service"):
                 self.assertEqual(len(matches(service["spec"]["selector"])), 1,
                                  service["metadata"]["name"])
+
+    def test_outbox_relay_is_one_statefulset_pod_with_a_fixed_name(self):
+        names = {}
+        for label, docs in self.each_rendering():
+            relays = workloads_running(docs, "outbox-relay")
+            if not relays:
+                continue
+            (relay,) = relays
+            # One pod that Kubernetes never runs twice at once: a StatefulSet of one.
+            self.assertEqual(relay["kind"], "StatefulSet")
+            self.assertEqual(relay["spec"]["replicas"], 1)
+            container = containers(relay, init=False)[0]
+            env = env_of(container)
+            self.assertNotIn("EOS_INSTANCE_ID", env, "the relay's identity is its name only")
+            # HTTP probes on its ops port, which listens on the pod network.
+            ops_port = int(env["OUTBOX_METRICS_ADDR"]["value"].rsplit(":", 1)[1])
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            for probe_name, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+                http = container[probe_name]["httpGet"]
+                self.assertEqual(http["path"], path, label)
+                self.assertEqual(ports[http["port"]], ops_port, label)
+            name = relay_name(docs)
+            self.assertTrue(name)
+            self.assertEqual(env["EOS_GUARANTEE"]["value"], "exactly-once", label)
+            names[label] = name
+        self.assertIn("defaults", names, "the relay is on by default")
+        # Derived from the release when not set: <namespace>-<full name> ...
+        self.assertEqual(names["defaults"], f"default-{RELEASE}-eos-suite")
+        # ... and the value itself when set.
+        self.assertEqual(names["production-values.yaml"], "payments-prod")
+
+    def test_outbox_relay_name_survives_upgrades_that_change_other_values(self):
+        # The relay's name keys its position and its transactional.id: an upgrade that changes
+        # the image, the replicas, the resources or the topics must not change it.
+        for label, path in values_files():
+            with self.subTest(values=label):
+                before = relay_name(manifests(label, path))
+                after = relay_name(render(path, (
+                    "image.tag=9.9.9", "image.registry=registry.example.org",
+                    "processor.replicas=7",
+                    "outboxRelay.resources.limits.memory=1Gi",
+                    "outboxRelay.transactionTimeoutSeconds=20",
+                    "outboxRelay.terminationGracePeriodSeconds=50",
+                    "processor.inputTopic=payments-v2",
+                )))
+                self.assertEqual(before, after)
+        # Two releases in one namespace get two names (two outboxes must not fence each other).
+        other_release = subprocess.run(
+            [HELM, "template", "other", str(CHART), "--kube-version", KUBE_VERSION],
+            capture_output=True, text=True, check=True).stdout
+        other_docs = [doc for doc in yaml.safe_load_all(other_release) if doc]
+        self.assertNotEqual(relay_name(manifests("defaults", None)), relay_name(other_docs))
+
+    def test_payments_api_publishes_to_the_processors_input_through_a_service(self):
+        for label, docs in self.each_rendering():
+            apis = workloads_running(docs, "payments-api")
+            if not apis:
+                continue
+            (api,) = apis
+            self.assertEqual(api["kind"], "Deployment")
+            container = containers(api, init=False)[0]
+            env = env_of(container)
+            (processor,) = workloads_running(docs, "eos-processor")
+            processor_input = env_of(containers(processor)[0])["EOS_INPUT_TOPIC"]["value"]
+            self.assertEqual(env["PAYMENTS_API_TOPIC"]["value"], processor_input, label)
+            self.assertTrue(workloads_running(docs, "outbox-relay"), "the relay publishes them")
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            services = [s for s in of_kind(docs, "Service")
+                        if any(p.get("targetPort") == "http" for p in s["spec"]["ports"])
+                        and s["spec"]["selector"].items()
+                        <= api["spec"]["template"]["metadata"]["labels"].items()]
+            self.assertEqual(len(services), 1, f"{label}: one HTTP Service of payments-api")
+            self.assertIn("http", ports)
 
     def test_dedup_service_runs_several_replicas(self):
         for _, docs in self.each_rendering():

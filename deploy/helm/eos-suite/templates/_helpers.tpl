@@ -83,6 +83,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
+{{/*
+outbox-relay's name (OUTBOX_RELAY_NAME): outboxRelay.relayName, else
+<release namespace>-<full name>. Nothing in it changes on an upgrade or a pod restart, since the
+position's key and the transactional.id come from it.
+*/}}
+{{- define "eos-suite.relayName" -}}
+{{- default (printf "%s-%s" .Release.Namespace (include "eos-suite.fullname" .)) .Values.outboxRelay.relayName }}
+{{- end }}
+
+{{/* Whether any enabled service reads or writes PostgreSQL (and so needs DATABASE_URL). */}}
+{{- define "eos-suite.usesDatabase" -}}
+{{- if or .Values.sink.enabled .Values.dedup.enabled .Values.outboxRelay.enabled .Values.paymentsApi.enabled }}true{{ end }}
+{{- end }}
+
 {{/* DATABASE_URL of the runtime role, from its Secret. */}}
 {{- define "eos-suite.databaseEnv" -}}
 - name: DATABASE_URL
@@ -164,7 +178,7 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- if .Values.kafka.clientProperties }}
 {{- fail "kafka.clientProperties is set, but the services accept only kafka.bootstrapServers today: a TLS/SASL property would be ignored and the services would connect without it. The property passthrough is issue #13; until then leave kafka.clientProperties empty." }}
 {{- end }}
-{{- if and (or .Values.sink.enabled .Values.dedup.enabled) (not .Values.database.existingSecret) (not .Values.database.url) }}
+{{- if and (include "eos-suite.usesDatabase" .) (not .Values.database.existingSecret) (not .Values.database.url) }}
 {{- fail "database: set database.existingSecret (a Secret holding the runtime role's DATABASE_URL) or database.url (the chart makes the Secret)" }}
 {{- end }}
 {{- if and .Values.migration.enabled (not .Values.migration.existingSecret) (not .Values.migration.url) }}
@@ -175,6 +189,12 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- end }}
 {{- if le (int .Values.sink.terminationGracePeriodSeconds) (int .Values.sink.shutdownTimeoutSeconds) }}
 {{- fail (printf "sink.terminationGracePeriodSeconds (%d) must be longer than sink.shutdownTimeoutSeconds (%d), so SIGTERM can commit the open batch" (int .Values.sink.terminationGracePeriodSeconds) (int .Values.sink.shutdownTimeoutSeconds)) }}
+{{- end }}
+{{- if le (int .Values.outboxRelay.terminationGracePeriodSeconds) (int .Values.outboxRelay.transactionTimeoutSeconds) }}
+{{- fail (printf "outboxRelay.terminationGracePeriodSeconds (%d) must be longer than outboxRelay.transactionTimeoutSeconds (%d): a relay killed mid-transaction leaves it open, holding back read_committed readers, until the broker times it out" (int .Values.outboxRelay.terminationGracePeriodSeconds) (int .Values.outboxRelay.transactionTimeoutSeconds)) }}
+{{- end }}
+{{- if and .Values.paymentsApi.enabled (not .Values.outboxRelay.enabled) }}
+{{- fail "paymentsApi.enabled needs outboxRelay.enabled: without the relay the payments' events stay in the outbox and never reach Kafka" }}
 {{- end }}
 {{- if le (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds) }}
 {{- fail (printf "dedup.terminationGracePeriodSeconds (%d) must be longer than dedup.shutdownTimeoutSeconds (%d), so SIGTERM can drain in-flight calls" (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds)) }}
