@@ -8,7 +8,12 @@
 //! says whether the batch is in. At-least-once mode: the position is stored in PostgreSQL after
 //! Kafka acknowledged the batch, so a crash in between publishes the batch again.
 //!
-//! The producer's calls block, so they run under `block_in_place`.
+//! The producer's calls block, so they run under `block_in_place`. Two things overlap with a
+//! batch's Kafka transaction, since they do not depend on its outcome: reading (and building) the
+//! next batch, which starts after this batch's last row — safe at any time, because the read
+//! order only ever returns rows no later transaction can precede (see `eos_outbox::reader`) — and
+//! dropped if the batch does not commit; and recording the previous batch's position in
+//! PostgreSQL.
 
 use std::time::Duration;
 
@@ -18,7 +23,7 @@ use rdkafka::message::OwnedHeaders;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
-use tokio::task::block_in_place;
+use tokio::task::{JoinHandle, block_in_place};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -82,6 +87,32 @@ pub struct RelayLoop {
     producer: TransactionalProducer,
     /// The last row known to be published.
     cursor: OutboxCursor,
+    /// The write of the last published position to PostgreSQL, if still running.
+    recording: Option<JoinHandle<()>>,
+}
+
+/// Rows read after a cursor, with the records they become.
+#[derive(Debug)]
+struct Batch {
+    after: OutboxCursor,
+    rows: Vec<OutboxRow>,
+    records: Vec<PendingRecord>,
+}
+
+impl Batch {
+    async fn read(pool: PgPool, after: OutboxCursor, limit: i64) -> Result<Self, RelayError> {
+        let rows = read_after(&pool, after, limit).await?;
+        let records = rows.iter().map(record_for).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            after,
+            rows,
+            records,
+        })
+    }
+
+    fn last(&self) -> Option<OutboxCursor> {
+        self.rows.last().map(|row| row.cursor)
+    }
 }
 
 impl RelayLoop {
@@ -102,6 +133,7 @@ impl RelayLoop {
             pool,
             producer,
             cursor,
+            recording: None,
         })
     }
 
@@ -116,10 +148,18 @@ impl RelayLoop {
         listener.listen(NOTIFY_CHANNEL).await?;
         readiness.set(true);
         let mut database_failures = 0u32;
+        let mut next: Option<JoinHandle<Result<Batch, RelayError>>> = None;
         while !shutdown.is_cancelled() {
-            let rows = match read_after(&self.pool, self.cursor, self.settings.batch_size).await {
-                Ok(rows) => rows,
-                Err(error) => {
+            let read = match next.take() {
+                // Never aborted while awaited here: an error is the read task's panic.
+                Some(prefetched) => prefetched
+                    .await
+                    .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic())),
+                None => Batch::read(self.pool.clone(), self.cursor, self.settings.batch_size).await,
+            };
+            let batch = match read {
+                Ok(batch) => batch,
+                Err(RelayError::Database(error)) => {
                     database_failures += 1;
                     readiness.set(false);
                     let delay = retry_backoff(database_failures);
@@ -127,17 +167,37 @@ impl RelayLoop {
                     sleep_or_shutdown(delay, shutdown).await;
                     continue;
                 }
+                Err(error) => return Err(error),
             };
             if database_failures > 0 {
                 database_failures = 0;
                 readiness.set(true);
                 info!("reading the outbox again");
             }
-            if rows.is_empty() {
+            let Some(last) = batch.last() else {
                 self.wait_for_rows(&mut listener, shutdown).await;
                 continue;
+            };
+            debug_assert_eq!(batch.after, self.cursor);
+            next = Some(tokio::spawn(Batch::read(
+                self.pool.clone(),
+                last,
+                self.settings.batch_size,
+            )));
+            self.publish(&batch).await?;
+            if self.cursor != last {
+                // Not published (aborted, or recovered to an earlier position): read again from
+                // where Kafka says the relay is.
+                if let Some(prefetched) = next.take() {
+                    prefetched.abort();
+                }
             }
-            self.publish(&rows).await?;
+        }
+        if let Some(prefetched) = next.take() {
+            prefetched.abort();
+        }
+        if let Some(recording) = self.recording.take() {
+            recording.await.ok();
         }
         info!("shutting down: the last batch is published");
         Ok(())
@@ -158,14 +218,19 @@ impl RelayLoop {
         }
     }
 
-    async fn publish(&mut self, rows: &[OutboxRow]) -> Result<(), RelayError> {
-        let records = rows.iter().map(record_for).collect::<Result<Vec<_>, _>>()?;
-        let Some(last) = rows.last().map(|row| row.cursor) else {
+    async fn publish(&mut self, batch: &Batch) -> Result<(), RelayError> {
+        let Some(last) = batch.last() else {
             return Ok(());
         };
         match self.settings.guarantee {
-            Guarantee::ExactlyOnce => self.publish_in_transaction(&records, rows, last).await,
-            Guarantee::AtLeastOnce => self.publish_then_record(&records, rows, last).await,
+            Guarantee::ExactlyOnce => {
+                self.publish_in_transaction(&batch.records, &batch.rows, last)
+                    .await
+            }
+            Guarantee::AtLeastOnce => {
+                self.publish_then_record(&batch.records, &batch.rows, last)
+                    .await
+            }
         }
     }
 
@@ -241,9 +306,16 @@ impl RelayLoop {
             histogram!(m::ENQUEUE_TO_PUBLISH_SECONDS)
                 .record((now - row.enqueued_at).as_seconds_f64().max(0.0));
         }
-        if let Err(error) = record_relayed(&self.pool, &self.settings.relay_name, last).await {
-            warn!(%error, position = last.position, "cannot record the published position in PostgreSQL; it catches up with the next batch");
+        // One write in flight at a time; they only move the recorded position forwards.
+        if let Some(previous) = self.recording.take() {
+            previous.await.ok();
         }
+        let (pool, relay_name) = (self.pool.clone(), self.settings.relay_name.clone());
+        self.recording = Some(tokio::spawn(async move {
+            if let Err(error) = record_relayed(&pool, &relay_name, last).await {
+                warn!(%error, position = last.position, "cannot record the published position in PostgreSQL; it catches up with the next batch");
+            }
+        }));
     }
 
     /// A new producer (whose `init_transactions` settles the open transaction) and the position
