@@ -10,13 +10,16 @@ pub mod http_api;
 pub mod payment_request;
 pub mod payment_store;
 
+use std::time::Duration;
+
 use anyhow::Context as _;
+use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use eos_core::{Boundary, Guarantee};
-use eos_runtime::ops_http::OpsEndpoint;
+use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
@@ -81,7 +84,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .with_context(|| format!("cannot listen on {}", config.addr))?;
     let http_addr = listener.local_addr()?;
     tracing::info!(%http_addr, topic = %config.topic, "payments-api listening");
-    ops.readiness.set(true);
+    let readiness = tokio::spawn(report_readiness(
+        pool.clone(),
+        ops.readiness.clone(),
+        shutdown.clone(),
+    ));
     let app = http_api::router(http_api::AppState {
         pool: pool.clone(),
         topic: config.topic.clone(),
@@ -89,9 +96,41 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
+    readiness.await.ok();
     pool.close().await;
     ops.stop().await;
     served.context("serving HTTP")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often /readyz asks PostgreSQL whether it can still record payments.
+const READINESS_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Ready while PostgreSQL answers (a payment needs it), and not from the moment shutdown starts,
+/// so a load balancer stops sending requests while those in flight finish.
+async fn report_readiness(pool: PgPool, readiness: Readiness, shutdown: CancellationToken) {
+    loop {
+        let answered = tokio::time::timeout(
+            READINESS_CHECK_INTERVAL,
+            sqlx::query("SELECT 1").execute(&pool),
+        )
+        .await
+        .is_ok_and(|result| result.is_ok());
+        if answered != readiness.is_ready() && !shutdown.is_cancelled() {
+            if answered {
+                tracing::info!("ready: PostgreSQL answers");
+            } else {
+                tracing::warn!("not ready: PostgreSQL does not answer");
+            }
+        }
+        readiness.set(answered && !shutdown.is_cancelled());
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                readiness.set(false);
+                return;
+            }
+            () = tokio::time::sleep(READINESS_CHECK_INTERVAL) => {}
+        }
+    }
 }

@@ -387,3 +387,45 @@ async fn a_payments_trace_starts_at_the_http_request_and_crosses_the_relay() -> 
     }
     db.drop_database().await
 }
+
+/// Waits until `url` answers `status`.
+async fn wait_for_status(client: &reqwest::Client, url: &str, status: u16) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let answered = client.get(url).send().await.map(|r| r.status().as_u16());
+        if answered.as_ref().is_ok_and(|&answered| answered == status) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{url} answered {answered:?}, not {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// /readyz says whether a payment can be recorded: ready while PostgreSQL answers, not once the
+/// database is gone; a payment is then refused with 503 and nothing is promised.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_follows_the_database_and_payments_are_refused_without_it() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let mut api = PaymentsApi::start(&db, &unique_name("payments-api-ready"))?;
+    let ops = api
+        .process
+        .wait_for_log_field("metrics_addr", START_TIMEOUT)?;
+    let readyz = format!("http://{ops}/readyz");
+    wait_for_status(&api.client, &readyz, 200).await?;
+    let body = r#"{"account_id": "acct-1", "amount": 500, "currency": "EUR"}"#;
+    assert_eq!(api.pay(Some("before"), body).await?.0, 201);
+
+    db.drop_database().await?;
+    wait_for_status(&api.client, &readyz, 503)
+        .await
+        .with_context(|| api.process.log_tail(20))?;
+    let (status, _, answer) = api.pay(Some("after"), body).await?;
+    assert_eq!(status, 503, "{answer}");
+
+    let status = api.process.terminate(Duration::from_secs(30))?;
+    assert!(status.success(), "{}", api.process.log_tail(30));
+    Ok(())
+}
