@@ -135,7 +135,7 @@ fn build_trace(trace_id: String, mut spans: Vec<SpanRecord>) -> TraceTree {
     for (index, span) in spans.iter().enumerate() {
         children.entry(parent_of(span)).or_default().push(index);
     }
-    let attempts = attempt_numbers(&spans, &children);
+    let attempts = attempt_numbers(&spans);
 
     let mut services: Vec<String> = Vec::new();
     for span in &spans {
@@ -170,21 +170,29 @@ fn build_trace(trace_id: String, mut spans: Vec<SpanRecord>) -> TraceTree {
 }
 
 /// Attempt numbers by span index: explicit tags first, then repeated siblings.
-fn attempt_numbers(
-    spans: &[SpanRecord],
-    children: &HashMap<Option<String>, Vec<usize>>,
-) -> Vec<Option<u32>> {
+///
+/// Siblings are spans naming the same parent, even one Jaeger does not have: two spans whose
+/// parents were both lost are not known to be the same step, so they are not numbered together.
+fn attempt_numbers(spans: &[SpanRecord]) -> Vec<Option<u32>> {
     let index_of: HashMap<&str, usize> = spans
         .iter()
         .enumerate()
         .map(|(i, s)| (s.span_id.as_str(), i))
         .collect();
+    let mut by_parent: HashMap<Option<&str>, Vec<usize>> = HashMap::new();
+    for (i, span) in spans.iter().enumerate() {
+        let parent = span
+            .parent_span_id
+            .as_deref()
+            .filter(|p| *p != span.span_id);
+        by_parent.entry(parent).or_default().push(i);
+    }
     let mut attempts: Vec<Option<u32>> = spans.iter().map(explicit_attempt).collect();
-    for (parent, siblings) in children {
-        let parent = parent.as_deref().and_then(|p| index_of.get(p).copied());
+    for (parent, siblings) in by_parent {
+        let parent = parent.and_then(|p| index_of.get(p).copied());
         // Siblings are in start order already (spans are sorted and indices ascend).
         let mut same_step: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
-        for &i in siblings {
+        for i in siblings {
             same_step
                 .entry((&spans[i].service, &spans[i].name))
                 .or_default()
@@ -593,6 +601,34 @@ eosctl: eosctl produce                                      498.9ms  attempt 1  
                 && text.contains("(parent span f7df8c93853de56d is not in Jaeger)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn orphans_of_different_lost_parents_are_not_attempts_of_one_step() {
+        // As after SIGKILLs of sink-writer: each killed instance's write span is lost, the
+        // provider charges under them were exported.
+        let mut first = span("c1", Some("lost-write-1"), 2, &[]);
+        let mut second = span("c2", Some("lost-write-2"), 3, &[]);
+        let mut third = span("c3", Some("lost-write-2"), 4, &[]);
+        for s in [&mut first, &mut second, &mut third] {
+            s.name = "sink-writer provider charge".to_owned();
+        }
+        let traces = build("e", vec![span("root", None, 1, &[]), first, second, third]);
+        let roots = &traces.traces[0].roots;
+        let attempts: Vec<_> = roots
+            .iter()
+            .map(|r| (r.span_id.as_str(), r.attempt))
+            .collect();
+        assert_eq!(
+            attempts,
+            [
+                ("root", None),
+                ("c1", None),
+                ("c2", Some(1)),
+                ("c3", Some(2))
+            ]
+        );
+        assert!(roots[1..].iter().all(|r| r.parent_missing));
     }
 
     fn span(id: &str, parent: Option<&str>, start: u64, tags: &[(&str, Value)]) -> SpanRecord {
