@@ -117,6 +117,49 @@ pub enum Command {
     /// faults, and the report shows the duplicates the audit catches.
     #[command(after_help = EXIT_STATUS)]
     Demo(crate::commands::demo::DemoArgs),
+    /// Show an event's trace from Jaeger as a tree of spans
+    ///
+    /// Asks Jaeger's query API for the traces in which a span carries the tag event_id=<ID> (every
+    /// service tags its spans of an event so; it searches each service Jaeger knows) and prints
+    /// each trace as a tree: every span under its parent, with its service, name, duration,
+    /// attempt number and status (ok/error), and what the step decided (eos.decision,
+    /// eos.outcome). Attempt numbers count a step done again under the same parent (a record
+    /// processed again after a SIGKILL or a re-delivery, a second dedup Begin). Spans reach Jaeger
+    /// in batches, a few seconds after they end: --wait looks again until the trace is there and
+    /// has stopped growing. A span whose parent Jaeger does not have (lost with a SIGKILLed
+    /// process before it was exported) is shown as a root and says so.
+    #[command(after_help = TRACE_EXIT_STATUS)]
+    Trace(TraceArgs),
+}
+
+const TRACE_EXIT_STATUS: &str = "\
+Exit status:
+  0  at least one trace carries the event id (printed)
+  1  no trace carries the event id, even after --wait
+  2  operational error: bad arguments, Jaeger not reachable or answering with an error";
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The event id whose trace to show (the envelope's event_id, e.g. evt-42-0).
+    #[arg(value_name = "EVENT_ID")]
+    pub event_id: String,
+
+    /// Base URL of Jaeger's query API (its HTTP port; `deploy/local/stack up` starts one).
+    #[arg(long, env = "EOS_JAEGER_URL", default_value = "http://127.0.0.1:16686")]
+    pub jaeger_url: String,
+
+    /// Look again every 500 ms, for up to this long, until a trace carries the id and its spans
+    /// stopped arriving for a second; 0 looks once.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// Search traces that started this long ago at most.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub lookback: Duration,
+
+    /// Print the traces as one JSON object on stdout (a tree of spans per trace) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

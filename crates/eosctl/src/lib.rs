@@ -1,6 +1,7 @@
 //! `eosctl`, the command-line tool of eos-suite: it writes realistic at-least-once workloads to
 //! Kafka (`produce`), proves — or refutes — a pipeline's exactly-once result (`audit`), tells how
-//! far a consumer group is behind (`lag`) and benchmarks the services (`bench`).
+//! far a consumer group is behind (`lag`), benchmarks the services (`bench`) and shows an event's
+//! trace from Jaeger as a tree (`trace`).
 //!
 //! Guarantee of the audit: it passes only when every input record is accounted for exactly once —
 //! one output per logical event (cardinality by `event_id`, never by delivery attempts), nothing for a duplicate delivery, one dead-letter entry with the right reason for
@@ -12,7 +13,8 @@
 //! The audit's rules ([`audit`], [`boundary_audit`]), the workload generator ([`workload`]) and
 //! the benchmark's figures ([`bench::figures`]) are pure and unit-tested; [`topic_reader`],
 //! [`kafka_client`], [`group_offsets`] and [`produce`] are the Kafka adapters,
-//! [`boundary_reader`] the PostgreSQL and provider one; [`bench`](mod@bench) runs the real
+//! [`boundary_reader`] the PostgreSQL and provider one, [`jaeger`] the Jaeger query API's (its
+//! spans become trees in the pure [`trace_tree`]); [`bench`](mod@bench) runs the real
 //! binaries. [`commands`] holds one module per subcommand, which puts these together and prints
 //! the result; `commands::demo` runs the whole pipeline.
 
@@ -23,12 +25,14 @@ pub mod boundary_reader;
 pub mod cli;
 pub mod commands;
 pub mod group_offsets;
+pub mod jaeger;
 pub mod kafka_client;
 pub mod lag;
 pub mod produce;
 pub mod report;
 pub mod source_record;
 pub mod topic_reader;
+pub mod trace_tree;
 pub mod workload;
 
 #[cfg(test)]

@@ -13,4 +13,5 @@ mod processor;
 mod provider_sim;
 mod sink_provider;
 mod sink_writer;
+mod trace_cli;
 mod traces;

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod demo;
 pub mod lag;
 pub mod produce;
+pub mod trace;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -23,15 +24,17 @@ pub enum Status {
     ViolationsFound,
     /// `lag --wait` gave up before the group caught up.
     NotCaughtUp,
+    /// `trace` found no trace carrying the event id.
+    TraceNotFound,
 }
 
 impl Status {
-    /// 0 for success, 1 for violations or a lag wait that timed out; operational errors are 2
-    /// (see [`run`]).
+    /// 0 for success, 1 for violations, a lag wait that timed out or an event without a trace;
+    /// operational errors are 2 (see [`run`]).
     pub fn exit_code(self) -> ExitCode {
         match self {
             Self::Success => ExitCode::SUCCESS,
-            Self::ViolationsFound | Self::NotCaughtUp => ExitCode::from(1),
+            Self::ViolationsFound | Self::NotCaughtUp | Self::TraceNotFound => ExitCode::from(1),
         }
     }
 }
@@ -57,6 +60,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Bench(BenchArgs {
             target: BenchTarget::Processor(args),
         }) => bench::run_processor(kafka, args).await,
+        Command::Trace(args) => trace::run(args).await,
         Command::Demo(args) => Ok(if demo::run(&cli.bootstrap_servers, args).await? {
             Status::Success
         } else {

@@ -37,7 +37,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cli::{AuditArgs, ProduceArgs};
+use crate::cli::{AuditArgs, ProduceArgs, TraceArgs};
 use crate::commands::demo::database::{create_database, drop_database, outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
@@ -159,6 +159,12 @@ pub struct DemoArgs {
     /// Print the report as one JSON object on stdout (progress goes to stderr).
     #[arg(long)]
     pub json: bool,
+
+    /// After the report, print the trace of the report's sample event from this Jaeger query API
+    /// (as `eosctl trace` does). The services export their spans when OTEL_EXPORTER_OTLP_ENDPOINT
+    /// is set; `make demo` points both at the local stack's Jaeger.
+    #[arg(long, value_name = "JAEGER_URL")]
+    pub show_trace_from: Option<String>,
 }
 
 /// Progress for people: plain lines on stderr.
@@ -528,7 +534,30 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     } else {
         print!("{}", report_text(&report));
     }
+    if let Some(jaeger_url) = &args.show_trace_from {
+        show_trace(jaeger_url, &report.sample_event_id).await;
+    }
     Ok(report.passed)
+}
+
+/// The sample event's trace, after the report; not finding it does not fail the run (spans are
+/// exported in batches, and a SIGKILLed service loses the ones it had not sent).
+async fn show_trace(jaeger_url: &str, event_id: &str) {
+    say(format!(
+        "\n== the trace of {event_id} (eosctl trace {event_id}, from Jaeger at {jaeger_url})"
+    ));
+    let shown =
+        match command_args::<TraceArgs>(&[event_id, "--jaeger-url", jaeger_url, "--wait", "20s"]) {
+            Ok(trace_args) => commands::trace::run(trace_args).await,
+            Err(error) => Err(error),
+        };
+    match shown {
+        Ok(commands::Status::Success) => {}
+        Ok(_) => say(
+            "   Jaeger has no span of it (were the services run with OTEL_EXPORTER_OTLP_ENDPOINT?)",
+        ),
+        Err(error) => say(format!("   cannot show it: {error:#}")),
+    }
 }
 
 /// payments-api and outbox-relay, when the payments come through the outbox.
