@@ -3,6 +3,7 @@
 //! real broker and server that `deploy/local/stack up` starts. Nothing here is a fake: a test that
 //! cannot reach the stack fails with a message saying how to start it.
 
+pub mod answer_dropping_proxy;
 pub mod eosctl;
 pub mod otlp_collector;
 pub mod service_process;
