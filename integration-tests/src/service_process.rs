@@ -42,6 +42,20 @@ impl ServiceProcess {
     }
 }
 
+impl ServiceProcess {
+    /// SIGTERM, and an error (with the log's tail) unless it exits 0 within 30 s: every service
+    /// must finish its work and stop cleanly when asked.
+    pub fn stop_gracefully(&mut self) -> anyhow::Result<()> {
+        let status = self.terminate(std::time::Duration::from_secs(30))?;
+        anyhow::ensure!(
+            status.success(),
+            "SIGTERM must exit 0, got {status}\n{}",
+            self.log_tail(30)
+        );
+        Ok(())
+    }
+}
+
 impl Deref for ServiceProcess {
     type Target = ChildProcess;
 

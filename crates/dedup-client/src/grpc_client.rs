@@ -86,11 +86,14 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Codes after which the same call may simply be sent again.
+/// Codes after which the same call may simply be sent again (every dedup call is idempotent: a
+/// Begin by its request id, the others by the fencing token). `Cancelled` is what a connection
+/// closed mid-call looks like — e.g. a dedup-service replica that died behind a load balancer.
 pub fn is_transient(code: Code) -> bool {
     matches!(
         code,
         Code::Unavailable
+            | Code::Cancelled
             | Code::DeadlineExceeded
             | Code::ResourceExhausted
             | Code::Aborted
@@ -387,6 +390,7 @@ mod tests {
     fn only_transient_codes_are_retried() {
         for code in [
             Code::Unavailable,
+            Code::Cancelled,
             Code::DeadlineExceeded,
             Code::ResourceExhausted,
         ] {

@@ -15,7 +15,7 @@ use integration_tests::{TestDatabase, database_url, unique_name};
 use time::OffsetDateTime;
 
 use crate::dedup_service::Dedup;
-use crate::sink_writer::{Sink, stop_gracefully};
+use crate::sink_writer::Sink;
 
 const MIGRATE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -261,7 +261,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         .fetch_one(&db.pool)
         .await?;
     assert!(rows > 0, "the sink wrote rows\n{}", process.log_tail(30));
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
 
     assert_eq!(
         schema_snapshot(&db).await?,

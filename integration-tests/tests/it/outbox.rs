@@ -22,7 +22,6 @@ use rdkafka::Message as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
 
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(180);
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The domain of the tests: an account whose version each payment bumps, and the payment rows.
 const DOMAIN_SCHEMA: &str = "
@@ -466,16 +465,6 @@ async fn join_writer(
     writer.await?
 }
 
-fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
-    let status = process.terminate(STOP_TIMEOUT)?;
-    assert!(
-        status.success(),
-        "SIGTERM must exit 0, got {status}\n{}",
-        process.log_tail(30)
-    );
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_backend()
 -> anyhow::Result<()> {
@@ -501,7 +490,7 @@ async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_back
         "the run must include rolled-back and terminated transactions: {summary:?}"
     );
     outbox.wait_relayed(&relay).await?;
-    stop_gracefully(&mut relay)?;
+    relay.stop_gracefully()?;
     let audit = outbox.audit().await?;
     audit.assert_exact();
     assert!(audit.committed >= 3_000, "{}", audit.summary());
@@ -743,7 +732,7 @@ async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() 
         zombie.log_tail(40)
     );
     outbox.wait_relayed(&successor).await?;
-    stop_gracefully(&mut successor)?;
+    successor.stop_gracefully()?;
     let audit = outbox.audit().await?;
     audit.assert_exact();
     outbox.drop_database().await
@@ -772,7 +761,7 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
     let mut relay = outbox.spawn_relay("at-least-once", &[])?;
     join_writer(writer).await?;
     outbox.wait_relayed(&relay).await?;
-    stop_gracefully(&mut relay)?;
+    relay.stop_gracefully()?;
     let audit = outbox.audit().await?;
     assert!(
         audit.duplicates > 0 && audit.missing.is_empty() && audit.without_row.is_empty(),
@@ -809,7 +798,7 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
     })
     .await?
     .with_context(|| processor.log_tail(40))?;
-    stop_gracefully(&mut processor)?;
+    processor.stop_gracefully()?;
     assert!(
         outcome.passed(),
         "ledger not exact:\n{}",
@@ -838,7 +827,7 @@ async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<(
     server.start()?;
     join_writer(writer).await?;
     outbox.wait_relayed(&relay).await?;
-    stop_gracefully(&mut relay)?;
+    relay.stop_gracefully()?;
     outbox.audit().await?.assert_exact();
     outbox.drop_database().await
 }
@@ -869,7 +858,7 @@ async fn a_broker_killed_mid_run_and_restarted_leaves_the_topic_exact() -> anyho
             Err(_) => bail!("the relay did not catch up\n{}", relay.log_tail(40)),
         }
     }
-    stop_gracefully(&mut relay)?;
+    relay.stop_gracefully()?;
     outbox.audit().await?.assert_exact();
     outbox.drop_database().await
 }
@@ -911,7 +900,7 @@ async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing() -> any
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    stop_gracefully(&mut relay)?;
+    relay.stop_gracefully()?;
     outbox.audit().await?.assert_exact();
     assert_eq!(left, 0, "every published row is purged after the retention");
     assert!(

@@ -12,7 +12,6 @@ use integration_tests::{bootstrap_servers, create_topic, unique_name, wait_until
 use rand::{Rng as _, SeedableRng as _};
 
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(180);
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Names of one pipeline run.
 struct Pipeline {
@@ -86,16 +85,6 @@ fn assert_exact(outcome: &AuditOutcome, logical: i64) {
     assert_eq!(outcome.figure("logical_events"), logical);
 }
 
-fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
-    let status = process.terminate(STOP_TIMEOUT)?;
-    assert!(
-        status.success(),
-        "SIGTERM must exit 0, got {status}\n{}",
-        process.log_tail(30)
-    );
-    Ok(())
-}
-
 /// Produces 20,000 events while the processor is SIGKILLed `kills` times at random moments and
 /// restarted, then drains with one last instance and audits.
 fn hard_kill_run(guarantee: &str, kills: usize, seed: u64) -> anyhow::Result<AuditOutcome> {
@@ -121,7 +110,7 @@ fn hard_kill_run(guarantee: &str, kills: usize, seed: u64) -> anyhow::Result<Aud
         .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
     assert_eq!(summary["logical_events"], 20_000);
     pipeline.wait_drained().with_context(|| last.log_tail(40))?;
-    stop_gracefully(&mut last)?;
+    last.stop_gracefully()?;
     pipeline.audit()
 }
 
@@ -200,7 +189,7 @@ async fn a_paused_zombie_is_fenced_by_its_successor() -> anyhow::Result<()> {
         pipeline
             .wait_drained()
             .with_context(|| successor.log_tail(40))?;
-        stop_gracefully(&mut successor)?;
+        successor.stop_gracefully()?;
         assert_exact(&pipeline.audit()?, 7_000);
         Ok(())
     })
@@ -226,7 +215,7 @@ fn forced_aborts_rewind_without_skipping_or_doubling() -> anyhow::Result<()> {
     pipeline
         .wait_drained()
         .with_context(|| processor.log_tail(40))?;
-    stop_gracefully(&mut processor)?;
+    processor.stop_gracefully()?;
     let log = processor.log();
     let aborts = log.matches("aborting transaction").count();
     assert!(
@@ -248,7 +237,7 @@ fn rebalances_with_a_graceful_stop_and_a_kill_stay_exact() -> anyhow::Result<()>
     let mut first = pipeline.spawn("member-a", "exactly-once", &[])?;
     let mut second = pipeline.spawn("member-b", "exactly-once", &[])?;
     std::thread::sleep(Duration::from_secs(4));
-    stop_gracefully(&mut first)?;
+    first.stop_gracefully()?;
     std::thread::sleep(Duration::from_secs(3));
     second.kill_hard()?;
     let mut third = pipeline.spawn("member-c", "exactly-once", &[])?;
@@ -258,7 +247,7 @@ fn rebalances_with_a_graceful_stop_and_a_kill_stay_exact() -> anyhow::Result<()>
     pipeline
         .wait_drained()
         .with_context(|| third.log_tail(40))?;
-    stop_gracefully(&mut third)?;
+    third.stop_gracefully()?;
     assert!(first.log().contains("partitions assigned"));
     assert_exact(&pipeline.audit()?, 15_000);
     Ok(())
@@ -370,7 +359,7 @@ fn a_broker_killed_mid_run_and_restarted_loses_and_doubles_nothing() -> anyhow::
             Err(error) => return Err(error).with_context(|| processor.log_tail(40)),
         }
     }
-    stop_gracefully(&mut processor)?;
+    processor.stop_gracefully()?;
     assert_exact(&pipeline.audit()?, 10_000);
     Ok(())
 }

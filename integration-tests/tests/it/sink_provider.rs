@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::dedup_service::Dedup;
 use crate::provider_sim::ProviderSim;
-use crate::sink_writer::{Sink, TopicTruth, stop_gracefully};
+use crate::sink_writer::{Sink, TopicTruth};
 
 const EVENTS: u64 = 5_000;
 const SINK_KILLS: usize = 3;
@@ -105,7 +105,7 @@ async fn sink_through_kills(
         .await?
         .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
     sink.wait_drained(pool, &mut last).await?;
-    stop_gracefully(&mut last)
+    last.stop_gracefully()
 }
 
 #[tokio::test(flavor = "multi_thread")]

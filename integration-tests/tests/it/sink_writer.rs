@@ -20,7 +20,6 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(240);
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One sink run's names.
 pub(crate) struct Sink {
@@ -120,16 +119,6 @@ impl Sink {
             .collect();
         Ok((ends, stored))
     }
-}
-
-pub(crate) fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
-    let status = process.terminate(STOP_TIMEOUT)?;
-    assert!(
-        status.success(),
-        "SIGTERM must exit 0, got {status}\n{}",
-        process.log_tail(30)
-    );
-    Ok(())
 }
 
 /// What the topic says the sink must have written, decided independently of the sink's code
@@ -401,7 +390,7 @@ async fn sink_seed_practice_two_rows_19500_and_e102_unchanged() -> anyhow::Resul
     let sink = Sink::new(&topic, &db.url);
     let mut process = sink.spawn("seed", &[], &[])?;
     sink.wait_drained(&db.pool, &mut process).await?;
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
 
     // The audit: 3 physical attempts (32000) on the topic, 2 logical events (19500) in the table.
     let truth = TopicTruth::read(&topic)?;
@@ -496,7 +485,7 @@ updated_at = "now"
         let sink = Sink::new(&topic, &db.url);
         let mut process = sink.spawn(name, &["--config", &config], &[])?;
         sink.wait_drained(&db.pool, &mut process).await?;
-        stop_gracefully(&mut process)?;
+        process.stop_gracefully()?;
         let states: Vec<(String, i64, String)> = sqlx::query_as(
             "SELECT entity_id, version, payload #>> '{}' FROM entity_state ORDER BY entity_id",
         )
@@ -530,7 +519,7 @@ async fn sink_conflict_is_recorded_and_the_stored_row_is_kept() -> anyhow::Resul
     let sink = Sink::new(&topic, &db.url);
     let mut process = sink.spawn("conflict", &[], &[])?;
     sink.wait_drained(&db.pool, &mut process).await?;
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
 
     let value: i64 = sqlx::query_scalar("SELECT value FROM event_sink WHERE event_id = 'e-102'")
         .fetch_one(&db.pool)
@@ -587,7 +576,7 @@ async fn sink_exactly_once_survives_repeated_sigkill() -> anyhow::Result<()> {
         .await?
         .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
     sink.wait_drained(&db.pool, &mut last).await?;
-    stop_gracefully(&mut last)?;
+    last.stop_gracefully()?;
     eprintln!(
         "sink chaos: {kills} SIGKILLs, drained in {:?}",
         started.elapsed()
@@ -644,7 +633,7 @@ async fn sink_postgres_restart_mid_run_resumes_exactly() -> anyhow::Result<()> {
         .connect(&db.url)
         .await?;
     sink.wait_drained(&pool, &mut process).await?;
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
     let log = process.log();
     assert!(
         log.contains("postgres unavailable"),
@@ -740,7 +729,7 @@ async fn sink_paused_zombie_is_rejected_by_the_epoch_fence() -> anyhow::Result<(
 
     produce_chaos(500, 83).await??;
     sink.wait_drained(&db.pool, &mut successor).await?;
-    stop_gracefully(&mut successor)?;
+    successor.stop_gracefully()?;
     let truth = TopicTruth::read(&topic)?;
     assert_eq!(truth.logical.len(), 3_000);
     assert_eq!(truth.conflicts.len(), 4);
@@ -808,7 +797,7 @@ async fn sink_shuffled_versions_replayed_by_several_writers_never_go_down() -> a
         sink.wait_drained(&db.pool, &mut processes[i]).await?;
     }
     for process in &mut processes {
-        stop_gracefully(process)?;
+        process.stop_gracefully()?;
     }
 
     let (rows, wrong): (i64, i64) = sqlx::query_as(
@@ -943,7 +932,7 @@ seen_at = "now"
     let sink = Sink::new(&topic, &db.url);
     let mut process = sink.spawn("refused", &["--config", &path.display().to_string()], &[])?;
     sink.wait_drained(&db.pool, &mut process).await?;
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
     let _ = std::fs::remove_file(&path);
 
     let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM credits ORDER BY id")
@@ -1002,7 +991,7 @@ async fn sink_kafka_offsets_mode_is_at_least_once_into_idempotent_tables() -> an
         )
     })
     .await??;
-    stop_gracefully(&mut last)?;
+    last.stop_gracefully()?;
     assert!(
         last.log().contains("at-least-once"),
         "the weaker boundary is stated"
@@ -1093,7 +1082,7 @@ written_at = "now"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
     let _ = std::fs::remove_file(&path);
     assert!(process.log().contains("purged rows past the retention"));
     db.drop_database().await
@@ -1133,7 +1122,7 @@ async fn sink_reads_only_committed_records_and_checkpoints_past_markers() -> any
     let mut process = sink.spawn("transactional", &[], &[])?;
     // Waits for the checkpoint to equal the end offset, which lies past three control records.
     sink.wait_drained(&db.pool, &mut process).await?;
-    stop_gracefully(&mut process)?;
+    process.stop_gracefully()?;
     let ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM event_sink ORDER BY event_id")
         .fetch_all(&db.pool)
         .await?;

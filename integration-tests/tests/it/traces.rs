@@ -36,7 +36,6 @@ const SAMPLED_EVENTS: usize = 100;
 const SEED_A: u64 = 601;
 const SEED_B: u64 = 602;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const SPANS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The names of one run, and the environment that points every binary at the collector.
@@ -203,17 +202,6 @@ impl TracedPipeline {
     }
 }
 
-/// SIGTERM and a clean exit: the service flushes its spans before exiting.
-fn stop_gracefully(process: &mut ServiceProcess) -> anyhow::Result<()> {
-    let status = process.terminate(STOP_TIMEOUT)?;
-    anyhow::ensure!(
-        status.success(),
-        "SIGTERM must exit 0, got {status}\n{}",
-        process.log_tail(30)
-    );
-    Ok(())
-}
-
 fn event_ids(seed: u64) -> Vec<String> {
     (0..EVENTS_PER_PHASE)
         .map(|n| format!("evt-{seed}-{n}"))
@@ -329,7 +317,7 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
     let mut first = pipeline.spawn_processor(&[])?;
     let summary_a = pipeline.produce(SEED_A)?;
     pipeline.wait_processed(&first)?;
-    stop_gracefully(&mut first)?;
+    first.stop_gracefully()?;
 
     // Phase B: the whole batch processed, none of it committed, then SIGKILL.
     let mut killed = pipeline.spawn_processor(&[("EOS_COMMIT_INTERVAL", "60s")])?;
@@ -352,10 +340,10 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
     let mut last = pipeline.spawn_processor(&[])?;
     pipeline.wait_processed(&last)?;
     pipeline.wait_sunk(&db.pool, &mut sink).await?;
-    stop_gracefully(&mut last)?;
-    stop_gracefully(&mut sink)?;
-    stop_gracefully(&mut dedup)?;
-    stop_gracefully(&mut provider)?;
+    last.stop_gracefully()?;
+    sink.stop_gracefully()?;
+    dedup.stop_gracefully()?;
+    provider.stop_gracefully()?;
     std::fs::remove_file(&pipeline.sink_config)?;
 
     for summary in [&summary_a, &summary_b] {
