@@ -53,8 +53,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1024)]
     pub record_bytes: usize,
 
-    /// Rows per relay transaction.
-    #[arg(long, default_value_t = 500)]
+    /// Rows per relay transaction (outbox-relay's default).
+    #[arg(long, default_value_t = 5000)]
     pub batch_size: i64,
 
     /// Interleaved throughput rounds; the figure is the median.

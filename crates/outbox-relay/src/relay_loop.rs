@@ -179,11 +179,16 @@ impl RelayLoop {
                 continue;
             };
             debug_assert_eq!(batch.after, self.cursor);
-            next = Some(tokio::spawn(Batch::read(
-                self.pool.clone(),
-                last,
-                self.settings.batch_size,
-            )));
+            // Only behind (a full batch) is the next batch worth reading now: caught up, a read
+            // after the commit also finds the rows committed meanwhile, a cycle sooner.
+            let full = batch.rows.len() as i64 >= self.settings.batch_size;
+            next = full.then(|| {
+                tokio::spawn(Batch::read(
+                    self.pool.clone(),
+                    last,
+                    self.settings.batch_size,
+                ))
+            });
             self.publish(&batch).await?;
             if self.cursor != last {
                 // Not published (aborted, or recovered to an earlier position): read again from
