@@ -2,7 +2,8 @@
 //! `sink-writer migrate` apply the migrations to a fresh database with the owner role, and the
 //! services started with --skip-migrations then work on it with a runtime role that has only the
 //! row privileges the README lists (it cannot create, alter or drop a table) — and refuse a
-//! database nobody migrated instead of creating tables themselves.
+//! database nobody migrated instead of creating tables themselves. The outbox's services
+//! (`payments-api`, `outbox-relay`) likewise.
 
 use std::process::Command;
 use std::time::Duration;
@@ -11,7 +12,10 @@ use anyhow::{Context as _, bail, ensure};
 use dedup_client::{BeginOutcome, BeginParams};
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
-use integration_tests::{TestDatabase, database_url, unique_name};
+use integration_tests::{
+    Isolation, TestDatabase, bootstrap_servers, create_topic, database_url, read_topic, unique_name,
+};
+use rdkafka::Message as _;
 use time::OffsetDateTime;
 
 use crate::dedup_service::Dedup;
@@ -149,13 +153,8 @@ async fn refused(role_url: &str, sql: &str) -> anyhow::Result<Option<String>> {
     Ok(result.err().map(|error| error.to_string()))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -> anyhow::Result<()>
-{
-    let db = TestDatabase::create().await?;
-    // The README's grants, given by the owner before the first migrate.
-    let role = RuntimeRole::create(&db.name)?;
-    let runtime_url = role.url(&db.url)?;
+/// The README's grants, given by the owner before the first migrate.
+async fn grant_row_privileges(db: &TestDatabase, role: &RuntimeRole) -> anyhow::Result<()> {
     sqlx::raw_sql(&format!(
         "GRANT USAGE ON SCHEMA public TO \"{0}\";
          ALTER DEFAULT PRIVILEGES IN SCHEMA public
@@ -165,6 +164,25 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     ))
     .execute(&db.pool)
     .await?;
+    Ok(())
+}
+
+fn assert_refused(sql: &str, error: Option<String>) {
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("permission denied") || e.contains("must be owner")),
+        "the runtime role must not run {sql}: {error:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -> anyhow::Result<()>
+{
+    let db = TestDatabase::create().await?;
+    let role = RuntimeRole::create(&db.name)?;
+    let runtime_url = role.url(&db.url)?;
+    grant_row_privileges(&db, &role).await?;
     assert!(
         !table_exists(&db, "dedup_intents").await?,
         "a fresh database"
@@ -208,13 +226,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         "DROP TABLE event_sink",
         "ALTER TABLE dedup_intents ADD COLUMN runtime_made INT",
     ] {
-        let error = refused(&runtime_url, sql).await?;
-        assert!(
-            error
-                .as_deref()
-                .is_some_and(|e| e.contains("permission denied") || e.contains("must be owner")),
-            "the runtime role must not run {sql}: {error:?}"
-        );
+        assert_refused(sql, refused(&runtime_url, sql).await?);
     }
 
     // dedup-service without migrations, as the runtime role: a Begin is acquired, so the store
@@ -312,4 +324,117 @@ async fn services_that_skip_migrations_refuse_an_unmigrated_database() -> anyhow
         "a service started with --skip-migrations creates nothing"
     );
     db.drop_database().await
+}
+
+/// `payments-api migrate` and `outbox-relay migrate` as the owner, then both services with
+/// --skip-migrations as the runtime role: a payment is recorded with its outbox row
+/// (`eos_outbox_enqueue` needs only row privileges), the relay publishes it and records its
+/// position, and neither changes the schema.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let role = RuntimeRole::create(&db.name)?;
+    let runtime_url = role.url(&db.url)?;
+    grant_row_privileges(&db, &role).await?;
+    run_migrate("outbox-relay", &db.url)?;
+    run_migrate("payments-api", &db.url)?;
+    for table in [
+        "eos_outbox",
+        "eos_outbox_entity_order",
+        "eos_outbox_relay_positions",
+        "payments_api_payments",
+        "payments_api_accounts",
+    ] {
+        assert!(table_exists(&db, table).await?, "migrate created {table}");
+    }
+    let migrated = schema_snapshot(&db).await?;
+    for sql in [
+        "DROP TABLE eos_outbox",
+        "CREATE TABLE runtime_made (id INT)",
+    ] {
+        assert_refused(sql, refused(&runtime_url, sql).await?);
+    }
+
+    let topic = unique_name("migrate-outbox");
+    create_topic(&topic, 1).await?;
+    let api_args = [
+        "--addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--database-url",
+        &runtime_url,
+        "--topic",
+        &topic,
+        "--skip-migrations",
+    ]
+    .map(str::to_owned);
+    let mut api = ServiceProcess::spawn("payments-api", &api_args, &[])?;
+    let addr = api.wait_for_log_field("http_addr", MIGRATE_TIMEOUT)?;
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/payments"))
+        .header("idempotency-key", "migrate-1")
+        .header("content-type", "application/json")
+        .body(r#"{"account_id": "acct-1", "amount": 700, "currency": "EUR"}"#)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let payment: serde_json::Value = response.json().await.unwrap_or_default();
+    ensure!(status == 201, "{status} {payment}\n{}", api.log_tail(30));
+
+    let relay_name = unique_name("migrate-relay");
+    let relay_args = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--database-url",
+        &runtime_url,
+        "--relay-name",
+        &relay_name,
+        "--positions-topic",
+        &unique_name("migrate-positions"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "200ms",
+        "--skip-migrations",
+    ]
+    .map(str::to_owned);
+    let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &[])?;
+    let deadline = std::time::Instant::now() + MIGRATE_TIMEOUT;
+    let published = loop {
+        let read_from = topic.clone();
+        let records =
+            tokio::task::spawn_blocking(move || read_topic(&read_from, Isolation::ReadCommitted))
+                .await??;
+        let recorded: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM eos_outbox_relay_positions WHERE relay_name = $1",
+        )
+        .bind(&relay_name)
+        .fetch_one(&db.pool)
+        .await?;
+        if !records.is_empty() && recorded == 1 {
+            break records;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the relay did not publish and record the payment\n{}",
+            relay.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(published.len(), 1, "one payment, one event");
+    let envelope: serde_json::Value =
+        serde_json::from_slice(published[0].payload().unwrap_or_default())?;
+    assert_eq!(envelope["event_id"], payment["event_id"]);
+
+    api.stop_gracefully()?;
+    relay.stop_gracefully()?;
+    assert_eq!(
+        schema_snapshot(&db).await?,
+        migrated,
+        "services started with --skip-migrations changed no relation and applied no migration"
+    );
+    db.drop_database().await?;
+    drop(role);
+    Ok(())
 }
