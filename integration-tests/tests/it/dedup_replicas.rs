@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::dedup_service::Dedup;
+use crate::dedup_service::{Dedup, history, step};
 use crate::provider_sim::ProviderSim;
 
 const REPLICAS: usize = 2;
@@ -447,22 +447,6 @@ async fn assert_one_effect_each(
         );
     }
     Ok(())
-}
-
-type HistoryRow = (Option<String>, String, i64);
-
-async fn history(db: &TestDatabase, operation_id: &str) -> anyhow::Result<Vec<HistoryRow>> {
-    Ok(sqlx::query_as(
-        "SELECT from_state, to_state, fencing_token FROM dedup_intent_history
-         WHERE operation_id = $1 ORDER BY id",
-    )
-    .bind(operation_id)
-    .fetch_all(&db.pool)
-    .await?)
-}
-
-fn step(from: Option<&str>, to: &str, token: i64) -> HistoryRow {
-    (from.map(str::to_owned), to.to_owned(), token)
 }
 
 /// Every acquisition in the history (transitions into RESERVED): operation id → (token, holder).

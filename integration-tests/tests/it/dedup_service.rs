@@ -117,9 +117,14 @@ fn code_of<T: std::fmt::Debug>(result: Result<T, dedup_client::ClientError>) -> 
     }
 }
 
-type HistoryRow = (Option<String>, String, i64);
+/// One row of `dedup_intent_history`: (from state, to state, fencing token).
+pub(crate) type HistoryRow = (Option<String>, String, i64);
 
-async fn history(db: &TestDatabase, operation_id: &str) -> anyhow::Result<Vec<HistoryRow>> {
+/// An operation's transitions, oldest first.
+pub(crate) async fn history(
+    db: &TestDatabase,
+    operation_id: &str,
+) -> anyhow::Result<Vec<HistoryRow>> {
     Ok(sqlx::query_as(
         "SELECT from_state, to_state, fencing_token FROM dedup_intent_history
          WHERE operation_id = $1 ORDER BY id",
@@ -129,7 +134,7 @@ async fn history(db: &TestDatabase, operation_id: &str) -> anyhow::Result<Vec<Hi
     .await?)
 }
 
-fn step(from: Option<&str>, to: &str, token: i64) -> HistoryRow {
+pub(crate) fn step(from: Option<&str>, to: &str, token: i64) -> HistoryRow {
     (from.map(str::to_owned), to.to_owned(), token)
 }
 

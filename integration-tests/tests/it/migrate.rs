@@ -13,12 +13,13 @@ use dedup_client::{BeginOutcome, BeginParams};
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, TestDatabase, bootstrap_servers, create_topic, database_url, read_topic, unique_name,
+    Isolation, TestDatabase, create_topic, database_url, read_topic, unique_name,
 };
 use rdkafka::Message as _;
 use time::OffsetDateTime;
 
 use crate::dedup_service::Dedup;
+use crate::payments_api::{PaymentsApi, spawn_relay};
 use crate::sink_writer::Sink;
 
 const MIGRATE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -357,61 +358,29 @@ async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::
 
     let topic = unique_name("migrate-outbox");
     create_topic(&topic, 1).await?;
-    let api_args = [
-        "--addr",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--database-url",
-        &runtime_url,
-        "--topic",
-        &topic,
-        "--skip-migrations",
-    ]
-    .map(str::to_owned);
-    let mut api = ServiceProcess::spawn("payments-api", &api_args, &[])?;
-    let addr = api.wait_for_log_field("http_addr", MIGRATE_TIMEOUT)?;
-    let response = reqwest::Client::new()
-        .post(format!("http://{addr}/payments"))
-        .header("idempotency-key", "migrate-1")
-        .header("content-type", "application/json")
-        .body(r#"{"account_id": "acct-1", "amount": 700, "currency": "EUR"}"#)
-        .send()
-        .await?;
-    let status = response.status().as_u16();
-    let payment: serde_json::Value = response.json().await.unwrap_or_default();
-    ensure!(status == 201, "{status} {payment}\n{}", api.log_tail(30));
+    let mut api = PaymentsApi::start_on(&runtime_url, &topic, &["--skip-migrations"], &[])?;
+    let body = r#"{"account_id": "acct-1", "amount": 700, "currency": "EUR"}"#;
+    let (status, _, payment) = api.pay(Some("migrate-1"), body).await?;
+    ensure!(
+        status == 201,
+        "{status} {payment}\n{}",
+        api.process.log_tail(30)
+    );
 
-    let relay_name = unique_name("migrate-relay");
-    let relay_args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--database-url",
+    let mut relay = spawn_relay(
         &runtime_url,
-        "--relay-name",
-        &relay_name,
-        "--positions-topic",
-        &unique_name("migrate-positions"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "200ms",
-        "--skip-migrations",
-    ]
-    .map(str::to_owned);
-    let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &[])?;
+        &["--poll-interval", "200ms", "--skip-migrations"],
+        &[],
+    )?;
     let deadline = std::time::Instant::now() + MIGRATE_TIMEOUT;
     let published = loop {
         let read_from = topic.clone();
         let records =
             tokio::task::spawn_blocking(move || read_topic(&read_from, Isolation::ReadCommitted))
                 .await??;
-        let recorded: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM eos_outbox_relay_positions WHERE relay_name = $1",
-        )
-        .bind(&relay_name)
-        .fetch_one(&db.pool)
-        .await?;
+        let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM eos_outbox_relay_positions")
+            .fetch_one(&db.pool)
+            .await?;
         if !records.is_empty() && recorded == 1 {
             break records;
         }
@@ -427,7 +396,7 @@ async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::
         serde_json::from_slice(published[0].payload().unwrap_or_default())?;
     assert_eq!(envelope["event_id"], payment["event_id"]);
 
-    api.stop_gracefully()?;
+    api.process.stop_gracefully()?;
     relay.stop_gracefully()?;
     assert_eq!(
         schema_snapshot(&db).await?,

@@ -18,26 +18,38 @@ use sqlx::PgPool;
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-struct PaymentsApi {
-    process: ServiceProcess,
+pub(crate) struct PaymentsApi {
+    pub(crate) process: ServiceProcess,
     base: String,
     client: reqwest::Client,
 }
 
 impl PaymentsApi {
     fn start(db: &TestDatabase, topic: &str) -> anyhow::Result<Self> {
-        let args = [
+        Self::start_on(&db.url, topic, &[], &[])
+    }
+
+    /// payments-api on `database_url`, publishing to `topic`, with `extra` flags and `envs`.
+    pub(crate) fn start_on(
+        database_url: &str,
+        topic: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut args: Vec<String> = [
             "--addr",
             "127.0.0.1:0",
             "--metrics-addr",
             "127.0.0.1:0",
             "--database-url",
-            &db.url,
+            database_url,
             "--topic",
             topic,
         ]
-        .map(str::to_owned);
-        let mut process = ServiceProcess::spawn("payments-api", &args, &[])?;
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        let mut process = ServiceProcess::spawn("payments-api", &args, envs)?;
         let addr = process.wait_for_log_field("http_addr", START_TIMEOUT)?;
         Ok(Self {
             process,
@@ -46,7 +58,11 @@ impl PaymentsApi {
         })
     }
 
-    async fn pay(&self, key: Option<&str>, body: &str) -> anyhow::Result<(u16, bool, Value)> {
+    pub(crate) async fn pay(
+        &self,
+        key: Option<&str>,
+        body: &str,
+    ) -> anyhow::Result<(u16, bool, Value)> {
         let mut request = self
             .client
             .post(format!("{}/payments", self.base))
@@ -61,6 +77,31 @@ impl PaymentsApi {
         let body: Value = response.json().await?;
         Ok((status, replayed, body))
     }
+}
+
+/// outbox-relay (exactly-once) on `database_url`, under a fresh relay name and positions topic,
+/// with `extra` flags and `envs`.
+pub(crate) fn spawn_relay(
+    database_url: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> anyhow::Result<ServiceProcess> {
+    let mut args: Vec<String> = [
+        "--bootstrap-servers",
+        &bootstrap_servers(),
+        "--database-url",
+        database_url,
+        "--relay-name",
+        &unique_name("relay"),
+        "--positions-topic",
+        &unique_name("positions"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    ServiceProcess::spawn("outbox-relay", &args, envs)
 }
 
 /// eos-processor from `input` to `output` as consumer group `group`, with extra environment.
@@ -180,20 +221,7 @@ async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Res
     let topic = unique_name("payments-api");
     create_topic(&topic, 3).await?;
     let mut api = PaymentsApi::start(&db, &topic)?;
-    let relay_args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--database-url",
-        &db.url,
-        "--relay-name",
-        &unique_name("relay"),
-        "--positions-topic",
-        &unique_name("positions"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
-    let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &[])?;
+    let mut relay = spawn_relay(&db.url, &[], &[])?;
 
     let mut created = HashSet::new();
     for n in 0..300 {
@@ -287,38 +315,8 @@ async fn a_payments_trace_starts_at_the_http_request_and_crosses_the_relay() -> 
     let db = TestDatabase::create().await?;
     let topic = unique_name("payments-traced");
     create_topic(&topic, 3).await?;
-    let args = [
-        "--addr",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--database-url",
-        &db.url,
-        "--topic",
-        &topic,
-    ]
-    .map(str::to_owned);
-    let mut api_process = ServiceProcess::spawn("payments-api", &args, &otel)?;
-    let addr = api_process.wait_for_log_field("http_addr", START_TIMEOUT)?;
-    let api = PaymentsApi {
-        process: api_process,
-        base: format!("http://{addr}"),
-        client: reqwest::Client::new(),
-    };
-    let relay_args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--database-url",
-        &db.url,
-        "--relay-name",
-        &unique_name("relay"),
-        "--positions-topic",
-        &unique_name("positions"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
-    let mut relay = ServiceProcess::spawn("outbox-relay", &relay_args, &otel)?;
+    let api = PaymentsApi::start_on(&db.url, &topic, &[], &otel)?;
+    let mut relay = spawn_relay(&db.url, &[], &otel)?;
     let mut processor = spawn_processor(
         &topic,
         &unique_name("ledger-traced"),

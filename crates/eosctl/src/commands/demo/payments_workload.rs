@@ -70,12 +70,12 @@ impl PaymentsSummary {
         self.key_reuse_refused += other.key_reuse_refused;
         self.malformed_refused += other.malformed_refused;
         self.first_payment_id = self.first_payment_id.take().or(other.first_payment_id);
+        // Each example counts once through `broken`; the count covers those without one.
+        let uncounted = other.broken_promise_count - other.broken_promises.len() as u64;
         for what in other.broken_promises {
             self.broken(what);
         }
-        self.broken_promise_count += other
-            .broken_promise_count
-            .saturating_sub(self.broken_promises.len() as u64);
+        self.broken_promise_count += uncounted;
     }
 }
 
