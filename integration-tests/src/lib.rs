@@ -7,6 +7,7 @@ pub mod answer_dropping_proxy;
 pub mod eosctl;
 pub mod otlp_collector;
 pub mod service_process;
+pub mod test_certs;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};

@@ -16,4 +16,4 @@ pub mod state_machine;
 pub use grpc_client::{
     BeginOutcome, BeginParams, Certificate, ClientError, ClientTlsConfig, DedupClient, RetryPolicy,
 };
-pub use provider_client::{ChargeOutcome, ProviderClient, ProviderError};
+pub use provider_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};

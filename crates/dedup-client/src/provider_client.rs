@@ -8,15 +8,18 @@
 
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
+    /// `url` is redacted: a URL with a password never reaches a log or an error.
     #[error("bad provider URL {url:?}: {detail}")]
     Url { url: String, detail: String },
+    #[error("bad provider CA certificate: {0}")]
+    Certificate(#[source] reqwest::Error),
     #[error("provider request failed: {0}")]
     Transport(#[from] reqwest::Error),
     #[error("provider answered {status}: {body}")]
@@ -53,6 +56,53 @@ pub struct ProviderClient {
     base: reqwest::Url,
 }
 
+/// How to reach a provider beyond its URL: the credential it expects and a private CA.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderAccess {
+    /// Sent with every request (e.g. `Authorization: Bearer …`). Marked sensitive, so neither its
+    /// `Debug` nor reqwest's prints it.
+    pub credential: Option<(HeaderName, HeaderValue)>,
+    /// PEM certificates trusted for `https://` in addition to the built-in web roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl ProviderAccess {
+    /// `header: value`, with the value marked sensitive.
+    pub fn with_credential(mut self, header: &str, value: &str) -> Result<Self, String> {
+        let name = HeaderName::try_from(header)
+            .map_err(|_| format!("{header:?} is not an HTTP header name"))?;
+        let mut value = HeaderValue::try_from(value)
+            .map_err(|_| format!("the value for {header} is not a valid HTTP header value"))?;
+        value.set_sensitive(true);
+        self.credential = Some((name, value));
+        Ok(self)
+    }
+}
+
+/// Refuses what cannot work or would leak: a scheme other than http(s) (no request could ever
+/// succeed, so every charge would end UNKNOWN), and credentials in the URL (they would be logged
+/// and served wherever the URL is; give them as a header instead).
+fn parse_base_url(base_url: &str) -> Result<reqwest::Url, ProviderError> {
+    let bad = |detail: &str| ProviderError::Url {
+        url: eos_runtime::secrets::redact_url(base_url),
+        detail: detail.to_owned(),
+    };
+    let base = reqwest::Url::parse(base_url).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(base.scheme(), "http" | "https") {
+        return Err(bad("the scheme must be http or https"));
+    }
+    if base.cannot_be_a_base() {
+        return Err(bad("cannot be a base URL"));
+    }
+    if !base.username().is_empty() || base.password().is_some() {
+        return Err(bad(
+            "credentials in the URL are refused: give them as a header from a file or the \
+             environment (provider_auth_file / provider_auth_env)",
+        ));
+    }
+    Ok(base)
+}
+
 /// `traceparent` and the baggage (the event id) of the current span.
 fn trace_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
@@ -62,22 +112,30 @@ fn trace_headers() -> HeaderMap {
 
 impl ProviderClient {
     /// `timeout` bounds every request unless a call gives its own.
-    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, ProviderError> {
-        let base = reqwest::Url::parse(base_url).map_err(|e| ProviderError::Url {
-            url: base_url.to_owned(),
-            detail: e.to_string(),
-        })?;
-        if base.cannot_be_a_base() {
-            return Err(ProviderError::Url {
-                url: base_url.to_owned(),
-                detail: "cannot be a base URL".into(),
-            });
-        }
-        let http = reqwest::Client::builder()
+    pub fn new(
+        base_url: &str,
+        timeout: Duration,
+        access: &ProviderAccess,
+    ) -> Result<Self, ProviderError> {
+        let base = parse_base_url(base_url)?;
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(2)))
-            .build()?;
-        Ok(Self { http, base })
+            .connect_timeout(timeout.min(Duration::from_secs(2)));
+        if let Some((name, value)) = &access.credential {
+            builder =
+                builder.default_headers(HeaderMap::from_iter([(name.clone(), value.clone())]));
+        }
+        if let Some(pem) = &access.ca_pem {
+            for certificate in
+                reqwest::Certificate::from_pem_bundle(pem).map_err(ProviderError::Certificate)?
+            {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        Ok(Self {
+            http: builder.build()?,
+            base,
+        })
     }
 
     fn url(&self, segments: &[&str]) -> reqwest::Url {
@@ -151,7 +209,9 @@ impl ProviderClient {
 }
 
 /// Sorts an HTTP answer to a charge: 2xx applied; 408, 5xx and anything unexpected ambiguous;
-/// other 4xx rejected (409 and 429 retryable: nothing was applied, try again later).
+/// other 4xx rejected. 409 and 429 are retryable (nothing was applied, try again later), and so
+/// are 401 and 403: a missing or expired credential is the operator's to fix, and the payment
+/// must not be given up for it.
 pub fn classify(status: u16, body: Vec<u8>) -> ChargeOutcome {
     match status {
         200..=299 => ChargeOutcome::Applied { status, body },
@@ -161,7 +221,7 @@ pub fn classify(status: u16, body: Vec<u8>) -> ChargeOutcome {
         400..=499 => ChargeOutcome::Rejected {
             status,
             body: String::from_utf8_lossy(&body).into_owned(),
-            retryable: matches!(status, 409 | 429),
+            retryable: matches!(status, 401 | 403 | 409 | 429),
         },
         _ => ChargeOutcome::Ambiguous {
             detail: format!("answer {status}: {}", String::from_utf8_lossy(&body)),
@@ -207,6 +267,13 @@ mod tests {
             }
         ));
         assert!(matches!(
+            classify(401, vec![]),
+            ChargeOutcome::Rejected {
+                retryable: true,
+                ..
+            }
+        ));
+        assert!(matches!(
             classify(429, vec![]),
             ChargeOutcome::Rejected {
                 retryable: true,
@@ -217,12 +284,59 @@ mod tests {
 
     #[test]
     fn keys_are_one_encoded_path_segment() {
-        let client =
-            ProviderClient::new("http://127.0.0.1:8081/api/", Duration::from_secs(1)).expect("url");
+        let access = ProviderAccess::default();
+        let client = ProviderClient::new(
+            "http://127.0.0.1:8081/api/",
+            Duration::from_secs(1),
+            &access,
+        )
+        .expect("url");
         assert_eq!(
             client.url(&["charges", "sink:a/b c"]).as_str(),
             "http://127.0.0.1:8081/api/charges/sink:a%2Fb%20c"
         );
-        assert!(ProviderClient::new("not a url", Duration::from_secs(1)).is_err());
+        assert!(ProviderClient::new("not a url", Duration::from_secs(1), &access).is_err());
+    }
+
+    #[test]
+    fn urls_that_cannot_work_or_would_leak_are_refused_without_echoing_the_password() {
+        let access = ProviderAccess::default();
+        let refused = |url: &str| {
+            ProviderClient::new(url, Duration::from_secs(1), &access)
+                .expect_err(url)
+                .to_string()
+        };
+        let error = refused("https://user:MARKER-SECRET@provider.example/");
+        assert!(error.contains("credentials in the URL"), "{error}");
+        assert!(!error.contains("MARKER-SECRET"), "{error}");
+        assert!(refused("ftp://provider.example/").contains("http or https"));
+        assert!(refused("grpc://provider.example/").contains("http or https"));
+        assert!(
+            ProviderClient::new(
+                "https://provider.example/v1/",
+                Duration::from_secs(1),
+                &access
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_credential_is_never_printed() {
+        let access = ProviderAccess::default()
+            .with_credential("Authorization", "Bearer MARKER-SECRET")
+            .expect("valid header");
+        let printed = format!("{access:?}");
+        assert!(!printed.contains("MARKER-SECRET"), "{printed}");
+        assert!(
+            ProviderAccess::default()
+                .with_credential("bad header", "x")
+                .is_err()
+        );
+        assert!(
+            ProviderAccess::default()
+                .with_credential("Authorization", "line\nbreak")
+                .is_err()
+        );
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
+use eos_runtime::secrets::{DatabaseUrlFlags, Secret, parse_secret, parse_secret_file};
 use eos_runtime::telemetry::LogFormat;
 
 use crate::retention::RetentionPolicy;
@@ -27,9 +28,8 @@ pub struct Config {
     #[arg(long, env = "DEDUP_GRPC_ADDR", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL; the migrations are applied at start-up unless --skip-migrations.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: DatabaseUrlFlags,
 
     /// Do not apply the migrations at start-up; only check that `dedup-service migrate` has
     /// applied them (it runs with a role that owns the schema, so this service can run with one
@@ -80,6 +80,33 @@ pub struct Config {
     /// are only settled by Resolve calls.
     #[arg(long, env = "DEDUP_PROVIDER_URL")]
     pub provider_url: Option<String>,
+
+    /// The value of the provider's credential header (e.g. "Bearer …"). Prefer
+    /// --provider-auth-file: a value here is visible in the process list.
+    #[arg(long, env = "DEDUP_PROVIDER_AUTH", hide_env_values = true, value_parser = parse_secret)]
+    pub provider_auth: Option<Secret>,
+
+    /// A file holding the provider's credential header value, read at start-up.
+    #[arg(
+        long,
+        env = "DEDUP_PROVIDER_AUTH_FILE",
+        value_parser = parse_secret_file,
+        conflicts_with = "provider_auth"
+    )]
+    pub provider_auth_file: Option<Secret>,
+
+    /// The header the provider's credential goes in.
+    #[arg(
+        long,
+        env = "DEDUP_PROVIDER_AUTH_HEADER",
+        default_value = "Authorization"
+    )]
+    pub provider_auth_header: String,
+
+    /// PEM CA certificates trusted for an https:// provider, in addition to the built-in web
+    /// roots (a private provider's CA).
+    #[arg(long, env = "DEDUP_PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<PathBuf>,
 
     /// Deadline of one provider look-up.
     #[arg(long, env = "DEDUP_PROVIDER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -139,9 +166,8 @@ pub struct Config {
              the schema, before services started with --skip-migrations)"
 )]
 pub struct MigrateArgs {
-    /// PostgreSQL URL of a role that may create and alter the service's tables.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: DatabaseUrlFlags,
 
     /// Log format on stderr: text or json.
     #[arg(long, env = "DEDUP_LOG_FORMAT", default_value = "text")]
@@ -214,7 +240,8 @@ impl Config {
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
             return Err(format!(
-                "--provider-url {url:?} must be an http:// or https:// URL"
+                "--provider-url {:?} must be an http:// or https:// URL",
+                eos_runtime::secrets::redact_url(url)
             ));
         }
         Ok(())
@@ -254,7 +281,7 @@ mod tests {
         let Invocation::Migrate(args) = invocation else {
             panic!("expected migrate, got {invocation:?}");
         };
-        assert_eq!(args.database_url, "pg://a/b");
+        assert_eq!(args.database.url(), "pg://a/b");
 
         let invocation = Invocation::try_parse_from([
             "dedup-service",

@@ -36,7 +36,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 pub use config::{Config, MigrateArgs};
-use dedup_client::ProviderClient;
+use dedup_client::{ProviderAccess, ProviderClient};
 pub use error::DedupError;
 use grpc_service::DedupApi;
 use intent_store::IntentStore;
@@ -74,7 +74,7 @@ pub fn boundary(config: &Config) -> Boundary {
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     Ok(migrations::migrate_command(
         "dedup-service",
-        &args.database_url,
+        args.database.url(),
         &intent_store::migrator(),
     )
     .await?)
@@ -100,12 +100,33 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     result
 }
 
+/// The reconciler's credential and CA for the provider, read once at start-up.
+fn provider_access(config: &Config) -> anyhow::Result<ProviderAccess> {
+    let mut access = ProviderAccess::default();
+    if let Some(value) = config
+        .provider_auth
+        .as_ref()
+        .or(config.provider_auth_file.as_ref())
+    {
+        access = access
+            .with_credential(&config.provider_auth_header, value.expose())
+            .map_err(|detail| anyhow::anyhow!("--provider-auth: {detail}"))?;
+    }
+    if let Some(path) = &config.provider_ca_file {
+        access.ca_pem = Some(
+            std::fs::read(path)
+                .with_context(|| format!("--provider-ca-file {}", path.display()))?,
+        );
+    }
+    Ok(access)
+}
+
 async fn serve(
     config: Config,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = intent_store::open(&config.database_url, config.db_max_connections)
+    let pool = intent_store::open(config.database.url(), config.db_max_connections)
         .await
         .context("connecting to PostgreSQL")?;
     migrations::prepare_at_start(
@@ -117,7 +138,11 @@ async fn serve(
     .await?;
     let store = IntentStore::new(pool.clone(), config.retention);
     let provider = match config.provider_url.as_deref() {
-        Some(url) => Some(ProviderClient::new(url, config.provider_timeout)?),
+        Some(url) => Some(ProviderClient::new(
+            url,
+            config.provider_timeout,
+            &provider_access(&config)?,
+        )?),
         None => {
             tracing::warn!("no --provider-url: UNKNOWN intents are only settled by Resolve calls");
             None

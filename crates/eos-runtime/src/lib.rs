@@ -15,6 +15,7 @@ pub mod ops_http;
 pub mod rebalance;
 #[cfg(feature = "postgres")]
 pub mod schema_migrations;
+pub mod secrets;
 pub mod service_flags;
 pub mod service_main;
 pub mod shutdown;

@@ -2,6 +2,7 @@
 //! `Config` (`#[command(flatten)]`), so their names, environment variables and defaults cannot
 //! drift apart. Flags whose default differs per service (the metrics port) stay in each `Config`.
 
+use crate::secrets::DatabaseUrlFlags;
 use crate::telemetry::LogFormat;
 
 /// The identity of an instance of a Kafka service that keeps its own positions (eos-processor,
@@ -46,9 +47,9 @@ pub struct LogFlags {
              the schema, before services started with --skip-migrations)"
 )]
 pub struct MigrateArgs {
-    /// PostgreSQL URL of a role that may create and alter the service's tables.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// PostgreSQL URL (or file) of a role that may create and alter the service's tables.
+    #[command(flatten)]
+    pub database: DatabaseUrlFlags,
 
     #[command(flatten)]
     pub log: LogFlags,

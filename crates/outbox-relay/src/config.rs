@@ -7,6 +7,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::Guarantee;
 use eos_runtime::LogFlags;
+use eos_runtime::secrets::DatabaseUrlFlags;
 
 /// Publishes the rows of the PostgreSQL outbox (table eos_outbox, filled by
 /// eos_outbox_enqueue(...) inside the domain's own transactions) to Kafka.
@@ -28,9 +29,8 @@ pub struct Config {
     )]
     pub bootstrap_servers: String,
 
-    /// PostgreSQL URL of the database that holds the outbox.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: DatabaseUrlFlags,
 
     /// Do not apply the migrations at start-up; only check that `outbox-relay migrate` has applied
     /// them (it runs with a role that owns the schema, so this service can run with one that only
@@ -142,7 +142,9 @@ mod tests {
         let invocation =
             Invocation::try_parse_from(["outbox-relay", "migrate", "--database-url", "pg://a/b"])
                 .expect("parses");
-        assert!(matches!(invocation, Invocation::Migrate(args) if args.database_url == "pg://a/b"));
+        assert!(
+            matches!(invocation, Invocation::Migrate(args) if args.database.url() == "pg://a/b")
+        );
         assert!(
             Invocation::try_parse_from(["outbox-relay", "--batch-size", "5", "migrate"]).is_err(),
             "service flags and migrate do not mix"

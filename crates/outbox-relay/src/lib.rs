@@ -70,7 +70,7 @@ pub fn boundary(config: &Config) -> Boundary {
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     Ok(schema_migrations::migrate_command(
         "outbox-relay",
-        &args.database_url,
+        args.database.url(),
         &eos_outbox::migrator(),
     )
     .await?)
@@ -85,7 +85,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let pool = PgPoolOptions::new()
         .max_connections(4)
-        .connect(&config.database_url)
+        .connect(config.database.url())
         .await
         .context("connecting to PostgreSQL")?;
     schema_migrations::prepare_at_start(

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_runtime::LogFlags;
+use eos_runtime::secrets::DatabaseUrlFlags;
 
 /// A domain service built on the outbox: POST /payments with an Idempotency-Key header records
 /// the payment, bumps the account, and enqueues the payment's event in the same PostgreSQL
@@ -19,9 +20,8 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_API_ADDR", default_value = "127.0.0.1:8090")]
     pub addr: SocketAddr,
 
-    /// PostgreSQL URL of the database holding the payments and the outbox.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: DatabaseUrlFlags,
 
     /// Do not apply the migrations at start-up; only check that `payments-api migrate` has applied
     /// them (it runs with a role that owns the schema, so this service can run with one that only

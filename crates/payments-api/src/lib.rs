@@ -52,7 +52,7 @@ pub fn boundary(config: &Config) -> Boundary {
 /// `payments-api migrate`: applies the outbox's migrations and the payments tables.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     for migrator in [eos_outbox::migrator(), migrator()] {
-        schema_migrations::migrate_command("payments-api", &args.database_url, &migrator).await?;
+        schema_migrations::migrate_command("payments-api", args.database.url(), &migrator).await?;
     }
     Ok(())
 }
@@ -67,7 +67,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .await?;
     let pool = PgPoolOptions::new()
         .max_connections(config.db_max_connections)
-        .connect(&config.database_url)
+        .connect(config.database.url())
         .await
         .context("connecting to PostgreSQL")?;
     for migrator in [eos_outbox::migrator(), migrator()] {

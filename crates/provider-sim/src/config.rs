@@ -1,9 +1,11 @@
 //! Command-line and environment configuration.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use eos_runtime::secrets::{Secret, parse_secret_file};
 use eos_runtime::telemetry::LogFormat;
 
 use crate::faults::FaultPlan;
@@ -21,6 +23,19 @@ pub struct Config {
     /// HTTP listen address. Port 0 picks a free port; the bound address is logged as http_addr.
     #[arg(long, env = "PROVIDER_SIM_ADDR", default_value = "127.0.0.1:8081")]
     pub addr: SocketAddr,
+
+    /// PEM certificate chain: with --tls-key, serve HTTPS (rustls) instead of HTTP.
+    #[arg(long, env = "PROVIDER_SIM_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "PROVIDER_SIM_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// A file holding the exact `Authorization` header value every /charges request must carry
+    /// (others are answered 401, nothing applied), as a real provider's API key works.
+    #[arg(long, env = "PROVIDER_SIM_REQUIRE_AUTH_FILE", value_parser = parse_secret_file)]
+    pub require_auth_file: Option<Secret>,
 
     /// How long an idempotency key is remembered after its charge was applied.
     #[arg(long, env = "PROVIDER_SIM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]

@@ -58,14 +58,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;
     let http_addr = listener.local_addr()?;
-    tracing::info!(%http_addr, "provider-sim listening");
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(
+        %http_addr,
+        scheme,
+        auth_required = config.require_auth_file.is_some(),
+        "provider-sim listening"
+    );
 
     let forgetter = tokio::spawn(forget_keys(
         Arc::clone(&state.ledger),
         config.key_ttl,
         shutdown.clone(),
     ));
-    server::serve(listener, http_api::router(state), shutdown, DRAIN).await;
+    let access = server::Access {
+        tls,
+        required_authorization: config.require_auth_file.clone(),
+    };
+    server::serve(listener, http_api::router(state), access, shutdown, DRAIN).await;
     forgetter.abort();
     tracing::info!("stopped");
     Ok(())

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
+use eos_runtime::secrets::DatabaseUrlFlags;
 use eos_runtime::{InstanceFlags, LogFlags};
 
 /// Where the input position lives.
@@ -76,10 +77,8 @@ pub struct Config {
     #[command(flatten)]
     pub instance: InstanceFlags,
 
-    /// PostgreSQL connection URL; the migrations are applied at start-up unless
-    /// --skip-migrations.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: DatabaseUrlFlags,
 
     /// Do not apply the migrations at start-up; only check that `sink-writer migrate` has
     /// applied them (it runs with a role that owns the schema, so the sink can run with one that
@@ -243,7 +242,7 @@ mod tests {
         let Invocation::Migrate(args) = invocation else {
             panic!("expected migrate, got {invocation:?}");
         };
-        assert_eq!(args.database_url, "pg://a/b");
+        assert_eq!(args.database.url(), "pg://a/b");
 
         let invocation = Invocation::try_parse_from([
             "sink-writer",

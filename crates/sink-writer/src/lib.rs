@@ -151,7 +151,7 @@ pub fn target_specs(config: &Config) -> Result<Targets, SinkError> {
 /// `sink-writer migrate`: applies the embedded migrations to the database and logs each one it
 /// applied; fails with the reason (and exit 1) when it cannot.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
-    Ok(migrations::migrate_command("sink-writer", &args.database_url, &migrator()).await?)
+    Ok(migrations::migrate_command("sink-writer", args.database.url(), &migrator()).await?)
 }
 
 /// Runs the sink until `shutdown` is cancelled (exit 0 after committing the open batch) or a
@@ -280,7 +280,7 @@ async fn connect(config: &Config, shutdown: &CancellationToken) -> anyhow::Resul
     let mut delay = Duration::from_millis(100);
     let mut attempt = 0u32;
     loop {
-        match options.clone().connect(&config.database_url).await {
+        match options.clone().connect(config.database.url()).await {
             Ok(pool) => return Ok(Some(pool)),
             Err(error) if error::db_error_class(&error) == error::DbErrorClass::Transient => {
                 attempt += 1;

@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use dedup_client::{BeginOutcome, BeginParams, ClientError, DedupClient};
-use dedup_client::{ChargeOutcome, ProviderClient, ProviderError};
+use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
 use futures::{StreamExt as _, TryStreamExt as _};
 use metrics::counter;
@@ -31,7 +31,7 @@ use tracing::{Instrument as _, debug, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::metrics as m;
-use crate::targets::ProviderSpec;
+use crate::targets::{ProviderSpec, SecretSource};
 
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -43,6 +43,9 @@ pub enum ProviderTargetError {
         target: String,
         source: ProviderError,
     },
+    /// The credential or the CA could not be read; the message names where from, never the value.
+    #[error("provider target {target}: {detail}")]
+    Access { target: String, detail: String },
     #[error("provider target {target}: bad dedup-service URL: {source}")]
     DedupUrl { target: String, source: ClientError },
     /// dedup-service did not answer after the client's retries: the batch is retried later.
@@ -102,6 +105,32 @@ impl Settled {
     }
 }
 
+/// Reads the target's credential and CA at start-up, so a missing secret stops the sink before
+/// it reads a record instead of failing every charge.
+fn provider_access(spec: &ProviderSpec) -> Result<ProviderAccess, String> {
+    let mut access = ProviderAccess::default();
+    if let Some(auth) = &spec.auth {
+        let value = match &auth.value_from {
+            SecretSource::Env(variable) => std::env::var(variable)
+                .ok()
+                .filter(|value| !value.trim().is_empty())
+                .ok_or_else(|| {
+                    format!("provider_auth_env: the environment variable {variable} is not set")
+                })?,
+            SecretSource::File(path) => {
+                eos_runtime::secrets::read_secret_file(path).map_err(|e| e.to_string())?
+            }
+        };
+        access = access.with_credential(&auth.header, value.trim())?;
+    }
+    if let Some(path) = &spec.ca_file {
+        access.ca_pem = Some(
+            std::fs::read(path).map_err(|e| format!("provider_ca_file {}: {e}", path.display()))?,
+        );
+    }
+    Ok(access)
+}
+
 /// What one pass over an operation came to.
 enum Step {
     Final(Settled),
@@ -126,12 +155,14 @@ impl ProviderTarget {
                 source,
             }
         })?;
-        let provider =
-            ProviderClient::new(&spec.provider_url, spec.call_timeout).map_err(|source| {
-                ProviderTargetError::Url {
-                    target: spec.name.clone(),
-                    source,
-                }
+        let access = provider_access(&spec).map_err(|detail| ProviderTargetError::Access {
+            target: spec.name.clone(),
+            detail,
+        })?;
+        let provider = ProviderClient::new(&spec.provider_url, spec.call_timeout, &access)
+            .map_err(|source| ProviderTargetError::Url {
+                target: spec.name.clone(),
+                source,
             })?;
         Ok(Self {
             spec,
@@ -382,7 +413,35 @@ mod tests {
             lease_ttl: Duration::from_secs(30),
             concurrency: 4,
             settle_timeout: Duration::from_secs(60),
+            auth: None,
+            ca_file: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_missing_credential_stops_the_target_at_start_up_without_printing_it() {
+        let mut with_auth = spec(Source::Value);
+        with_auth.auth = Some(crate::targets::ProviderAuth {
+            header: "Authorization".into(),
+            value_from: SecretSource::File("/nonexistent/provider-credential".into()),
+        });
+        let error = ProviderTarget::new(with_auth.clone(), "owner".into())
+            .expect_err("missing file")
+            .to_string();
+        assert!(
+            error.contains("/nonexistent/provider-credential"),
+            "{error}"
+        );
+
+        let file = std::env::temp_dir().join(format!("eos-provider-auth-{}", std::process::id()));
+        std::fs::write(&file, "Bearer MARKER-SECRET\n").expect("write");
+        with_auth.auth = Some(crate::targets::ProviderAuth {
+            header: "Authorization".into(),
+            value_from: SecretSource::File(file.clone()),
+        });
+        let target = ProviderTarget::new(with_auth, "owner".into()).expect("credential read");
+        assert!(!format!("{target:?}").contains("MARKER-SECRET"));
+        std::fs::remove_file(&file).expect("cleanup");
     }
 
     fn event(json: &str) -> crate::mapping::DecodedEvent {

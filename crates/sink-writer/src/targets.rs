@@ -35,6 +35,10 @@
 //! lease_ttl = "30s"             # the intent's lease; longer than call_timeout [default: 30s]
 //! concurrency = 64              # events of a batch in flight at once [default: 64]
 //! settle_timeout = "60s"        # give a batch up (and retry it) after this [default: 60s]
+//! provider_auth_file = "/run/secrets/provider" # the credential header's value, from a file ...
+//! # provider_auth_env = "PROVIDER_AUTH"      # ... or from this environment variable
+//! provider_auth_header = "Authorization"     # the header it goes in [default: Authorization]
+//! provider_ca_file = "/etc/provider-ca.pem"  # a private CA for https:// [default: web roots]
 //! ```
 //!
 //! Sources: the envelope fields `event_id`, `entity_id`, `value`, `version`, `payload`,
@@ -45,7 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -182,6 +186,10 @@ struct RawTarget {
     lease_ttl: Option<String>,
     concurrency: Option<usize>,
     settle_timeout: Option<String>,
+    provider_auth_header: Option<String>,
+    provider_auth_env: Option<String>,
+    provider_auth_file: Option<PathBuf>,
+    provider_ca_file: Option<PathBuf>,
 }
 
 /// Everything a targets file configures.
@@ -204,6 +212,23 @@ pub struct ProviderSpec {
     pub lease_ttl: Duration,
     pub concurrency: usize,
     pub settle_timeout: Duration,
+    /// The header that carries the provider's credential, and where its value is read from at
+    /// start-up (never from the URL, which is logged).
+    pub auth: Option<ProviderAuth>,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderAuth {
+    pub header: String,
+    pub value_from: SecretSource,
+}
+
+/// Where a secret is read from: the file or the variable is named here, the value never is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    Env(String),
+    File(PathBuf),
 }
 
 impl ProviderSpec {
@@ -394,6 +419,30 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
     if concurrency == 0 {
         return Err(invalid(&name, "concurrency must be at least 1"));
     }
+    let value_from = match (raw.provider_auth_env, raw.provider_auth_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                &name,
+                "give provider_auth_env or provider_auth_file, not both",
+            ));
+        }
+        (Some(variable), None) => Some(SecretSource::Env(variable)),
+        (None, Some(path)) => Some(SecretSource::File(path)),
+        (None, None) => None,
+    };
+    let auth = match (value_from, raw.provider_auth_header) {
+        (Some(value_from), header) => Some(ProviderAuth {
+            header: header.unwrap_or_else(|| "Authorization".to_owned()),
+            value_from,
+        }),
+        (None, Some(_)) => {
+            return Err(invalid(
+                &name,
+                "provider_auth_header needs provider_auth_env or provider_auth_file",
+            ));
+        }
+        (None, None) => None,
+    };
     Ok(ProviderSpec {
         name,
         dedup_url,
@@ -403,6 +452,8 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
         lease_ttl,
         concurrency,
         settle_timeout,
+        auth,
+        ca_file: raw.provider_ca_file,
     })
 }
 
@@ -418,6 +469,10 @@ fn validate(raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError
         ("amount", raw.amount.is_some()),
         ("call_timeout", raw.call_timeout.is_some()),
         ("lease_ttl", raw.lease_ttl.is_some()),
+        ("provider_auth_header", raw.provider_auth_header.is_some()),
+        ("provider_auth_env", raw.provider_auth_env.is_some()),
+        ("provider_auth_file", raw.provider_auth_file.is_some()),
+        ("provider_ca_file", raw.provider_ca_file.is_some()),
         ("concurrency", raw.concurrency.is_some()),
         ("settle_timeout", raw.settle_timeout.is_some()),
     ];

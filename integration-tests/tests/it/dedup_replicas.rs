@@ -698,7 +698,7 @@ async fn dedup_replicas_claim_race_stays_exact_when_one_replica_is_killed() -> a
         "the victim did not answer every granted id itself: {orphaned:?}"
     );
     let successor = cluster.caller(SURVIVOR);
-    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5))?;
+    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
     let takeover_started = Instant::now();
     let taken_over: Vec<anyhow::Result<()>> = futures::stream::iter(&orphaned)
         .map(|operation_id| take_over(&successor, &provider, operation_id, 1, occurred_at))
@@ -954,7 +954,7 @@ async fn dedup_replicas_ambiguous_provider_stays_exact_when_one_replica_is_kille
         ],
     )?;
     let (cluster, proxy) = connect(&replicas).await?;
-    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5))?;
+    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
     let tally = Tally::default();
     let (changed, mut watch_tally) = watch::channel(());
     let occurred_at = OffsetDateTime::now_utc();

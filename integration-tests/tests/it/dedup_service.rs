@@ -342,7 +342,7 @@ async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow
         ],
     )?;
     let client = service.client()?;
-    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5))?;
+    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
     let op = "fence-1";
 
     // Holder A acquires and stalls past its lease without calling the provider.
@@ -971,7 +971,7 @@ async fn dedup_ambiguous_outcomes_are_reconciled_to_one_effect_per_operation() -
         ],
     )?;
     let dedup = service.client()?;
-    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5))?;
+    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
     let tally = Tally::default();
 
     let ids = run_operations(&dedup, &provider, OPS, &tally).await?;
@@ -1040,7 +1040,7 @@ async fn dedup_sigkill_mid_run_loses_no_intent_and_charges_once() -> anyhow::Res
         max_backoff: Duration::from_millis(500),
         call_timeout: Duration::from_secs(2),
     });
-    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5))?;
+    let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
     let tally = Tally::default();
 
     let chaos = {

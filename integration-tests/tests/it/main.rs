@@ -12,6 +12,7 @@ mod payments_api;
 mod postgres_idempotency;
 mod processor;
 mod provider_sim;
+mod provider_tls;
 mod sink_provider;
 mod sink_writer;
 mod trace_cli;

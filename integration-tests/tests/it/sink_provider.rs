@@ -81,7 +81,7 @@ async fn effects(sim: &ProviderSim, prefix: &str) -> anyhow::Result<Vec<(String,
 
 /// Produces `workload` to `topic` while the sink runs with `config`: `kills` instances are
 /// SIGKILLed 1.5 s into their run, then a last one drains the topic and is stopped gracefully.
-async fn sink_through_kills(
+pub(crate) async fn sink_through_kills(
     sink: &Sink,
     topic: &str,
     config: &str,
