@@ -13,6 +13,7 @@ mod postgres_idempotency;
 mod processor;
 mod provider_sim;
 mod provider_tls;
+mod secrets;
 mod sink_provider;
 mod sink_writer;
 mod trace_cli;

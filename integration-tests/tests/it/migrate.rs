@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 
 use crate::dedup_service::Dedup;
 use crate::payments_api::{PaymentsApi, spawn_relay};
+use crate::secrets::assert_no_secret;
 use crate::sink_writer::Sink;
 
 const MIGRATE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -256,6 +257,8 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         "{}",
         dedup.process.log_tail(30)
     );
+    // The runtime role's password is a unique string: it is in no log line or ops body.
+    assert_no_secret(&mut dedup.process, &role.password).await?;
     let status = dedup.process.terminate(Duration::from_secs(30))?;
     ensure!(status.success(), "{}", dedup.process.log_tail(30));
 
@@ -274,6 +277,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         .fetch_one(&db.pool)
         .await?;
     assert!(rows > 0, "the sink wrote rows\n{}", process.log_tail(30));
+    assert_no_secret(&mut process, &role.password).await?;
     process.stop_gracefully()?;
 
     assert_eq!(
@@ -396,6 +400,8 @@ async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::
         serde_json::from_slice(published[0].payload().unwrap_or_default())?;
     assert_eq!(envelope["event_id"], payment["event_id"]);
 
+    assert_no_secret(&mut api.process, &role.password).await?;
+    assert_no_secret(&mut relay, &role.password).await?;
     api.process.stop_gracefully()?;
     relay.stop_gracefully()?;
     assert_eq!(

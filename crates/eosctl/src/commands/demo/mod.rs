@@ -334,8 +334,6 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         strings(&[
             "--listen",
             &dedup_addr.to_string(),
-            "--database-url",
-            &database_url,
             "--provider-url",
             &provider_url,
             "--reconcile-interval",
@@ -346,7 +344,8 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
             &ops.to_string(),
         ]),
         ops,
-    );
+    )
+    .with_env("DATABASE_URL", &database_url);
     let targets = run_dir.join("sink-targets.toml");
     std::fs::write(
         &targets,
@@ -389,8 +388,6 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
             &sink_group,
             "--instance-id",
             "demo-sink",
-            "--database-url",
-            &database_url,
             "--config",
             &targets.display().to_string(),
             "--metrics-addr",
@@ -399,7 +396,8 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
             "1s",
         ]),
         ops,
-    );
+    )
+    .with_env("DATABASE_URL", &database_url);
 
     let mut outbox = match args.source {
         DemoSource::PaymentsApi => Some(OutboxServices::new(
@@ -587,15 +585,14 @@ impl OutboxServices {
             strings(&[
                 "--addr",
                 &api_addr.to_string(),
-                "--database-url",
-                database_url,
                 "--topic",
                 topic,
                 "--metrics-addr",
                 &ops.to_string(),
             ]),
             ops,
-        );
+        )
+        .with_env("DATABASE_URL", database_url);
         let ops = free_addr()?;
         let relay = Service::new(
             "outbox-relay",
@@ -604,8 +601,6 @@ impl OutboxServices {
             strings(&[
                 "--bootstrap-servers",
                 bootstrap_servers,
-                "--database-url",
-                database_url,
                 "--relay-name",
                 &relay_name,
                 "--guarantee",
@@ -614,7 +609,8 @@ impl OutboxServices {
                 &ops.to_string(),
             ]),
             ops,
-        );
+        )
+        .with_env("DATABASE_URL", database_url);
         Ok(Self {
             api,
             api_addr,

@@ -18,6 +18,9 @@ pub(super) struct Service {
     pub(super) name: &'static str,
     binary: PathBuf,
     args: Vec<String>,
+    /// Secrets go here rather than in `args`: a command line is visible to every user of the
+    /// machine (`ps`), a process's environment only to its owner.
+    envs: Vec<(String, String)>,
     pub(super) log: PathBuf,
     process: Option<ChildProcess>,
     pub(super) restarts: usize,
@@ -38,11 +41,18 @@ impl Service {
             name,
             binary: bin_dir.join(name),
             args,
+            envs: Vec::new(),
             log: run_dir.join(format!("{name}.log")),
             process: None,
             restarts: 0,
             ops_addr,
         }
+    }
+
+    /// Sets an environment variable of the process (a secret such as `DATABASE_URL`).
+    pub(super) fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_owned(), value.to_owned()));
+        self
     }
 
     /// Waits until /readyz answers 200 (partitions assigned and positioned), so that a kill
@@ -71,7 +81,7 @@ impl Service {
     /// Starts the service; a restart appends to the same log.
     pub(super) fn start(&mut self) -> anyhow::Result<()> {
         let mut command = std::process::Command::new(&self.binary);
-        command.args(&self.args);
+        command.args(&self.args).envs(self.envs.iter().cloned());
         self.process = Some(ChildProcess::spawn(
             self.name,
             command,
