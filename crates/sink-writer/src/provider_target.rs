@@ -19,7 +19,9 @@
 
 use std::time::{Duration, Instant};
 
-use dedup_client::{BeginOutcome, BeginParams, ClientError, DedupClient};
+use dedup_client::{
+    BeginOutcome, BeginParams, ClientCredentials, ClientError, DedupClient, FencingToken,
+};
 use dedup_client::{ChargeOutcome, ProviderClient, ProviderError};
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -43,7 +45,7 @@ pub enum ProviderTargetError {
         target: String,
         source: ProviderError,
     },
-    #[error("provider target {target}: bad dedup-service URL: {source}")]
+    #[error("provider target {target}: bad dedup-service URL or credentials: {source}")]
     DedupUrl { target: String, source: ClientError },
     /// dedup-service did not answer after the client's retries: the batch is retried later.
     #[error("provider target {target}: {source}")]
@@ -119,13 +121,17 @@ pub struct ProviderTarget {
 
 impl ProviderTarget {
     /// Connects lazily: a dedup-service or provider that is down now is retried per batch.
-    pub fn new(spec: ProviderSpec, owner: String) -> Result<Self, ProviderTargetError> {
-        let dedup = DedupClient::connect_lazy(&spec.dedup_url).map_err(|source| {
-            ProviderTargetError::DedupUrl {
+    pub fn new(
+        spec: ProviderSpec,
+        owner: String,
+        dedup_credentials: &ClientCredentials,
+    ) -> Result<Self, ProviderTargetError> {
+        let dedup = DedupClient::connect_lazy_with(&spec.dedup_url, dedup_credentials).map_err(
+            |source| ProviderTargetError::DedupUrl {
                 target: spec.name.clone(),
                 source,
-            }
-        })?;
+            },
+        )?;
         let provider =
             ProviderClient::new(&spec.provider_url, spec.call_timeout).map_err(|source| {
                 ProviderTargetError::Url {
@@ -273,7 +279,7 @@ impl ProviderTarget {
     async fn call(
         &self,
         operation_id: &str,
-        fencing_token: i64,
+        fencing_token: FencingToken,
         body: &Value,
     ) -> Result<Step, ProviderTargetError> {
         let outcome = self
