@@ -13,7 +13,8 @@
 //! }
 //! ```
 //!
-//! Every call carries the current span's trace context and is retried on transient codes
+//! Every call carries the current span's trace context (and the bearer token of its
+//! [`ClientCredentials`], if any) and is retried on transient codes
 //! (UNAVAILABLE, DEADLINE_EXCEEDED, …). That is safe because every call is idempotent: a retried
 //! Begin carries the same `request_id`, so if the first attempt acquired, the retry gets the same
 //! token back instead of a second acquisition; Complete/Fail/MarkUnknown with the same token are
@@ -32,8 +33,10 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Response, Status};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::credentials::{ClientCredentials, CredentialError};
 use crate::proto_convert;
 pub use crate::state_machine::BeginOutcome;
+use crate::state_machine::FencingToken;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -45,6 +48,8 @@ pub enum ClientError {
     /// The service's answer (after retries, for transient codes).
     #[error("dedup-service: {}: {}", .0.code(), .0.message())]
     Status(#[from] Status),
+    #[error("dedup-service credentials: {0}")]
+    Credentials(#[from] CredentialError),
     #[error("dedup-service answered without an outcome")]
     Protocol,
 }
@@ -136,9 +141,37 @@ fn new_request_id() -> String {
 pub struct DedupClient {
     inner: GrpcClient<Channel>,
     policy: RetryPolicy,
+    /// `Bearer …`, added to every call (marked sensitive: never logged by tonic/hyper).
+    authorization: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 impl DedupClient {
+    /// A client for `endpoint` presenting `credentials`: `https://` endpoints use its TLS files
+    /// (a CA is required; a client certificate for mTLS is optional), `http://` endpoints refuse
+    /// TLS files rather than ignore them, and the token (if any) goes with every call.
+    pub fn connect_lazy_with(
+        endpoint: &str,
+        credentials: &ClientCredentials,
+    ) -> Result<Self, ClientError> {
+        let client = if endpoint.starts_with("https://") {
+            Self::connect_lazy_tls(endpoint, credentials.tls.load()?)?
+        } else if credentials.tls.is_empty() {
+            Self::connect_lazy(endpoint)?
+        } else {
+            return Err(ClientError::Credentials(CredentialError::Invalid {
+                what: format!("dedup-service endpoint {endpoint:?}"),
+                problem: "TLS files are set but the endpoint is not https://".into(),
+            }));
+        };
+        Ok(client.with_token(credentials.token.as_ref()))
+    }
+
+    /// Sends `authorization: Bearer <token>` with every call (`None`: no header).
+    pub fn with_token(mut self, token: Option<&crate::credentials::BearerToken>) -> Self {
+        self.authorization = token.map(crate::credentials::BearerToken::authorization);
+        self
+    }
+
     /// A client for `endpoint` (e.g. `http://127.0.0.1:50051`). Connects lazily, so a service
     /// that is down now is retried like any transient failure.
     pub fn connect_lazy(endpoint: &str) -> Result<Self, ClientError> {
@@ -173,6 +206,7 @@ impl DedupClient {
         Self {
             inner: GrpcClient::new(channel),
             policy: RetryPolicy::default(),
+            authorization: None,
         }
     }
 
@@ -181,7 +215,8 @@ impl DedupClient {
         self
     }
 
-    /// The generated client, for anything not wrapped here.
+    /// The generated client, for anything not wrapped here. It sends no token: add the
+    /// `authorization` metadata yourself where the service requires one.
     pub fn grpc(&self) -> GrpcClient<Channel> {
         self.inner.clone()
     }
@@ -195,6 +230,11 @@ impl DedupClient {
         let attempt_once = || {
             let mut message = tonic::Request::new(request.clone());
             message.set_timeout(self.policy.call_timeout);
+            if let Some(authorization) = &self.authorization {
+                message
+                    .metadata_mut()
+                    .insert("authorization", authorization.clone());
+            }
             inject_grpc(&tracing::Span::current().context(), message.metadata_mut());
             send(self.inner.clone(), message)
         };
@@ -255,13 +295,14 @@ impl DedupClient {
     pub async fn complete(
         &self,
         operation_id: &str,
-        fencing_token: i64,
+        fencing_token: FencingToken,
         result: Vec<u8>,
     ) -> Result<pb::Intent, ClientError> {
         let request = pb::CompleteRequest {
             operation_id: operation_id.to_owned(),
-            fencing_token,
+            fencing_token: fencing_token.counter,
             result,
+            fencing_secret: fencing_token.secret.as_bytes().to_vec(),
         };
         let response = self
             .call(request, |mut client, request| async move {
@@ -275,7 +316,7 @@ impl DedupClient {
     /// token fails only its item, as `FAILED_PRECONDITION`).
     pub async fn complete_batch(
         &self,
-        items: &[(String, i64, Vec<u8>)],
+        items: &[(String, FencingToken, Vec<u8>)],
     ) -> Result<Vec<Result<pb::Intent, ClientError>>, ClientError> {
         let request = pb::CompleteBatchRequest {
             items: items
@@ -283,8 +324,9 @@ impl DedupClient {
                 .map(
                     |(operation_id, fencing_token, result)| pb::CompleteRequest {
                         operation_id: operation_id.clone(),
-                        fencing_token: *fencing_token,
+                        fencing_token: fencing_token.counter,
                         result: result.clone(),
+                        fencing_secret: fencing_token.secret.as_bytes().to_vec(),
                     },
                 )
                 .collect(),
@@ -313,15 +355,16 @@ impl DedupClient {
     pub async fn fail(
         &self,
         operation_id: &str,
-        fencing_token: i64,
+        fencing_token: FencingToken,
         reason: &str,
         retryable: bool,
     ) -> Result<pb::Intent, ClientError> {
         let request = pb::FailRequest {
             operation_id: operation_id.to_owned(),
-            fencing_token,
+            fencing_token: fencing_token.counter,
             reason: reason.to_owned(),
             retryable,
+            fencing_secret: fencing_token.secret.as_bytes().to_vec(),
         };
         let response = self
             .call(request, |mut client, request| async move {
@@ -334,13 +377,14 @@ impl DedupClient {
     pub async fn mark_unknown(
         &self,
         operation_id: &str,
-        fencing_token: i64,
+        fencing_token: FencingToken,
         detail: &str,
     ) -> Result<pb::Intent, ClientError> {
         let request = pb::MarkUnknownRequest {
             operation_id: operation_id.to_owned(),
-            fencing_token,
+            fencing_token: fencing_token.counter,
             detail: detail.to_owned(),
+            fencing_secret: fencing_token.secret.as_bytes().to_vec(),
         };
         let response = self
             .call(request, |mut client, request| async move {

@@ -4,7 +4,7 @@ use eos_proto::dedup::v1 as pb;
 use pb::begin_response::Outcome;
 use time::OffsetDateTime;
 
-use crate::state_machine::{BeginOutcome, Intent, IntentState};
+use crate::state_machine::{BeginOutcome, FencingSecret, FencingToken, Intent, IntentState};
 
 pub fn timestamp(at: OffsetDateTime) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -37,6 +37,7 @@ pub fn from_state(state: pb::IntentState) -> Option<IntentState> {
     }
 }
 
+/// The intent as any authorised caller may see it: without its fencing secret.
 pub fn intent(intent: Intent) -> pb::Intent {
     pb::Intent {
         operation_id: intent.operation_id,
@@ -61,8 +62,9 @@ pub fn begin_response(operation_id: String, outcome: BeginOutcome) -> pb::BeginR
             fencing_token,
             lease_expires_at,
         } => Outcome::Acquired(pb::Acquired {
-            fencing_token,
+            fencing_token: fencing_token.counter,
             lease_expires_at: Some(timestamp(lease_expires_at)),
+            fencing_secret: fencing_token.secret.as_bytes().to_vec(),
         }),
         BeginOutcome::InProgress {
             holder,
@@ -89,7 +91,8 @@ pub fn begin_response(operation_id: String, outcome: BeginOutcome) -> pb::BeginR
     }
 }
 
-/// The outcome of a Begin answer; `None` for an answer without one (a protocol error).
+/// The outcome of a Begin answer; `None` for an answer without one, or an ACQUIRED without a
+/// well-formed secret (a protocol error).
 pub fn begin_outcome(response: pb::BeginResponse) -> Option<BeginOutcome> {
     let at = |t: Option<prost_types::Timestamp>| {
         t.as_ref()
@@ -98,7 +101,10 @@ pub fn begin_outcome(response: pb::BeginResponse) -> Option<BeginOutcome> {
     };
     Some(match response.outcome? {
         Outcome::Acquired(a) => BeginOutcome::Acquired {
-            fencing_token: a.fencing_token,
+            fencing_token: FencingToken {
+                counter: a.fencing_token,
+                secret: FencingSecret::from_bytes(&a.fencing_secret)?,
+            },
             lease_expires_at: at(a.lease_expires_at),
         },
         Outcome::InProgress(p) => BeginOutcome::InProgress {
@@ -131,7 +137,10 @@ mod tests {
         let at = datetime!(2026-03-01 12:00:00.123456 UTC);
         let outcomes = [
             BeginOutcome::Acquired {
-                fencing_token: 7,
+                fencing_token: FencingToken {
+                    counter: 7,
+                    secret: FencingSecret::random(),
+                },
                 lease_expires_at: at,
             },
             BeginOutcome::InProgress {
@@ -162,5 +171,14 @@ mod tests {
             }),
             None
         );
+        let without_secret = pb::BeginResponse {
+            operation_id: "op".into(),
+            outcome: Some(Outcome::Acquired(pb::Acquired {
+                fencing_token: 1,
+                lease_expires_at: None,
+                fencing_secret: Vec::new(),
+            })),
+        };
+        assert_eq!(begin_outcome(without_secret), None);
     }
 }

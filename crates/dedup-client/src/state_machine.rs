@@ -160,6 +160,72 @@ pub fn next_state(from: Option<IntentState>, transition: Transition) -> Option<I
     allowed.then(|| transition.to_state())
 }
 
+/// The random half of a fencing token: 256 bits drawn from the operating system's CSPRNG (via
+/// `rand`'s thread RNG) at every acquisition and stored with the row. The counter orders the
+/// history but is guessable; the secret is what proves the caller is the holder. Only the
+/// acquiring Begin (and its retries with the same request id) is ever told it.
+///
+/// Equality is constant time, and `Debug` does not print it.
+#[derive(Clone, Copy, Eq)]
+pub struct FencingSecret([u8; FencingSecret::LEN]);
+
+impl FencingSecret {
+    pub const LEN: usize = 32;
+
+    /// A fresh secret for a new acquisition.
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+
+    /// `None` unless exactly [`FencingSecret::LEN`] bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        <[u8; Self::LEN]>::try_from(bytes).ok().map(Self)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; Self::LEN] {
+        &self.0
+    }
+
+    /// Constant time: the time taken does not depend on where the bytes differ, so a caller
+    /// cannot learn the secret byte by byte from how fast it is refused.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let Some(presented) = Self::from_bytes(presented) else {
+            return false;
+        };
+        constant_time_eq(&self.0, &presented.0)
+    }
+}
+
+impl PartialEq for FencingSecret {
+    fn eq(&self, other: &Self) -> bool {
+        constant_time_eq(&self.0, &other.0)
+    }
+}
+
+impl fmt::Debug for FencingSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FencingSecret(<redacted>)")
+    }
+}
+
+/// Equality of two equally long byte strings in time independent of their contents.
+pub fn constant_time_eq<const N: usize>(a: &[u8; N], b: &[u8; N]) -> bool {
+    let difference = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // black_box keeps the optimiser from turning the fold into an early-exit comparison.
+    std::hint::black_box(difference) == 0
+}
+
+/// What a holder presents to Complete / Fail / MarkUnknown: the counter of its acquisition and
+/// that acquisition's secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FencingToken {
+    pub counter: i64,
+    pub secret: FencingSecret,
+}
+
 /// One row of `dedup_intents`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Intent {
@@ -167,6 +233,8 @@ pub struct Intent {
     pub state: IntentState,
     pub fingerprint: Vec<u8>,
     pub fencing_token: i64,
+    /// The secret of the current acquisition (never sent to anyone but its holder).
+    pub fencing_secret: FencingSecret,
     pub holder: String,
     /// The `request_id` of the Begin that acquired the current token.
     pub request_id: String,
@@ -196,7 +264,7 @@ pub struct BeginAsk<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BeginOutcome {
     Acquired {
-        fencing_token: i64,
+        fencing_token: FencingToken,
         lease_expires_at: OffsetDateTime,
     },
     InProgress {
@@ -252,7 +320,10 @@ pub fn begin_outcome(row: &Intent, ask: &BeginAsk<'_>) -> BeginOutcome {
             let ours = row.holder == ask.owner && row.request_id == ask.request_id;
             if ours {
                 BeginOutcome::Acquired {
-                    fencing_token: row.fencing_token,
+                    fencing_token: FencingToken {
+                        counter: row.fencing_token,
+                        secret: row.fencing_secret,
+                    },
                     lease_expires_at: row.lease_expires_at,
                 }
             } else {
@@ -322,6 +393,7 @@ mod tests {
             state,
             fingerprint: vec![1; 32],
             fencing_token: 3,
+            fencing_secret: FencingSecret([7; FencingSecret::LEN]),
             holder: "worker-a".into(),
             request_id: "req-a".into(),
             lease_expires_at: datetime!(2026-01-01 0:00:30 UTC),
@@ -428,9 +500,9 @@ mod tests {
         assert!(matches!(
             begin_outcome(&reserved, &ask(&fp, "worker-a", "req-a")),
             BeginOutcome::Acquired {
-                fencing_token: 3,
+                fencing_token: FencingToken { counter: 3, secret },
                 ..
-            }
+            } if secret == reserved.fencing_secret
         ));
         for (owner, request) in [("worker-b", "req-a"), ("worker-a", "req-b")] {
             assert!(matches!(
@@ -438,6 +510,38 @@ mod tests {
                 BeginOutcome::InProgress { ref holder, .. } if holder == "worker-a"
             ));
         }
+    }
+
+    #[test]
+    fn only_the_acquiring_request_learns_the_secret() {
+        let reserved = row(Reserved);
+        let fp = vec![1; 32];
+        let other = begin_outcome(&reserved, &ask(&fp, "worker-b", "req-b"));
+        assert!(
+            !format!("{other:?}").contains("7, 7"),
+            "an InProgress answer carries no secret: {other:?}"
+        );
+        assert!(
+            !format!("{reserved:?}").contains("7, 7"),
+            "Debug of a row redacts the secret"
+        );
+    }
+
+    #[test]
+    fn secrets_are_random_and_compared_whole() {
+        let a = FencingSecret::random();
+        let b = FencingSecret::random();
+        assert_ne!(a, b, "256 random bits never repeat");
+        assert!(a.matches(a.as_bytes()));
+        let mut one_bit_off = *a.as_bytes();
+        one_bit_off[FencingSecret::LEN - 1] ^= 1;
+        assert!(!a.matches(&one_bit_off));
+        assert!(
+            !a.matches(&a.as_bytes()[..16]),
+            "a prefix is not the secret"
+        );
+        assert!(!a.matches(&[]), "no secret is not the secret");
+        assert!(FencingSecret::from_bytes(&[0; 31]).is_none());
     }
 
     #[test]

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use dedup_client::state_machine::BeginOutcome as Outcome;
-use dedup_client::{BeginOutcome, BeginParams, DedupClient};
+use dedup_client::{BeginOutcome, BeginParams, DedupClient, FencingToken};
 use dedup_service::intent_store::{self, HolderReport, IntentStore};
-use dedup_service::validation::BeginItem;
+use dedup_service::validation::{BeginItem, CompleteItem};
 use time::OffsetDateTime;
 
 #[derive(Debug, Parser)]
@@ -40,7 +40,7 @@ enum Mode {
 
 #[derive(Debug, Clone)]
 enum Target {
-    Grpc(DedupClient),
+    Grpc(Box<DedupClient>),
     Sql(IntentStore),
 }
 
@@ -83,7 +83,7 @@ fn item(id: &str) -> BeginItem {
 /// Begins `ids` and completes every acquired one (one call each way when batched); the number
 /// of pairs.
 async fn pairs(target: &Target, ids: Vec<String>) -> anyhow::Result<usize> {
-    let acquired: Vec<(String, i64, Vec<u8>)> = match target {
+    let acquired: Vec<(String, FencingToken, Vec<u8>)> = match target {
         Target::Grpc(client) => {
             let params: Vec<BeginParams> = ids
                 .iter()
@@ -135,7 +135,9 @@ async fn pairs(target: &Target, ids: Vec<String>) -> anyhow::Result<usize> {
             let report = HolderReport::Complete {
                 result: result.clone(),
             };
-            store.report(id, *token, report).await?;
+            store
+                .report(id, token.counter, token.secret.as_bytes(), report)
+                .await?;
             Ok(1)
         }
         (Target::Grpc(client), many) => {
@@ -143,7 +145,16 @@ async fn pairs(target: &Target, ids: Vec<String>) -> anyhow::Result<usize> {
             Ok(done.into_iter().filter(Result::is_ok).count())
         }
         (Target::Sql(store), many) => {
-            let done = store.complete_batch(many).await?;
+            let items: Vec<CompleteItem> = many
+                .iter()
+                .map(|(id, token, result)| CompleteItem {
+                    operation_id: id.clone(),
+                    fencing_token: token.counter,
+                    fencing_secret: token.secret.as_bytes().to_vec(),
+                    result: result.clone(),
+                })
+                .collect();
+            let done = store.complete_batch(&items).await?;
             Ok(done.into_iter().filter(Result::is_ok).count())
         }
     }
@@ -206,7 +217,7 @@ fn ms(d: Duration) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let grpc = Target::Grpc(DedupClient::connect_lazy(&args.endpoint)?);
+    let grpc = Target::Grpc(Box::new(DedupClient::connect_lazy(&args.endpoint)?));
     let pool = intent_store::connect(&args.database_url, 32).await?;
     let sql = Target::Sql(IntentStore::new(pool, Duration::from_secs(30 * 24 * 3600)));
     let tag = format!("bench-{:x}", rand::random::<u32>());

@@ -23,8 +23,9 @@ use crate::validation::LeaseLimits;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "dedup-service", version, about, long_about)]
 pub struct Config {
-    /// gRPC listen address (Dedup, grpc.health.v1, server reflection). Port 0 picks a free port;
-    /// the bound address is logged as grpc_addr.
+    /// gRPC listen address (Dedup, grpc.health.v1, and server reflection with --reflection).
+    /// Port 0 picks a free port; the bound address is logged as grpc_addr. A non-loopback
+    /// address needs client credentials (tokens or --tls-client-ca) or --allow-unauthenticated.
     #[arg(long, env = "DEDUP_GRPC_ADDR", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
@@ -156,6 +157,87 @@ pub struct Config {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "DEDUP_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificate(s): require every gRPC client to present a certificate signed by it
+    /// (mTLS). Needs --tls-cert. Health checks need a certificate too, on this port.
+    #[arg(long, env = "DEDUP_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Bearer token of clients (Begin, Complete, Fail, MarkUnknown, Get and their batches).
+    /// Repeat it (or separate by commas in the env var) to accept several during a rotation.
+    /// Prefer the env var or --client-token-file: a flag shows in the process list.
+    #[arg(
+        long = "client-token",
+        env = "DEDUP_CLIENT_TOKEN",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub client_tokens: Vec<String>,
+
+    /// File of client tokens, one per line (trimmed; blank and '#' lines skipped), e.g. a
+    /// mounted Secret.
+    #[arg(
+        long = "client-token-file",
+        env = "DEDUP_CLIENT_TOKEN_FILE",
+        value_delimiter = ','
+    )]
+    pub client_token_files: Vec<PathBuf>,
+
+    /// Bearer token of operators: Resolve and ListUnknown (and everything a client may call).
+    /// Repeatable, like --client-token.
+    #[arg(
+        long = "operator-token",
+        env = "DEDUP_OPERATOR_TOKEN",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub operator_tokens: Vec<String>,
+
+    /// File of operator tokens, one per line.
+    #[arg(
+        long = "operator-token-file",
+        env = "DEDUP_OPERATOR_TOKEN_FILE",
+        value_delimiter = ','
+    )]
+    pub operator_token_files: Vec<PathBuf>,
+
+    /// Serve without client credentials on a non-loopback address (anyone who reaches the port
+    /// may report outcomes). Logged as a warning.
+    #[arg(long, env = "DEDUP_ALLOW_UNAUTHENTICATED", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub allow_unauthenticated: bool,
+
+    /// Serve gRPC server reflection (grpc.reflection.v1), behind the same credentials as Dedup.
+    #[arg(long, env = "DEDUP_REFLECTION", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub reflection: bool,
+
+    /// Requests served at once on one connection; more wait their turn (HTTP/2 multiplexes
+    /// a client's calls on one connection, so this bounds what one client can take).
+    #[arg(long, env = "DEDUP_CONCURRENCY_PER_CONNECTION", default_value_t = 256)]
+    pub concurrency_per_connection: usize,
+
+    /// Longest a request may run on the server (a client's shorter grpc-timeout wins); then
+    /// it is cancelled with DEADLINE_EXCEEDED.
+    #[arg(long, env = "DEDUP_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Interval of HTTP/2 PING frames on idle connections, so dead peers are found and their
+    /// connection closed.
+    #[arg(long, env = "DEDUP_HTTP2_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub http2_keepalive_interval: Duration,
+
+    /// How long a PING may go unanswered before the connection is closed.
+    #[arg(long, env = "DEDUP_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub http2_keepalive_timeout: Duration,
+
+    /// Largest request message accepted, in bytes (larger: RESOURCE_EXHAUSTED). 4 MiB holds a
+    /// batch of 1000 Begins or typical Completes.
+    #[arg(long, env = "DEDUP_MAX_DECODING_MESSAGE_SIZE", default_value_t = 4 * 1024 * 1024)]
+    pub max_decoding_message_size: usize,
+
+    /// Largest response message sent, in bytes. 64 MiB holds ListUnknown's 1000 intents with
+    /// 64 KiB results each.
+    #[arg(long, env = "DEDUP_MAX_ENCODING_MESSAGE_SIZE", default_value_t = 64 * 1024 * 1024)]
+    pub max_encoding_message_size: usize,
 }
 
 /// `dedup-service migrate`: applies the embedded migrations to DATABASE_URL and exits.
@@ -194,6 +276,37 @@ impl Config {
             default_ttl: self.lease_ttl,
             max_ttl: self.max_lease_ttl,
         }
+    }
+
+    /// The credentials the flags name, read and checked (tokens from their files too).
+    pub fn auth_policy(&self) -> Result<crate::auth::AuthPolicy, String> {
+        use dedup_client::credentials::token_set;
+        let client_tokens = token_set(
+            &self.client_tokens,
+            &self.client_token_files,
+            "--client-token",
+        )
+        .map_err(|e| e.to_string())?;
+        let operator_tokens = token_set(
+            &self.operator_tokens,
+            &self.operator_token_files,
+            "--operator-token",
+        )
+        .map_err(|e| e.to_string())?;
+        // One secret in both roles would make every client an operator.
+        for operator in &operator_tokens {
+            if client_tokens
+                .iter()
+                .any(|client| client.matches(operator.expose()))
+            {
+                return Err("a token is both a client and an operator token".into());
+            }
+        }
+        Ok(crate::auth::AuthPolicy {
+            client_tokens,
+            operator_tokens,
+            mtls: self.tls_client_ca.is_some(),
+        })
     }
 
     /// Checks what clap cannot: values that parse but do not fit together. The retention
@@ -235,6 +348,26 @@ impl Config {
         }
         if self.reconcile_concurrency == 0 {
             return Err("--reconcile-concurrency must be at least 1".into());
+        }
+        if self.concurrency_per_connection == 0 {
+            return Err("--concurrency-per-connection must be at least 1".into());
+        }
+        let limits = [
+            ("--request-timeout", self.request_timeout),
+            ("--http2-keepalive-interval", self.http2_keepalive_interval),
+            ("--http2-keepalive-timeout", self.http2_keepalive_timeout),
+        ];
+        for (flag, value) in limits {
+            if value.is_zero() {
+                return Err(format!("{flag} must be positive"));
+            }
+        }
+        if self.max_decoding_message_size < 64 * 1024 || self.max_encoding_message_size < 64 * 1024
+        {
+            return Err(
+                "--max-decoding-message-size and --max-encoding-message-size must be at least                  65536 (one 64 KiB result)"
+                    .into(),
+            );
         }
         if let Some(url) = &self.provider_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
@@ -309,6 +442,60 @@ mod tests {
             help.contains("migrate") && help.contains("--skip-migrations"),
             "{help}"
         );
+    }
+
+    #[test]
+    fn secure_defaults_and_limits() {
+        let config = parse(&[]);
+        assert!(!config.reflection, "reflection is off by default");
+        assert!(!config.allow_unauthenticated);
+        assert!(config.client_tokens.is_empty() && config.operator_tokens.is_empty());
+        assert_eq!(config.request_timeout, Duration::from_secs(30));
+        assert_eq!(config.max_decoding_message_size, 4 * 1024 * 1024);
+        let policy = config.auth_policy().expect("no tokens is a valid policy");
+        assert!(policy.is_unauthenticated());
+
+        let config = parse(&[
+            "--client-token",
+            "client-a-0123456789abcdef",
+            "--client-token",
+            "client-b-0123456789abcdef",
+            "--operator-token",
+            "operator-0123456789abcdef",
+        ]);
+        let policy = config.auth_policy().expect("valid tokens");
+        assert_eq!(
+            (policy.client_tokens.len(), policy.operator_tokens.len()),
+            (2, 1)
+        );
+        let same = parse(&[
+            "--client-token",
+            "shared-0123456789abcdef",
+            "--operator-token",
+            "shared-0123456789abcdef",
+        ]);
+        assert!(same.auth_policy().is_err(), "one token in both roles");
+        let short = parse(&["--operator-token", "admin"]);
+        let error = short.auth_policy().expect_err("too short");
+        assert!(
+            !error.contains("admin"),
+            "the value is never echoed: {error}"
+        );
+        assert!(
+            Config::try_parse_from([
+                "dedup-service",
+                "--database-url",
+                "postgres://x/y",
+                "--tls-client-ca",
+                "/ca.pem"
+            ])
+            .is_err(),
+            "mTLS needs the server's own TLS"
+        );
+        let error = parse(&["--request-timeout", "0s"])
+            .validate()
+            .expect_err("zero timeout");
+        assert!(error.contains("--request-timeout"), "{error}");
     }
 
     #[test]

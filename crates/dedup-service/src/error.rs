@@ -22,6 +22,22 @@ pub enum DedupError {
         presented: i64,
         current: i64,
     },
+    /// The counter is the current one but the secret is not its secret: the caller never
+    /// acquired this token (a guess, a forgery, or a bug that mixed up tokens). Nothing changed.
+    /// `PERMISSION_DENIED`, not `FAILED_PRECONDITION`: this caller is not the holder and Begin
+    /// will not make it one, so it must not take the "lost the lease, Begin again" path a stale
+    /// holder takes; it is also the code alerts on forged reports watch.
+    #[error(
+        "fencing_secret is not the secret of fencing_token {fencing_token} of operation {operation_id:?}"
+    )]
+    WrongFencingSecret {
+        operation_id: String,
+        fencing_token: i64,
+    },
+    /// An operator RPC (Resolve, ListUnknown) called with a client credential.
+    /// `PERMISSION_DENIED`.
+    #[error("{method} needs an operator token")]
+    NotOperator { method: &'static str },
     /// The transition is not allowed from the intent's state (e.g. Fail after SUCCEEDED).
     /// `FAILED_PRECONDITION`.
     #[error("cannot {} operation {operation_id:?} in state {state}", transition.verb())]
@@ -89,6 +105,9 @@ impl From<DedupError> for tonic::Status {
             DedupError::StaleToken { .. } | DedupError::WrongState { .. } => {
                 tonic::Status::failed_precondition(message)
             }
+            DedupError::WrongFencingSecret { .. } | DedupError::NotOperator { .. } => {
+                tonic::Status::permission_denied(message)
+            }
             DedupError::Unavailable(_) => tonic::Status::unavailable(message),
             DedupError::Database(_) | DedupError::CorruptRow(_) => {
                 tracing::error!(error = %message, "internal error");
@@ -124,6 +143,17 @@ mod tests {
                     current: 2,
                 },
                 Code::FailedPrecondition,
+            ),
+            (
+                DedupError::WrongFencingSecret {
+                    operation_id: "x".into(),
+                    fencing_token: 2,
+                },
+                Code::PermissionDenied,
+            ),
+            (
+                DedupError::NotOperator { method: "Resolve" },
+                Code::PermissionDenied,
             ),
             (
                 DedupError::WrongState {

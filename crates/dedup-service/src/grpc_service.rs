@@ -12,6 +12,7 @@ use tonic::{Code, Request, Response, Status};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::auth::Role;
 use crate::error::DedupError;
 use crate::intent_store::{BeginAnswer, HolderReport, IntentStore};
 use crate::validation::{self, LeaseLimits};
@@ -114,6 +115,7 @@ impl DedupApi {
         &self,
         operation_id: String,
         fencing_token: i64,
+        fencing_secret: Vec<u8>,
         report: HolderReport,
     ) -> Result<pb::IntentResponse, DedupError> {
         validation::operation_id(&operation_id, "operation_id")?;
@@ -121,7 +123,7 @@ impl DedupApi {
         let transition = report.transition();
         let intent = self
             .store
-            .report(&operation_id, fencing_token, report)
+            .report(&operation_id, fencing_token, &fencing_secret, report)
             .await?;
         ::metrics::counter!(metrics::REPORTS, "transition" => transition.verb()).increment(1);
         Ok(pb::IntentResponse {
@@ -183,6 +185,7 @@ impl Dedup for DedupApi {
             self.report(
                 request.operation_id,
                 request.fencing_token,
+                request.fencing_secret,
                 HolderReport::Complete {
                     result: request.result,
                 },
@@ -245,6 +248,7 @@ impl Dedup for DedupApi {
             self.report(
                 request.operation_id,
                 request.fencing_token,
+                request.fencing_secret,
                 HolderReport::Fail {
                     reason: request.reason,
                     retryable: request.retryable,
@@ -267,6 +271,7 @@ impl Dedup for DedupApi {
             self.report(
                 request.operation_id,
                 request.fencing_token,
+                request.fencing_secret,
                 HolderReport::MarkUnknown {
                     detail: request.detail,
                 },
@@ -304,8 +309,10 @@ impl Dedup for DedupApi {
         request: Request<pb::ListUnknownRequest>,
     ) -> Result<Response<pb::ListUnknownResponse>, Status> {
         let span = rpc_span("ListUnknown", &request);
+        let role = Role::of(&request);
         let request = request.into_inner();
         respond("ListUnknown", span, async move {
+            role.require_operator("ListUnknown")?;
             let limit = validation::list_limit(request.limit)?;
             let intents = self.store.list_unknown(limit).await?;
             Ok(pb::ListUnknownResponse {
@@ -321,8 +328,10 @@ impl Dedup for DedupApi {
     ) -> Result<Response<pb::IntentResponse>, Status> {
         let span = rpc_span("Resolve", &request);
         span.record("operation_id", request.get_ref().operation_id.as_str());
+        let role = Role::of(&request);
         let request = request.into_inner();
         respond("Resolve", span, async move {
+            role.require_operator("Resolve")?;
             let resolution = validation::resolution(request)?;
             let intent = self.store.resolve(&resolution).await?;
             tracing::info!(

@@ -1,5 +1,6 @@
 //! The PostgreSQL adapter: every transition is ONE conditional statement (`INSERT … ON CONFLICT`
-//! or `UPDATE … WHERE state = ANY(..) AND fencing_token = ..`), so two callers can never both
+//! or `UPDATE … WHERE state = ANY(..) AND fencing_token = .. AND <secret matches>`), so two
+//! callers can never both
 //! pass a check and both act; the triggers of the migration append each transition to
 //! `dedup_intent_history` in that same statement. Timestamps come from the database's `now()`,
 //! so leases and retention mean the same thing to every instance of the service.
@@ -12,9 +13,10 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use time::OffsetDateTime;
 
 use crate::error::DedupError;
-use crate::validation::{BeginItem, Resolution};
+use crate::validation::{BeginItem, CompleteItem, Resolution};
 use dedup_client::state_machine::{
-    BeginAsk, BeginOutcome, Intent, IntentState, Transition, begin_outcome, expired_outcome,
+    BeginAsk, BeginOutcome, FencingSecret, Intent, IntentState, Transition, begin_outcome,
+    expired_outcome,
 };
 
 /// The embedded migrations. They share `_sqlx_migrations` with other services' migrations when
@@ -103,6 +105,7 @@ struct IntentRow {
     retryable: bool,
     detail: String,
     trace_context: Option<String>,
+    fencing_secret: Vec<u8>,
 }
 
 impl TryFrom<IntentRow> for Intent {
@@ -111,11 +114,19 @@ impl TryFrom<IntentRow> for Intent {
     fn try_from(row: IntentRow) -> Result<Self, DedupError> {
         let state = IntentState::from_db_str(&row.state)
             .ok_or_else(|| DedupError::CorruptRow(format!("unknown state {:?}", row.state)))?;
+        let fencing_secret = FencingSecret::from_bytes(&row.fencing_secret).ok_or_else(|| {
+            DedupError::CorruptRow(format!(
+                "fencing_secret of {:?} is {} bytes",
+                row.operation_id,
+                row.fencing_secret.len()
+            ))
+        })?;
         Ok(Intent {
             operation_id: row.operation_id,
             state,
             fingerprint: row.fingerprint,
             fencing_token: row.fencing_token,
+            fencing_secret,
             holder: row.holder,
             request_id: row.request_id,
             lease_expires_at: row.lease_expires_at,
@@ -221,6 +232,10 @@ impl IntentStore {
         let mut leases = Vec::with_capacity(items.len());
         let mut occurred = Vec::with_capacity(items.len());
         let mut trace_contexts = Vec::with_capacity(items.len());
+        // A fresh secret per item and statement: it is stored only where this statement acquires
+        // (a new row, or a re-acquired retryable failure); elsewhere the row keeps its own.
+        let secrets: Vec<FencingSecret> = items.iter().map(|_| FencingSecret::random()).collect();
+        let secrets: Vec<&[u8]> = secrets.iter().map(|s| s.as_bytes().as_slice()).collect();
         for item in items {
             ids.push(item.operation_id.as_str());
             fingerprints.push(item.fingerprint.as_slice());
@@ -239,14 +254,14 @@ impl IntentStore {
             r#"INSERT INTO dedup_intents AS t
                  (operation_id, fingerprint, state, fencing_token, holder, request_id,
                   lease_expires_at, acquired_at, occurred_at, created_at, updated_at, detail,
-                  trace_context)
+                  trace_context, fencing_secret)
              SELECT i.operation_id, i.fingerprint, 'RESERVED', 1, i.owner, i.request_id,
                     now() + i.lease_ms * interval '1 millisecond', now(), i.occurred_at,
-                    now(), now(), 'acquired by ' || i.owner, i.trace_context
+                    now(), now(), 'acquired by ' || i.owner, i.trace_context, i.fencing_secret
              FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::bigint[],
-                         $6::timestamptz[], $8::text[])
+                         $6::timestamptz[], $8::text[], $9::bytea[])
                   AS i(operation_id, fingerprint, owner, request_id, lease_ms, occurred_at,
-                       trace_context)
+                       trace_context, fencing_secret)
              WHERE i.occurred_at >= now() - $7::bigint * interval '1 millisecond'
              ORDER BY i.operation_id
              ON CONFLICT (operation_id) DO UPDATE SET
@@ -259,6 +274,10 @@ impl IntentStore {
                      WHEN (t.state = 'FAILED' AND t.retryable
                            AND t.fingerprint = EXCLUDED.fingerprint) THEN t.fencing_token + 1
                      ELSE t.fencing_token END,
+                 fencing_secret = CASE
+                     WHEN (t.state = 'FAILED' AND t.retryable
+                           AND t.fingerprint = EXCLUDED.fingerprint) THEN EXCLUDED.fencing_secret
+                     ELSE t.fencing_secret END,
                  holder = CASE
                      WHEN (t.state = 'FAILED' AND t.retryable
                            AND t.fingerprint = EXCLUDED.fingerprint) THEN EXCLUDED.holder
@@ -306,7 +325,7 @@ impl IntentStore {
                      ELSE t.updated_at END
              RETURNING operation_id, state, fingerprint, fencing_token, holder, request_id,
                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
-                 failure_reason, retryable, detail, trace_context, now() AS "db_now!""#,
+                 failure_reason, retryable, detail, trace_context, fencing_secret, now() AS "db_now!""#,
             &ids as &[&str],
             &fingerprints as &[&[u8]],
             &owners as &[&str],
@@ -315,6 +334,7 @@ impl IntentStore {
             &occurred,
             millis(self.retention),
             &trace_contexts as &[Option<&str>],
+            &secrets as &[&[u8]],
         )
         .fetch_all(&self.pool)
         .await?;
@@ -339,6 +359,7 @@ impl IntentStore {
                 retryable: row.retryable,
                 detail: row.detail,
                 trace_context: row.trace_context,
+                fencing_secret: row.fencing_secret,
             })?);
         }
         let db_now = match db_now {
@@ -370,7 +391,7 @@ impl IntentStore {
             IntentRow,
             "SELECT operation_id, state, fingerprint, fencing_token, holder, request_id,
                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
-                 failure_reason, retryable, detail, trace_context
+                 failure_reason, retryable, detail, trace_context, fencing_secret
              FROM dedup_intents WHERE operation_id = ANY($1)",
             ids,
         )
@@ -395,7 +416,7 @@ impl IntentStore {
             IntentRow,
             "SELECT operation_id, state, fingerprint, fencing_token, holder, request_id,
                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
-                 failure_reason, retryable, detail, trace_context
+                 failure_reason, retryable, detail, trace_context, fencing_secret
              FROM dedup_intents WHERE operation_id = $1",
             operation_id,
         )
@@ -404,11 +425,18 @@ impl IntentStore {
         row.map(Intent::try_from).transpose()
     }
 
-    /// Complete, Fail or MarkUnknown by the holder of `fencing_token`.
+    /// Complete, Fail or MarkUnknown by the holder of `fencing_token`, proven by its secret.
+    ///
+    /// The secret is checked inside the one conditional statement, as `sha256(stored) =
+    /// sha256(presented)`: PostgreSQL compares bytea with an early exit, so it compares digests,
+    /// whose timing says nothing usable about the secret (finding a presented value whose digest
+    /// shares a prefix with the stored digest does not bring a caller closer to the secret).
+    /// Why a statement changed nothing is then told in Rust, in constant time ([`unchanged`]).
     pub async fn report(
         &self,
         operation_id: &str,
         fencing_token: i64,
+        fencing_secret: &[u8],
         report: HolderReport,
     ) -> Result<Intent, DedupError> {
         let transition = report.transition();
@@ -438,9 +466,10 @@ impl IntentStore {
                 "UPDATE dedup_intents SET state = $3, result = $4, failure_reason = $5,
                      retryable = $6, detail = $7, updated_at = now()
                  WHERE operation_id = $1 AND fencing_token = $2 AND state = ANY($8)
+                   AND sha256(fencing_secret) = sha256($9::bytea)
                  RETURNING operation_id, state, fingerprint, fencing_token, holder, request_id,
                      lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
-                     failure_reason, retryable, detail, trace_context",
+                     failure_reason, retryable, detail, trace_context, fencing_secret",
                 operation_id,
                 fencing_token,
                 transition.to_state().as_db_str(),
@@ -449,6 +478,7 @@ impl IntentStore {
                 retryable,
                 &detail,
                 &transition.from_db_states(),
+                fencing_secret,
             )
             .fetch_optional(&self.pool)
             .await?)
@@ -459,37 +489,46 @@ impl IntentStore {
         }
         // Nothing changed; read the row only to say why (or that this is a harmless repeat).
         let current = self.get(operation_id).await?;
-        unchanged(operation_id, fencing_token, transition, current)
+        unchanged(
+            operation_id,
+            fencing_token,
+            fencing_secret,
+            transition,
+            current,
+        )
     }
 
     /// Complete for many operations in one statement; one answer per item, in order.
     /// Operation ids must be distinct.
     pub async fn complete_batch(
         &self,
-        items: &[(String, i64, Vec<u8>)],
+        items: &[CompleteItem],
     ) -> Result<Vec<Result<Intent, DedupError>>, DedupError> {
         let transition = Transition::Complete;
-        let ids: Vec<&str> = items.iter().map(|(id, _, _)| id.as_str()).collect();
-        let tokens: Vec<i64> = items.iter().map(|(_, token, _)| *token).collect();
-        let results: Vec<&[u8]> = items.iter().map(|(_, _, r)| r.as_slice()).collect();
+        let ids: Vec<&str> = items.iter().map(|i| i.operation_id.as_str()).collect();
+        let tokens: Vec<i64> = items.iter().map(|i| i.fencing_token).collect();
+        let results: Vec<&[u8]> = items.iter().map(|i| i.result.as_slice()).collect();
+        let secrets: Vec<&[u8]> = items.iter().map(|i| i.fencing_secret.as_slice()).collect();
         let rows = retry_conflicts(|| async {
             Ok(sqlx::query_as!(
                 IntentRow,
                 "UPDATE dedup_intents t SET state = $4, result = i.result, failure_reason = NULL,
                      retryable = FALSE, detail = 'completed by the holder', updated_at = now()
-                 FROM unnest($1::text[], $2::bigint[], $3::bytea[])
-                     AS i(operation_id, token, result)
+                 FROM unnest($1::text[], $2::bigint[], $3::bytea[], $6::bytea[])
+                     AS i(operation_id, token, result, secret)
                  WHERE t.operation_id = i.operation_id AND t.fencing_token = i.token
                    AND t.state = ANY($5)
+                   AND sha256(t.fencing_secret) = sha256(i.secret)
                  RETURNING t.operation_id, t.state, t.fingerprint, t.fencing_token, t.holder,
                      t.request_id, t.lease_expires_at, t.acquired_at, t.occurred_at,
                      t.created_at, t.updated_at, t.result, t.failure_reason, t.retryable,
-                     t.detail, t.trace_context",
+                     t.detail, t.trace_context, t.fencing_secret",
                 &ids as &[&str],
                 &tokens,
                 &results as &[&[u8]],
                 transition.to_state().as_db_str(),
                 &transition.from_db_states(),
+                &secrets as &[&[u8]],
             )
             .fetch_all(&self.pool)
             .await?)
@@ -502,8 +541,8 @@ impl IntentStore {
         }
         let left: Vec<String> = items
             .iter()
-            .filter(|(id, _, _)| !done.contains_key(id))
-            .map(|(id, _, _)| id.clone())
+            .filter(|i| !done.contains_key(&i.operation_id))
+            .map(|i| i.operation_id.clone())
             .collect();
         let mut current: HashMap<String, Intent> = HashMap::new();
         if !left.is_empty() {
@@ -511,9 +550,15 @@ impl IntentStore {
         }
         Ok(items
             .iter()
-            .map(|(id, token, _)| match done.remove(id) {
+            .map(|item| match done.remove(&item.operation_id) {
                 Some(intent) => Ok(intent),
-                None => unchanged(id, *token, transition, current.remove(id)),
+                None => unchanged(
+                    &item.operation_id,
+                    item.fencing_token,
+                    &item.fencing_secret,
+                    transition,
+                    current.remove(&item.operation_id),
+                ),
             })
             .collect())
     }
@@ -539,7 +584,7 @@ impl IntentStore {
                    AND ($8::bigint IS NULL OR fencing_token = $8)
                  RETURNING operation_id, state, fingerprint, fencing_token, holder, request_id,
                      lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
-                     failure_reason, retryable, detail, trace_context",
+                     failure_reason, retryable, detail, trace_context, fencing_secret",
                 &resolution.operation_id,
                 transition.to_state().as_db_str(),
                 succeeded.then_some(resolution.result.as_slice()),
@@ -596,7 +641,7 @@ impl IntentStore {
             IntentRow,
             "SELECT operation_id, state, fingerprint, fencing_token, holder, request_id,
                  lease_expires_at, acquired_at, occurred_at, created_at, updated_at, result,
-                 failure_reason, retryable, detail, trace_context
+                 failure_reason, retryable, detail, trace_context, fencing_secret
              FROM dedup_intents
              WHERE state = 'UNKNOWN'
                AND ($2::timestamptz IS NULL OR (updated_at, operation_id) > ($2, $3))
@@ -696,11 +741,13 @@ impl IntentStore {
     }
 }
 
-/// Why a holder's report changed nothing: not found, a stale token, a state the transition does
-/// not start from — or nothing wrong at all, when it repeats what is already recorded.
+/// Why a holder's report changed nothing: not found, a stale token, a secret that is not the
+/// token's, a state the transition does not start from — or nothing wrong at all, when the
+/// holder repeats what is already recorded (a repeat needs the secret too).
 fn unchanged(
     operation_id: &str,
     fencing_token: i64,
+    fencing_secret: &[u8],
     transition: Transition,
     current: Option<Intent>,
 ) -> Result<Intent, DedupError> {
@@ -712,6 +759,12 @@ fn unchanged(
             operation_id: operation_id.to_owned(),
             presented: fencing_token,
             current: current.fencing_token,
+        });
+    }
+    if !current.fencing_secret.matches(fencing_secret) {
+        return Err(DedupError::WrongFencingSecret {
+            operation_id: operation_id.to_owned(),
+            fencing_token,
         });
     }
     let repeat = current.state == transition.to_state()

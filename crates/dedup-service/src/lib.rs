@@ -11,6 +11,7 @@
 //! leases. Operations older than the retained window answer EXPIRED (fail closed), and the
 //! service refuses to start when retention is shorter than the replay horizon.
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod grpc_service;
@@ -33,8 +34,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use auth::{AuthPolicy, Authenticator};
 pub use config::{Config, MigrateArgs};
 use dedup_client::{ProviderAccess, ProviderClient};
 pub use error::DedupError;
@@ -86,6 +88,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     config
         .validate()
         .map_err(|problem| anyhow::anyhow!("configuration: {problem}"))?;
+    let auth = config
+        .auth_policy()
+        .map_err(|problem| anyhow::anyhow!("configuration: {problem}"))?;
+    auth.check_listen(config.listen, config.allow_unauthenticated)
+        .map_err(|problem| anyhow::anyhow!("configuration: {problem}"))?;
     let boundary = boundary(&config);
     let policy = config.retention_policy();
     tracing::info!(
@@ -95,7 +102,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
-    let result = serve(config, ops.readiness.clone(), shutdown).await;
+    let result = serve(config, auth, ops.readiness.clone(), shutdown).await;
     ops.stop().await;
     result
 }
@@ -123,6 +130,7 @@ fn provider_access(config: &Config) -> anyhow::Result<ProviderAccess> {
 
 async fn serve(
     config: Config,
+    auth: AuthPolicy,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -176,11 +184,29 @@ async fn serve(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<DedupServer<DedupApi>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
-    let api = DedupApi::new(store, config.lease_limits());
+    let authenticator = Authenticator::new(auth);
+    // Reflection describes the API to whoever may call it: off unless asked for, and behind the
+    // same credentials as Dedup when on.
+    let reflection = if config.reflection {
+        let service = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building the reflection service")?;
+        Some(tonic::service::interceptor::InterceptedService::new(
+            service,
+            authenticator.clone(),
+        ))
+    } else {
+        None
+    };
+    // The message limits apply per message, before a handler sees it; the interceptor runs
+    // before either.
+    let api = tonic::service::interceptor::InterceptedService::new(
+        DedupServer::new(DedupApi::new(store, config.lease_limits()))
+            .max_decoding_message_size(config.max_decoding_message_size)
+            .max_encoding_message_size(config.max_encoding_message_size),
+        authenticator,
+    );
 
     let drained = {
         let shutdown = shutdown.clone();
@@ -192,30 +218,48 @@ async fn serve(
             health.set_not_serving::<DedupServer<DedupApi>>().await;
         }
     };
-    let mut builder = Server::builder();
+    let mut builder = Server::builder()
+        .concurrency_limit_per_connection(config.concurrency_per_connection)
+        .timeout(config.request_timeout)
+        .http2_keepalive_interval(Some(config.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(config.http2_keepalive_timeout));
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => {
             let cert = std::fs::read(cert)
                 .with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
             let key = std::fs::read(key)
                 .with_context(|| format!("cannot read --tls-key {}", key.display()))?;
+            let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+            if let Some(ca) = &config.tls_client_ca {
+                let ca = std::fs::read(ca)
+                    .with_context(|| format!("cannot read --tls-client-ca {}", ca.display()))?;
+                // Required, not optional: a client without a certificate signed by this CA does
+                // not get past the handshake.
+                tls = tls.client_ca_root(Certificate::from_pem(ca));
+            }
             builder = builder
-                .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
-                .context("bad --tls-cert / --tls-key")?;
+                .tls_config(tls)
+                .context("bad --tls-cert / --tls-key / --tls-client-ca")?;
             true
         }
         _ => false,
     };
     let server = builder
         .add_service(health_service)
-        .add_service(reflection)
-        .add_service(DedupServer::new(api))
+        .add_optional_service(reflection)
+        .add_service(api)
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             drained,
         );
     readiness.set(true);
-    tracing::info!(%grpc_addr, tls, "serving gRPC");
+    tracing::info!(
+        %grpc_addr,
+        tls,
+        mtls = config.tls_client_ca.is_some(),
+        reflection = config.reflection,
+        "serving gRPC"
+    );
 
     let drain_limit = config.shutdown_timeout;
     let served = tokio::select! {

@@ -15,6 +15,7 @@ pub const RECONCILE_ERRORS: &str = "eos_dedup_reconcile_errors_total";
 pub const RECONCILE_STUCK: &str = "eos_dedup_reconcile_stuck_total";
 pub const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
 pub const PURGED: &str = "eos_dedup_purged_intents_total";
+pub const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
 
 pub fn describe() {
     metrics::describe_histogram!(RPC_SECONDS, "gRPC handling time by method");
@@ -56,4 +57,8 @@ pub fn describe() {
     );
     metrics::describe_counter!(LEASES_EXPIRED, "leases that ran out without an outcome");
     metrics::describe_counter!(PURGED, "settled intents deleted past retention");
+    metrics::describe_counter!(
+        AUTH_REFUSED,
+        "gRPC calls refused before any handler ran, by reason (missing_token, unknown_token)"
+    );
 }

@@ -338,6 +338,7 @@ mod tests {
             state: IntentState::Unknown,
             fingerprint: vec![1; 32],
             fencing_token: 2,
+            fencing_secret: dedup_client::FencingSecret::random(),
             holder: "w".into(),
             request_id: "r".into(),
             lease_expires_at: datetime!(2026-01-01 0:00:30 UTC),

@@ -42,6 +42,16 @@ pub struct BeginItem {
     pub trace_context: Option<String>,
 }
 
+/// A checked CompleteBatch item. The secret is passed on as presented: a wrong one (of any
+/// length, or none) is the store's PERMISSION_DENIED, not a malformed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompleteItem {
+    pub operation_id: String,
+    pub fencing_token: i64,
+    pub fencing_secret: Vec<u8>,
+    pub result: Vec<u8>,
+}
+
 /// A checked Resolve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolution {
@@ -251,9 +261,7 @@ pub fn begin_batch(
 }
 
 /// Checks a CompleteBatch: 1..=1000 items with distinct operation ids.
-pub fn complete_batch(
-    request: pb::CompleteBatchRequest,
-) -> Result<Vec<(String, i64, Vec<u8>)>, DedupError> {
+pub fn complete_batch(request: pb::CompleteBatchRequest) -> Result<Vec<CompleteItem>, DedupError> {
     if request.items.is_empty() {
         return Err(DedupError::invalid("items", "must not be empty"));
     }
@@ -279,7 +287,12 @@ pub fn complete_batch(
                 format!("repeats items[{first}].operation_id"),
             ));
         }
-        items.push((item.operation_id, item.fencing_token, item.result));
+        items.push(CompleteItem {
+            operation_id: item.operation_id,
+            fencing_token: item.fencing_token,
+            fencing_secret: item.fencing_secret,
+            result: item.result,
+        });
     }
     Ok(items)
 }
@@ -434,6 +447,7 @@ mod tests {
             operation_id: id.into(),
             fencing_token: token,
             result: Vec::new(),
+            fencing_secret: vec![9; 32],
         };
         let ok = pb::CompleteBatchRequest {
             items: vec![complete("a", 1), complete("b", 2)],

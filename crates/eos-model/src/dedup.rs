@@ -8,8 +8,10 @@
 //! - the lease sweep applies [`next_state`] with `ExpireLease`;
 //! - a holder sorts the provider's answer with [`classify`] and reports through the store's
 //!   guard: the transition's [`Transition::from_states`] (via [`next_state`]) and, when
-//!   [`Transition::needs_token`], an equal fencing token — the `WHERE state = ANY(..) AND
-//!   fencing_token = ..` of the SQL statement;
+//!   [`Transition::needs_token`], an equal fencing token and its secret — the `WHERE state =
+//!   ANY(..) AND fencing_token = .. AND <secret matches>` of the SQL statement. The secret is
+//!   modelled as a value bound to each acquisition ([`secret_of`]): a holder has only the
+//!   secret its own Begin answered, so a stale holder never has the current one;
 //! - the reconciler asks the provider by key and settles with [`decide`], then resolves through
 //!   the same guard with the token it read (`expected_fencing_token`).
 //!
@@ -23,7 +25,8 @@
 
 use dedup_client::provider_client::{ChargeLookup, ChargeOutcome, classify};
 use dedup_client::state_machine::{
-    BeginAsk, BeginOutcome, Intent, IntentState, Transition, begin_outcome, next_state,
+    BeginAsk, BeginOutcome, FencingSecret, Intent, IntentState, Transition, begin_outcome,
+    next_state,
 };
 use dedup_service::reconciler::{Decision, ReconcilerSettings, decide};
 use stateright::{Model, Property};
@@ -219,6 +222,13 @@ fn owner(client: u8) -> String {
     format!("client-{client}")
 }
 
+/// The secret the acquisition with counter `token` drew. In the service it is random; here one
+/// value per acquisition is enough, since what matters is that a holder of another acquisition
+/// does not have it.
+fn secret_of(token: u8) -> FencingSecret {
+    FencingSecret::from_bytes(&[token; FencingSecret::LEN]).expect("LEN bytes")
+}
+
 /// The row as the services see it.
 fn intent(row: &Row) -> Intent {
     Intent {
@@ -226,6 +236,7 @@ fn intent(row: &Row) -> Intent {
         state: row.state,
         fingerprint: FINGERPRINT.to_vec(),
         fencing_token: i64::from(row.fencing_token),
+        fencing_secret: secret_of(row.fencing_token),
         holder: owner(row.holder),
         request_id: request_id(row.request),
         lease_expires_at: at(row.lease_expires_at),
@@ -242,10 +253,18 @@ fn intent(row: &Row) -> Intent {
 }
 
 /// The store's guard for `transition` from `row`: the state must be one the transition starts
-/// from, and the token equal when the transition needs one (or when the caller expects one).
+/// from, and the token equal when the transition needs one (or when the caller expects one) —
+/// for a holder's report, with the secret of its acquisition matching the row's.
 /// `None`: the statement matches no row and changes nothing.
-fn guarded(row: &Row, transition: Transition, token: Option<u8>) -> Option<IntentState> {
-    let token_ok = token.is_none_or(|token| token == row.fencing_token);
+fn guarded(
+    row: &Row,
+    transition: Transition,
+    token: Option<(u8, Option<FencingSecret>)>,
+) -> Option<IntentState> {
+    let token_ok = token.is_none_or(|(token, secret)| {
+        token == row.fencing_token
+            && secret.is_none_or(|secret| secret_of(row.fencing_token).matches(secret.as_bytes()))
+    });
     let to = next_state(Some(row.state), transition)?;
     token_ok.then_some(to)
 }
@@ -310,7 +329,9 @@ impl DedupModel {
                 fencing_token,
                 lease_expires_at,
             } => Client::Holding {
-                token: u8::try_from(fencing_token).unwrap_or(u8::MAX),
+                // The holder keeps the counter; the secret that came with it is its
+                // acquisition's, `secret_of(counter)`, presented again in `report`.
+                token: u8::try_from(fencing_token.counter).unwrap_or(u8::MAX),
                 lease_expires_at: u8::try_from((lease_expires_at - at(0)).whole_seconds())
                     .unwrap_or(u8::MAX),
             },
@@ -345,7 +366,9 @@ impl DedupModel {
         let presented = if self.bug == Some(Bug::ReportIgnoresToken) {
             None
         } else {
-            transition.needs_token().then_some(token)
+            transition
+                .needs_token()
+                .then_some((token, Some(secret_of(token))))
         };
         let stale = token != row.fencing_token;
         match guarded(&row, transition, presented) {
@@ -570,7 +593,7 @@ impl Model for DedupModel {
                     Settle::FailedRetryable => Transition::ResolveFailed,
                 };
                 if let Some(row) = state.row
-                    && let Some(to) = guarded(&row, transition, Some(token))
+                    && let Some(to) = guarded(&row, transition, Some((token, None)))
                 {
                     match settle {
                         Settle::Succeeded => state.reconciler_resolved_succeeded = true,

@@ -145,10 +145,65 @@ pub struct Config {
     #[command(flatten)]
     pub log: LogFlags,
 
+    #[command(flatten)]
+    pub dedup: DedupClientFlags,
+
     /// Test-only fault switch: sleep this long after a batch is decided and before its database
     /// transaction begins, so a test can freeze the process holding a batch (zombie tests).
     #[arg(long, env = "EOS_SINK_FAULT_STALL_BEFORE_COMMIT", hide = true, value_parser = humantime::parse_duration)]
     pub fault_stall_before_commit: Option<Duration>,
+}
+
+/// How provider targets reach dedup-service (for every `dedup_url` in the targets file).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DedupClientFlags {
+    /// Bearer token sent to dedup-service with every call (its --client-token). Prefer the env
+    /// var or --dedup-token-file: a flag shows in the process list.
+    #[arg(long, env = "EOS_DEDUP_TOKEN", hide_env_values = true)]
+    pub dedup_token: Option<String>,
+
+    /// File holding the dedup-service token (trimmed), e.g. a mounted Secret.
+    #[arg(long, env = "EOS_DEDUP_TOKEN_FILE")]
+    pub dedup_token_file: Option<PathBuf>,
+
+    /// PEM CA that dedup-service's certificate must chain to; required for https:// dedup_url.
+    #[arg(long, env = "EOS_DEDUP_TLS_CA")]
+    pub dedup_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate for dedup-service's mTLS (its --tls-client-ca), with
+    /// --dedup-tls-key.
+    #[arg(long, env = "EOS_DEDUP_TLS_CERT", requires = "dedup_tls_key")]
+    pub dedup_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --dedup-tls-cert.
+    #[arg(long, env = "EOS_DEDUP_TLS_KEY", requires = "dedup_tls_cert")]
+    pub dedup_tls_key: Option<PathBuf>,
+
+    /// Name to verify dedup-service's certificate against, when it is not dedup_url's host.
+    #[arg(long, env = "EOS_DEDUP_TLS_DOMAIN")]
+    pub dedup_tls_domain: Option<String>,
+}
+
+impl DedupClientFlags {
+    /// The token (read from its file if so given) and TLS files; errors name the flag, never
+    /// the token.
+    pub fn credentials(
+        &self,
+    ) -> Result<dedup_client::ClientCredentials, dedup_client::CredentialError> {
+        Ok(dedup_client::ClientCredentials {
+            token: dedup_client::ClientCredentials::token_from(
+                self.dedup_token.as_deref(),
+                self.dedup_token_file.as_deref(),
+                "--dedup-token",
+            )?,
+            tls: dedup_client::ClientTlsFiles {
+                ca: self.dedup_tls_ca.clone(),
+                cert: self.dedup_tls_cert.clone(),
+                key: self.dedup_tls_key.clone(),
+                domain: self.dedup_tls_domain.clone(),
+            },
+        })
+    }
 }
 
 /// What the command line asks for: run the sink (the flags of [`Config`]) or `sink-writer

@@ -183,6 +183,10 @@ async fn serve(
         prepared.push(schema::prepare(&pool, spec).await?);
     }
     let mut providers = Vec::with_capacity(specs.providers.len());
+    let dedup_credentials = config
+        .dedup
+        .credentials()
+        .context("dedup-service credentials")?;
     for spec in specs.providers {
         tracing::info!(
             target_name = %spec.name,
@@ -192,7 +196,11 @@ async fn serve(
             lease_ttl_ms = spec.lease_ttl.as_millis() as u64,
             "provider target"
         );
-        providers.push(ProviderTarget::new(spec, config.instance.instance_id())?);
+        providers.push(ProviderTarget::new(
+            spec,
+            config.instance.instance_id(),
+            &dedup_credentials,
+        )?);
     }
     let providers = Arc::new(providers);
     for target in &prepared {

@@ -19,7 +19,9 @@
 
 use std::time::{Duration, Instant};
 
-use dedup_client::{BeginOutcome, BeginParams, ClientError, DedupClient};
+use dedup_client::{
+    BeginOutcome, BeginParams, ClientCredentials, ClientError, DedupClient, FencingToken,
+};
 use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -46,7 +48,7 @@ pub enum ProviderTargetError {
     /// The credential or the CA could not be read; the message names where from, never the value.
     #[error("provider target {target}: {detail}")]
     Access { target: String, detail: String },
-    #[error("provider target {target}: bad dedup-service URL: {source}")]
+    #[error("provider target {target}: bad dedup-service URL or credentials: {source}")]
     DedupUrl { target: String, source: ClientError },
     /// dedup-service did not answer after the client's retries: the batch is retried later.
     #[error("provider target {target}: {source}")]
@@ -148,13 +150,17 @@ pub struct ProviderTarget {
 
 impl ProviderTarget {
     /// Connects lazily: a dedup-service or provider that is down now is retried per batch.
-    pub fn new(spec: ProviderSpec, owner: String) -> Result<Self, ProviderTargetError> {
-        let dedup = DedupClient::connect_lazy(&spec.dedup_url).map_err(|source| {
-            ProviderTargetError::DedupUrl {
+    pub fn new(
+        spec: ProviderSpec,
+        owner: String,
+        dedup_credentials: &ClientCredentials,
+    ) -> Result<Self, ProviderTargetError> {
+        let dedup = DedupClient::connect_lazy_with(&spec.dedup_url, dedup_credentials).map_err(
+            |source| ProviderTargetError::DedupUrl {
                 target: spec.name.clone(),
                 source,
-            }
-        })?;
+            },
+        )?;
         let access = provider_access(&spec).map_err(|detail| ProviderTargetError::Access {
             target: spec.name.clone(),
             detail,
@@ -304,7 +310,7 @@ impl ProviderTarget {
     async fn call(
         &self,
         operation_id: &str,
-        fencing_token: i64,
+        fencing_token: FencingToken,
         body: &Value,
     ) -> Result<Step, ProviderTargetError> {
         let outcome = self
@@ -425,7 +431,7 @@ mod tests {
             header: "Authorization".into(),
             value_from: SecretSource::File("/nonexistent/provider-credential".into()),
         });
-        let error = ProviderTarget::new(with_auth.clone(), "owner".into())
+        let error = ProviderTarget::new(with_auth.clone(), "owner".into(), &Default::default())
             .expect_err("missing file")
             .to_string();
         assert!(
@@ -439,7 +445,8 @@ mod tests {
             header: "Authorization".into(),
             value_from: SecretSource::File(file.clone()),
         });
-        let target = ProviderTarget::new(with_auth, "owner".into()).expect("credential read");
+        let target = ProviderTarget::new(with_auth, "owner".into(), &Default::default())
+            .expect("credential read");
         assert!(!format!("{target:?}").contains("MARKER-SECRET"));
         std::fs::remove_file(&file).expect("cleanup");
     }

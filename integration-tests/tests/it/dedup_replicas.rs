@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail, ensure};
 use dedup_client::grpc_client::is_transient;
 use dedup_client::proto_convert;
-use dedup_client::{BeginOutcome, ChargeOutcome, DedupClient, ProviderClient};
+use dedup_client::{BeginOutcome, ChargeOutcome, DedupClient, FencingToken, ProviderClient};
 use eos_core::Fingerprint;
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
@@ -289,13 +289,14 @@ impl Caller {
     async fn complete(
         &self,
         operation_id: &str,
-        token: i64,
+        token: FencingToken,
         result: Vec<u8>,
     ) -> Result<(), Status> {
         let request = pb::CompleteRequest {
             operation_id: operation_id.to_owned(),
-            fencing_token: token,
+            fencing_token: token.counter,
             result,
+            fencing_secret: token.secret.as_bytes().to_vec(),
         };
         self.call(request, None, |mut grpc, message| async move {
             grpc.complete(message).await
@@ -304,12 +305,18 @@ impl Caller {
         .map(drop)
     }
 
-    async fn fail(&self, operation_id: &str, token: i64, reason: &str) -> Result<(), Status> {
+    async fn fail(
+        &self,
+        operation_id: &str,
+        token: FencingToken,
+        reason: &str,
+    ) -> Result<(), Status> {
         let request = pb::FailRequest {
             operation_id: operation_id.to_owned(),
-            fencing_token: token,
+            fencing_token: token.counter,
             reason: reason.to_owned(),
             retryable: true,
+            fencing_secret: token.secret.as_bytes().to_vec(),
         };
         self.call(request, None, |mut grpc, message| async move {
             grpc.fail(message).await
@@ -321,13 +328,14 @@ impl Caller {
     async fn mark_unknown(
         &self,
         operation_id: &str,
-        token: i64,
+        token: FencingToken,
         detail: &str,
     ) -> Result<(), Status> {
         let request = pb::MarkUnknownRequest {
             operation_id: operation_id.to_owned(),
-            fencing_token: token,
+            fencing_token: token.counter,
             detail: detail.to_owned(),
+            fencing_secret: token.secret.as_bytes().to_vec(),
         };
         self.call(request, None, |mut grpc, message| async move {
             grpc.mark_unknown(message).await
@@ -468,7 +476,7 @@ async fn acquisitions(db: &TestDatabase) -> anyhow::Result<BTreeMap<String, Vec<
 #[derive(Debug)]
 struct Winner {
     contender: usize,
-    fencing_token: i64,
+    fencing_token: FencingToken,
     replica: usize,
 }
 
@@ -674,7 +682,7 @@ async fn dedup_replicas_claim_race_stays_exact_when_one_replica_is_killed() -> a
     );
     for claim in &claims {
         let winner = &claim.winners[0];
-        assert_eq!(winner.fencing_token, 1, "{}", claim.operation_id);
+        assert_eq!(winner.fencing_token.counter, 1, "{}", claim.operation_id);
         assert_eq!(
             acquired.get(&claim.operation_id),
             Some(&vec![(1, format!("worker-{}", winner.contender))]),
@@ -697,11 +705,24 @@ async fn dedup_replicas_claim_race_stays_exact_when_one_replica_is_killed() -> a
         orphaned.is_superset(&granted),
         "the victim did not answer every granted id itself: {orphaned:?}"
     );
+    // What the dead holders were told: their counter (1) and its secret, presented again below.
+    let dead_tokens: BTreeMap<&str, FencingToken> = claims
+        .iter()
+        .map(|claim| (claim.operation_id.as_str(), claim.winners[0].fencing_token))
+        .collect();
     let successor = cluster.caller(SURVIVOR);
     let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
     let takeover_started = Instant::now();
     let taken_over: Vec<anyhow::Result<()>> = futures::stream::iter(&orphaned)
-        .map(|operation_id| take_over(&successor, &provider, operation_id, 1, occurred_at))
+        .map(|operation_id| {
+            take_over(
+                &successor,
+                &provider,
+                operation_id,
+                dead_tokens[operation_id.as_str()],
+                occurred_at,
+            )
+        })
         .buffer_unordered(32)
         .collect()
         .await;
@@ -740,7 +761,7 @@ async fn take_over(
     successor: &Caller,
     provider: &ProviderClient,
     operation_id: &str,
-    dead_token: i64,
+    dead_token: FencingToken,
     occurred_at: OffsetDateTime,
 ) -> anyhow::Result<()> {
     // The lease, then the in-flight window and a reconciler pass.
@@ -767,13 +788,16 @@ async fn take_over(
         }
     };
     ensure!(
-        token == dead_token + 1,
-        "{operation_id}: successor token {token}, dead holder's {dead_token}"
+        token.counter == dead_token.counter + 1,
+        "{operation_id}: successor token {}, dead holder's {}",
+        token.counter,
+        dead_token.counter
     );
     let refused = |result: Result<(), Status>, what: &str| match result {
         Err(status) if status.code() == Code::FailedPrecondition => Ok(()),
         other => Err(anyhow!(
-            "{operation_id}: {what} with the dead lease's token {dead_token}: {other:?}"
+            "{operation_id}: {what} with the dead lease's token {}: {other:?}",
+            dead_token.counter
         )),
     };
     refused(

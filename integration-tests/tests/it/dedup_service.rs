@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use dedup_client::{BeginOutcome, BeginParams, DedupClient, RetryPolicy};
+use dedup_client::{BeginOutcome, BeginParams, DedupClient, FencingToken, RetryPolicy};
 use dedup_client::{ChargeOutcome, ProviderClient};
 use eos_core::Fingerprint;
 use eos_proto::dedup::v1 as pb;
@@ -103,7 +103,10 @@ fn with_lease(mut params: BeginParams, lease: Duration) -> BeginParams {
     params
 }
 
-async fn acquire(client: &DedupClient, params: &BeginParams) -> anyhow::Result<i64> {
+pub(crate) async fn acquire(
+    client: &DedupClient,
+    params: &BeginParams,
+) -> anyhow::Result<FencingToken> {
     match client.begin(params).await? {
         BeginOutcome::Acquired { fencing_token, .. } => Ok(fencing_token),
         other => bail!("{}: expected ACQUIRED, got {other:?}", params.operation_id),
@@ -146,7 +149,7 @@ async fn dedup_state_machine_follows_the_transition_table() -> anyhow::Result<()
 
     // RESERVED → SUCCEEDED; others see IN_PROGRESS, then the stored result.
     let token = acquire(&client, &params("op-complete", 1, "worker-a")).await?;
-    assert_eq!(token, 1);
+    assert_eq!(token.counter, 1);
     let busy = client.begin(&params("op-complete", 1, "worker-b")).await?;
     assert!(
         matches!(&busy, BeginOutcome::InProgress { holder, .. } if holder == "worker-a"),
@@ -189,7 +192,7 @@ async fn dedup_state_machine_follows_the_transition_table() -> anyhow::Result<()
         .fail("op-retry", old, "503 before applying", true)
         .await?;
     let new = acquire(&client, &params("op-retry", 3, "worker-b")).await?;
-    assert_eq!((old, new), (1, 2));
+    assert_eq!((old.counter, new.counter), (1, 2));
     assert_eq!(
         code_of(client.complete("op-retry", old, b"x".to_vec()).await),
         Code::FailedPrecondition
@@ -368,7 +371,10 @@ async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow
             other => bail!("B: unexpected {other:?}"),
         }
     };
-    assert!(b > a, "B's token {b} must be newer than A's {a}");
+    assert!(
+        b.counter > a.counter,
+        "B's token {b:?} must be newer than A's {a:?}"
+    );
     // A wakes up while B holds the lease: its stale token cannot touch B's reservation.
     assert_eq!(
         code_of(client.complete(op, a, b"a".to_vec()).await),
@@ -381,7 +387,7 @@ async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow
     let during = client.get(op).await?;
     assert_eq!(
         (during.state, during.fencing_token, during.holder.as_str()),
-        (pb::IntentState::Reserved as i32, b, "worker-b")
+        (pb::IntentState::Reserved as i32, b.counter, "worker-b")
     );
     let ChargeOutcome::Applied { body, .. } = provider
         .charge(op, &json!({"amount": 10}), Duration::from_secs(5))
@@ -407,15 +413,15 @@ async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow
 
     let intent = client.get(op).await?;
     assert_eq!(intent.state, pb::IntentState::Succeeded as i32);
-    assert_eq!(intent.fencing_token, b);
+    assert_eq!(intent.fencing_token, b.counter);
     assert_eq!(
         history(&db, op).await?,
         vec![
-            step(None, "RESERVED", a),
-            step(Some("RESERVED"), "UNKNOWN", a),
-            step(Some("UNKNOWN"), "FAILED", a),
-            step(Some("FAILED"), "RESERVED", b),
-            step(Some("RESERVED"), "SUCCEEDED", b),
+            step(None, "RESERVED", a.counter),
+            step(Some("RESERVED"), "UNKNOWN", a.counter),
+            step(Some("UNKNOWN"), "FAILED", a.counter),
+            step(Some("FAILED"), "RESERVED", b.counter),
+            step(Some("RESERVED"), "SUCCEEDED", b.counter),
         ],
         "the final state was written once, by the newest holder"
     );
@@ -711,6 +717,7 @@ async fn dedup_bad_input_gets_the_right_status_and_the_service_keeps_serving() -
         operation_id: operation_id.to_owned(),
         fencing_token: token,
         result: Vec::new(),
+        fencing_secret: acquired.fencing_secret.clone(),
     };
     for token in [0, -5] {
         let status = grpc
@@ -1111,7 +1118,10 @@ async fn dedup_retried_begin_with_its_request_id_gets_the_same_token() -> anyhow
             .context("an answer without outcome")?;
         answers.push(outcome.label());
         if let BeginOutcome::Acquired { fencing_token, .. } = outcome {
-            assert_eq!(fencing_token, 1, "a replay never issues a new token");
+            assert_eq!(
+                fencing_token.counter, 1,
+                "a replay never issues a new token"
+            );
         }
     }
     // The lost answer of a Begin is recovered by its retry; anyone else waits.
@@ -1166,7 +1176,7 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     );
 
     // Completed in one call; a stale token fails only its own item.
-    let mut completes: Vec<(String, i64, Vec<u8>)> = answers[..496]
+    let mut completes: Vec<(String, FencingToken, Vec<u8>)> = answers[..496]
         .iter()
         .zip(&batch)
         .map(|(answer, params)| match answer {
@@ -1176,7 +1186,11 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
             other => panic!("{other:?}"),
         })
         .collect();
-    completes.push(("b-conflict".into(), 7, b"stale".to_vec()));
+    let stale_token = FencingToken {
+        counter: 7,
+        secret: dedup_client::FencingSecret::random(),
+    };
+    completes.push(("b-conflict".into(), stale_token, b"stale".to_vec()));
     let results = client.complete_batch(&completes).await?;
     assert_eq!(results.len(), 497);
     assert!(results[..496].iter().all(Result::is_ok));

@@ -36,7 +36,7 @@ const FAULTS: [&str; 10] = [
     "0.05",
 ];
 
-fn targets_file(
+pub(crate) fn targets_file(
     dir: &std::path::Path,
     name: &str,
     dedup: &str,
@@ -55,7 +55,10 @@ fn targets_file(
 
 /// (key → (amount, attempts)) of the provider's effects whose key starts with `prefix`; a key
 /// listed twice is kept twice, so a double charge shows.
-async fn effects(sim: &ProviderSim, prefix: &str) -> anyhow::Result<Vec<(String, i64, u64)>> {
+pub(crate) async fn effects(
+    sim: &ProviderSim,
+    prefix: &str,
+) -> anyhow::Result<Vec<(String, i64, u64)>> {
     let body: Value = reqwest::get(format!("{}/effects", sim.url))
         .await?
         .error_for_status()?

@@ -70,6 +70,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-database" (include "eos-suite.fullname" .)) .Values.database.existingSecret }}
 {{- end }}
 
+{{- define "eos-suite.dedupTokensSecretName" -}}
+{{- default (printf "%s-dedup-tokens" (include "eos-suite.fullname" .)) .Values.dedup.auth.existingSecret }}
+{{- end }}
+
 {{- define "eos-suite.migrationSecretName" -}}
 {{- default (printf "%s-database-owner" (include "eos-suite.fullname" .)) .Values.migration.existingSecret }}
 {{- end }}
