@@ -105,6 +105,11 @@ pub struct Config {
     #[arg(long, env = "EOS_SINK_MAX_BATCH", default_value_t = 2000)]
     pub max_batch: usize,
 
+    /// ... or once its records (payloads, keys and headers) hold this many bytes, so a burst of
+    /// large records cannot grow one batch's memory to max-batch × max-record-bytes.
+    #[arg(long, env = "EOS_SINK_MAX_BATCH_BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub max_batch_bytes: usize,
+
     /// A batch closes this long after its first record.
     #[arg(long, env = "EOS_SINK_BATCH_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub batch_interval: Duration,
@@ -240,6 +245,9 @@ impl Config {
         }
         if self.max_batch == 0 {
             return Err("--max-batch must be at least 1".into());
+        }
+        if self.max_batch_bytes == 0 {
+            return Err("--max-batch-bytes must be at least 1".into());
         }
         if self.batch_interval.is_zero() {
             return Err("--batch-interval must be positive".into());

@@ -235,6 +235,7 @@ async fn serve(
         instance_id: config.instance.instance_id(),
         offsets: config.offsets,
         max_batch: config.max_batch,
+        max_batch_bytes: config.max_batch_bytes,
         batch_interval: config.batch_interval,
         max_record_bytes: config.max_record_bytes,
         max_backoff: config.max_backoff,

@@ -66,6 +66,7 @@ pub struct LoopSettings {
     pub instance_id: String,
     pub offsets: OffsetsMode,
     pub max_batch: usize,
+    pub max_batch_bytes: usize,
     pub batch_interval: Duration,
     pub max_record_bytes: usize,
     pub max_backoff: Duration,
@@ -103,6 +104,8 @@ pub struct SinkLoop {
     dlq: FutureProducer,
     slots: BTreeMap<i32, Slot>,
     batch: Vec<InputRecord>,
+    /// What `batch` holds in payload, key and header bytes.
+    batch_bytes: usize,
     batch_started: Option<Instant>,
     backoff: Backoff,
     last_lag_report: Instant,
@@ -147,6 +150,7 @@ impl SinkLoop {
             dlq,
             slots: BTreeMap::new(),
             batch: Vec::new(),
+            batch_bytes: 0,
             batch_started: None,
             backoff,
             last_lag_report: Instant::now(),
@@ -205,6 +209,7 @@ impl SinkLoop {
 
     fn batch_is_due(&self) -> bool {
         self.batch.len() >= self.settings.max_batch
+            || self.batch_bytes >= self.settings.max_batch_bytes
             || self
                 .batch_started
                 .is_some_and(|started| started.elapsed() >= self.settings.batch_interval)
@@ -256,7 +261,7 @@ impl SinkLoop {
                     .collect()
             })
             .unwrap_or_default();
-        self.batch.push(InputRecord {
+        let record = InputRecord {
             topic: message.topic().to_owned(),
             partition,
             offset,
@@ -264,7 +269,9 @@ impl SinkLoop {
             payload: message.payload().map(<[u8]>::to_vec),
             headers,
             timestamp_ms: message.timestamp().to_millis(),
-        });
+        };
+        self.batch_bytes += record_bytes(&record);
+        self.batch.push(record);
         self.batch_started.get_or_insert_with(Instant::now);
     }
 
@@ -276,6 +283,7 @@ impl SinkLoop {
                     // again from the checkpoint. Nothing of them was written.
                     let before = self.batch.len();
                     self.batch.retain(|r| !partitions.contains(&r.partition));
+                    self.batch_bytes = self.batch.iter().map(record_bytes).sum();
                     if self.batch.is_empty() {
                         self.batch_started = None;
                     }
@@ -394,6 +402,7 @@ impl SinkLoop {
             *slot = Slot::Pending;
         }
         self.batch.clear();
+        self.batch_bytes = 0;
         self.batch_started = None;
         self.readiness.set(false);
     }
@@ -440,6 +449,7 @@ impl SinkLoop {
                     // dedup-service answers what this run already settled.
                     warn!(%error, records = self.batch.len(), "stopping with the open batch uncommitted");
                     self.batch.clear();
+                    self.batch_bytes = 0;
                     return Ok(());
                 }
                 Err(error) => return Err(error),
@@ -564,6 +574,7 @@ impl SinkLoop {
             "batch committed"
         );
         self.batch.clear();
+        self.batch_bytes = 0;
         self.batch_started = None;
         self.backoff.reset();
         self.commit_kafka_offsets(CommitMode::Async);
@@ -619,4 +630,14 @@ impl SinkLoop {
             }
         }
     }
+}
+
+/// The bytes a record holds beyond its fixed fields.
+fn record_bytes(record: &InputRecord) -> usize {
+    let headers: usize = record
+        .headers
+        .iter()
+        .map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len))
+        .sum();
+    record.key.as_ref().map_or(0, Vec::len) + record.payload.as_ref().map_or(0, Vec::len) + headers
 }
