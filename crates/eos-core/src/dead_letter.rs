@@ -24,7 +24,9 @@ pub const DETAIL_HEADER: &str = "eos-dlq-detail";
 pub const SOURCE_TOPIC_HEADER: &str = "eos-source-topic";
 pub const SOURCE_PARTITION_HEADER: &str = "eos-source-partition";
 pub const SOURCE_OFFSET_HEADER: &str = "eos-source-offset";
-/// Present (value `true`) only on a dead letter whose value is a prefix of the original.
+/// `true` on a dead letter whose value is a prefix of the original, `false` on a whole copy.
+/// Always written after the original headers, so the last one is the dead-lettering service's
+/// (an input could carry a header of the same name).
 pub const TRUNCATED_HEADER: &str = "eos-dlq-truncated";
 /// On a truncated dead letter: the original value's size in bytes.
 pub const ORIGINAL_SIZE_HEADER: &str = "eos-original-size";
@@ -274,6 +276,7 @@ pub fn build(input: &DeadLetterInput<'_>, max_message_bytes: usize) -> DeadLette
         headers: owned(&input.headers)
             .into_iter()
             .chain(owned(&position_headers))
+            .chain(owned(&[(TRUNCATED_HEADER, Some(b"false".as_slice()))]))
             .collect(),
         truncated: false,
     };
@@ -400,8 +403,18 @@ mod tests {
             letter.header(REASON_HEADER),
             Some(b"oversized_record".as_slice())
         );
-        assert_eq!(letter.header(TRUNCATED_HEADER), None);
+        assert_eq!(letter.header(TRUNCATED_HEADER), Some(b"false".as_slice()));
         assert!(stands_for(b"{bad", |h| letter.header(h), b"{bad"));
+        assert!(!stands_for(b"{ba", |h| letter.header(h), b"{bad"));
+        // An input's own header of that name does not make a whole copy pass for a cut one.
+        let sha = sha256_hex(b"{bad");
+        let forged = vec![
+            (TRUNCATED_HEADER, Some(b"true".as_slice())),
+            (ORIGINAL_SIZE_HEADER, Some(b"4".as_slice())),
+            (ORIGINAL_SHA256_HEADER, Some(sha.as_bytes())),
+        ];
+        let letter = build(&input(b"17", b"{bad", forged), LIMIT);
+        assert_eq!(letter.header(TRUNCATED_HEADER), Some(b"false".as_slice()));
         assert!(!stands_for(b"{ba", |h| letter.header(h), b"{bad"));
     }
 
