@@ -592,6 +592,26 @@ mod tests {
                 check(serde_json::to_string_pretty(&value).unwrap_or_default().as_bytes())?;
             }
 
+            /// Valid by construction, so the re-encoding property is checked on every case.
+            #[test]
+            fn valid_envelopes_are_accepted_and_keep_their_fingerprint(
+                event_id in "[a-z0-9-]{1,16}",
+                entity_id in prop_oneof!["[a-z0-9-]{1,16}".prop_map(Value::from), any::<i64>().prop_map(Value::from)],
+                value in any::<i64>(),
+                payload in arb_json(),
+                extra in prop::collection::btree_map("x_[a-z]{1,6}", arb_json(), 0..3),
+            ) {
+                let mut object: Map<String, Value> = extra.into_iter().collect();
+                object.insert("event_id".into(), Value::from(event_id));
+                object.insert("entity_id".into(), entity_id);
+                object.insert("value".into(), Value::from(value));
+                object.insert("payload".into(), payload);
+                let text = Value::Object(object).to_string();
+                let envelope = EventEnvelope::parse(text.as_bytes());
+                prop_assert!(envelope.is_ok(), "{}: {:?}", text, envelope);
+                check(text.as_bytes())?;
+            }
+
             #[test]
             fn json_text_with_edits_never_panics(value in arb_envelope_json(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
                 let mut bytes = value.to_string().into_bytes();
