@@ -13,6 +13,12 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
+/// Longest provider body kept in a rejection or an ambiguous answer's detail, in bytes. dedup-
+/// service refuses a `Fail` reason or `MarkUnknown` detail over 4 KiB; a longer one would leave
+/// the intent unreported, so it would be re-acquired and POSTed again, forever. This leaves room
+/// for the caller's own prefix ("provider answered 402: ").
+pub const MAX_REPORTED_BODY_BYTES: usize = 3 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
     /// `url` is redacted: a URL with a password never reaches a log or an error.
@@ -220,13 +226,28 @@ pub fn classify(status: u16, body: Vec<u8>) -> ChargeOutcome {
         },
         400..=499 => ChargeOutcome::Rejected {
             status,
-            body: String::from_utf8_lossy(&body).into_owned(),
+            body: reported_body(&body),
             retryable: matches!(status, 401 | 403 | 409 | 429),
         },
         _ => ChargeOutcome::Ambiguous {
-            detail: format!("answer {status}: {}", String::from_utf8_lossy(&body)),
+            detail: format!("answer {status}: {}", reported_body(&body)),
         },
     }
+}
+
+/// The body as text, cut at a char boundary to [`MAX_REPORTED_BODY_BYTES`] with a marker of its
+/// original length when longer.
+pub fn reported_body(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    if text.len() <= MAX_REPORTED_BODY_BYTES {
+        return text.into_owned();
+    }
+    let marker = format!("… [truncated, {} bytes in all]", body.len());
+    let mut end = MAX_REPORTED_BODY_BYTES - marker.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{marker}", &text[..end])
 }
 
 #[cfg(test)]
@@ -279,6 +300,29 @@ mod tests {
                 retryable: true,
                 ..
             }
+        ));
+    }
+
+    #[test]
+    fn long_bodies_are_cut_to_fit_a_fail_reason() {
+        // 10 KiB of two-byte characters: the cut must land on a char boundary.
+        let body = "é".repeat(5 * 1024).into_bytes();
+        let ChargeOutcome::Rejected { body: kept, .. } = classify(422, body.clone()) else {
+            panic!("a 422 is a rejection");
+        };
+        assert!(kept.len() <= MAX_REPORTED_BODY_BYTES, "{}", kept.len());
+        assert!(kept.starts_with("éé"));
+        assert!(kept.ends_with("[truncated, 10240 bytes in all]"), "{kept}");
+        // What the sink sends as the Fail reason stays under dedup-service's 4 KiB limit.
+        assert!(format!("provider answered 422: {kept}").len() <= 4 * 1024);
+        let ChargeOutcome::Ambiguous { detail } = classify(503, body) else {
+            panic!("a 503 is ambiguous");
+        };
+        assert!(detail.len() <= MAX_REPORTED_BODY_BYTES + 16);
+        // A short body is kept as it is.
+        assert!(matches!(
+            classify(402, b"declined".to_vec()),
+            ChargeOutcome::Rejected { body, .. } if body == "declined"
         ));
     }
 

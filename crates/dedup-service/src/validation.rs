@@ -489,4 +489,179 @@ mod tests {
         assert_eq!(list_limit(0).ok(), Some(DEFAULT_LIST_LIMIT));
         assert!(list_limit(MAX_LIST_LIMIT + 1).is_err());
     }
+
+    /// Every request is accepted with values inside the limits, or refused as INVALID_ARGUMENT
+    /// naming a field of the request — never a panic, never another status.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Strings around the limits: empty, short, control characters, multi-byte, long.
+        fn arb_text(max_len: usize) -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just(String::new()),
+                "[a-z0-9:._-]{1,40}",
+                ".{0,40}",
+                (0..max_len + 64).prop_map(|n| "é".repeat(n / 2)),
+                (0..max_len + 64).prop_map(|n| "x".repeat(n)),
+            ]
+        }
+
+        fn arb_timestamp() -> impl Strategy<Value = prost_types::Timestamp> {
+            prop_oneof![
+                (any::<i64>(), any::<i32>())
+                    .prop_map(|(seconds, nanos)| prost_types::Timestamp { seconds, nanos }),
+                (0i64..4_000_000_000, 0i32..1_000_000_000)
+                    .prop_map(|(seconds, nanos)| prost_types::Timestamp { seconds, nanos }),
+            ]
+        }
+
+        fn arb_duration() -> impl Strategy<Value = prost_types::Duration> {
+            prop_oneof![
+                (any::<i64>(), any::<i32>())
+                    .prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+                (0i64..1_000, 0i32..1_000_000_000)
+                    .prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+            ]
+        }
+
+        fn arb_begin() -> impl Strategy<Value = pb::BeginRequest> {
+            (
+                arb_text(MAX_OPERATION_ID_BYTES),
+                prop::collection::vec(any::<u8>(), 0..80),
+                arb_text(MAX_OWNER_BYTES),
+                arb_text(MAX_REQUEST_ID_BYTES),
+                prop::option::of(arb_duration()),
+                prop::option::of(arb_timestamp()),
+            )
+                .prop_map(
+                    |(operation_id, fingerprint, owner, request_id, lease_ttl, occurred_at)| {
+                        pb::BeginRequest {
+                            operation_id,
+                            fingerprint,
+                            owner,
+                            lease_ttl,
+                            occurred_at,
+                            request_id,
+                        }
+                    },
+                )
+        }
+
+        fn refused_naming_a_field(error: DedupError, fields: &[&str]) -> Result<(), TestCaseError> {
+            let field = match &error {
+                DedupError::InvalidArgument { field, .. } => field.clone(),
+                other => {
+                    return Err(TestCaseError::fail(format!(
+                        "not INVALID_ARGUMENT: {other:?}"
+                    )));
+                }
+            };
+            prop_assert_eq!(
+                tonic::Status::from(error).code(),
+                tonic::Code::InvalidArgument
+            );
+            prop_assert!(
+                fields.iter().any(|f| field.ends_with(f) || field == *f),
+                "unexpected field {}",
+                field
+            );
+            Ok(())
+        }
+
+        fn is_identifier(value: &str, max: usize) -> bool {
+            !value.is_empty() && value.len() <= max && !value.chars().any(char::is_control)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            #[test]
+            fn begin_is_accepted_inside_the_limits_or_refused_naming_a_field(request in arb_begin()) {
+                match begin_item(request.clone(), "", LIMITS) {
+                    Ok(item) => {
+                        prop_assert!(is_identifier(&item.operation_id, MAX_OPERATION_ID_BYTES));
+                        prop_assert!((1..=MAX_FINGERPRINT_BYTES).contains(&item.fingerprint.len()));
+                        prop_assert!(is_identifier(&item.owner, MAX_OWNER_BYTES));
+                        prop_assert!(is_identifier(&item.request_id, MAX_REQUEST_ID_BYTES.max(36)));
+                        prop_assert!(item.lease_ttl >= Duration::from_millis(1));
+                        prop_assert!(item.lease_ttl <= LIMITS.max_ttl);
+                        prop_assert_eq!(item.operation_id, request.operation_id);
+                        prop_assert_eq!(item.fingerprint, request.fingerprint);
+                    }
+                    Err(error) => refused_naming_a_field(
+                        error,
+                        &["operation_id", "fingerprint", "owner", "request_id", "lease_ttl", "occurred_at"],
+                    )?,
+                }
+            }
+
+            #[test]
+            fn batches_are_accepted_with_distinct_ids_or_refused(
+                requests in prop::collection::vec(arb_begin(), 0..6),
+                repeat_first in any::<bool>(),
+            ) {
+                let mut items = requests;
+                if repeat_first && let Some(first) = items.first().cloned() {
+                    items.push(first);
+                }
+                match begin_batch(pb::BeginBatchRequest { items }, LIMITS) {
+                    Ok(items) => {
+                        let ids: std::collections::HashSet<&str> =
+                            items.iter().map(|i| i.operation_id.as_str()).collect();
+                        prop_assert_eq!(ids.len(), items.len());
+                        prop_assert!(!items.is_empty());
+                    }
+                    Err(error) => refused_naming_a_field(
+                        error,
+                        &["items", "operation_id", "fingerprint", "owner", "request_id", "lease_ttl", "occurred_at"],
+                    )?,
+                }
+            }
+
+            #[test]
+            fn resolve_is_accepted_inside_the_limits_or_refused_naming_a_field(
+                operation_id in arb_text(MAX_OPERATION_ID_BYTES),
+                outcome in any::<i32>(),
+                evidence in arb_text(MAX_TEXT_BYTES),
+                result_len in prop_oneof![0usize..16, MAX_RESULT_BYTES - 2..MAX_RESULT_BYTES + 2],
+                retryable in any::<bool>(),
+                expected_fencing_token in any::<i64>(),
+            ) {
+                let request = pb::ResolveRequest {
+                    operation_id,
+                    outcome,
+                    evidence,
+                    result: vec![1; result_len],
+                    retryable,
+                    expected_fencing_token,
+                };
+                match resolution(request) {
+                    Ok(resolution) => {
+                        prop_assert!(is_identifier(&resolution.operation_id, MAX_OPERATION_ID_BYTES));
+                        prop_assert!(matches!(resolution.outcome, IntentState::Succeeded | IntentState::Failed));
+                        prop_assert!((1..=MAX_TEXT_BYTES).contains(&resolution.evidence.len()));
+                        prop_assert!(resolution.result.len() <= MAX_RESULT_BYTES);
+                    }
+                    Err(error) => refused_naming_a_field(
+                        error,
+                        &["operation_id", "outcome", "evidence", "result", "expected_fencing_token"],
+                    )?,
+                }
+            }
+
+            #[test]
+            fn free_text_is_accepted_exactly_up_to_its_limit(value in arb_text(MAX_TEXT_BYTES)) {
+                prop_assert_eq!(text(&value, "reason").is_ok(), value.len() <= MAX_TEXT_BYTES);
+            }
+
+            #[test]
+            fn list_limits_are_bounded(limit in any::<u32>()) {
+                match list_limit(limit) {
+                    Ok(n) => prop_assert!((1..=MAX_LIST_LIMIT).contains(&n)),
+                    Err(error) => refused_naming_a_field(error, &["limit"])?,
+                }
+            }
+        }
+    }
 }

@@ -13,6 +13,7 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::dead_letter::DeadLetterReason;
 use crate::fingerprint::Fingerprint;
+use crate::strict_json::{self, StrictJsonError};
 
 /// Longest `event_id` / `entity_id` accepted, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
@@ -38,6 +39,12 @@ pub enum EnvelopeError {
     InvalidField { field: &'static str, reason: String },
     #[error("field `{field}` is {len} bytes, over the {MAX_ID_BYTES}-byte limit")]
     FieldTooLong { field: &'static str, len: usize },
+    #[error("record is ambiguous JSON: {0}")]
+    DuplicateKey(String),
+    #[error("record is ambiguous JSON: {0}")]
+    IntegerOutOfRange(String),
+    #[error("record is ambiguous JSON: {0}")]
+    InexactNumber(String),
 }
 
 impl EnvelopeError {
@@ -50,6 +57,9 @@ impl EnvelopeError {
             Self::MissingField(_) => DeadLetterReason::MissingField,
             Self::InvalidField { .. } => DeadLetterReason::InvalidField,
             Self::FieldTooLong { .. } => DeadLetterReason::FieldTooLong,
+            Self::DuplicateKey(_) => DeadLetterReason::DuplicateKey,
+            Self::IntegerOutOfRange(_) => DeadLetterReason::IntegerOutOfRange,
+            Self::InexactNumber(_) => DeadLetterReason::InexactNumber,
         }
     }
 
@@ -173,8 +183,15 @@ impl EventEnvelope {
         let text = std::str::from_utf8(bytes).map_err(|e| EnvelopeError::InvalidUtf8 {
             valid_up_to: e.valid_up_to(),
         })?;
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| EnvelopeError::MalformedJson(e.to_string()))?;
+        // Strict: duplicate keys and numbers that would round are refused, not guessed at.
+        let value = strict_json::parse(text).map_err(|error| match error {
+            StrictJsonError::Malformed(detail) => EnvelopeError::MalformedJson(detail),
+            StrictJsonError::DuplicateKey(detail) => {
+                EnvelopeError::DuplicateKey(format!("duplicate key {detail}"))
+            }
+            StrictJsonError::IntegerOutOfRange(detail) => EnvelopeError::IntegerOutOfRange(detail),
+            StrictJsonError::InexactNumber(detail) => EnvelopeError::InexactNumber(detail),
+        })?;
         match value {
             Value::Object(object) => Self::from_object(object),
             _ => Err(EnvelopeError::NotAnObject),
@@ -436,6 +453,46 @@ mod tests {
     }
 
     #[test]
+    fn ambiguous_json_is_refused_with_its_own_reason() {
+        let cases = [
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"value":2}"#,
+                DeadLetterReason::DuplicateKey,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"payload":{"x":1,"x":1}}"#,
+                DeadLetterReason::DuplicateKey,
+            ),
+            (
+                r#"{"event_id":"e","event_id":"f","entity_id":"a","value":1}"#,
+                DeadLetterReason::DuplicateKey,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"payload":{"n":18446744073709551616}}"#,
+                DeadLetterReason::IntegerOutOfRange,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":99999999999999999999999}"#,
+                DeadLetterReason::IntegerOutOfRange,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"amount":0.10000000000000000001}"#,
+                DeadLetterReason::InexactNumber,
+            ),
+        ];
+        for (text, reason) in cases {
+            let error = parse(text).expect_err(text);
+            assert_eq!(error.reason(), reason, "{text}: {error}");
+        }
+        // Two inputs serde_json alone would read as the same document now get different answers.
+        let a = parse(r#"{"event_id":"e","entity_id":"a","value":1,"amount":0.1}"#);
+        let b = parse(
+            r#"{"event_id":"e","entity_id":"a","value":1,"amount":0.1000000000000000000001}"#,
+        );
+        assert!(a.is_ok() && b.is_err());
+    }
+
+    #[test]
     fn integer_entity_id_is_the_same_entity_as_its_string() -> Result<(), EnvelopeError> {
         let a = parse(r#"{"event_id":"e","entity_id":17,"value":1}"#)?;
         let b = parse(r#"{"event_id":"e","entity_id":"17","value":1}"#)?;
@@ -452,5 +509,118 @@ mod tests {
         assert_eq!(a.fingerprint(), b.fingerprint());
         assert_ne!(a.fingerprint(), c.fingerprint());
         Ok(())
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Arbitrary JSON, numbers of every kind included (64-bit integers, floats, decimals).
+        fn arb_json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                ".{0,12}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 24, 5, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::btree_map(".{0,4}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// An object that is often a valid envelope: the required fields, sometimes of the wrong
+        /// type, plus arbitrary others.
+        fn arb_envelope_json() -> impl Strategy<Value = Value> {
+            (
+                prop_oneof![".{1,8}".prop_map(Value::String), arb_json()],
+                prop_oneof![
+                    ".{1,8}".prop_map(Value::String),
+                    any::<i64>().prop_map(Value::from),
+                    arb_json()
+                ],
+                prop_oneof![any::<i64>().prop_map(Value::from), arb_json()],
+                prop::collection::btree_map("[a-z_]{1,10}", arb_json(), 0..4),
+            )
+                .prop_map(|(event_id, entity_id, value, extra)| {
+                    let mut object: Map<String, Value> = extra.into_iter().collect();
+                    object.insert("event_id".into(), event_id);
+                    object.insert("entity_id".into(), entity_id);
+                    object.insert("value".into(), value);
+                    Value::Object(object)
+                })
+        }
+
+        /// Every input is accepted, or refused with a reason and a detail; an accepted one keeps
+        /// its fingerprint through re-encoding.
+        fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
+            match EventEnvelope::parse(bytes) {
+                Ok(envelope) => {
+                    let reparsed = EventEnvelope::parse(&envelope.to_bytes());
+                    prop_assert!(reparsed.is_ok(), "re-encoding refused: {:?}", reparsed);
+                    let reparsed = reparsed.unwrap_or_else(|_| envelope.clone());
+                    prop_assert_eq!(reparsed.fingerprint(), envelope.fingerprint());
+                    prop_assert_eq!(reparsed, envelope);
+                }
+                Err(error) => {
+                    prop_assert!(DeadLetterReason::ALL.contains(&error.reason()));
+                    prop_assert!(!error.to_string().is_empty());
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                check(&bytes)?;
+            }
+
+            #[test]
+            fn arbitrary_json_is_accepted_or_refused_with_a_reason(value in arb_json()) {
+                check(value.to_string().as_bytes())?;
+            }
+
+            #[test]
+            fn envelopes_keep_their_fingerprint_through_re_encoding(value in arb_envelope_json()) {
+                check(value.to_string().as_bytes())?;
+                check(serde_json::to_string_pretty(&value).unwrap_or_default().as_bytes())?;
+            }
+
+            /// Valid by construction, so the re-encoding property is checked on every case.
+            #[test]
+            fn valid_envelopes_are_accepted_and_keep_their_fingerprint(
+                event_id in "[a-z0-9-]{1,16}",
+                entity_id in prop_oneof!["[a-z0-9-]{1,16}".prop_map(Value::from), any::<i64>().prop_map(Value::from)],
+                value in any::<i64>(),
+                payload in arb_json(),
+                extra in prop::collection::btree_map("x_[a-z]{1,6}", arb_json(), 0..3),
+            ) {
+                let mut object: Map<String, Value> = extra.into_iter().collect();
+                object.insert("event_id".into(), Value::from(event_id));
+                object.insert("entity_id".into(), entity_id);
+                object.insert("value".into(), Value::from(value));
+                object.insert("payload".into(), payload);
+                let text = Value::Object(object).to_string();
+                let envelope = EventEnvelope::parse(text.as_bytes());
+                prop_assert!(envelope.is_ok(), "{}: {:?}", text, envelope);
+                check(text.as_bytes())?;
+            }
+
+            #[test]
+            fn json_text_with_edits_never_panics(value in arb_envelope_json(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
+                let mut bytes = value.to_string().into_bytes();
+                let at = cut.index(bytes.len().max(1)).min(bytes.len());
+                bytes.insert(at, byte);
+                check(&bytes)?;
+                bytes.truncate(at);
+                check(&bytes)?;
+            }
+        }
     }
 }

@@ -10,6 +10,7 @@ pub mod boundary;
 pub mod dead_letter;
 pub mod envelope;
 pub mod fingerprint;
+pub mod strict_json;
 
 pub use boundary::{Boundary, Checkpoint, Guarantee};
 pub use dead_letter::DeadLetterReason;

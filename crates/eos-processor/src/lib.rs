@@ -88,6 +88,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .context("checking topics")?;
     tracing::info!(input_partitions, "topics ready");
+    let dead_letter_max_bytes = eos_core::dead_letter::message_limit(
+        client_config.get("message.max.bytes"),
+        topics::max_message_bytes(&client_config, &plan.dlq).await,
+    );
+    tracing::info!(
+        dead_letter_max_bytes,
+        "largest dead letter the producer can write"
+    );
 
     let settings = LoopSettings {
         guarantee: config.guarantee,
@@ -106,6 +114,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         transaction_timeout: config.transaction_timeout,
         fault_abort_every: config.fault_abort_every,
+        dead_letter_max_bytes,
         client_config,
     };
     let loop_shutdown = shutdown.clone();

@@ -178,7 +178,18 @@ impl<S: Clone + Default> PartitionState<S> {
             .or_else(|| self.entities.get(&entity_id))
             .cloned()
             .unwrap_or_default();
-        let output = transform.apply(&mut entity_state, &envelope, source);
+        let output = match transform.apply(&mut entity_state, &envelope, source) {
+            Ok(output) => output,
+            // Nothing recorded: the state stays as it was and the id is not remembered, so a
+            // redelivery is refused the same way.
+            Err(refusal) => {
+                return Decision::DeadLetter {
+                    reason: refusal.reason,
+                    detail: refusal.detail,
+                    event_id: Some(event_id),
+                };
+            }
+        };
         overlay.entities.insert(entity_id.clone(), entity_state);
         overlay.seen.insert(
             event_id.clone(),
@@ -412,6 +423,79 @@ mod tests {
                 ..
             }
         ));
+        assert!(overlay.is_empty());
+    }
+
+    #[test]
+    fn an_overflowing_total_is_dead_lettered_and_changes_nothing() {
+        let mut state = PartitionState::default();
+        let mut overlay = Overlay::default();
+        let max = format!(
+            r#"{{"event_id":"e-1","entity_id":"a","value":{}}}"#,
+            i64::MAX
+        );
+        assert!(matches!(
+            decide(&state, &mut overlay, &max, 0),
+            Decision::Emit { .. }
+        ));
+        state.apply(overlay);
+        let mut overlay = Overlay::default();
+        let one_more = r#"{"event_id":"e-2","entity_id":"a","value":1}"#;
+        let decision = decide(&state, &mut overlay, one_more, 1);
+        assert!(
+            matches!(
+                decision,
+                Decision::DeadLetter {
+                    reason: DeadLetterReason::TotalOverflow,
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+        assert!(overlay.is_empty(), "a refused event changes no state");
+        assert_eq!(
+            state.entity("a"),
+            Some(&LedgerTotals {
+                total: i64::MAX,
+                count: 1
+            })
+        );
+        // Another entity is unaffected: the partition moves on.
+        assert!(matches!(
+            decide(
+                &state,
+                &mut overlay,
+                r#"{"event_id":"e-3","entity_id":"b","value":1}"#,
+                2
+            ),
+            Decision::Emit { .. }
+        ));
+    }
+
+    #[test]
+    fn ambiguous_input_is_dead_lettered_with_its_own_reason() {
+        let state = PartitionState::<LedgerTotals>::default();
+        let mut overlay = Overlay::default();
+        for (value, reason) in [
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"value":2}"#,
+                DeadLetterReason::DuplicateKey,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"n":123456789012345678901}"#,
+                DeadLetterReason::IntegerOutOfRange,
+            ),
+            (
+                r#"{"event_id":"e","entity_id":"a","value":1,"n":1.00000000000000000001}"#,
+                DeadLetterReason::InexactNumber,
+            ),
+        ] {
+            let decision = decide(&state, &mut overlay, value, 0);
+            assert!(
+                matches!(decision, Decision::DeadLetter { reason: r, .. } if r == reason),
+                "{value}: {decision:?}"
+            );
+        }
         assert!(overlay.is_empty());
     }
 

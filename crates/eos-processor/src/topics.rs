@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
@@ -145,6 +145,26 @@ async fn wait_for_topics(
         &missing.join(","),
         "still missing 10 s after creation",
     ))
+}
+
+/// The topic's `max.message.bytes` as the broker describes it, or `None` when it cannot be read
+/// (no describe permission, an old broker): the caller then goes by the producer's limit alone.
+pub async fn max_message_bytes(client_config: &ClientConfig, topic: &str) -> Option<usize> {
+    let admin: AdminClient<DefaultClientContext> = client_config.create().ok()?;
+    let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+    let results = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+        .await
+        .ok()?;
+    results.into_iter().find_map(|result| {
+        result
+            .ok()?
+            .get("max.message.bytes")?
+            .value
+            .as_deref()?
+            .parse()
+            .ok()
+    })
 }
 
 async fn check_compacted(

@@ -54,6 +54,9 @@ pub struct LoopSettings {
     pub policy: DedupPolicy,
     pub transaction_timeout: Duration,
     pub fault_abort_every: Option<u64>,
+    /// The largest dead letter the producer can write: its `message.max.bytes`, or the dead-letter
+    /// topic's `max.message.bytes` when smaller (see `eos_core::dead_letter::build`).
+    pub dead_letter_max_bytes: usize,
     /// Connection settings shared by every client.
     pub client_config: ClientConfig,
 }
@@ -447,12 +450,24 @@ impl<T: Transform> TransactionLoop<T> {
                     "record dead-lettered"
                 );
                 *batch.counts.dead_letters.entry(reason).or_default() += 1;
-                batch.records.push(dead_letter_record(
+                let record = dead_letter_record(
                     &self.settings.dlq_topic,
                     message,
                     reason,
                     &detail,
-                ));
+                    self.settings.dead_letter_max_bytes,
+                );
+                if record.truncated {
+                    warn!(
+                        partition,
+                        offset = source.offset,
+                        size = message.payload().map_or(0, <[u8]>::len),
+                        limit = self.settings.dead_letter_max_bytes,
+                        "dead letter too big for the producer: a prefix is kept, with the \
+                         original's size and SHA-256"
+                    );
+                }
+                batch.records.push(record.record);
             }
         }
     }
@@ -720,42 +735,59 @@ impl<T: Transform> TransactionLoop<T> {
     }
 }
 
+/// A dead letter to write, and whether its value had to be cut to fit.
+struct DeadLetterRecord {
+    record: PendingRecord,
+    truncated: bool,
+}
+
 /// The original bytes and headers plus the reason and the source position, in the
-/// `eos_core::dead_letter` headers.
+/// `eos_core::dead_letter` headers — cut to fit `max_bytes` when the original is too big for the
+/// producer, so a dead letter can never fail to be written and stall the partition.
 fn dead_letter_record(
     dlq_topic: &str,
     message: &OwnedMessage,
     reason: DeadLetterReason,
     detail: &str,
-) -> PendingRecord {
-    let mut headers = OwnedHeaders::new();
-    if let Some(original) = message.headers() {
-        for header in original.iter() {
-            headers = headers.insert(Header {
-                key: header.key,
-                value: header.value,
-            });
-        }
-    }
-    let partition = message.partition().to_string();
-    let offset = message.offset().to_string();
-    for (key, value) in [
-        (dead_letter::REASON_HEADER, reason.as_str()),
-        (dead_letter::DETAIL_HEADER, detail),
-        (dead_letter::SOURCE_TOPIC_HEADER, message.topic()),
-        (dead_letter::SOURCE_PARTITION_HEADER, partition.as_str()),
-        (dead_letter::SOURCE_OFFSET_HEADER, offset.as_str()),
-    ] {
+    max_bytes: usize,
+) -> DeadLetterRecord {
+    let headers = message
+        .headers()
+        .map(|original| {
+            original
+                .iter()
+                .map(|header| (header.key, header.value))
+                .collect()
+        })
+        .unwrap_or_default();
+    let letter = dead_letter::build(
+        &dead_letter::DeadLetterInput {
+            key: message.key(),
+            value: message.payload(),
+            headers,
+            source_topic: message.topic(),
+            source_partition: message.partition(),
+            source_offset: message.offset(),
+            reason,
+            detail,
+        },
+        max_bytes,
+    );
+    let mut headers = OwnedHeaders::new_with_capacity(letter.headers.len());
+    for (key, value) in &letter.headers {
         headers = headers.insert(Header {
             key,
-            value: Some(value.as_bytes()),
+            value: value.as_deref(),
         });
     }
-    PendingRecord {
-        topic: dlq_topic.to_owned(),
-        partition: None,
-        key: message.key().map(<[u8]>::to_vec),
-        payload: message.payload().map(<[u8]>::to_vec),
-        headers,
+    DeadLetterRecord {
+        truncated: letter.truncated,
+        record: PendingRecord {
+            topic: dlq_topic.to_owned(),
+            partition: None,
+            key: letter.key,
+            payload: letter.value,
+            headers,
+        },
     }
 }

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use eos_core::EventEnvelope;
+use eos_core::{DeadLetterReason, EventEnvelope};
 
 /// Where an input record was read from; carried into every output as `source`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,17 +16,27 @@ pub struct SourcePosition {
     pub offset: i64,
 }
 
+/// Why a transform refuses a well-formed event: it becomes a dead letter with this reason, and
+/// its entity's state is left as it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct TransformRefusal {
+    pub reason: DeadLetterReason,
+    pub detail: String,
+}
+
 pub trait Transform: Send + 'static {
     /// State kept per entity, stored in the changelog topic as JSON.
     type EntityState: Clone + Default + Serialize + DeserializeOwned + Send + std::fmt::Debug;
 
     /// Applies one new event to its entity's state and returns the output record's JSON value.
+    /// On a refusal `state` may be partly changed: the caller drops it.
     fn apply(
         &self,
         state: &mut Self::EntityState,
         event: &EventEnvelope,
         source: &SourcePosition,
-    ) -> Map<String, Value>;
+    ) -> Result<Map<String, Value>, TransformRefusal>;
 }
 
 /// Per-entity running totals: the reference practice's `counter = counter + 1`
@@ -52,11 +62,25 @@ impl Transform for LedgerTransform {
         state: &mut LedgerTotals,
         event: &EventEnvelope,
         source: &SourcePosition,
-    ) -> Map<String, Value> {
-        // Saturating: a total that would overflow i64 is not representable in minor units anyway,
-        // and a panic here would wedge the partition forever.
-        state.total = state.total.saturating_add(event.value);
-        state.count += 1;
+    ) -> Result<Map<String, Value>, TransformRefusal> {
+        // A total past i64 cannot be represented; saturating would silently make every later
+        // total wrong, and a panic would wedge the partition. So the event is refused, explicitly.
+        let total = state
+            .total
+            .checked_add(event.value)
+            .ok_or_else(|| TransformRefusal {
+                reason: DeadLetterReason::TotalOverflow,
+                detail: format!(
+                    "entity {} total {} plus value {} overflows a signed 64-bit integer",
+                    event.entity_id, state.total, event.value
+                ),
+            })?;
+        let count = state.count.checked_add(1).ok_or_else(|| TransformRefusal {
+            reason: DeadLetterReason::TotalOverflow,
+            detail: format!("entity {} event count overflows", event.entity_id),
+        })?;
+        state.total = total;
+        state.count = count;
         let mut output = event.to_json();
         output.insert("entity_total".into(), Value::from(state.total));
         output.insert("entity_count".into(), Value::from(state.count));
@@ -64,7 +88,7 @@ impl Transform for LedgerTransform {
             "source".into(),
             serde_json::to_value(source).unwrap_or(Value::Null),
         );
-        output
+        Ok(output)
     }
 }
 
@@ -87,8 +111,12 @@ mod tests {
             offset: 41,
         };
         let mut totals = LedgerTotals::default();
-        LedgerTransform.apply(&mut totals, &event("e-102", 12500), &source);
-        let output = LedgerTransform.apply(&mut totals, &event("e-103", 7000), &source);
+        LedgerTransform
+            .apply(&mut totals, &event("e-102", 12500), &source)
+            .expect("applies");
+        let output = LedgerTransform
+            .apply(&mut totals, &event("e-103", 7000), &source)
+            .expect("applies");
         assert_eq!(
             totals,
             LedgerTotals {
@@ -104,5 +132,43 @@ mod tests {
         let reparsed = EventEnvelope::parse(&serde_json::to_vec(&output).expect("json"))
             .expect("output parses as an envelope");
         assert_eq!(reparsed.value, 7000);
+    }
+
+    #[test]
+    fn a_total_that_would_overflow_is_refused_and_the_state_kept() {
+        let source = SourcePosition {
+            topic: "payments".into(),
+            partition: 0,
+            offset: 0,
+        };
+        for (start, value) in [(i64::MAX - 5, 6), (i64::MIN + 5, -6)] {
+            let mut totals = LedgerTotals {
+                total: start,
+                count: 3,
+            };
+            let refusal = LedgerTransform
+                .apply(&mut totals, &event("e-big", value), &source)
+                .expect_err("overflow");
+            assert_eq!(refusal.reason, DeadLetterReason::TotalOverflow);
+            assert!(refusal.detail.contains("overflows"), "{refusal}");
+            assert_eq!(
+                totals,
+                LedgerTotals {
+                    total: start,
+                    count: 3
+                }
+            );
+        }
+        // Up to the edge is fine.
+        let mut totals = LedgerTotals {
+            total: i64::MAX - 5,
+            count: 0,
+        };
+        assert!(
+            LedgerTransform
+                .apply(&mut totals, &event("e-edge", 5), &source)
+                .is_ok()
+        );
+        assert_eq!(totals.total, i64::MAX);
     }
 }

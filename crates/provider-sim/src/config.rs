@@ -86,6 +86,15 @@ pub struct Config {
     #[arg(long, env = "PROVIDER_SIM_DECLINE_AMOUNTS_ABOVE")]
     pub decline_amounts_above: Option<i64>,
 
+    /// Pad every decline's body to this many bytes, as a provider with verbose errors would: the
+    /// caller must still record the refusal (its reason is cut to fit) and not ask again.
+    #[arg(
+        long,
+        env = "PROVIDER_SIM_DECLINE_BODY_BYTES",
+        requires = "decline_amounts_above"
+    )]
+    pub decline_body_bytes: Option<usize>,
+
     /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
     /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     #[arg(long, env = "PROVIDER_SIM_LOG_FORMAT", default_value = "text")]

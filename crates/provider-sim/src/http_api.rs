@@ -34,6 +34,8 @@ pub struct AppState {
     pub faults: Arc<Mutex<Faults>>,
     /// Charges with a larger amount are declined (`--decline-amounts-above`).
     pub decline_above: Option<i64>,
+    /// A decline's body is padded to this many bytes (`--decline-body-bytes`).
+    pub decline_body_bytes: Option<usize>,
     /// The Prometheus text of this process's counters (`None` in unit tests).
     pub metrics: Option<PrometheusHandle>,
 }
@@ -141,10 +143,17 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
         if let Some(limit) = state.decline_above.filter(|limit| amount > *limit) {
             tracing::info!(amount, limit, "charge declined: above the amount limit");
             counter!(CHARGES, "outcome" => "declined").increment(1);
+            let mut detail = format!("amount {amount} is above the limit {limit}");
+            if let Some(bytes) = state.decline_body_bytes {
+                detail.push(' ');
+                while detail.len() < bytes {
+                    detail.push_str("declined ");
+                }
+            }
             return error(
                 StatusCode::PAYMENT_REQUIRED,
                 "amount_limit_exceeded",
-                format!("amount {amount} is above the limit {limit}"),
+                detail,
             );
         }
         if lock(&state.faults).fail_before_apply() {

@@ -52,6 +52,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ledger: Arc::new(Mutex::new(Ledger::new(config.key_ttl))),
         faults: Arc::new(Mutex::new(Faults::new(plan, seed))),
         decline_above: config.decline_amounts_above,
+        decline_body_bytes: config.decline_body_bytes,
         metrics: Some(metrics),
     };
     let listener = TcpListener::bind(config.addr)

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 
 use metrics::counter;
-use rdkafka::producer::FutureProducer;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, warn};
@@ -64,7 +63,7 @@ pub(crate) struct BatchWriter<'a> {
     pub(crate) targets: &'a [PreparedTarget],
     pub(crate) providers: &'a [ProviderTarget],
     pub(crate) shutdown: &'a CancellationToken,
-    pub(crate) dlq: &'a FutureProducer,
+    pub(crate) dlq: &'a dead_letters::DeadLetterProducer,
 }
 
 impl BatchWriter<'_> {

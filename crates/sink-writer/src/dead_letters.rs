@@ -8,6 +8,11 @@
 //! letters again — a duplicate dead letter is recognisable by its source headers
 //! (`eos-source-topic/-partition/-offset`), and `sink_dead_letters` (written in the same
 //! transaction as the checkpoint) holds exactly one row per dead-lettered input.
+//!
+//! Size: a dead letter is built by `eos_core::dead_letter::build` to fit the producer's
+//! `message.max.bytes`, so an input larger than that (the input topic may accept more) is
+//! dead-lettered as a prefix with its original size and SHA-256 instead of failing delivery and
+//! rolling the batch back forever.
 
 use std::time::Duration;
 
@@ -17,14 +22,36 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
+use tracing::warn;
 
 use crate::mapping::InputRecord;
 
 /// How long a dead letter may wait for its acknowledgement before the batch is rolled back.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(20);
 
-pub fn create_producer(client_config: &ClientConfig) -> Result<FutureProducer, KafkaError> {
-    client_config
+/// The dead-letter producer and the largest record it can write.
+pub struct DeadLetterProducer {
+    producer: FutureProducer,
+    max_bytes: usize,
+}
+
+impl std::fmt::Debug for DeadLetterProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetterProducer")
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeadLetterProducer {
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+}
+
+pub fn create_producer(client_config: &ClientConfig) -> Result<DeadLetterProducer, KafkaError> {
+    let max_bytes = dead_letter::message_limit(client_config.get("message.max.bytes"), None);
+    let producer = client_config
         .clone()
         // Idempotent: librdkafka's own retries never duplicate a dead letter.
         .set("enable.idempotence", "true")
@@ -34,27 +61,55 @@ pub fn create_producer(client_config: &ClientConfig) -> Result<FutureProducer, K
             "message.timeout.ms",
             DELIVERY_TIMEOUT.as_millis().to_string(),
         )
-        .create()
+        .create()?;
+    Ok(DeadLetterProducer {
+        producer,
+        max_bytes,
+    })
 }
 
 /// Produces every dead letter of a batch and waits until all are acknowledged.
 pub async fn deliver(
-    producer: &FutureProducer,
+    producer: &DeadLetterProducer,
     dlq_topic: &str,
     letters: &[(&InputRecord, DeadLetterReason, &str)],
 ) -> Result<(), KafkaError> {
-    let mut deliveries = Vec::with_capacity(letters.len());
-    for (record, reason, detail) in letters {
-        let headers = headers(record, *reason, detail);
+    let built: Vec<dead_letter::DeadLetter> = letters
+        .iter()
+        .map(|(record, reason, detail)| build(record, *reason, detail, producer.max_bytes))
+        .collect();
+    let mut deliveries = Vec::with_capacity(built.len());
+    for (letter, (record, _, _)) in built.iter().zip(letters) {
+        if letter.truncated {
+            warn!(
+                partition = record.partition,
+                offset = record.offset,
+                size = record.payload.as_ref().map_or(0, Vec::len),
+                limit = producer.max_bytes,
+                "dead letter too big for the producer: a prefix is kept, with the original's \
+                 size and SHA-256"
+            );
+        }
+        let mut headers = OwnedHeaders::new_with_capacity(letter.headers.len());
+        for (key, value) in &letter.headers {
+            headers = headers.insert(Header {
+                key,
+                value: value.as_deref(),
+            });
+        }
         let mut future_record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(dlq_topic).headers(headers);
-        if let Some(key) = &record.key {
+        if let Some(key) = &letter.key {
             future_record = future_record.key(key.as_slice());
         }
-        if let Some(payload) = &record.payload {
-            future_record = future_record.payload(payload.as_slice());
+        if let Some(value) = &letter.value {
+            future_record = future_record.payload(value.as_slice());
         }
-        deliveries.push(producer.send(future_record, Timeout::After(DELIVERY_TIMEOUT)));
+        deliveries.push(
+            producer
+                .producer
+                .send(future_record, Timeout::After(DELIVERY_TIMEOUT)),
+        );
     }
     for result in futures::future::join_all(deliveries).await {
         if let Err((error, _)) = result {
@@ -64,27 +119,76 @@ pub async fn deliver(
     Ok(())
 }
 
-fn headers(record: &InputRecord, reason: DeadLetterReason, detail: &str) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new();
-    for (key, value) in &record.headers {
-        headers = headers.insert(Header {
-            key,
-            value: value.as_deref(),
-        });
+/// The dead letter of one input record, cut to `max_bytes` when the original is too big.
+pub fn build(
+    record: &InputRecord,
+    reason: DeadLetterReason,
+    detail: &str,
+    max_bytes: usize,
+) -> dead_letter::DeadLetter {
+    dead_letter::build(
+        &dead_letter::DeadLetterInput {
+            key: record.key.as_deref(),
+            value: record.payload.as_deref(),
+            headers: record
+                .headers
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.as_deref()))
+                .collect(),
+            source_topic: &record.topic,
+            source_partition: record.partition,
+            source_offset: record.offset,
+            reason,
+            detail,
+        },
+        max_bytes,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(payload: Vec<u8>) -> InputRecord {
+        InputRecord {
+            topic: "events".into(),
+            partition: 1,
+            offset: 7,
+            key: Some(b"k".to_vec()),
+            payload: Some(payload),
+            headers: vec![("traceparent".into(), Some(b"00-abc".to_vec()))],
+            timestamp_ms: None,
+        }
     }
-    let partition = record.partition.to_string();
-    let offset = record.offset.to_string();
-    for (key, value) in [
-        (dead_letter::REASON_HEADER, reason.as_str()),
-        (dead_letter::DETAIL_HEADER, detail),
-        (dead_letter::SOURCE_TOPIC_HEADER, record.topic.as_str()),
-        (dead_letter::SOURCE_PARTITION_HEADER, partition.as_str()),
-        (dead_letter::SOURCE_OFFSET_HEADER, offset.as_str()),
-    ] {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value.as_bytes()),
-        });
+
+    #[test]
+    fn a_small_record_is_copied_whole_and_a_huge_one_cut_to_the_limit() {
+        let small = build(
+            &record(b"{bad".to_vec()),
+            DeadLetterReason::MalformedJson,
+            "x",
+            1_000_000,
+        );
+        assert!(!small.truncated);
+        assert_eq!(small.value.as_deref(), Some(b"{bad".as_slice()));
+        assert_eq!(small.header("traceparent"), Some(b"00-abc".as_slice()));
+
+        let huge = vec![b'{'; 3 * 1024 * 1024];
+        let letter = build(
+            &record(huge.clone()),
+            DeadLetterReason::OversizedRecord,
+            "x",
+            1_000_000,
+        );
+        assert!(letter.truncated);
+        assert!(letter.wire_size() <= 1_000_000);
+        assert_eq!(
+            letter.header(dead_letter::SOURCE_OFFSET_HEADER),
+            Some(b"7".as_slice())
+        );
+        assert_eq!(
+            letter.header(dead_letter::ORIGINAL_SHA256_HEADER),
+            Some(dead_letter::sha256_hex(&huge).as_bytes())
+        );
     }
-    headers
 }

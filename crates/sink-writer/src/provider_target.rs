@@ -35,6 +35,13 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::metrics as m;
 use crate::targets::{ProviderSpec, SecretSource};
 
+/// dedup-service's limit on an operation id, in bytes.
+pub const MAX_OPERATION_ID_BYTES: usize = 256;
+/// Longest target name: `<name>:<event_id>` must fit [`MAX_OPERATION_ID_BYTES`] for the longest
+/// event id the envelope allows, or every event with a long id would be refused by dedup-service.
+pub const MAX_TARGET_NAME_BYTES: usize =
+    MAX_OPERATION_ID_BYTES - 1 - eos_core::envelope::MAX_ID_BYTES;
+
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
 
@@ -66,6 +73,13 @@ pub enum ProviderTargetError {
     },
     #[error("provider target {target}: shutting down with operations not final")]
     Cancelled { target: String },
+    #[error(
+        "provider target name {target:?} is {len} bytes, at most {MAX_TARGET_NAME_BYTES} allowed: \
+         operation ids are <name>:<event_id>, at most {MAX_OPERATION_ID_BYTES} bytes with event ids \
+         of up to {} bytes",
+        eos_core::envelope::MAX_ID_BYTES
+    )]
+    NameTooLong { target: String, len: usize },
 }
 
 /// One event to charge.
@@ -155,6 +169,7 @@ impl ProviderTarget {
         owner: String,
         dedup_credentials: &ClientCredentials,
     ) -> Result<Self, ProviderTargetError> {
+        check_name(&spec.name)?;
         let dedup = DedupClient::connect_lazy_with(&spec.dedup_url, dedup_credentials).map_err(
             |source| ProviderTargetError::DedupUrl {
                 target: spec.name.clone(),
@@ -378,6 +393,17 @@ impl ProviderTarget {
     }
 }
 
+/// Refuses at start-up a name that would make some operation ids too long.
+pub fn check_name(name: &str) -> Result<(), ProviderTargetError> {
+    if name.len() > MAX_TARGET_NAME_BYTES {
+        return Err(ProviderTargetError::NameTooLong {
+            target: name.to_owned(),
+            len: name.len(),
+        });
+    }
+    Ok(())
+}
+
 /// The charge's request body: the amount and the event it is for. Deterministic per event, so
 /// every attempt with the same key sends the same request.
 pub fn request_body(
@@ -475,6 +501,29 @@ mod tests {
         let error = request_body(&spec(Source::Pointer("/payload/cents".into())), &e)
             .expect_err("not an integer");
         assert!(error.contains("/payload/cents"), "{error}");
+    }
+
+    #[test]
+    fn a_name_too_long_for_operation_ids_is_refused_at_start_up() {
+        assert_eq!(MAX_TARGET_NAME_BYTES, 127);
+        assert!(check_name(&"n".repeat(127)).is_ok());
+        // The longest name with the longest event id is exactly dedup-service's limit.
+        let longest = format!(
+            "{}:{}",
+            "n".repeat(127),
+            "e".repeat(eos_core::envelope::MAX_ID_BYTES)
+        );
+        assert_eq!(longest.len(), MAX_OPERATION_ID_BYTES);
+        let mut long = spec(Source::Value);
+        long.name = "n".repeat(128);
+        let error =
+            ProviderTarget::new(long, "owner".into(), &Default::default()).expect_err("too long");
+        let message = error.to_string();
+        assert!(matches!(
+            error,
+            ProviderTargetError::NameTooLong { len: 128, .. }
+        ));
+        assert!(message.contains("128 bytes, at most 127"), "{message}");
     }
 
     #[test]

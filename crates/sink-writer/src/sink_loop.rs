@@ -31,7 +31,6 @@ use metrics::{counter, gauge, histogram};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use tokio::runtime::Handle;
@@ -101,7 +100,7 @@ pub struct SinkLoop {
     /// Cancels waits for provider outcomes on shutdown.
     shutdown: CancellationToken,
     consumer: LoopConsumer,
-    dlq: FutureProducer,
+    dlq: dead_letters::DeadLetterProducer,
     slots: BTreeMap<i32, Slot>,
     batch: Vec<InputRecord>,
     /// What `batch` holds in payload, key and header bytes.

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use eos_core::dead_letter::{MAX_DETAIL_BYTES, truncate_with_marker};
 use sqlx::PgConnection;
 
 use crate::batch_plan::{Candidate, Stored};
@@ -223,7 +224,9 @@ pub async fn insert_dead_letters(
         &dead_letters.iter().map(|d| d.partition).collect::<Vec<_>>(),
         &dead_letters.iter().map(|d| d.offset).collect::<Vec<_>>(),
         &text(|d| d.reason.clone()),
-        &text(|d| d.detail.clone()),
+        // Bounded like the Kafka dead letter's detail header: a detail quoting a huge value (a
+        // database error, say) must not make the row itself a problem.
+        &text(|d| truncate_with_marker(&d.detail, MAX_DETAIL_BYTES).into_owned()),
     )
     .execute(conn)
     .await?;

@@ -10,6 +10,7 @@ mod kafka_transactions;
 mod migrate;
 mod outbox;
 mod payments_api;
+mod poison_input;
 mod postgres_idempotency;
 mod processor;
 mod provider_sim;
