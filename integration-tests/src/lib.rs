@@ -509,9 +509,32 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
         .get_or_init(|| {
             // Building is cheap when nothing changed, and guarantees tests never run a stale binary.
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
+            let mut build = Command::new(cargo);
+            build
                 .args(["build", "--quiet", "--workspace", "--bins"])
-                .current_dir(workspace)
+                .current_dir(workspace);
+            // cargo gives a test the variables of its own package (CARGO_MANIFEST_DIR,
+            // CARGO_PKG_NAME, ...). Build scripts that watch them (ring's) would see them
+            // "changed" against `make test`'s own build and rebuild ring and everything above it
+            // (rustls, sqlx, tonic: minutes), here and again in the next plain build.
+            for (name, _) in std::env::vars_os() {
+                let name = name.to_string_lossy();
+                if name.starts_with("CARGO_PKG_")
+                    || matches!(
+                        name.as_ref(),
+                        "CARGO_MANIFEST_DIR"
+                            | "CARGO_MANIFEST_PATH"
+                            | "CARGO_MANIFEST_LINKS"
+                            | "CARGO_CRATE_NAME"
+                            | "CARGO_PRIMARY_PACKAGE"
+                            | "CARGO_TARGET_TMPDIR"
+                            | "OUT_DIR"
+                    )
+                {
+                    build.env_remove(name.as_ref());
+                }
+            }
+            let status = build
                 .status()
                 .map_err(|e| format!("cannot run cargo build: {e}"))?;
             if status.success() {

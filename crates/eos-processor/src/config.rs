@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use eos_core::Guarantee;
 use eos_core::envelope::MAX_ID_BYTES;
-use eos_runtime::{InstanceFlags, LogFlags};
+use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
 /// letter (input + headers) must still fit the broker's default 1 MiB message limit.
@@ -22,13 +22,9 @@ pub const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "eos-processor", version, about, long_about)]
 pub struct Config {
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    pub bootstrap_servers: String,
+    // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
+    #[command(flatten)]
+    pub kafka: KafkaFlags,
 
     /// Topic to read envelopes from.
     #[arg(long, env = "EOS_INPUT_TOPIC", default_value = "payments")]
@@ -97,6 +93,10 @@ pub struct Config {
     #[arg(long, env = "EOS_FAULT_ABORT_EVERY", hide = true)]
     pub fault_abort_every: Option<u64>,
 }
+
+/// Kafka properties the processor takes from its own flags (--transaction-timeout), refused in the
+/// passthrough on top of eos-runtime's list of what exactly-once depends on.
+pub const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
 
 impl Config {
     pub fn dlq_topic(&self) -> String {
@@ -192,5 +192,34 @@ mod tests {
             .validate()
             .expect_err("zero batch");
         assert!(error.contains("--max-batch"));
+    }
+
+    #[test]
+    fn kafka_properties_pass_through_except_what_the_processor_sets() -> anyhow::Result<()> {
+        let settings = parse(&[
+            "-X",
+            "security.protocol=SSL",
+            "-X",
+            "ssl.ca.location=/ca.pem",
+        ])
+        .kafka
+        .settings(OWN_KAFKA_PROPERTIES)?;
+        let client = settings.client_config();
+        assert_eq!(client.get("security.protocol"), Some("SSL"));
+        assert_eq!(client.get("ssl.ca.location"), Some("/ca.pem"));
+        for refused in [
+            "transaction.timeout.ms=60000",
+            "transactional.id=other",
+            "isolation.level=read_uncommitted",
+        ] {
+            assert!(
+                parse(&["-X", refused])
+                    .kafka
+                    .settings(OWN_KAFKA_PROPERTIES)
+                    .is_err(),
+                "{refused}"
+            );
+        }
+        Ok(())
     }
 }

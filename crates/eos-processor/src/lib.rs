@@ -20,7 +20,6 @@ pub mod transform;
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
-use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -71,12 +70,20 @@ pub fn boundary(config: &Config) -> Boundary {
 /// fatal error (fenced, unrecoverable Kafka state, bad topics).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().map_err(ProcessorError::Config)?;
+    let kafka = config
+        .kafka
+        .settings(config::OWN_KAFKA_PROPERTIES)
+        .context("Kafka settings")?;
+    tracing::info!(
+        bootstrap_servers = %kafka.bootstrap_servers,
+        properties = ?kafka.property_keys(),
+        "Kafka client settings (property values are not logged)"
+    );
     let boundary = boundary(&config);
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
     let readiness = ops.readiness.clone();
 
-    let mut client_config = ClientConfig::new();
-    client_config.set("bootstrap.servers", &config.bootstrap_servers);
+    let client_config = kafka.client_config();
     let plan = topics::TopicPlan {
         input: config.input_topic.clone(),
         output: config.output_topic.clone(),

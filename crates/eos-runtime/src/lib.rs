@@ -11,6 +11,7 @@
 //! I/O.
 
 pub mod backoff;
+pub mod kafka_settings;
 pub mod ops_http;
 pub mod rebalance;
 #[cfg(feature = "postgres")]
@@ -24,6 +25,7 @@ pub mod topic_config;
 pub mod trace_context;
 pub mod transactional_producer;
 
+pub use kafka_settings::{KafkaFlags, KafkaSettings};
 pub use service_flags::{InstanceFlags, LogFlags};
 pub use service_main::{run_with_telemetry, service_main};
 pub use telemetry::LogFormat;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use eos_core::envelope::DEFAULT_MAX_RECORD_BYTES;
+use eos_runtime::KafkaFlags;
 use eos_runtime::telemetry::LogFormat;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -16,36 +17,29 @@ Exit status:
   2  operational error: bad arguments, Kafka unreachable, input topic missing, delivery failed;
      for audit also PostgreSQL or the provider unreachable, or a table missing";
 
+/// The shared Kafka flags work before and after the subcommand, like eosctl's other global
+/// options.
+fn global_option(arg: clap::Arg) -> clap::Arg {
+    arg.global(true).help_heading("Global options")
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "eosctl",
     version,
     about = "Produce at-least-once workloads, audit a pipeline's exactly-once result, watch its lag \
              and benchmark it",
-    after_help = EXIT_STATUS
+    after_help = EXIT_STATUS,
+    mut_arg("bootstrap_servers", global_option),
+    mut_arg("kafka_properties", global_option),
+    mut_arg("kafka_properties_list", global_option),
+    mut_arg("kafka_properties_file", global_option)
 )]
 pub struct Cli {
-    /// Kafka bootstrap servers, comma-separated host:port.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub bootstrap_servers: String,
-
-    /// Extra librdkafka property KEY=VALUE (security.protocol, sasl.*, ssl.*, ...); repeatable.
-    /// Properties exactly-once depends on (enable.idempotence, acks, isolation.level,
-    /// enable.auto.commit, group.id, transactional.id) are refused.
-    #[arg(
-        short = 'X',
-        long = "kafka-property",
-        value_name = "KEY=VALUE",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub kafka_properties: Vec<String>,
+    // --bootstrap-servers and the librdkafka property passthrough, the same flags as the
+    // services' (eos-runtime); made global by the `mut_arg`s above.
+    #[command(flatten)]
+    pub kafka: KafkaFlags,
 
     /// Log format on stderr (stdout carries only results): text or json. RUST_LOG filters.
     /// Traces are exported over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set.
@@ -508,6 +502,45 @@ mod tests {
             "2",
         ]);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn kafka_properties_are_eos_runtime_s_shared_flags_before_or_after_the_command()
+    -> anyhow::Result<()> {
+        let expected = [
+            ("security.protocol".to_owned(), "SSL".to_owned()),
+            ("ssl.ca.location".to_owned(), "/ca.pem".to_owned()),
+        ];
+        let lag = ["lag", "--group", "g", "--topic", "t"];
+        let kafka = [
+            "-X",
+            "security.protocol=SSL",
+            "--kafka-property",
+            "ssl.ca.location=/ca.pem",
+            "--bootstrap-servers",
+            "broker:9093",
+        ];
+        let before = std::iter::once("eosctl").chain(kafka).chain(lag);
+        let after = std::iter::once("eosctl").chain(lag).chain(kafka);
+        for argv in [before.collect::<Vec<_>>(), after.collect()] {
+            let settings = Cli::try_parse_from(&argv)?.kafka.settings(&[])?;
+            assert_eq!(settings.bootstrap_servers, "broker:9093", "{argv:?}");
+            assert_eq!(settings.properties, expected, "{argv:?}");
+        }
+        let cli = Cli::try_parse_from([
+            "eosctl",
+            "-X",
+            "enable.idempotence=false",
+            "lag",
+            "--group",
+            "g",
+            "--topic",
+            "t",
+        ])?;
+        assert!(cli.kafka.settings(&[]).is_err(), "refused");
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("--kafka-properties-file"), "{help}");
+        Ok(())
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::kafka_client::{ClusterError, KafkaSettings, METADATA_TIMEOUT};
+use crate::kafka_client::{ClusterAccess as _, ClusterError, KafkaSettings, METADATA_TIMEOUT};
 
 /// Where one partition stands for the group, read at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl GroupOffsetReader {
 }
 
 /// `(low, high)` watermarks of each partition. `metadata` must be a read_uncommitted client
-/// (`KafkaSettings::metadata_client`) so that `high` is the true end of the log rather than
+/// (`ClusterAccess::metadata_client`) so that `high` is the true end of the log rather than
 /// the last stable offset.
 pub fn watermarks(
     settings: &KafkaSettings,

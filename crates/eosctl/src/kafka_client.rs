@@ -1,44 +1,23 @@
-//! Kafka client settings shared by every command, and topic metadata / creation.
+//! Kafka cluster access shared by every command: metadata, watermarks and topic creation.
 //!
-//! Settings exactly-once depends on (idempotence, `acks`, `read_committed`, auto-commit, topic
-//! auto-creation) are set by the commands themselves and cannot be overridden with
-//! `--kafka-property`; everything else (TLS, SASL, timeouts) can.
+//! The settings (`--bootstrap-servers`, `-X/--kafka-property`, `EOS_KAFKA_PROPERTIES`,
+//! `--kafka-properties-file`) are eos-runtime's, the same as the services': settings exactly-once
+//! depends on (idempotence, `acks`, `read_committed`, auto-commit, topic auto-creation) are set by
+//! the commands themselves and refused there; everything else (TLS, SASL, timeouts) passes
+//! through to every client a command creates.
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+pub use eos_runtime::kafka_settings::{KafkaSettings, KafkaSettingsError};
+
 /// How long a metadata request may take before the cluster counts as unreachable.
 pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Properties the commands set themselves because correctness depends on them.
-const PROTECTED_PROPERTIES: [&str; 10] = [
-    "bootstrap.servers",
-    "enable.idempotence",
-    "acks",
-    "request.required.acks",
-    "isolation.level",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "group.id",
-    "transactional.id",
-    "allow.auto.create.topics",
-];
-
-#[derive(Debug, thiserror::Error)]
-pub enum SettingsError {
-    #[error("--kafka-property {0:?} is not KEY=VALUE")]
-    NotKeyValue(String),
-    #[error(
-        "--kafka-property {0} cannot be overridden: eosctl sets it itself because exactly-once depends on it"
-    )]
-    Protected(String),
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -63,59 +42,26 @@ impl ClusterError {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KafkaSettings {
-    pub bootstrap_servers: String,
-    /// Extra librdkafka properties (`security.protocol`, `sasl.*`, `ssl.*`, …).
-    pub properties: Vec<(String, String)>,
+/// What the commands need of [`KafkaSettings`] beyond a client configuration.
+pub trait ClusterAccess {
+    /// The error for a cluster that does not answer.
+    fn unreachable(&self, source: KafkaError) -> ClusterError;
+
+    /// A consumer that never joins a group: metadata and watermark queries only. It is
+    /// read_uncommitted (librdkafka's default is read_committed) so that its high watermark is
+    /// the true end of the log rather than the last stable offset.
+    fn metadata_client(&self) -> Result<BaseConsumer, ClusterError>;
 }
 
-impl KafkaSettings {
-    /// `properties` as `KEY=VALUE` strings, as given on the command line.
-    pub fn new(
-        bootstrap_servers: impl Into<String>,
-        properties: &[String],
-    ) -> Result<Self, SettingsError> {
-        let properties = properties
-            .iter()
-            .map(|property| {
-                let (key, value) = property
-                    .split_once('=')
-                    .ok_or_else(|| SettingsError::NotKeyValue(property.clone()))?;
-                let key = key.trim();
-                if PROTECTED_PROPERTIES.contains(&key) {
-                    return Err(SettingsError::Protected(key.to_owned()));
-                }
-                Ok((key.to_owned(), value.to_owned()))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self {
-            bootstrap_servers: bootstrap_servers.into(),
-            properties,
-        })
-    }
-
-    /// A client configuration with the bootstrap servers and the user's extra properties.
-    pub fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap_servers);
-        for (key, value) in &self.properties {
-            config.set(key, value);
-        }
-        config
-    }
-
-    pub(crate) fn unreachable(&self, source: KafkaError) -> ClusterError {
+impl ClusterAccess for KafkaSettings {
+    fn unreachable(&self, source: KafkaError) -> ClusterError {
         ClusterError::Unreachable {
             servers: self.bootstrap_servers.clone(),
             source,
         }
     }
 
-    /// A consumer that never joins a group: metadata and watermark queries only. It is
-    /// read_uncommitted (librdkafka's default is read_committed) so that its high watermark is the
-    /// true end of the log rather than the last stable offset.
-    pub(crate) fn metadata_client(&self) -> Result<BaseConsumer, ClusterError> {
+    fn metadata_client(&self) -> Result<BaseConsumer, ClusterError> {
         self.client_config()
             .set("isolation.level", "read_uncommitted")
             .set("allow.auto.create.topics", "false")
@@ -225,46 +171,4 @@ async fn spawn_blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ClusterError> + Send + 'static,
 ) -> Result<T, ClusterError> {
     tokio::task::spawn_blocking(work).await?
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn extra_properties_are_passed_on() -> Result<(), SettingsError> {
-        let settings = KafkaSettings::new(
-            "broker:9092",
-            &[
-                "security.protocol=SASL_SSL".to_owned(),
-                "sasl.password=a=b".to_owned(),
-            ],
-        )?;
-        let config = settings.client_config();
-        assert_eq!(config.get("bootstrap.servers"), Some("broker:9092"));
-        assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
-        assert_eq!(config.get("sasl.password"), Some("a=b"));
-        Ok(())
-    }
-
-    #[test]
-    fn settings_exactly_once_depends_on_are_refused() {
-        for property in [
-            "enable.idempotence=false",
-            "isolation.level=read_uncommitted",
-            " acks =1",
-        ] {
-            assert!(
-                matches!(
-                    KafkaSettings::new("b:9092", &[property.to_owned()]),
-                    Err(SettingsError::Protected(_))
-                ),
-                "{property}"
-            );
-        }
-        assert!(matches!(
-            KafkaSettings::new("b:9092", &["linger.ms".to_owned()]),
-            Err(SettingsError::NotKeyValue(_))
-        ));
-    }
 }

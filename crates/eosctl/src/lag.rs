@@ -22,7 +22,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::group_offsets::{GroupOffsetReader, PartitionOffsets};
-use crate::kafka_client::{ClusterError, KafkaSettings, topic_partitions};
+use crate::kafka_client::{ClusterAccess as _, ClusterError, KafkaSettings, topic_partitions};
 use crate::report::grouped;
 
 /// How often `--wait` looks again.

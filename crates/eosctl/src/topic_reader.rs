@@ -16,7 +16,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::kafka_client::{ClusterError, KafkaSettings, METADATA_TIMEOUT, topic_partitions};
+use crate::kafka_client::{
+    ClusterAccess as _, ClusterError, KafkaSettings, METADATA_TIMEOUT, topic_partitions,
+};
 use crate::source_record::SourceRecord;
 
 /// How often positions are re-read to notice partitions that end in control records (commit or

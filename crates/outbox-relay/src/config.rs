@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::Guarantee;
-use eos_runtime::LogFlags;
 use eos_runtime::secrets::DatabaseUrlFlags;
+use eos_runtime::{KafkaFlags, LogFlags};
 
 /// Publishes the rows of the PostgreSQL outbox (table eos_outbox, filled by
 /// eos_outbox_enqueue(...) inside the domain's own transactions) to Kafka.
@@ -21,13 +21,9 @@ use eos_runtime::secrets::DatabaseUrlFlags;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Config {
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    pub bootstrap_servers: String,
+    // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
+    #[command(flatten)]
+    pub kafka: KafkaFlags,
 
     #[command(flatten)]
     pub database: DatabaseUrlFlags,
@@ -90,6 +86,10 @@ pub struct Config {
     #[command(flatten)]
     pub log: LogFlags,
 }
+
+/// Kafka properties the relay takes from its own flags (--transaction-timeout), refused in the
+/// passthrough on top of eos-runtime's list of what exactly-once depends on.
+pub const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
 
 impl Config {
     pub fn transactional_id(&self) -> String {
@@ -162,5 +162,29 @@ mod tests {
         );
         let config = parse(&["--relay-name", ""]).expect("parses");
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn kafka_properties_pass_through_except_what_the_relay_sets() -> anyhow::Result<()> {
+        let settings = parse(&[
+            "--kafka-properties",
+            "security.protocol=SSL;ssl.ca.location=/ca.pem",
+        ])?
+        .kafka
+        .settings(OWN_KAFKA_PROPERTIES)?;
+        assert_eq!(
+            settings.client_config().get("security.protocol"),
+            Some("SSL")
+        );
+        for refused in ["transaction.timeout.ms=60000", "enable.idempotence=false"] {
+            assert!(
+                parse(&["-X", refused])?
+                    .kafka
+                    .settings(OWN_KAFKA_PROPERTIES)
+                    .is_err(),
+                "{refused}"
+            );
+        }
+        Ok(())
     }
 }

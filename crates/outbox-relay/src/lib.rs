@@ -16,7 +16,6 @@ pub mod purge;
 pub mod relay_loop;
 
 use anyhow::Context as _;
-use rdkafka::ClientConfig;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
@@ -80,6 +79,15 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 /// error (fenced, a position that disagrees with PostgreSQL, a row that is not an envelope).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().map_err(RelayError::Config)?;
+    let kafka = config
+        .kafka
+        .settings(config::OWN_KAFKA_PROPERTIES)
+        .context("Kafka settings")?;
+    tracing::info!(
+        bootstrap_servers = %kafka.bootstrap_servers,
+        properties = ?kafka.property_keys(),
+        "Kafka client settings (property values are not logged)"
+    );
     let ops = OpsEndpoint::start(config.metrics_addr, boundary(&config), metrics::describe).await?;
     let readiness = ops.readiness.clone();
 
@@ -96,8 +104,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     )
     .await?;
 
-    let mut client_config = ClientConfig::new();
-    client_config.set("bootstrap.servers", &config.bootstrap_servers);
+    let client_config = kafka.client_config();
     if config.guarantee == Guarantee::ExactlyOnce {
         position_topic::ensure_positions_topic(&client_config, &config.positions_topic).await?;
     }

@@ -10,7 +10,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
 use eos_runtime::secrets::DatabaseUrlFlags;
-use eos_runtime::{InstanceFlags, LogFlags};
+use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 
 /// Where the input position lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,13 +57,9 @@ impl fmt::Display for OffsetsMode {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "sink-writer", version, about, long_about)]
 pub struct Config {
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    pub bootstrap_servers: String,
+    // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
+    #[command(flatten)]
+    pub kafka: KafkaFlags,
 
     /// Topic to read (the processor's output, or any topic of event envelopes).
     #[arg(long, env = "EOS_SINK_TOPIC", default_value = "ledger")]
@@ -353,5 +349,32 @@ mod tests {
             Config::try_parse_from(["sink-writer"]).is_err()
                 || std::env::var("DATABASE_URL").is_ok()
         );
+    }
+
+    #[test]
+    fn kafka_properties_pass_through_except_what_the_sink_sets() -> anyhow::Result<()> {
+        let settings = parse(&[
+            "-X",
+            "security.protocol=SASL_SSL",
+            "-X",
+            "sasl.mechanism=SCRAM-SHA-512",
+        ])
+        .kafka
+        .settings(&[])?;
+        assert_eq!(
+            settings.client_config().get("sasl.mechanism"),
+            Some("SCRAM-SHA-512")
+        );
+        for refused in [
+            "group.id=other",
+            "enable.auto.commit=true",
+            "auto.offset.reset=latest",
+        ] {
+            assert!(
+                parse(&["-X", refused]).kafka.settings(&[]).is_err(),
+                "{refused}"
+            );
+        }
+        Ok(())
     }
 }

@@ -43,6 +43,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
+use eos_runtime::KafkaSettings;
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::schema_migrations as migrations;
 use rdkafka::ClientConfig;
@@ -158,16 +159,23 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 /// fatal error (fenced, bad configuration or schema, a permanent database error).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().map_err(SinkError::Config)?;
+    let kafka = config.kafka.settings(&[]).context("Kafka settings")?;
+    tracing::info!(
+        bootstrap_servers = %kafka.bootstrap_servers,
+        properties = ?kafka.property_keys(),
+        "Kafka client settings (property values are not logged)"
+    );
     let specs = target_specs(&config)?;
     let boundary = boundary(&config, &specs);
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
-    let result = serve(config, specs, ops.readiness.clone(), shutdown).await;
+    let result = serve(config, kafka, specs, ops.readiness.clone(), shutdown).await;
     ops.stop().await;
     result
 }
 
 async fn serve(
     config: Config,
+    kafka: KafkaSettings,
     specs: Targets,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -214,8 +222,7 @@ async fn serve(
     }
     let targets: Arc<Vec<PreparedTarget>> = Arc::new(prepared);
 
-    let mut client_config = ClientConfig::new();
-    client_config.set("bootstrap.servers", &config.bootstrap_servers);
+    let client_config = kafka.client_config();
     ensure_dlq_topic(&client_config, &config.topic, &config.dlq_topic())
         .await
         .context("checking the dead-letter topic")?;

@@ -20,3 +20,4 @@ mod sink_provider;
 mod sink_writer;
 mod trace_cli;
 mod traces;
+mod transport_tls;

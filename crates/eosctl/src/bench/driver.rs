@@ -31,7 +31,9 @@ use crate::bench::report::{
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::group_offsets::{GroupOffsetReader, watermarks};
-use crate::kafka_client::{KafkaSettings, TopicLayout, ensure_topic, topic_partitions};
+use crate::kafka_client::{
+    ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
+};
 use crate::produce::{self, ProduceOptions, ProduceSummary};
 use crate::workload::WorkloadSpec;
 

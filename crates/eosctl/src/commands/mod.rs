@@ -52,7 +52,7 @@ pub async fn run(cli: Cli) -> ExitCode {
 }
 
 async fn execute(cli: Cli) -> anyhow::Result<Status> {
-    let kafka = KafkaSettings::new(&cli.bootstrap_servers, &cli.kafka_properties)?;
+    let kafka: KafkaSettings = cli.kafka.settings(&[])?;
     match cli.command {
         Command::Produce(args) => produce::run(kafka, args).await,
         Command::Audit(args) => audit::run(kafka, args).await,
@@ -61,7 +61,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
             target: BenchTarget::Processor(args),
         }) => bench::run_processor(kafka, args).await,
         Command::Trace(args) => trace::run(args).await,
-        Command::Demo(args) => Ok(if demo::run(&cli.bootstrap_servers, args).await? {
+        Command::Demo(args) => Ok(if demo::run(&cli.kafka.bootstrap_servers, args).await? {
             Status::Success
         } else {
             Status::ViolationsFound

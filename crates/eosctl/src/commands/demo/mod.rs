@@ -228,7 +228,7 @@ fn strings(args: &[&str]) -> Vec<String> {
 pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool> {
     let self_exe = std::env::current_exe().context("locating eosctl")?;
     // Only the bootstrap servers, as the services get: `-X` properties are eosctl's own.
-    let kafka = KafkaSettings::new(bootstrap_servers, &[])?;
+    let kafka = KafkaSettings::new(bootstrap_servers, &[], &[])?;
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => self_exe
