@@ -34,7 +34,6 @@ RELEASE = "rel"
 # Values files that must fail to render, and what the error must say.
 BAD_VALUES = {
     "misspelt-key.yaml": "additional properties 'replica' not allowed",
-    "kafka-client-properties.yaml": "issue #13",
     "grace-too-short.yaml": "must be longer than processor.transactionTimeoutSeconds",
     "no-database-secret.yaml": "set database.existingSecret",
     "relay-grace-too-short.yaml": "must be longer than outboxRelay.transactionTimeoutSeconds",
@@ -428,6 +427,22 @@ class RenderedChart(unittest.TestCase):
                 config_map = config_maps[volume["configMap"]["name"]]
                 targets = tomllib.loads(config_map["data"][Path(path).name])["targets"]
                 self.assertTrue(targets, "at least one target")
+
+
+    def test_kafka_client_properties_reach_every_kafka_service(self):
+        docs = manifests("kafka-tls-values.yaml", CHART / "ci" / "kafka-tls-values.yaml")
+        for binary in ("eos-processor", "sink-writer", "outbox-relay"):
+            (workload,) = workloads_running(docs, binary)
+            container = containers(workload, init=False)[0]
+            env = env_of(container)
+            properties = env["EOS_KAFKA_PROPERTIES"]["value"].split(";")
+            self.assertIn("security.protocol=SASL_SSL", properties, binary)
+            self.assertIn("ssl.ca.location=/etc/eos-suite/kafka/ca.pem", properties, binary)
+            path = env["EOS_KAFKA_PROPERTIES_FILE"]["value"]
+            (mount,) = [m for m in container["volumeMounts"]
+                        if path.startswith(m["mountPath"] + "/")]
+            (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+            self.assertEqual(volume["secret"]["secretName"], "eos-suite-kafka-client", binary)
 
 
 class BadValues(unittest.TestCase):

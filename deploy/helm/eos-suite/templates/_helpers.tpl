@@ -112,6 +112,48 @@ position's key and the transactional.id come from it.
   value: "true"
 {{- end }}
 
+{{/*
+The Kafka settings of every Kafka service: the bootstrap servers, the non-secret client
+properties (EOS_KAFKA_PROPERTIES) and, from kafka.propertiesSecret, a properties file with the
+secret ones (EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolume.
+*/}}
+{{- define "eos-suite.kafkaEnv" -}}
+- name: KAFKA_BOOTSTRAP_SERVERS
+  value: {{ .Values.kafka.bootstrapServers | quote }}
+{{- with .Values.kafka.clientProperties }}
+- name: EOS_KAFKA_PROPERTIES
+  value: {{ include "eos-suite.kafkaPropertiesList" . | quote }}
+{{- end }}
+{{- if .Values.kafka.propertiesSecret }}
+- name: EOS_KAFKA_PROPERTIES_FILE
+  value: /etc/eos-suite/kafka/kafka.properties
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.kafkaPropertiesList" -}}
+{{- $entries := list }}
+{{- range $key, $value := . }}
+{{- $entries = append $entries (printf "%s=%s" $key (toString $value)) }}
+{{- end }}
+{{- join ";" $entries }}
+{{- end }}
+
+{{- define "eos-suite.kafkaVolumeMount" -}}
+{{- if .Values.kafka.propertiesSecret }}
+- name: kafka-client
+  mountPath: /etc/eos-suite/kafka
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.kafkaVolume" -}}
+{{- if .Values.kafka.propertiesSecret }}
+- name: kafka-client
+  secret:
+    secretName: {{ .Values.kafka.propertiesSecret }}
+{{- end }}
+{{- end }}
+
 {{/* Pod-level settings every pod shares. */}}
 {{- define "eos-suite.podSpecCommon" -}}
 serviceAccountName: {{ include "eos-suite.serviceAccountName" . }}
@@ -179,9 +221,6 @@ Checks values.schema.json cannot express: they fail the render with a message sa
 change. Called once, from the ServiceAccount template (always rendered).
 */}}
 {{- define "eos-suite.validate" -}}
-{{- if .Values.kafka.clientProperties }}
-{{- fail "kafka.clientProperties is set, but the services accept only kafka.bootstrapServers today: a TLS/SASL property would be ignored and the services would connect without it. The property passthrough is issue #13; until then leave kafka.clientProperties empty." }}
-{{- end }}
 {{- if and (include "eos-suite.usesDatabase" .) (not .Values.database.existingSecret) (not .Values.database.url) }}
 {{- fail "database: set database.existingSecret (a Secret holding the runtime role's DATABASE_URL) or database.url (the chart makes the Secret)" }}
 {{- end }}
