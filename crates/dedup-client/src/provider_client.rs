@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use sha2::{Digest as _, Sha256};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
@@ -18,6 +19,12 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 /// the intent unreported, so it would be re-acquired and POSTed again, forever. This leaves room
 /// for the caller's own prefix ("provider answered 402: ").
 pub const MAX_REPORTED_BODY_BYTES: usize = 3 * 1024;
+
+/// Longest provider body kept as it is. dedup-service stores an applied charge's result up to
+/// 64 KiB; a longer body is replaced by a summary (its size and SHA-256), so a provider answering
+/// with a huge document can neither exhaust the caller's memory nor make `Complete` invalid (which
+/// would leave the applied charge to be reconciled over and over).
+pub const MAX_KEPT_BODY_BYTES: usize = 32 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
@@ -162,12 +169,12 @@ impl ProviderClient {
             .send()
             .await?;
         let status = response.status();
-        let body = response.bytes().await?;
+        let body = read_body(response).await?;
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(ChargeLookup::NotFound);
         }
         if status.is_success() {
-            return Ok(ChargeLookup::Found(body.to_vec()));
+            return Ok(ChargeLookup::Found(body));
         }
         Err(ProviderError::Status {
             status: status.as_u16(),
@@ -202,7 +209,7 @@ impl ProviderClient {
         };
         let status = response.status();
         // A body that cannot be read leaves even a 2xx ambiguous: the answer was lost.
-        let body = match response.bytes().await {
+        let body = match read_body(response).await {
             Ok(body) => body,
             Err(error) => {
                 return ChargeOutcome::Ambiguous {
@@ -210,8 +217,34 @@ impl ProviderClient {
                 };
             }
         };
-        classify(status.as_u16(), body.to_vec())
+        classify(status.as_u16(), body)
     }
+}
+
+/// The body when it is at most [`MAX_KEPT_BODY_BYTES`]; otherwise a JSON summary of it
+/// (`provider_body_truncated`, `bytes`, `sha256`). Only that much is ever held: the rest is
+/// hashed and counted as it arrives (the request's timeout bounds how long that may take).
+async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    let mut digest = Sha256::new();
+    while let Some(chunk) = response.chunk().await? {
+        total += chunk.len();
+        digest.update(&chunk);
+        let room = (MAX_KEPT_BODY_BYTES + 1).saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    if total <= MAX_KEPT_BODY_BYTES {
+        return Ok(kept);
+    }
+    Ok(body_summary(total, &digest.finalize()))
+}
+
+fn body_summary(total: usize, sha256: &[u8]) -> Vec<u8> {
+    let hex: String = sha256.iter().map(|byte| format!("{byte:02x}")).collect();
+    serde_json::json!({ "provider_body_truncated": true, "bytes": total, "sha256": hex })
+        .to_string()
+        .into_bytes()
 }
 
 /// Sorts an HTTP answer to a charge: 2xx applied; 408, 5xx and anything unexpected ambiguous;
@@ -324,6 +357,60 @@ mod tests {
             classify(402, b"declined".to_vec()),
             ChargeOutcome::Rejected { body, .. } if body == "declined"
         ));
+    }
+
+    /// Serves one HTTP answer with a `size`-byte body to the first connection.
+    async fn one_answer(status: u16, size: usize) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut request = vec![0; 64 * 1024];
+            let _ = stream.read(&mut request).await;
+            let head = format!(
+                "HTTP/1.1 {status} X\r\ncontent-length: {size}\r\ncontent-type: application/json\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).await.expect("head");
+            stream.write_all(&vec![b'7'; size]).await.expect("body");
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_huge_answer_is_kept_as_its_size_and_hash_only() {
+        let size = 3 * 1024 * 1024;
+        let url = one_answer(201, size).await;
+        let client = ProviderClient::new(&url, Duration::from_secs(10), &ProviderAccess::default())
+            .expect("url");
+        let outcome = client
+            .charge("op", &serde_json::json!({}), Duration::from_secs(10))
+            .await;
+        let ChargeOutcome::Applied { status: 201, body } = outcome else {
+            panic!("a 2xx is applied whatever its size: {outcome:?}");
+        };
+        let summary: serde_json::Value = serde_json::from_slice(&body).expect("a JSON summary");
+        assert_eq!(summary["provider_body_truncated"], true);
+        assert_eq!(summary["bytes"], size);
+        let expected: String = Sha256::digest(vec![b'7'; size])
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        assert_eq!(summary["sha256"], expected);
+        assert!(body.len() < 200, "fits dedup-service's result limit");
+
+        // A body at the limit is kept as it is.
+        let url = one_answer(201, MAX_KEPT_BODY_BYTES).await;
+        let client = ProviderClient::new(&url, Duration::from_secs(10), &ProviderAccess::default())
+            .expect("url");
+        let outcome = client
+            .charge("op", &serde_json::json!({}), Duration::from_secs(10))
+            .await;
+        assert!(
+            matches!(&outcome, ChargeOutcome::Applied { body, .. } if body.len() == MAX_KEPT_BODY_BYTES)
+        );
     }
 
     #[test]
