@@ -474,6 +474,15 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     let audit_args: AuditArgs = command_args(&audit_words)?;
     let outcome = audit::audit(kafka, audit_args, ProgressBar::hidden()).await;
     provider.stop().await.ok();
+    let mut services = vec![&provider, &dedup, &processor, &sink];
+    if let Some(outbox) = &outbox {
+        services.extend([&outbox.api, &outbox.relay]);
+    }
+    let peak_rss_kib: std::collections::BTreeMap<String, u64> = services
+        .into_iter()
+        .filter(|service| service.peak_rss_kib > 0)
+        .map(|service| (service.name.to_owned(), service.peak_rss_kib))
+        .collect();
     let outcome = outcome.context("the audit could not run")?;
     // What `eosctl audit --json` prints, and the report carries it as that JSON reads back.
     let audit_json = serde_json::to_string(&outcome)?;
@@ -504,7 +513,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         + outbox.as_ref().map_or(0, |outbox| outbox.relay.restarts)
         > 0;
     let metrics = metrics_line(scraped.as_ref(), &audit, reconciled, killed);
-    let report = build_report(
+    let mut report = build_report(
         &args,
         &run_dir,
         [
@@ -523,6 +532,7 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         stopped_cleanly && drained,
         metrics,
     );
+    report.peak_rss_kib = peak_rss_kib;
     std::fs::write(
         run_dir.join("report.json"),
         serde_json::to_string_pretty(&report)?,

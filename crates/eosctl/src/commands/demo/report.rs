@@ -28,6 +28,8 @@ pub struct DemoReport {
     pub run_dir: String,
     pub topics: BTreeMap<&'static str, String>,
     pub faults: Vec<String>,
+    /// Peak resident memory of each service over the run (all its incarnations), in KiB.
+    pub peak_rss_kib: BTreeMap<String, u64>,
     /// An event that went through every service: `eosctl trace <it>` shows its trace.
     pub sample_event_id: String,
     pub lines: Vec<ReportLine>,
@@ -271,6 +273,7 @@ pub(super) fn build_report(
         run_dir: run_dir.display().to_string(),
         topics: BTreeMap::from([("input", input.to_owned()), ("output", output.to_owned())]),
         faults,
+        peak_rss_kib: BTreeMap::new(),
         sample_event_id: sample_event.to_owned(),
         lines,
         traces,
@@ -286,6 +289,14 @@ pub fn report_text(report: &DemoReport) -> String {
         report.guarantee.as_str()
     );
     let _ = writeln!(text, "   faults: {}", report.faults.join("; "));
+    if !report.peak_rss_kib.is_empty() {
+        let peaks: Vec<String> = report
+            .peak_rss_kib
+            .iter()
+            .map(|(name, kib)| format!("{name} {:.0} MiB", *kib as f64 / 1024.0))
+            .collect();
+        let _ = writeln!(text, "   peak RSS: {}", peaks.join(", "));
+    }
     let width = report.lines.iter().map(|l| l.name.len()).max().unwrap_or(0);
     for line in &report.lines {
         let mark = match line.passed {

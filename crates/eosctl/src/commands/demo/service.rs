@@ -24,6 +24,9 @@ pub(super) struct Service {
     pub(super) log: PathBuf,
     process: Option<ChildProcess>,
     pub(super) restarts: usize,
+    /// The highest resident memory of any of its incarnations, in KiB (the kernel's VmHWM, read
+    /// before each kill and stop).
+    pub(super) peak_rss_kib: u64,
     /// Where its /readyz is served.
     pub(super) ops_addr: SocketAddr,
 }
@@ -45,6 +48,7 @@ impl Service {
             log: run_dir.join(format!("{name}.log")),
             process: None,
             restarts: 0,
+            peak_rss_kib: 0,
             ops_addr,
         }
     }
@@ -96,6 +100,7 @@ impl Service {
         let mut pid = Pid::from_raw(0);
         if let Some(mut process) = self.process.take() {
             pid = process.pid();
+            self.peak_rss_kib = self.peak_rss_kib.max(peak_rss_kib(pid).unwrap_or(0));
             process.kill_hard().ok();
         }
         self.restarts += 1;
@@ -109,6 +114,9 @@ impl Service {
             return Ok(false);
         };
         if process.try_wait()?.is_none() {
+            self.peak_rss_kib = self
+                .peak_rss_kib
+                .max(peak_rss_kib(process.pid()).unwrap_or(0));
             process.signal(Signal::SIGTERM).ok();
         }
         // Waited for here rather than with the supervisor's blocking wait: the runtime's other
@@ -159,4 +167,26 @@ pub(super) async fn wait_listening(service: &mut Service, addr: SocketAddr) -> a
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// The process's peak resident set size in KiB (`VmHWM` in /proc/<pid>/status; Linux only).
+fn peak_rss_kib(pid: Pid) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rss_is_read_from_proc() {
+        let own = Pid::from_raw(std::process::id() as i32);
+        let kib = peak_rss_kib(own).expect("VmHWM of this process");
+        assert!(kib > 1024, "a test process holds more than 1 MiB: {kib}");
+        assert_eq!(peak_rss_kib(Pid::from_raw(i32::MAX)), None);
+    }
 }
