@@ -171,9 +171,11 @@ pub fn extract_kafka<H: Headers>(headers: &H) -> Context {
     extract(&KafkaHeaderExtractor(headers))
 }
 
-/// The `event_id` header, if present and UTF-8.
+/// The `event_id` header, if present, UTF-8 and no longer than an envelope's event id may be
+/// (`eos_core::envelope::MAX_ID_BYTES`): it becomes a span attribute and baggage, so a longer one
+/// from a hostile producer is ignored rather than copied into every span of the event.
 pub fn event_id_header<H: Headers>(headers: &H) -> Option<&str> {
-    header_str(headers, EVENT_ID_HEADER)
+    header_str(headers, EVENT_ID_HEADER).filter(|id| id.len() <= eos_core::envelope::MAX_ID_BYTES)
 }
 
 /// Writes the trace context and baggage of `cx` into gRPC request metadata.
@@ -398,6 +400,15 @@ mod tests {
         let extracted = extract_kafka(&OwnedHeaders::new());
         assert!(!extracted.span().span_context().is_valid());
         assert!(event_id_header(&OwnedHeaders::new()).is_none());
+        let long = "e".repeat(eos_core::envelope::MAX_ID_BYTES + 1);
+        let hostile = OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: EVENT_ID_HEADER,
+            value: Some(long.as_str()),
+        });
+        assert!(
+            event_id_header(&hostile).is_none(),
+            "an over-long id is ignored"
+        );
         assert_eq!(event_id_in(&extracted), None);
     }
 
