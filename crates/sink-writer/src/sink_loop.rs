@@ -55,6 +55,8 @@ use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
 
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
+/// Longest single wait for records, so the shutdown signal is seen within it.
+const POLL_SLICE: Duration = Duration::from_millis(200);
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -190,7 +192,8 @@ impl SinkLoop {
             };
             let polled = self
                 .consumer
-                .poll(wait.max(Duration::from_millis(1)))
+                // At most POLL_SLICE at a time: a long --batch-interval must not delay SIGTERM.
+                .poll(wait.clamp(Duration::from_millis(1), POLL_SLICE))
                 .map(|result| result.map(|message| message.detach()));
             self.handle_rebalance_events();
             match polled {

@@ -543,6 +543,57 @@ async fn sink_conflict_is_recorded_and_the_stored_row_is_kept() -> anyhow::Resul
     db.drop_database().await
 }
 
+/// `--max-batch-bytes` closes a batch by size even when neither the count nor the interval would
+/// (the 20 records arrive within the 5 s interval, far under the count): with a 1-byte bound
+/// every committed batch holds one record.
+#[tokio::test(flavor = "multi_thread")]
+async fn sink_batches_close_at_max_batch_bytes() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let topic = fresh_topic("sink-batch-bytes", 1).await?;
+    let events: Vec<(Option<String>, Vec<u8>)> = (0..20)
+        .map(|n| envelope(&format!("bytes-{n}"), 1, n))
+        .collect();
+    produce(&topic, events).await?;
+    let sink = Sink::new(&topic, &db.url);
+    let mut process = sink.spawn(
+        "bytes",
+        &[
+            "--max-batch",
+            "100000",
+            "--batch-interval",
+            "5s",
+            "--max-batch-bytes",
+            "1",
+        ],
+        &[],
+    )?;
+    sink.wait_drained(&db.pool, &mut process).await?;
+    let addr = process.wait_for_log_field("metrics_addr", Duration::from_secs(10))?;
+    let metrics = reqwest::get(format!("http://{addr}/metrics"))
+        .await?
+        .text()
+        .await?;
+    process.stop_gracefully()?;
+    let figure = |name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+    };
+    let largest = figure("eos_sink_batch_records{quantile=\"1\"}")
+        .context("the batch-size summary's maximum")?;
+    let written = figure("eos_sink_batch_records_sum").context("records in batches")?;
+    assert_eq!(
+        written, 20.0,
+        "every record went through a batch\n{metrics}"
+    );
+    assert_eq!(largest, 1.0, "no batch held more than one record");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM event_sink")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(rows, 20);
+    db.drop_database().await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sink_exactly_once_survives_repeated_sigkill() -> anyhow::Result<()> {
     const KILLS: usize = 12;
