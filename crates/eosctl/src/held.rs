@@ -16,11 +16,11 @@ use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HeldError {
-    #[error("reading sink_held_operations: {0}")]
+    #[error("reading or updating sink_held_operations")]
     Database(#[from] sqlx::Error),
     #[error("no event is held for operation {operation_id:?} (see `eosctl held list`)")]
     NotHeld { operation_id: String },
-    #[error("dedup-service refused to resolve operation {operation_id:?}: {source}")]
+    #[error("dedup-service refused to resolve operation {operation_id:?}")]
     Resolve {
         operation_id: String,
         source: ClientError,
