@@ -193,14 +193,14 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     let log = run_migrate("dedup-service", &db.url)?;
     assert_eq!(
         log.matches("migration applied").count(),
-        2,
-        "both dedup-service migrations are applied and logged\n{log}"
+        4,
+        "the four dedup-service migrations are applied and logged\n{log}"
     );
     let log = run_migrate("sink-writer", &db.url)?;
     assert_eq!(
         log.matches("migration applied").count(),
-        1,
-        "the sink's migration is applied and logged (the other crate's are ignored)\n{log}"
+        2,
+        "the sink's two migrations are applied and logged (the other crate's are ignored)\n{log}"
     );
     for table in [
         "dedup_intents",
@@ -208,6 +208,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         "sink_checkpoints",
         "sink_conflicts",
         "sink_dead_letters",
+        "sink_held_operations",
         "event_sink",
         "entity_state",
     ] {
@@ -220,7 +221,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         "a current schema is left alone\n{log}"
     );
     let migrated = schema_snapshot(&db).await?;
-    assert_eq!(migrated.1.len(), 3, "{migrated:?}");
+    assert_eq!(migrated.1.len(), 6, "{migrated:?}");
 
     // The runtime role can change no table.
     for sql in [
