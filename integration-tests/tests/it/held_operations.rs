@@ -14,12 +14,15 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use dedup_client::{BeginOutcome, BeginParams};
+use eos_proto::dedup::v1 as pb;
 use integration_tests::{
     TestDatabase, create_topic, produce_records, unique_name, workspace_binary,
 };
 use serde_json::Value;
+use time::OffsetDateTime;
 
-use crate::dedup_service::Dedup;
+use crate::dedup_service::{Dedup, acquire};
 use crate::provider_sim::ProviderSim;
 use crate::sink_provider::effects;
 use crate::sink_writer::Sink;
@@ -355,4 +358,79 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
     std::fs::remove_dir_all(&dir)?;
     db.drop_database().await?;
     Ok(())
+}
+
+/// The stuck verdict belongs to the attempt it judged: after an operator's Resolve makes the
+/// operation retryable and it is acquired and lost again, Begin answers a plain UNKNOWN (the
+/// reconciler has a new attempt to ask about), not the old verdict.
+#[tokio::test(flavor = "multi_thread")]
+async fn dedup_stuck_verdict_is_bound_to_the_attempt_it_judged() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let unreachable = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        format!("http://{}", listener.local_addr()?)
+    };
+    let begin = BeginParams {
+        operation_id: "held-attempts".into(),
+        fingerprint: vec![7; 32],
+        owner: "worker-a".into(),
+        occurred_at: OffsetDateTime::now_utc(),
+        lease_ttl: None,
+    };
+    // Attempt 1 is lost while the reconciler cannot reach the provider.
+    let blind = Dedup::spawn(&db, &dedup_flags(&unreachable, &[]))?;
+    let client = blind.client()?;
+    let first = acquire(&client, &begin).await?;
+    client
+        .mark_unknown(&begin.operation_id, first, "answer lost")
+        .await?;
+    drop(blind);
+    tokio::time::sleep(KEY_TTL_DURATION + Duration::from_millis(500)).await;
+
+    // A provider with no record, past the key TTL: stuck.
+    let empty = ProviderSim::spawn(&[])?;
+    let dedup = Dedup::spawn(&db, &dedup_flags(&empty.url, &[]))?;
+    let client = dedup.client()?;
+    let stuck = wait_for("a stuck answer", Duration::from_secs(30), async || {
+        Ok(match client.begin(&begin).await? {
+            BeginOutcome::Unknown {
+                stuck_reason: Some(reason),
+                ..
+            } => Some(reason),
+            BeginOutcome::Unknown { .. } => None,
+            other => bail!("expected UNKNOWN, got {other:?}"),
+        })
+    })
+    .await?;
+    ensure!(stuck.contains("key TTL"), "{stuck}");
+
+    // The operator makes it retryable; attempt 2 is acquired and lost too.
+    client
+        .resolve(pb::ResolveRequest {
+            operation_id: begin.operation_id.clone(),
+            outcome: pb::IntentState::Failed as i32,
+            evidence: "the provider's support: not charged".into(),
+            result: Vec::new(),
+            retryable: true,
+            expected_fencing_token: 0,
+        })
+        .await?;
+    let second = acquire(&client, &begin).await?;
+    ensure!(second.counter > first.counter, "a new attempt");
+    client
+        .mark_unknown(&begin.operation_id, second, "answer lost again")
+        .await?;
+    let answer = client.begin(&begin).await?;
+    ensure!(
+        matches!(
+            &answer,
+            BeginOutcome::Unknown {
+                stuck_reason: None,
+                ..
+            }
+        ),
+        "attempt 2 is not stuck: {answer:?}"
+    );
+    drop(dedup);
+    db.drop_database().await
 }
