@@ -77,7 +77,13 @@ pub fn begin_response(operation_id: String, outcome: BeginOutcome) -> pb::BeginR
         BeginOutcome::Failed { reason, retryable } => {
             Outcome::Failed(pb::Failed { reason, retryable })
         }
-        BeginOutcome::Unknown { detail } => Outcome::Unknown(pb::Unknown { detail }),
+        BeginOutcome::Unknown {
+            detail,
+            stuck_reason,
+        } => Outcome::Unknown(pb::Unknown {
+            detail,
+            stuck_reason: stuck_reason.unwrap_or_default(),
+        }),
         BeginOutcome::Conflict { stored_fingerprint } => {
             Outcome::Conflict(pb::Conflict { stored_fingerprint })
         }
@@ -116,7 +122,10 @@ pub fn begin_outcome(response: pb::BeginResponse) -> Option<BeginOutcome> {
             reason: f.reason,
             retryable: f.retryable,
         },
-        Outcome::Unknown(u) => BeginOutcome::Unknown { detail: u.detail },
+        Outcome::Unknown(u) => BeginOutcome::Unknown {
+            detail: u.detail,
+            stuck_reason: Some(u.stuck_reason).filter(|reason| !reason.is_empty()),
+        },
         Outcome::Conflict(c) => BeginOutcome::Conflict {
             stored_fingerprint: c.stored_fingerprint,
         },
@@ -154,7 +163,14 @@ mod tests {
                 reason: "no".into(),
                 retryable: true,
             },
-            BeginOutcome::Unknown { detail: "d".into() },
+            BeginOutcome::Unknown {
+                detail: "d".into(),
+                stuck_reason: None,
+            },
+            BeginOutcome::Unknown {
+                detail: "d".into(),
+                stuck_reason: Some("older than the provider's key TTL".into()),
+            },
             BeginOutcome::Conflict {
                 stored_fingerprint: vec![1],
             },

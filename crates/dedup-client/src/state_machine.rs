@@ -280,6 +280,9 @@ pub enum BeginOutcome {
     },
     Unknown {
         detail: String,
+        /// Set when the reconciler found the operation stuck for good: no record at the provider
+        /// after its key retention. Only an operator's Resolve settles it.
+        stuck_reason: Option<String>,
     },
     Conflict {
         stored_fingerprint: Vec<u8>,
@@ -297,6 +300,10 @@ impl BeginOutcome {
             Self::InProgress { .. } => "in_progress",
             Self::Succeeded { .. } => "succeeded",
             Self::Failed { .. } => "failed",
+            Self::Unknown {
+                stuck_reason: Some(_),
+                ..
+            } => "stuck",
             Self::Unknown { .. } => "unknown",
             Self::Conflict { .. } => "conflict",
             Self::Expired { .. } => "expired",
@@ -342,6 +349,7 @@ pub fn begin_outcome(row: &Intent, ask: &BeginAsk<'_>) -> BeginOutcome {
         },
         IntentState::Unknown => BeginOutcome::Unknown {
             detail: row.detail.clone(),
+            stuck_reason: None,
         },
     }
 }
@@ -370,6 +378,7 @@ pub fn expired_outcome(
         IntentState::Failed if row.retryable => expired,
         IntentState::Reserved if row.lease_expires_at <= now => BeginOutcome::Unknown {
             detail: "lease expired without an outcome".into(),
+            stuck_reason: None,
         },
         IntentState::Reserved => BeginOutcome::InProgress {
             holder: row.holder.clone(),

@@ -190,7 +190,7 @@ impl IntentStore {
         } else {
             Some(self.read_expired(&left_out).await?)
         };
-        items
+        let answers: Vec<BeginAnswer> = items
             .iter()
             .map(|item| {
                 let ask = BeginAsk {
@@ -218,7 +218,64 @@ impl IntentStore {
                     expired_lease_now: false,
                 })
             })
-            .collect()
+            .collect::<Result<_, DedupError>>()?;
+        self.with_stuck_reasons(answers).await
+    }
+
+    /// Adds the reconciler's verdict to UNKNOWN answers whose attempt it found stuck for good.
+    /// One read, only when some answer is UNKNOWN.
+    async fn with_stuck_reasons(
+        &self,
+        mut answers: Vec<BeginAnswer>,
+    ) -> Result<Vec<BeginAnswer>, DedupError> {
+        let unknown: Vec<String> = answers
+            .iter()
+            .filter(|answer| matches!(answer.outcome, BeginOutcome::Unknown { .. }))
+            .map(|answer| answer.operation_id.clone())
+            .collect();
+        if unknown.is_empty() {
+            return Ok(answers);
+        }
+        let stuck: HashMap<String, String> = sqlx::query_as::<_, (String, String)>(
+            "SELECT operation_id, stuck_reason FROM dedup_intents
+             WHERE operation_id = ANY($1) AND state = 'UNKNOWN'
+               AND stuck_reason IS NOT NULL AND stuck_fencing_token = fencing_token",
+        )
+        .bind(&unknown)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect();
+        for answer in &mut answers {
+            if let BeginOutcome::Unknown { stuck_reason, .. } = &mut answer.outcome
+                && let Some(reason) = stuck.get(&answer.operation_id)
+            {
+                *stuck_reason = Some(reason.clone());
+            }
+        }
+        Ok(answers)
+    }
+
+    /// Records the reconciler's verdict that the UNKNOWN attempt `fencing_token` cannot be
+    /// settled from the provider. The state stays UNKNOWN. False when the intent has moved on
+    /// (resolved, or another attempt) since it was read.
+    pub async fn mark_stuck(
+        &self,
+        operation_id: &str,
+        fencing_token: i64,
+        reason: &str,
+    ) -> Result<bool, DedupError> {
+        let updated = sqlx::query(
+            "UPDATE dedup_intents SET stuck_reason = $3, stuck_fencing_token = $2
+             WHERE operation_id = $1 AND state = 'UNKNOWN' AND fencing_token = $2
+               AND stuck_fencing_token IS DISTINCT FROM $2",
+        )
+        .bind(operation_id)
+        .bind(fencing_token)
+        .bind(reason)
+        .execute(&self.pool)
+        .await?;
+        Ok(updated.rows_affected() > 0)
     }
 
     async fn upsert_begin(

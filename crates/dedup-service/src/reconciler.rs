@@ -247,8 +247,19 @@ async fn reconcile_one(
         let resolution = match decide(&intent, &lookup, now, settings) {
             Decision::Wait => return,
             Decision::Stuck { reason } => {
-                ::metrics::counter!(metrics::RECONCILE_STUCK).increment(1);
-                tracing::error!(%reason, "UNKNOWN intent needs an operator's Resolve");
+                // Recorded once per attempt, so Begin can tell callers to stop waiting (the sink
+                // holds the event); logged and counted only the first time.
+                match store
+                    .mark_stuck(&intent.operation_id, intent.fencing_token, &reason)
+                    .await
+                {
+                    Ok(true) => {
+                        ::metrics::counter!(metrics::RECONCILE_STUCK).increment(1);
+                        tracing::error!(%reason, "UNKNOWN intent needs an operator's Resolve");
+                    }
+                    Ok(false) => {}
+                    Err(error) => tracing::warn!(%error, "cannot record a stuck intent"),
+                }
                 return;
             }
             Decision::Succeeded { result, evidence } => Resolution {

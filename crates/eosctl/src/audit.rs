@@ -304,6 +304,11 @@ pub struct Figures {
     /// or dedup-service answered EXPIRED): they must have no effect. Read with `--database-url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_refused: Option<u64>,
+    /// Output events the sink held (`sink_held_operations`, unresolved): their operation is
+    /// UNKNOWN at dedup-service and cannot be settled from the provider, so they are neither
+    /// expected to have an effect nor to have none. Read with `--database-url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_held: Option<u64>,
     /// Committed domain rows (`--outbox-domain-query`) that must each have one event.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbox_domain_rows: Option<u64>,

@@ -195,10 +195,15 @@ pub fn audit_postgres(
 /// Checks the provider's effects against the output: one effect per output event, keyed
 /// `<prefix><event_id>`, with the event's value as its amount, and nothing else under the prefix.
 /// Events in `refused` (the sink dead-lettered them as not charged) must have no effect instead.
+/// Events in `held` (the sink held them: their operation is UNKNOWN and cannot be settled from
+/// the provider, docs/ARCHITECTURE.md "Held operations") are their own category: whether the
+/// provider applied them is exactly what nobody knows yet, so neither an effect nor its absence
+/// is a violation, and their effects stay out of the sums.
 pub fn audit_provider(
     report: &mut AuditReport,
     expected: &OutputSet,
     refused: &BTreeSet<String>,
+    held: &BTreeSet<String>,
     effects: &[ProviderEffect],
     operation_prefix: &str,
     example_limit: usize,
@@ -215,8 +220,13 @@ pub fn audit_provider(
 
     let mut exactly_once = 0u64;
     let mut refused_without_effect = 0u64;
+    let mut held_events = 0u64;
     let mut charged_sum: i128 = 0;
     for (event_id, event) in expected {
+        if held.contains(event_id) {
+            held_events += 1;
+            continue;
+        }
         if refused.contains(event_id) {
             match by_event.get(event_id.as_str()) {
                 Some(copies) => {
@@ -265,13 +275,16 @@ pub fn audit_provider(
         });
     }
 
-    let effects_sum: i128 = in_scope
+    let effects_sum: i128 = by_event
         .iter()
+        .filter(|(event_id, _)| !held.contains(**event_id))
+        .flat_map(|(_, copies)| copies)
         .map(|effect| i128::from(effect.amount))
         .sum();
     report.figures.provider_effects = Some(in_scope.len() as u64);
     report.figures.provider_sum = Some(effects_sum);
     report.figures.provider_refused = Some(refused_without_effect);
+    report.figures.provider_held = Some(held_events);
     report.figures.provider_retries_absorbed = Some(
         in_scope
             .iter()
@@ -283,7 +296,7 @@ pub fn audit_provider(
             "output events with exactly one provider effect",
             expected
                 .keys()
-                .filter(|event_id| !refused.contains(*event_id))
+                .filter(|event_id| !refused.contains(*event_id) && !held.contains(*event_id))
                 .count() as i128,
             exactly_once.into(),
         ),
@@ -445,12 +458,18 @@ mod tests {
     }
 
     fn provider_with_refusals(effects: &[ProviderEffect], refused: &[&str]) -> AuditReport {
+        provider_with(effects, refused, &[])
+    }
+
+    fn provider_with(effects: &[ProviderEffect], refused: &[&str], held: &[&str]) -> AuditReport {
         let (mut report, expected) = pipeline();
         let refused: BTreeSet<String> = refused.iter().map(|id| (*id).to_owned()).collect();
+        let held: BTreeSet<String> = held.iter().map(|id| (*id).to_owned()).collect();
         audit_provider(
             &mut report,
             &expected,
             &refused,
+            &held,
             effects,
             PREFIX,
             DEFAULT_EXAMPLE_LIMIT,
@@ -663,6 +682,27 @@ mod tests {
     }
 
     #[test]
+    fn a_held_event_is_its_own_category_whether_or_not_it_was_applied() {
+        let (_, expected) = pipeline();
+        // Not applied: not a missing effect.
+        let mut effects = exact_effects(&expected);
+        effects.retain(|effect| effect.key != "payments:e-3");
+        let report = provider_with(&effects, &[], &["e-3"]);
+        assert!(report.passed, "{:?}", failing(&report));
+        assert_eq!(report.figures.provider_held, Some(1));
+        assert_eq!(report.figures.provider_sum, Some(1_000 + 250 + 5));
+        // Applied (the provider had it after all): not unexpected, and out of the sums.
+        let report = provider_with(&exact_effects(&expected), &[], &["e-3"]);
+        assert!(report.passed, "{:?}", failing(&report));
+        assert_eq!(report.figures.provider_held, Some(1));
+        assert_eq!(report.figures.provider_sum, Some(1_000 + 250 + 5));
+        // Only the held event is excused: another missing one is still caught.
+        effects.retain(|effect| effect.key != "payments:e-1");
+        let report = provider_with(&effects, &[], &["e-3"]);
+        assert_only(&report, Violation::MissingEffect, 1, "e-1");
+    }
+
+    #[test]
     fn a_second_effect_for_one_event_is_duplicated() {
         // A provider that forgot the key (its TTL) charges again under the same key.
         let (_, expected) = pipeline();
@@ -715,6 +755,7 @@ mod tests {
         audit_provider(
             &mut report,
             &expected,
+            &BTreeSet::new(),
             &BTreeSet::new(),
             &[],
             PREFIX,

@@ -39,6 +39,10 @@ pub struct PostgresTargets {
     /// Output positions (partition, offset) the sink dead-lettered as not charged by a provider
     /// target: `provider_rejected` or `beyond_dedup_horizon` in `sink_dead_letters`.
     pub refused_positions: BTreeSet<(i32, i64)>,
+    /// Output positions the sink held (`sink_held_operations`, not resolved yet). A held event an
+    /// operator resolved as failed is in `refused_positions`; one resolved as succeeded is an
+    /// ordinary charged event.
+    pub held_positions: BTreeSet<(i32, i64)>,
 }
 
 /// The sink's dead-letter reasons that mean "this event was not charged".
@@ -122,8 +126,32 @@ async fn read_tables(pool: &PgPool, scope: &PostgresScope<'_>) -> anyhow::Result
     } else {
         Vec::new()
     };
+    let mut refused_positions: BTreeSet<(i32, i64)> = refused_positions.into_iter().collect();
+    let mut held_positions = BTreeSet::new();
+    if table_exists(pool, "sink_held_operations").await? {
+        let held: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
+            "SELECT source_partition, source_offset, resolution FROM sink_held_operations \
+             WHERE source_topic = $1",
+        )
+        .bind(scope.output_topic)
+        .fetch_all(pool)
+        .await
+        .context("reading sink_held_operations")?;
+        for (partition, offset, resolution) in held {
+            match resolution.as_deref() {
+                None => {
+                    held_positions.insert((partition, offset));
+                }
+                Some("failed") => {
+                    refused_positions.insert((partition, offset));
+                }
+                Some(_) => {}
+            }
+        }
+    }
     Ok(PostgresTargets {
-        refused_positions: refused_positions.into_iter().collect(),
+        refused_positions,
+        held_positions,
         rows: rows
             .into_iter()
             .map(|(event_id, value, fingerprint)| SinkRow {

@@ -124,6 +124,75 @@ pub enum Command {
     /// process before it was exported) is shown as a root and says so.
     #[command(after_help = TRACE_EXIT_STATUS)]
     Trace(TraceArgs),
+    /// List or settle events the sink-writer held because their provider operation is stuck
+    ///
+    /// A provider target's event is held (a row in sink_held_operations, written with the batch
+    /// and its checkpoint) when dedup-service's reconciler cannot settle its operation: UNKNOWN,
+    /// and older than the provider's key retention, so the provider's "no record" proves nothing.
+    /// The event is neither charged again nor counted as charged. After finding out at the
+    /// provider what happened, `held resolve` records it at dedup-service (Resolve, operator
+    /// token) and marks the held rows resolved.
+    #[command(subcommand)]
+    Held(HeldCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HeldCommand {
+    /// Show the held events (unresolved ones; --all for every row), oldest first
+    List(HeldListArgs),
+    /// Settle a held operation at dedup-service with the operator's outcome and evidence, then
+    /// mark its held rows resolved
+    Resolve(HeldResolveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HeldListArgs {
+    #[command(flatten)]
+    pub database: eos_runtime::secrets::DatabaseUrlFlags,
+
+    /// Resolved rows too.
+    #[arg(long)]
+    pub all: bool,
+
+    /// Print the rows as one JSON array on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct HeldResolveArgs {
+    /// The held operation id (`<target>:<event_id>`, the operation_id column of `held list`).
+    #[arg(value_name = "OPERATION_ID")]
+    pub operation_id: String,
+
+    /// What the provider did: succeeded (it applied the charge) or failed (it did not; final,
+    /// the event is not charged later).
+    #[arg(long, value_enum)]
+    pub outcome: crate::held::HeldOutcome,
+
+    /// What shows the outcome (a provider record, a ticket); kept in the intent's history.
+    #[arg(long, value_name = "TEXT")]
+    pub evidence: String,
+
+    #[command(flatten)]
+    pub database: eos_runtime::secrets::DatabaseUrlFlags,
+
+    /// dedup-service's gRPC endpoint (https:// needs --dedup-tls-ca).
+    #[arg(long, env = "EOS_DEDUP_URL", default_value = "http://127.0.0.1:50051")]
+    pub dedup_url: String,
+
+    /// A file holding one of dedup-service's operator tokens (its --operator-token-file):
+    /// Resolve needs the operator role.
+    #[arg(long, env = "EOS_DEDUP_OPERATOR_TOKEN_FILE", value_name = "PATH")]
+    pub operator_token_file: Option<PathBuf>,
+
+    /// PEM CA that dedup-service's certificate must chain to.
+    #[arg(long, env = "EOS_DEDUP_TLS_CA", value_name = "PATH")]
+    pub dedup_tls_ca: Option<PathBuf>,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 const TRACE_EXIT_STATUS: &str = "\

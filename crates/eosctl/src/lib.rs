@@ -25,6 +25,7 @@ pub mod boundary_reader;
 pub mod cli;
 pub mod commands;
 pub mod group_offsets;
+pub mod held;
 pub mod jaeger;
 pub mod kafka_client;
 pub mod lag;

@@ -213,6 +213,13 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
     if let Some(count) = figures.provider_refused {
         rows.push(("  events refused, dead-lettered, not charged", count, None));
     }
+    if let Some(count) = figures.provider_held {
+        rows.push((
+            "  events held, operation UNKNOWN (eosctl held)",
+            count,
+            None,
+        ));
+    }
     for (name, count, sum) in rows {
         physical.add_row([
             name.to_owned(),

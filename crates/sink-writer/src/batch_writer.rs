@@ -25,7 +25,7 @@ use crate::provider_settlement::{self, ProviderResults};
 use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
 use crate::sink_loop::LoopSettings;
-use crate::table_writer::{self, ConflictRow, DeadLetterRow};
+use crate::table_writer::{self, ConflictRow, DeadLetterRow, HeldRow};
 
 /// Outcome of a committed batch, for metrics and logs.
 #[derive(Debug, Default)]
@@ -33,6 +33,8 @@ pub(crate) struct BatchReport {
     pub(crate) records: usize,
     per_target: Vec<(String, TargetCounts)>,
     dead_letters: Vec<DeadLetterReason>,
+    /// Target of every held event.
+    held: Vec<String>,
     isolated: bool,
 }
 
@@ -52,6 +54,9 @@ impl BatchReport {
         }
         for reason in &self.dead_letters {
             counter!(m::DEAD_LETTERS, "reason" => reason.as_str()).increment(1);
+        }
+        for target in &self.held {
+            counter!(m::HELD_OPERATIONS, "target" => target.clone()).increment(1);
         }
     }
 }
@@ -154,8 +159,15 @@ impl BatchWriter<'_> {
         let mut dead_letters: Vec<(usize, Refusal)> = decision.dead_letters.clone();
         dead_letters.extend(provider.dead_letters.iter().cloned());
         dead_letters.sort_by_key(|(index, _)| *index);
-        self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
-            .await?;
+        self.finish(
+            &mut tx,
+            records,
+            &conflicts,
+            &provider.held,
+            &dead_letters,
+            &mut report,
+        )
+        .await?;
         tx.commit().await.map_err(SinkError::from_db)?;
         Ok(report)
     }
@@ -222,8 +234,15 @@ impl BatchWriter<'_> {
         for (target, counts) in self.targets.iter().zip(totals) {
             report.per_target.push((target.name().to_owned(), counts));
         }
-        self.finish(&mut tx, records, &conflicts, &dead_letters, &mut report)
-            .await?;
+        self.finish(
+            &mut tx,
+            records,
+            &conflicts,
+            &provider.held,
+            &dead_letters,
+            &mut report,
+        )
+        .await?;
         tx.commit().await.map_err(SinkError::from_db)?;
         Ok(report)
     }
@@ -278,17 +297,33 @@ impl BatchWriter<'_> {
         Ok((counts, conflicts))
     }
 
-    /// Conflicts and dead-letter rows into their tables, then the dead letters into Kafka — all
-    /// before the commit (see `dead_letters` for why this order).
+    /// Conflicts, held events and dead-letter rows into their tables, then the dead letters into
+    /// Kafka — all before the commit (see `dead_letters` for why this order).
     async fn finish(
         &self,
         conn: &mut PgConnection,
         records: &[InputRecord],
         conflicts: &[ConflictRow],
+        held: &[HeldRow],
         dead_letters: &[(usize, Refusal)],
         report: &mut BatchReport,
     ) -> Result<(), SinkError> {
         let sink = &self.settings.group_id;
+        for row in held {
+            warn!(
+                target = %row.target,
+                event_id = %row.event_id,
+                operation_id = %row.operation_id,
+                partition = row.partition,
+                offset = row.offset,
+                reason = %row.reason,
+                "held: the provider operation is UNKNOWN and cannot be settled from the provider;                  not charged, not recorded as charged; kept in sink_held_operations until                  `eosctl held resolve`"
+            );
+        }
+        table_writer::insert_held(conn, sink, held)
+            .await
+            .map_err(SinkError::from_db)?;
+        report.held = held.iter().map(|row| row.target.clone()).collect();
         for conflict in conflicts {
             warn!(
                 target = %conflict.target,

@@ -20,12 +20,13 @@ pub const PROVIDER_BEGINS: &str = "eos_sink_provider_begins_total";
 pub const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
 pub const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
 pub const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
+pub const HELD_OPERATIONS: &str = "eos_sink_held_operations_total";
 
 pub fn describe() {
     metrics::describe_counter!(
         PROVIDER_BEGINS,
         "dedup-service Begin answers for provider targets, by target and answer (acquired, \
-         succeeded, unknown, in_progress, failed, conflict, expired)"
+         succeeded, unknown, stuck, in_progress, failed, conflict, expired)"
     );
     metrics::describe_counter!(
         PROVIDER_CALLS,
@@ -34,12 +35,18 @@ pub fn describe() {
     metrics::describe_counter!(
         PROVIDER_EFFECTS,
         "events settled at a provider target, by outcome: charged (by this sink now), \
-         already_charged (a replay: duplicate suppressed), rejected, conflict, expired"
+         already_charged (a replay: duplicate suppressed), rejected, conflict, expired, held"
     );
     metrics::describe_counter!(
         PROVIDER_UNSETTLED,
         "batches given up (and retried from the checkpoint) because an operation was not final \
          after settle_timeout"
+    );
+    metrics::describe_counter!(
+        HELD_OPERATIONS,
+        "events held (not charged, not recorded as charged) because their provider operation is \
+         UNKNOWN and older than the provider's key retention, by target; each needs an \
+         operator's `eosctl held resolve` (alert on any increase)"
     );
     metrics::describe_counter!(RECORDS_IN, "input records committed (any outcome)");
     metrics::describe_counter!(

@@ -17,13 +17,15 @@ use crate::error::SinkError;
 use crate::mapping::{DecodedEvent, InputRecord, Refusal};
 use crate::metrics as m;
 use crate::provider_target::{self, EffectItem, ProviderTarget, Settled};
-use crate::table_writer::ConflictRow;
+use crate::table_writer::{ConflictRow, HeldRow};
 
 /// What the provider targets add to a batch's transaction.
 #[derive(Debug, Default)]
 pub(crate) struct ProviderResults {
     pub(crate) conflicts: Vec<ConflictRow>,
     pub(crate) dead_letters: Vec<(usize, Refusal)>,
+    /// Events whose operation is stuck UNKNOWN: neither charged nor refused, set aside.
+    pub(crate) held: Vec<HeldRow>,
 }
 
 /// Every provider target's charges for the batch, settled before the transaction that
@@ -86,6 +88,7 @@ pub(crate) async fn settle(
             .await
             .map_err(SinkError::Provider)?;
         let mut refusals: Vec<Option<Refusal>> = vec![None; settled.len()];
+        let mut held_reasons: Vec<Option<String>> = vec![None; settled.len()];
         for (k, outcome) in settled.iter().enumerate() {
             let index = item_records[k];
             let record = &records[index];
@@ -118,6 +121,17 @@ pub(crate) async fn settle(
                     ));
                     None
                 }
+                Settled::Held { reason } => {
+                    results.held.push(held_row(
+                        spec.operation_id(event.envelope.event_id.as_str()),
+                        target.name(),
+                        record,
+                        event,
+                        reason,
+                    ));
+                    held_reasons[k] = Some(reason.clone());
+                    None
+                }
                 Settled::Expired => Some(Refusal {
                     reason: DeadLetterReason::BeyondDedupHorizon,
                     detail: format!(
@@ -144,6 +158,16 @@ pub(crate) async fn settle(
             if *event.fingerprint.as_bytes() == stored {
                 if let Some(refusal) = &refusals[leader] {
                     results.dead_letters.push((index, refusal.clone()));
+                    continue;
+                }
+                if let Some(reason) = &held_reasons[leader] {
+                    results.held.push(held_row(
+                        spec.operation_id(event.envelope.event_id.as_str()),
+                        target.name(),
+                        &records[index],
+                        event,
+                        reason,
+                    ));
                     continue;
                 }
                 counter!(m::PROVIDER_EFFECTS, "target" => target.name().to_owned(), "outcome" => "duplicate")
@@ -177,6 +201,25 @@ fn occurred_at(event: &DecodedEvent, record: &InputRecord) -> OffsetDateTime {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An event set aside because its operation is stuck UNKNOWN at dedup-service.
+fn held_row(
+    operation_id: String,
+    target: &str,
+    record: &InputRecord,
+    event: &DecodedEvent,
+    reason: &str,
+) -> HeldRow {
+    HeldRow {
+        target: target.to_owned(),
+        operation_id,
+        event_id: event.envelope.event_id.as_str().to_owned(),
+        topic: record.topic.clone(),
+        partition: record.partition,
+        offset: record.offset,
+        reason: reason.replace('\0', "\\0"),
+    }
 }
 
 /// A reused event id at a provider target: the operation id is known with another fingerprint.

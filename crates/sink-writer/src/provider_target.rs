@@ -5,7 +5,10 @@
 //! Per event, with operation id = idempotency key = `<name>:<event_id>`:
 //! 1. `Begin`. Only `ACQUIRED` allows a provider call; `SUCCEEDED`, a non-retryable `FAILED`,
 //!    `CONFLICT` and `EXPIRED` are final and nothing is called; `IN_PROGRESS` and `UNKNOWN` are
-//!    waited out (another holder's lease, or the reconciler asking the provider with the same key).
+//!    waited out (another holder's lease, or the reconciler asking the provider with the same key),
+//!    except an `UNKNOWN` the reconciler found stuck for good (older than the provider's key
+//!    retention): that event is held (`Settled::Held`, a `sink_held_operations` row) so the
+//!    partition moves on; only an operator's Resolve settles it.
 //! 2. On `ACQUIRED`: the provider call under `call_timeout`, then `Complete` (applied), `Fail`
 //!    (rejected) or `MarkUnknown` (timeout, lost answer, 5xx: it may have been applied). A final
 //!    refusal (`Settled::Rejected`) is dead-lettered by the sink as `provider_rejected`.
@@ -107,6 +110,10 @@ pub enum Settled {
     /// Older than dedup-service's retained window: whether it was charged cannot be told, so it
     /// is not charged (fail closed).
     Expired,
+    /// UNKNOWN for good: dedup-service's reconciler found no record at the provider after its key
+    /// retention, which proves nothing. Neither charged again nor counted as charged; the sink
+    /// holds the event (sink_held_operations) until an operator resolves the intent.
+    Held { reason: String },
 }
 
 impl Settled {
@@ -117,6 +124,7 @@ impl Settled {
             Self::Rejected { .. } => "rejected",
             Self::Conflict { .. } => "conflict",
             Self::Expired => "expired",
+            Self::Held { .. } => "held",
         }
     }
 }
@@ -288,6 +296,11 @@ impl ProviderTarget {
                         Step::Final(Settled::Conflict { stored_fingerprint })
                     }
                     BeginOutcome::Expired { .. } => Step::Final(Settled::Expired),
+                    // Waiting would never end: only an operator's Resolve settles it.
+                    BeginOutcome::Unknown {
+                        stuck_reason: Some(reason),
+                        ..
+                    } => Step::Final(Settled::Held { reason }),
                     BeginOutcome::Failed {
                         retryable: true, ..
                     }
@@ -534,5 +547,12 @@ mod tests {
             "already_charged"
         );
         assert_eq!(Settled::Expired.label(), "expired");
+        assert_eq!(
+            Settled::Held {
+                reason: "stuck".into()
+            }
+            .label(),
+            "held"
+        );
     }
 }

@@ -191,6 +191,51 @@ pub async fn insert_conflicts(
     Ok(())
 }
 
+/// One `sink_held_operations` row: an event whose provider operation is stuck UNKNOWN.
+#[derive(Debug, Clone)]
+pub struct HeldRow {
+    pub target: String,
+    pub operation_id: String,
+    pub event_id: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub reason: String,
+}
+
+/// Records held events in the batch's transaction. A replay of the same records (`--offsets
+/// kafka`) finds their rows and adds nothing.
+pub async fn insert_held(
+    conn: &mut PgConnection,
+    sink: &str,
+    held: &[HeldRow],
+) -> Result<(), sqlx::Error> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let text = |f: fn(&HeldRow) -> String| held.iter().map(f).collect::<Vec<_>>();
+    sqlx::query(
+        "INSERT INTO sink_held_operations (sink, target, operation_id, event_id, source_topic,
+             source_partition, source_offset, reason)
+         SELECT $1, u.target, u.operation_id, u.event_id, u.topic, u.part, u.off, u.reason
+         FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::bigint[],
+                     $8::text[])
+              AS u(target, operation_id, event_id, topic, part, off, reason)
+         ON CONFLICT (sink, target, source_topic, source_partition, source_offset) DO NOTHING",
+    )
+    .bind(sink)
+    .bind(text(|h| h.target.clone()))
+    .bind(text(|h| h.operation_id.clone()))
+    .bind(text(|h| h.event_id.clone()))
+    .bind(text(|h| h.topic.clone()))
+    .bind(held.iter().map(|h| h.partition).collect::<Vec<_>>())
+    .bind(held.iter().map(|h| h.offset).collect::<Vec<_>>())
+    .bind(text(|h| h.reason.clone()))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// One `sink_dead_letters` row (the Kafka dead letter is produced before the commit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterRow {

@@ -448,7 +448,7 @@ async fn dedup_lease_that_runs_out_makes_the_intent_unknown() -> anyhow::Result<
     );
     let answer = client.begin(&params("lazy", 1, "worker-b")).await?;
     assert!(
-        matches!(&answer, BeginOutcome::Unknown { detail } if detail.contains("expired")),
+        matches!(&answer, BeginOutcome::Unknown { detail, .. } if detail.contains("expired")),
         "{answer:?}"
     );
     // Even the late holder's own Begin gets no new lease.

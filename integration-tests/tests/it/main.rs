@@ -6,6 +6,7 @@ mod dedup_replicas;
 mod dedup_service;
 mod demo;
 mod eosctl_audit;
+mod held_operations;
 mod kafka_transactions;
 mod migrate;
 mod outbox;

@@ -193,14 +193,14 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     let log = run_migrate("dedup-service", &db.url)?;
     assert_eq!(
         log.matches("migration applied").count(),
-        3,
-        "the three dedup-service migrations are applied and logged\n{log}"
+        4,
+        "the four dedup-service migrations are applied and logged\n{log}"
     );
     let log = run_migrate("sink-writer", &db.url)?;
     assert_eq!(
         log.matches("migration applied").count(),
-        1,
-        "the sink's migration is applied and logged (the other crate's are ignored)\n{log}"
+        2,
+        "the sink's two migrations are applied and logged (the other crate's are ignored)\n{log}"
     );
     for table in [
         "dedup_intents",
@@ -208,6 +208,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
         "sink_checkpoints",
         "sink_conflicts",
         "sink_dead_letters",
+        "sink_held_operations",
         "event_sink",
         "entity_state",
     ] {
@@ -222,8 +223,8 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     let migrated = schema_snapshot(&db).await?;
     assert_eq!(
         migrated.1.len(),
-        4,
-        "three of dedup-service, one of the sink: {migrated:?}"
+        6,
+        "four of dedup-service, two of the sink: {migrated:?}"
     );
 
     // The runtime role can change no table.

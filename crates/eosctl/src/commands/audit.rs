@@ -83,6 +83,7 @@ pub(crate) async fn audit(
     }
     let expected = audit::output_logical_set(&output.records);
     let mut refused = BTreeSet::new();
+    let mut held = BTreeSet::new();
     if let Some(database_url) = &args.database_url {
         let scope = PostgresScope {
             sink_table: &args.sink_table,
@@ -99,6 +100,7 @@ pub(crate) async fn audit(
             DEFAULT_EXAMPLE_LIMIT,
         );
         refused = audit::output_event_ids_at(&output.records, &targets.refused_positions);
+        held = audit::output_event_ids_at(&output.records, &targets.held_positions);
     }
     if let Some(provider_url) = &args.provider_url {
         let effects = boundary_reader::read_provider_effects(provider_url).await?;
@@ -106,6 +108,7 @@ pub(crate) async fn audit(
             &mut report,
             &expected,
             &refused,
+            &held,
             &effects,
             &args.provider_operation_prefix,
             DEFAULT_EXAMPLE_LIMIT,

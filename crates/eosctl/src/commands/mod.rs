@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod bench;
 pub mod demo;
+pub mod held;
 pub mod lag;
 pub mod produce;
 pub mod trace;
@@ -61,6 +62,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
             target: BenchTarget::Processor(args),
         }) => bench::run_processor(kafka, args).await,
         Command::Trace(args) => trace::run(args).await,
+        Command::Held(command) => held::run(command).await,
         Command::Demo(args) => Ok(if demo::run(&cli.kafka.bootstrap_servers, args).await? {
             Status::Success
         } else {
