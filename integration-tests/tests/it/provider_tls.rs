@@ -12,11 +12,11 @@ use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient};
 use integration_tests::eosctl::Workload;
 use integration_tests::test_certs::TestCa;
 use integration_tests::{TestDatabase, unique_name};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::dedup_service::Dedup;
 use crate::provider_sim::ProviderSim;
-use crate::sink_provider::sink_through_kills;
+use crate::sink_provider::{effects_at, sink_through_kills};
 use crate::sink_writer::{Sink, TopicTruth};
 
 /// A provider-sim on HTTPS that loses a tenth of its answers after applying (so the reconciler's
@@ -79,22 +79,8 @@ impl SecureProvider {
         let client = reqwest::Client::builder()
             .add_root_certificate(ca)
             .build()?;
-        let body: Value = client
-            .get(format!("{}/effects", self.url))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(body["effects"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|e| e["key"].as_str())
-            .filter(|key| key.starts_with(prefix))
-            .map(str::to_owned)
-            .collect())
+        let effects = effects_at(&client, &self.url, prefix).await?;
+        Ok(effects.into_iter().map(|(key, _, _)| key).collect())
     }
 }
 

@@ -59,7 +59,18 @@ pub(crate) async fn effects(
     sim: &ProviderSim,
     prefix: &str,
 ) -> anyhow::Result<Vec<(String, i64, u64)>> {
-    let body: Value = reqwest::get(format!("{}/effects", sim.url))
+    effects_at(&reqwest::Client::new(), &sim.url, prefix).await
+}
+
+/// [`effects`] of the provider at `base_url`, asked with `client` (e.g. one trusting a test CA).
+pub(crate) async fn effects_at(
+    client: &reqwest::Client,
+    base_url: &str,
+    prefix: &str,
+) -> anyhow::Result<Vec<(String, i64, u64)>> {
+    let body: Value = client
+        .get(format!("{base_url}/effects"))
+        .send()
         .await?
         .error_for_status()?
         .json()
