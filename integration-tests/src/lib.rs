@@ -40,6 +40,35 @@ pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into())
 }
 
+/// Runs `sql` with psql as the `postgres` superuser (over the local socket; the tests run as root
+/// against the local stack's PostgreSQL) in `database` [default: postgres]; its unaligned output.
+pub fn superuser_sql(database: Option<&str>, sql: &str) -> anyhow::Result<String> {
+    let port = database_url()
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next().map(str::to_owned))
+        .unwrap_or_else(|| "5432".into());
+    let output = Command::new("runuser")
+        .args([
+            "-u",
+            "postgres",
+            "--",
+            "psql",
+            "-XAtq",
+            "-v",
+            "ON_ERROR_STOP=1",
+        ])
+        .args(["-p", &port, "-d", database.unwrap_or("postgres"), "-c", sql])
+        .current_dir("/")
+        .output()
+        .context("runuser not found: running SQL as the postgres superuser needs root")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "as postgres: {sql}: {} (needs root and the local stack's PostgreSQL)",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
 /// A name no other test, in this run or an earlier one, has used: `<prefix>-<pid>-<n>-<random>`.
 pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -74,11 +74,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .kafka
         .settings(config::OWN_KAFKA_PROPERTIES)
         .context("Kafka settings")?;
-    tracing::info!(
-        bootstrap_servers = %kafka.bootstrap_servers,
-        properties = ?kafka.property_keys(),
-        "Kafka client settings (property values are not logged)"
-    );
+    kafka.log_at_start();
     let boundary = boundary(&config);
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
     let readiness = ops.readiness.clone();

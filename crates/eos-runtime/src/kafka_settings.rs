@@ -252,6 +252,15 @@ impl KafkaSettings {
             .map(|(key, _)| key.as_str())
             .collect()
     }
+
+    /// Logs what a service connects with at start-up: the servers and the property keys.
+    pub fn log_at_start(&self) {
+        tracing::info!(
+            bootstrap_servers = %self.bootstrap_servers,
+            properties = ?self.property_keys(),
+            "Kafka client settings (property values are not logged)"
+        );
+    }
 }
 
 /// Whether a property's value is a secret (or holds one) and is shown as `<redacted>`.

@@ -160,11 +160,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().map_err(SinkError::Config)?;
     let kafka = config.kafka.settings(&[]).context("Kafka settings")?;
-    tracing::info!(
-        bootstrap_servers = %kafka.bootstrap_servers,
-        properties = ?kafka.property_keys(),
-        "Kafka client settings (property values are not logged)"
-    );
+    kafka.log_at_start();
     let specs = target_specs(&config)?;
     let boundary = boundary(&config, &specs);
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;

@@ -5,16 +5,13 @@
 //! database nobody migrated instead of creating tables themselves. The outbox's services
 //! (`payments-api`, `outbox-relay`) likewise.
 
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use dedup_client::{BeginOutcome, BeginParams};
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
-use integration_tests::{
-    Isolation, TestDatabase, create_topic, database_url, read_topic, unique_name,
-};
+use integration_tests::{Isolation, TestDatabase, create_topic, read_topic, unique_name};
 use rdkafka::Message as _;
 use time::OffsetDateTime;
 
@@ -104,30 +101,7 @@ impl RuntimeRole {
     }
 
     fn superuser_sql(&self, database: Option<&str>, sql: &str) -> anyhow::Result<()> {
-        let port = database_url()
-            .rsplit_once(':')
-            .and_then(|(_, rest)| rest.split('/').next().map(str::to_owned))
-            .unwrap_or_else(|| "5432".into());
-        let output = Command::new("runuser")
-            .args([
-                "-u",
-                "postgres",
-                "--",
-                "psql",
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-            ])
-            .args(["-p", &port, "-d", database.unwrap_or("postgres"), "-c", sql])
-            .output()
-            .context("runuser not found: this test makes a role as the postgres superuser")?;
-        ensure!(
-            output.status.success(),
-            "as postgres: {sql}: {} (needs root and the local stack's PostgreSQL)",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        Ok(())
+        integration_tests::superuser_sql(database, sql).map(drop)
     }
 }
 

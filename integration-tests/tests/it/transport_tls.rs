@@ -410,44 +410,8 @@ async fn processor_and_sink_pass_an_exact_run_over_tls_and_sasl_scram() -> anyho
     Ok(())
 }
 
-/// Runs `sql` as the `postgres` superuser through psql (the test runs as root, like the
-/// PostgreSQL restart tests) and returns its unaligned output.
 fn superuser_sql(sql: &str) -> anyhow::Result<String> {
-    let output = Command::new("runuser")
-        .args([
-            "-u",
-            "postgres",
-            "--",
-            "psql",
-            "-XAtq",
-            "-v",
-            "ON_ERROR_STOP=1",
-        ])
-        .args([
-            "-p",
-            &postgres_port().to_string(),
-            "-d",
-            "postgres",
-            "-c",
-            sql,
-        ])
-        .current_dir("/")
-        .output()
-        .context("runuser not found: changing PostgreSQL's settings needs root")?;
-    ensure!(
-        output.status.success(),
-        "psql as postgres failed (needs root): {sql}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
-fn postgres_port() -> u16 {
-    integration_tests::database_url()
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|port| port.parse().ok())
-        .unwrap_or(5432)
+    integration_tests::superuser_sql(None, sql)
 }
 
 /// The server-wide TLS settings this test changes.
