@@ -75,7 +75,7 @@ pub struct DedupModel {
 }
 
 impl DedupModel {
-    /// The bounds `cargo test` checks exhaustively (see docs/ARCHITECTURE.md "Model checking").
+    /// The bounds `cargo test` checks exhaustively (see docs/MODEL_CHECKING.md).
     pub fn standard() -> Self {
         Self {
             clients: 2,

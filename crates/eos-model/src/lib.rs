@@ -5,7 +5,7 @@
 //! (`next_state`, `begin_outcome`, `Transition::from_states`/`needs_token`),
 //! `dedup_client::provider_client::classify` and `dedup_service::reconciler::decide` — never a
 //! copy of them. Its bounds, properties and how to read a counterexample are in
-//! docs/ARCHITECTURE.md "Model checking".
+//! docs/MODEL_CHECKING.md.
 //!
 //! The checker is [`stateright`]: a library, so the model is ordinary Rust that links the real
 //! crates (a TLA+ spec could only restate them); exhaustive BFS with `always`/`sometimes`

@@ -72,7 +72,7 @@ fn a_holder_sending_after_its_lease_breaks_the_protocol_alone() {
 /// Three clients, a longer clock: `cargo test -p eos-model -- --ignored --nocapture`
 /// (12,287,466 states, about 5 minutes and 1.1 GB on 2 cores).
 #[test]
-#[ignore = "longer run (about 5 minutes); see docs/ARCHITECTURE.md \"Model checking\""]
+#[ignore = "longer run (about 5 minutes); see docs/MODEL_CHECKING.md"]
 fn three_clients_keep_the_dedup_protocol_safe() {
     let model = DedupModel {
         clients: 3,
