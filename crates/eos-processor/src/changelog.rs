@@ -8,9 +8,10 @@
 use std::time::{Duration, Instant};
 
 use eos_runtime::backoff::{BlockingRetryable as _, doubling};
+use eos_runtime::kafka_errors::passes_by_itself;
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -73,8 +74,10 @@ pub fn restore_record<S: DeserializeOwned + Clone + Default>(
 }
 
 /// Reads one changelog partition from the beginning to its end with `read_committed` and
-/// rebuilds the partition's state. Waits for open transactions (a crashed owner's) to resolve, up
-/// to `timeout`.
+/// rebuilds the partition's state. Gives up only when the position has not moved for `timeout`
+/// (an open transaction of a crashed owner that never resolves, or a partition that stays
+/// unreachable): a large changelog takes as long as it takes, and a broker that is restarting
+/// (its partitions moving to another replica) is waited for, as the processing loop waits.
 pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
     client_config: &ClientConfig,
     topic: &str,
@@ -100,9 +103,9 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
     // again for a while instead of failing the start-up.
     let (low, high) = (|| consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)))
         .retry(doubling(Duration::from_millis(100), Duration::from_secs(2)).with_max_times(8))
-        .when(leader_not_known_yet)
+        .when(passes_by_itself)
         .notify(|error, delay| {
-            tracing::warn!(topic, partition, %error, ?delay, "changelog leader not known yet; asking again");
+            tracing::warn!(topic, partition, %error, ?delay, "changelog leader not reachable yet; asking again");
         })
         .call()
         .map_err(|e| restore_error(format!("cannot read watermarks: {e}")))?;
@@ -118,10 +121,23 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
     consumer
         .assign(&assignment)
         .map_err(|e| restore_error(e.to_string()))?;
-    let deadline = Instant::now() + timeout;
+    let mut last_progress = (low, Instant::now());
+    let mut last_error: Option<KafkaError> = None;
     loop {
         if let Some(message) = consumer.poll(Duration::from_millis(100)) {
-            let message = message.map_err(|e| restore_error(e.to_string()))?;
+            let message = match message {
+                Ok(message) => message,
+                Err(error @ KafkaError::MessageConsumptionFatal(_)) => {
+                    return Err(restore_error(error.to_string()));
+                }
+                // A broker going away and the like: librdkafka reconnects and follows the
+                // partition to its new leader by itself.
+                Err(error) => {
+                    tracing::warn!(topic, partition, %error, "changelog read interrupted; waiting for the broker");
+                    last_error = Some(error);
+                    continue;
+                }
+            };
             restore_record(
                 &mut state,
                 message.key().unwrap_or_default(),
@@ -142,26 +158,20 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
         if position >= high {
             return Ok((state, records));
         }
-        if Instant::now() > deadline {
+        if position > last_progress.0 {
+            last_progress = (position, Instant::now());
+        } else if last_progress.1.elapsed() > timeout {
+            let why = match &last_error {
+                Some(error) => format!("the last read failed with: {error}"),
+                None => "an open transaction of a crashed instance holds the last stable offset \
+                         until transaction.timeout.ms"
+                    .to_owned(),
+            };
             return Err(restore_error(format!(
-                "stuck at offset {position} of {high} after {timeout:?}: an open transaction of a \
-                 crashed instance holds the last stable offset until transaction.timeout.ms"
+                "no progress at offset {position} of {high} for {timeout:?}: {why}"
             )));
         }
     }
-}
-
-/// Errors of a partition whose leader the metadata does not know yet: they pass by themselves.
-fn leader_not_known_yet(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::NotLeaderForPartition
-                | RDKafkaErrorCode::LeaderNotAvailable
-                | RDKafkaErrorCode::UnknownTopicOrPartition
-                | RDKafkaErrorCode::UnknownPartition
-        )
-    )
 }
 
 #[cfg(test)]
@@ -218,13 +228,5 @@ mod tests {
         let mut state = PartitionState::<LedgerTotals>::default();
         assert!(restore_record(&mut state, b"entity/17", Some(b"not json")).is_err());
         assert!(restore_record(&mut state, b"mystery/17", Some(b"{}")).is_err());
-    }
-
-    #[test]
-    fn only_an_unknown_leader_is_asked_again() {
-        let not_yet = KafkaError::MetadataFetch(RDKafkaErrorCode::NotLeaderForPartition);
-        let refused = KafkaError::MetadataFetch(RDKafkaErrorCode::TopicAuthorizationFailed);
-        assert!(leader_not_known_yet(&not_yet));
-        assert!(!leader_not_known_yet(&refused));
     }
 }

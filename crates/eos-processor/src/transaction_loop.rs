@@ -21,6 +21,8 @@ use tracing::{debug, info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use eos_core::{DeadLetterReason, Guarantee, dead_letter};
+use eos_runtime::backoff::{BlockingRetryable as _, doubling};
+use eos_runtime::kafka_errors::passes_by_itself;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
 use eos_runtime::trace_context;
@@ -78,7 +80,8 @@ impl LoopSettings {
     }
 
     fn restore_timeout(&self) -> Duration {
-        // A crashed owner's open transaction holds the changelog's LSO until the broker aborts it.
+        // How long a restore may make no progress: a crashed owner's open transaction holds the
+        // changelog's LSO until the broker aborts it.
         self.transaction_timeout * 3 + Duration::from_secs(30)
     }
 }
@@ -685,7 +688,14 @@ impl<T: Transform> TransactionLoop<T> {
     fn rewind_to_committed(&mut self) -> Result<(), ProcessorError> {
         self.batch = Batch::default();
         let timeout = self.settings.call_timeout();
-        let committed = self.consumer.committed(timeout)?;
+        // The group coordinator may be moving (its broker died): ask again until it answers.
+        let committed = (|| self.consumer.committed(timeout))
+            .retry(doubling(Duration::from_millis(100), Duration::from_secs(2)).with_max_times(20))
+            .when(passes_by_itself)
+            .notify(|error, delay| {
+                warn!(%error, ?delay, "committed offsets not readable yet; asking again");
+            })
+            .call()?;
         let mut positions = TopicPartitionList::new();
         for elem in committed.elements() {
             let offset = match elem.offset() {

@@ -181,12 +181,19 @@ impl TransactionalProducer {
         let producer: ThreadedProducer<DeliveryTracker> =
             config.create_with_context(DeliveryTracker::default())?;
         if guarantee == Guarantee::ExactlyOnce {
-            producer.init_transactions(call_timeout).map_err(|error| {
-                match ErrorKind::of(&error) {
-                    ErrorKind::Fatal => ProducerError::Fatal(error),
-                    ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
-                        ProducerError::Kafka(error)
-                    }
+            // A timeout while the transaction coordinator moves (its broker died, the
+            // `__transaction_state` partition elects a new leader) is retriable: librdkafka
+            // resumes the same initialisation on the next call.
+            retry(
+                CALL_ATTEMPTS,
+                "init_transactions did not finish; retrying",
+                |error| ErrorKind::of(error) == ErrorKind::Retriable,
+                || producer.init_transactions(call_timeout),
+            )
+            .map_err(|error| match ErrorKind::of(&error) {
+                ErrorKind::Fatal => ProducerError::Fatal(error),
+                ErrorKind::RequiresAbort | ErrorKind::Retriable | ErrorKind::Other => {
+                    ProducerError::Kafka(error)
                 }
             })?;
             info!(%transactional_id, "transactions initialised; earlier instances with this id are fenced");
