@@ -5,6 +5,7 @@
 
 pub mod answer_dropping_proxy;
 pub mod eosctl;
+pub mod kafka_cluster;
 pub mod otlp_collector;
 pub mod service_process;
 pub mod test_certs;
@@ -111,7 +112,8 @@ pub async fn create_topic_on(
     let admin: AdminClient<DefaultClientContext> = client_config_for(bootstrap_servers)
         .create()
         .context("cannot create a Kafka admin client")?;
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    // The broker's default replication factor: 1 on the stack's broker, 3 on a test cluster.
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(-1));
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin
         .create_topics([&topic], &options)

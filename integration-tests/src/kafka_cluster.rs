@@ -1,0 +1,314 @@
+//! A private three-node Kafka cluster for the failure tests: each node (broker + KRaft controller)
+//! is a child process of `deploy/local/stack kafka-cluster-node`, with replication factor 3 and
+//! `min.insync.replicas=2` for every topic, so a test can SIGKILL, stop and restart any one node
+//! under load while the cluster stays writable. Each node keeps its data in the cluster's
+//! directory, so a restarted node rejoins with what it had, as a broker restarted on its disk.
+//! Everything is killed and the directory removed on drop; the stack's own broker is not touched.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use eos_testkit::{ChildProcess, LogMode};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+
+use crate::service_process::log_dir;
+use crate::{client_config_for, unique_name};
+
+/// Nodes in the cluster: one may be down and two still form the KRaft quorum and the ISR.
+pub const NODES: usize = 3;
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// A controlled shutdown moves every leadership away first; on a loaded 2-core machine that
+/// takes a while.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+const METADATA_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug)]
+struct Node {
+    id: i32,
+    port: u16,
+    controller_port: u16,
+    dir: PathBuf,
+    process: Option<ChildProcess>,
+}
+
+/// A running three-node cluster (see the module docs).
+#[derive(Debug)]
+pub struct KafkaCluster {
+    name: String,
+    dir: PathBuf,
+    cluster_id: String,
+    nodes: Vec<Node>,
+}
+
+impl KafkaCluster {
+    /// Starts all three nodes and waits until the cluster answers with all three brokers.
+    /// Blocking.
+    pub fn start(name: &str) -> anyhow::Result<Self> {
+        let ports = free_ports(2 * NODES)?;
+        let dir = std::env::temp_dir().join(unique_name(&format!("eos-it-cluster-{name}")));
+        let nodes = (0..NODES)
+            .map(|index| Node {
+                id: index as i32 + 1,
+                port: ports[2 * index],
+                controller_port: ports[2 * index + 1],
+                dir: dir.join(format!("node-{}", index + 1)),
+                process: None,
+            })
+            .collect();
+        let mut cluster = Self {
+            name: name.to_owned(),
+            dir,
+            cluster_id: new_cluster_id(),
+            nodes,
+        };
+        for id in cluster.node_ids() {
+            cluster.spawn(id)?;
+        }
+        cluster.wait_for_brokers(NODES)?;
+        Ok(cluster)
+    }
+
+    pub fn node_ids(&self) -> Vec<i32> {
+        self.nodes.iter().map(|node| node.id).collect()
+    }
+
+    /// Every node's listener: a client keeps working while any one is down.
+    pub fn bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// SIGKILL: no controlled shutdown, leaderships and the controller role are lost at once.
+    pub fn kill(&mut self, id: i32) -> anyhow::Result<()> {
+        let node = self.node_mut(id)?;
+        let mut process = node
+            .process
+            .take()
+            .with_context(|| format!("node {id} is not running"))?;
+        process.kill_hard()?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait for the exit: a controlled shutdown, which hands leaderships over first.
+    pub fn stop(&mut self, id: i32) -> anyhow::Result<()> {
+        let node = self.node_mut(id)?;
+        let mut process = node
+            .process
+            .take()
+            .with_context(|| format!("node {id} is not running"))?;
+        let status = process.terminate(STOP_TIMEOUT)?;
+        ensure!(
+            status.success() || status.code() == Some(143),
+            "node {id} did not stop cleanly: {status}\n{}",
+            process.log_tail(20)
+        );
+        Ok(())
+    }
+
+    /// Starts a stopped or killed node again on its data and waits until it is a broker of the
+    /// cluster again.
+    pub fn restart(&mut self, id: i32) -> anyhow::Result<()> {
+        self.spawn(id)?;
+        self.wait_for_brokers(NODES)
+    }
+
+    /// The broker that leads `partition` of `topic` now.
+    pub fn leader_of(&self, topic: &str, partition: i32) -> anyhow::Result<i32> {
+        let client = self.metadata_client()?;
+        let metadata = client.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+        metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .find(|p| p.id() == partition)
+            .map(|p| p.leader())
+            .filter(|leader| *leader >= 0)
+            .with_context(|| format!("{topic}/{partition} has no leader"))
+    }
+
+    /// Waits until every partition of `topics` has all three replicas in sync again: only then
+    /// may the next node go down without a partition dropping below `min.insync.replicas`.
+    pub fn wait_fully_replicated(&self, topics: &[&str], timeout: Duration) -> anyhow::Result<()> {
+        let client = self.metadata_client()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut lagging = Vec::new();
+            for topic in topics {
+                match client.fetch_metadata(Some(topic), METADATA_TIMEOUT) {
+                    Ok(metadata) => {
+                        for t in metadata.topics() {
+                            if t.partitions().is_empty() {
+                                lagging.push(format!("{topic}: no partitions"));
+                            }
+                            for p in t.partitions() {
+                                if p.isr().len() < NODES {
+                                    lagging.push(format!("{topic}/{} isr {:?}", p.id(), p.isr()));
+                                }
+                            }
+                        }
+                    }
+                    Err(error) => lagging.push(format!("{topic}: {error}")),
+                }
+            }
+            if lagging.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "cluster {} not fully replicated after {timeout:?}: {}",
+                    self.name,
+                    lagging.join("; ")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The last lines of node `id`'s broker log, for failure messages.
+    pub fn server_log_tail(&self, id: i32, lines: usize) -> String {
+        let Ok(node) = self.node(id) else {
+            return String::new();
+        };
+        let log = std::fs::read_to_string(node.dir.join("logs/server.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    fn spawn(&mut self, id: i32) -> anyhow::Result<()> {
+        let voters = self
+            .nodes
+            .iter()
+            .map(|node| format!("{}@127.0.0.1:{}", node.id, node.controller_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let cluster_id = self.cluster_id.clone();
+        let name = self.name.clone();
+        let node = self.node_mut(id)?;
+        ensure!(node.process.is_none(), "node {id} is already running");
+        let mut command = Command::new(repo_root().join("deploy/local/stack"));
+        command.arg("kafka-cluster-node");
+        for (flag, value) in [
+            ("--dir", node.dir.display().to_string()),
+            ("--node-id", id.to_string()),
+            ("--cluster-id", cluster_id),
+            ("--port", node.port.to_string()),
+            ("--controller-port", node.controller_port.to_string()),
+            ("--voters", voters),
+        ] {
+            command.args([flag, &value]);
+        }
+        std::fs::create_dir_all(log_dir())?;
+        let log = log_dir().join(format!("cluster-{name}-node-{id}.log"));
+        node.process = Some(ChildProcess::spawn(
+            format!("kafka-cluster-node {id}"),
+            command,
+            &log,
+            LogMode::Append,
+        )?);
+        Ok(())
+    }
+
+    /// Waits until the metadata lists `count` brokers, failing early when a node exits.
+    fn wait_for_brokers(&mut self, count: usize) -> anyhow::Result<()> {
+        let client = self.metadata_client()?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            for index in 0..self.nodes.len() {
+                let id = self.nodes[index].id;
+                if let Some(process) = self.nodes[index].process.as_mut()
+                    && !process.is_running()
+                {
+                    bail!(
+                        "kafka-cluster-node {id} exited during start-up\n{}\n{}",
+                        process.log_tail(20),
+                        self.server_log_tail(id, 30)
+                    );
+                }
+            }
+            let brokers = client
+                .fetch_metadata(None, METADATA_TIMEOUT)
+                .map(|metadata| metadata.brokers().len())
+                .unwrap_or(0);
+            if brokers >= count {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "cluster {} shows {brokers} of {count} brokers after {START_TIMEOUT:?}",
+                    self.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn metadata_client(&self) -> anyhow::Result<BaseConsumer> {
+        Ok(client_config_for(&self.bootstrap()).create()?)
+    }
+
+    fn node(&self, id: i32) -> anyhow::Result<&Node> {
+        self.nodes
+            .iter()
+            .find(|node| node.id == id)
+            .with_context(|| format!("no node {id} in the cluster"))
+    }
+
+    fn node_mut(&mut self, id: i32) -> anyhow::Result<&mut Node> {
+        self.nodes
+            .iter_mut()
+            .find(|node| node.id == id)
+            .with_context(|| format!("no node {id} in the cluster"))
+    }
+}
+
+impl Drop for KafkaCluster {
+    fn drop(&mut self) {
+        // Throw-away nodes: no clean shutdown needed, their data goes with the directory.
+        for node in &mut self.nodes {
+            if let Some(mut process) = node.process.take() {
+                let _ = process.kill_hard();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A random cluster id as `kafka-storage random-uuid` prints it: 16 bytes in unpadded base64url
+/// (22 characters; the last one carries 2 bits and 4 zero bits), never starting with '-', which
+/// would read as a flag.
+fn new_cluster_id() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const LAST: &[u8; 4] = b"AQgw";
+    let mut id: String = (0..21)
+        .map(|index| {
+            let range = if index == 0 { 62 } else { 64 };
+            char::from(ALPHABET[rand::random_range(0..range)])
+        })
+        .collect();
+    id.push(char::from(LAST[rand::random_range(0..4)]));
+    id
+}
+
+/// `count` ports free on 127.0.0.1 right now (bound together, then released).
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    listeners
+        .iter()
+        .map(|listener| Ok(listener.local_addr()?.port()))
+        .collect()
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
