@@ -1,6 +1,6 @@
 //! Creates the topics the processor needs when they are missing, and checks them when present:
-//! the changelog must be compacted and have exactly as many partitions as the input, since
-//! changelog partition N holds the state of input partition N.
+//! the changelog must be compacted only (never deleted by retention) and have exactly as many
+//! partitions as the input, since changelog partition N holds the state of input partition N.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use eos_runtime::topic_config::cleanup_policy;
+use eos_runtime::topic_config::{KEYED_STATE_TOPIC_CONFIG, cleanup_policy, require_compact_only};
 
 use crate::error::ProcessorError;
 
@@ -71,7 +71,6 @@ pub async fn ensure_topics(
     let admin: AdminClient<DefaultClientContext> = client_config.create()?;
     let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
 
-    let compact = [("cleanup.policy", "compact")];
     let mut to_create = Vec::new();
     for &topic in &all {
         if existing.contains_key(topic) {
@@ -85,7 +84,7 @@ pub async fn ensure_topics(
         };
         let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
         if topic == plan.changelog {
-            for (key, value) in &compact {
+            for (key, value) in &KEYED_STATE_TOPIC_CONFIG {
                 new_topic = new_topic.set(key, value);
             }
         }
@@ -174,11 +173,5 @@ async fn check_compacted(
     let policy = cleanup_policy(admin, changelog, METADATA_TIMEOUT)
         .await
         .map_err(|error| topic_error(changelog, error.to_string()))?;
-    if !policy.split(',').any(|p| p.trim() == "compact") {
-        return Err(topic_error(
-            changelog,
-            format!("cleanup.policy is {policy:?}; a state changelog must be compacted"),
-        ));
-    }
-    Ok(())
+    require_compact_only(&policy).map_err(|detail| topic_error(changelog, detail))
 }

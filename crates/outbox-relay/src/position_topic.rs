@@ -14,7 +14,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use eos_outbox::OutboxCursor;
-use eos_runtime::topic_config::cleanup_policy;
+use eos_runtime::topic_config::{KEYED_STATE_TOPIC_CONFIG, cleanup_policy, require_compact_only};
 use eos_runtime::transactional_producer::PendingRecord;
 
 use crate::error::RelayError;
@@ -43,8 +43,10 @@ pub async fn ensure_positions_topic(
 ) -> Result<(), RelayError> {
     let admin: AdminClient<DefaultClientContext> = client_config.create()?;
     let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
-    let new_topic =
-        NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let new_topic = KEYED_STATE_TOPIC_CONFIG.iter().fold(
+        NewTopic::new(topic, 1, TopicReplication::Fixed(-1)),
+        |new_topic, (key, value)| new_topic.set(key, value),
+    );
     for result in admin.create_topics([&new_topic], &options).await? {
         match result {
             Ok(topic) => tracing::info!(topic, "created topic"),
@@ -57,16 +59,7 @@ pub async fn ensure_positions_topic(
     let policy = cleanup_policy(&admin, topic, ADMIN_TIMEOUT)
         .await
         .map_err(|error| topic_error(topic, error.to_string()))?;
-    match policy.as_str() {
-        "compact" => Ok(()),
-        other => Err(topic_error(
-            topic,
-            format!(
-                "cleanup.policy is {other:?}, expected \"compact\" only: deleting old segments \
-                 could delete the relay's position"
-            ),
-        )),
-    }
+    require_compact_only(&policy).map_err(|detail| topic_error(topic, detail))
 }
 
 /// The record that moves `relay_name`'s position to `cursor`, sent inside the batch's

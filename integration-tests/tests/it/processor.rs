@@ -363,3 +363,86 @@ fn a_broker_killed_mid_run_and_restarted_loses_and_doubles_nothing() -> anyhow::
     assert_exact(&pipeline.audit()?, 10_000);
     Ok(())
 }
+
+/// The topic's configuration as the broker describes it: name → value.
+async fn described_config(
+    topic: &str,
+) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    use rdkafka::admin::{AdminOptions, ResourceSpecifier};
+    let admin = integration_tests::admin()?;
+    let results = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+        .await?;
+    let resource = results
+        .into_iter()
+        .next()
+        .context("no describe answer")?
+        .map_err(|code| anyhow::anyhow!("cannot describe {topic}: {code}"))?;
+    Ok(resource
+        .entries
+        .into_iter()
+        .filter_map(|entry| Some((entry.name, entry.value?)))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_changelog_is_compacted_only_with_bounded_restore_work_and_compact_delete_is_refused()
+-> anyhow::Result<()> {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+
+    // Created by the processor: compacted only, with the settings that bound restore work.
+    let pipeline = Pipeline::new(bootstrap_servers());
+    create_topic(&pipeline.input, 2).await?;
+    let changelog = unique_name("changelog");
+    let mut processor = pipeline.spawn(
+        "changelog-settings",
+        "exactly-once",
+        &[("EOS_CHANGELOG_TOPIC", changelog.as_str())],
+    )?;
+    tokio::task::block_in_place(|| {
+        processor.wait_for_log_line("topics ready", Duration::from_secs(60))
+    })?;
+    let config = described_config(&changelog).await?;
+    for (key, value) in [
+        ("cleanup.policy", "compact"),
+        ("segment.ms", "3600000"),
+        ("max.compaction.lag.ms", "3600000"),
+        ("min.cleanable.dirty.ratio", "0.1"),
+    ] {
+        assert_eq!(
+            config.get(key).map(String::as_str),
+            Some(value),
+            "{changelog}: {key}"
+        );
+    }
+    processor.stop_gracefully()?;
+
+    // Found with compact,delete: retention could delete state, so the processor refuses to start.
+    let pipeline = Pipeline::new(bootstrap_servers());
+    create_topic(&pipeline.input, 2).await?;
+    let changelog = unique_name("changelog");
+    let topic = NewTopic::new(&changelog, 2, TopicReplication::Fixed(-1))
+        .set("cleanup.policy", "compact,delete");
+    for result in integration_tests::admin()?
+        .create_topics([&topic], &AdminOptions::new())
+        .await?
+    {
+        result.map_err(|(topic, code)| anyhow::anyhow!("cannot create {topic}: {code}"))?;
+    }
+    let mut processor = pipeline.spawn(
+        "changelog-refused",
+        "exactly-once",
+        &[("EOS_CHANGELOG_TOPIC", changelog.as_str())],
+    )?;
+    let status = tokio::task::block_in_place(|| processor.wait_timeout(Duration::from_secs(60)))?
+        .context("the processor must refuse a compact,delete changelog and exit")?;
+    assert!(!status.success(), "exit status {status}");
+    let log = processor.log();
+    assert!(
+        log.contains(r#"cleanup.policy is \"compact,delete\", expected \"compact\" only"#)
+            || log.contains(r#"cleanup.policy is "compact,delete", expected "compact" only"#),
+        "the refusal must name the policy and the fix:\n{}",
+        processor.log_tail(20)
+    );
+    Ok(())
+}
