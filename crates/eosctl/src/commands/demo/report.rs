@@ -172,6 +172,8 @@ pub(super) fn build_report(
             "valid_event_in_dlq",
             "bad_input_missing_from_dlq",
             "conflict_missing_from_dlq",
+            "overflow_missing_from_dlq",
+            "overflow_in_output",
             "wrong_dlq_reason",
             "dlq_not_original_bytes",
             "duplicated_in_dlq",
