@@ -228,10 +228,11 @@ pub(super) fn build_report(
         ],
         format!(
             "{} charges, one per operation id ({} repeated requests absorbed by the key; {} \
-             refused and dead-lettered)",
+             refused and dead-lettered; {} held for an operator)",
             g("provider_effects"),
             g("provider_retries_absorbed"),
-            g("provider_refused")
+            g("provider_refused"),
+            g("provider_held")
         ),
     ));
     lines.push(ReportLine {
