@@ -39,6 +39,50 @@ impl CredentialError {
     }
 }
 
+/// The command-line flags of the client's TLS settings, one definition for every caller of
+/// dedup-service (sink-writer, `eosctl held resolve`), so their names and env vars agree.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DedupTlsFlags {
+    /// PEM CA that dedup-service's certificate must chain to; required for an https://
+    /// dedup-service URL.
+    #[arg(long, env = "EOS_DEDUP_TLS_CA", value_name = "PATH")]
+    pub dedup_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate for dedup-service's mTLS (its --tls-client-ca), with
+    /// --dedup-tls-key.
+    #[arg(
+        long,
+        env = "EOS_DEDUP_TLS_CERT",
+        value_name = "PATH",
+        requires = "dedup_tls_key"
+    )]
+    pub dedup_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --dedup-tls-cert.
+    #[arg(
+        long,
+        env = "EOS_DEDUP_TLS_KEY",
+        value_name = "PATH",
+        requires = "dedup_tls_cert"
+    )]
+    pub dedup_tls_key: Option<PathBuf>,
+
+    /// Name to verify dedup-service's certificate against, when it is not the URL's host.
+    #[arg(long, env = "EOS_DEDUP_TLS_DOMAIN")]
+    pub dedup_tls_domain: Option<String>,
+}
+
+impl DedupTlsFlags {
+    pub fn files(&self) -> ClientTlsFiles {
+        ClientTlsFiles {
+            ca: self.dedup_tls_ca.clone(),
+            cert: self.dedup_tls_cert.clone(),
+            key: self.dedup_tls_key.clone(),
+            domain: self.dedup_tls_domain.clone(),
+        }
+    }
+}
+
 /// A bearer token. Compared by its SHA-256 digest in constant time; never printed.
 #[derive(Clone)]
 pub struct BearerToken {

@@ -15,7 +15,9 @@ pub mod proto_convert;
 pub mod provider_client;
 pub mod state_machine;
 
-pub use credentials::{BearerToken, ClientCredentials, ClientTlsFiles, CredentialError};
+pub use credentials::{
+    BearerToken, ClientCredentials, ClientTlsFiles, CredentialError, DedupTlsFlags,
+};
 pub use grpc_client::{
     BeginOutcome, BeginParams, Certificate, ClientError, ClientTlsConfig, DedupClient, RetryPolicy,
 };

@@ -53,6 +53,9 @@ pub fn intent(intent: Intent) -> pb::Intent {
         failure_reason: intent.failure_reason.unwrap_or_default(),
         retryable: intent.retryable,
         detail: intent.detail,
+        // The reconciler's verdict is kept next to the state machine's intent, not in it:
+        // dedup-service adds it to Get and ListUnknown answers.
+        stuck_reason: String::new(),
     }
 }
 

@@ -130,6 +130,30 @@ impl DedupApi {
             intent: Some(proto_convert::intent(intent)),
         })
     }
+
+    /// The intents as answers, each UNKNOWN one with the reconciler's stuck verdict on its
+    /// current attempt, if any: an operator reading Get or ListUnknown sees why no Begin will
+    /// settle it.
+    async fn with_stuck_reasons(
+        &self,
+        intents: Vec<dedup_client::state_machine::Intent>,
+    ) -> Result<Vec<pb::Intent>, DedupError> {
+        let unknown: Vec<String> = intents
+            .iter()
+            .filter(|intent| intent.state == dedup_client::state_machine::IntentState::Unknown)
+            .map(|intent| intent.operation_id.clone())
+            .collect();
+        let mut stuck = self.store.stuck_reasons(&unknown).await?;
+        Ok(intents
+            .into_iter()
+            .map(|intent| {
+                let reason = stuck.remove(&intent.operation_id);
+                let mut answer = proto_convert::intent(intent);
+                answer.stuck_reason = reason.unwrap_or_default();
+                answer
+            })
+            .collect())
+    }
 }
 
 #[tonic::async_trait]
@@ -297,8 +321,9 @@ impl Dedup for DedupApi {
                 .ok_or_else(|| DedupError::NotFound {
                     operation_id: request.operation_id.clone(),
                 })?;
+            let intents = self.with_stuck_reasons(vec![intent]).await?;
             Ok(pb::IntentResponse {
-                intent: Some(proto_convert::intent(intent)),
+                intent: intents.into_iter().next(),
             })
         })
         .await
@@ -316,7 +341,7 @@ impl Dedup for DedupApi {
             let limit = validation::list_limit(request.limit)?;
             let intents = self.store.list_unknown(limit).await?;
             Ok(pb::ListUnknownResponse {
-                intents: intents.into_iter().map(proto_convert::intent).collect(),
+                intents: self.with_stuck_reasons(intents).await?,
             })
         })
         .await

@@ -236,16 +236,7 @@ impl IntentStore {
         if unknown.is_empty() {
             return Ok(answers);
         }
-        let stuck: HashMap<String, String> = sqlx::query_as::<_, (String, String)>(
-            "SELECT operation_id, stuck_reason FROM dedup_intents
-             WHERE operation_id = ANY($1) AND state = 'UNKNOWN'
-               AND stuck_reason IS NOT NULL AND stuck_fencing_token = fencing_token",
-        )
-        .bind(&unknown)
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .collect();
+        let stuck = self.stuck_reasons(&unknown).await?;
         for answer in &mut answers {
             if let BeginOutcome::Unknown { stuck_reason, .. } = &mut answer.outcome
                 && let Some(reason) = stuck.get(&answer.operation_id)
@@ -254,6 +245,27 @@ impl IntentStore {
             }
         }
         Ok(answers)
+    }
+
+    /// The reconciler's stuck verdicts on the current attempt of those of `ids` that are UNKNOWN,
+    /// by operation id (a verdict on an earlier attempt no longer counts).
+    pub async fn stuck_reasons(
+        &self,
+        ids: &[String],
+    ) -> Result<HashMap<String, String>, DedupError> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        Ok(sqlx::query_as::<_, (String, String)>(
+            "SELECT operation_id, stuck_reason FROM dedup_intents
+             WHERE operation_id = ANY($1) AND state = 'UNKNOWN'
+               AND stuck_reason IS NOT NULL AND stuck_fencing_token = fencing_token",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect())
     }
 
     /// Records the reconciler's verdict that the UNKNOWN attempt `fencing_token` cannot be

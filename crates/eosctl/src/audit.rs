@@ -16,7 +16,11 @@
 //!   with reason `event_id_conflict`;
 //! - an occurrence older than the dedup horizon (by `occurred_at`, else the record timestamp) may
 //!   instead be dead-lettered with reason `beyond_dedup_horizon` (the processor can no longer
-//!   tell whether it is a duplicate).
+//!   tell whether it is a duplicate);
+//! - an occurrence whose value would take its entity's running total past a signed 64-bit
+//!   integer, at its point in processing order, must be dead-lettered with reason
+//!   `total_overflow`; it leaves the total as it was and its id is not remembered, so a later
+//!   occurrence of the same id is tried again and the first that applies defines the event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -81,10 +85,17 @@ pub enum Violation {
     BadInputInOutput,
     /// Misrouted: a conflicting input's content found in the output.
     ConflictInOutput,
-    /// Misrouted: a valid event or duplicate delivery found in the DLQ without a horizon reason.
+    /// Misrouted: a valid event or duplicate delivery found in the DLQ without a horizon reason
+    /// (a `total_overflow` for an event that does not overflow its entity's total is one).
     ValidEventInDlq,
     BadInputMissingFromDlq,
     ConflictMissingFromDlq,
+    /// An event that would overflow its entity's running total, with no `total_overflow` dead
+    /// letter.
+    OverflowMissingFromDlq,
+    /// Misrouted: an event that would overflow its entity's running total found in the output
+    /// (applied with a saturated or wrapped total).
+    OverflowInOutput,
     /// Dead-lettered, but with a reason other than the one the input deserves.
     WrongDlqReason,
     /// A DLQ record whose value is not the original input bytes.
@@ -132,7 +143,7 @@ pub enum Violation {
 
 impl Violation {
     /// The kinds every audit reports: the topics'.
-    pub const TOPICS: [Violation; 15] = [
+    pub const TOPICS: [Violation; 17] = [
         Self::MissingOutput,
         Self::DuplicatedOutput,
         Self::UnexpectedOutput,
@@ -142,6 +153,8 @@ impl Violation {
         Self::ValidEventInDlq,
         Self::BadInputMissingFromDlq,
         Self::ConflictMissingFromDlq,
+        Self::OverflowMissingFromDlq,
+        Self::OverflowInOutput,
         Self::WrongDlqReason,
         Self::DlqNotOriginalBytes,
         Self::DuplicatedInDlq,
@@ -187,6 +200,8 @@ impl Violation {
             Self::ValidEventInDlq => "valid_event_in_dlq",
             Self::BadInputMissingFromDlq => "bad_input_missing_from_dlq",
             Self::ConflictMissingFromDlq => "conflict_missing_from_dlq",
+            Self::OverflowMissingFromDlq => "overflow_missing_from_dlq",
+            Self::OverflowInOutput => "overflow_in_output",
             Self::WrongDlqReason => "wrong_dlq_reason",
             Self::DlqNotOriginalBytes => "dlq_not_original_bytes",
             Self::DuplicatedInDlq => "duplicated_in_dlq",
@@ -222,6 +237,8 @@ impl Violation {
             Self::ValidEventInDlq => "misrouted: valid event in DLQ",
             Self::BadInputMissingFromDlq => "malformed inputs missing from DLQ",
             Self::ConflictMissingFromDlq => "conflicts missing from DLQ",
+            Self::OverflowMissingFromDlq => "total overflows missing from DLQ",
+            Self::OverflowInOutput => "misrouted: total overflow in output",
             Self::WrongDlqReason => "DLQ records with the wrong reason",
             Self::DlqNotOriginalBytes => "DLQ records without the original bytes",
             Self::DuplicatedInDlq => "DLQ records repeated for one input",
@@ -265,6 +282,9 @@ pub struct Figures {
     pub conflicts: u64,
     /// Occurrences dead-lettered as `beyond_dedup_horizon` where that is allowed.
     pub beyond_dedup_horizon: u64,
+    /// Valid occurrences that would take their entity's running total past a signed 64-bit
+    /// integer where the processor meets them: each must be a `total_overflow` dead letter.
+    pub total_overflows: u64,
     pub dlq_records: u64,
     pub output_records: u64,
     /// Sum of `value` over every valid input record, re-deliveries and conflicts included.
@@ -354,6 +374,8 @@ enum Role {
     Defining,
     Duplicate,
     Conflict,
+    /// Refused because it would overflow its entity's running total where it is processed.
+    Overflow,
 }
 
 #[derive(Debug)]
@@ -405,6 +427,8 @@ struct Group {
     beyond_horizon: bool,
     /// The event was dead-lettered although valid: reported as misrouted, not also as missing.
     misrouted_to_dlq: bool,
+    /// Every occurrence processed would overflow its entity's total: no output is expected.
+    overflowed: bool,
 }
 
 pub(crate) struct Recorder {
@@ -548,18 +572,22 @@ fn sorted(records: &[SourceRecord]) -> Vec<&SourceRecord> {
 /// Runs every check. Never fails: what cannot be parsed is itself a finding.
 ///
 /// The phases run in this order, and each records its violations in it (the examples of a kind
-/// are the first found): classify the inputs into logical events, attach the dead letters to the
-/// inputs they name, match the outputs to the logical events, check the running totals and the
-/// per-entity order, and sum up.
+/// are the first found): classify the inputs into logical events, trace the dead letters to the
+/// inputs they name, replay the running totals to find the events that overflow them, check each
+/// input's dead letters, match the outputs to the logical events, check the running totals and
+/// the per-entity order, and sum up.
 pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
     let outputs = ParsedOutputs::new(input.output);
     let mut inputs = classify_inputs(input, config, &outputs);
+    let mut recorder = Recorder::new(config.example_limit, &Violation::TOPICS);
+    let traced = trace_dead_letters(input, config, &inputs, &mut recorder);
+    replay_totals(&mut inputs, &traced.horizon_allowed);
     let mut findings = Findings {
         figures: input_figures(&inputs),
-        recorder: Recorder::new(config.example_limit, &Violation::TOPICS),
+        recorder,
         unaccounted: vec![false; inputs.entries.len()],
     };
-    let dead_lettered = attach_dead_letters(input, config, &mut inputs, &mut findings);
+    let dead_lettered = attach_dead_letters(&traced, &mut inputs, &mut findings);
     let exactly_once = match_outputs(&mut inputs, &outputs, &mut findings);
     check_totals(&inputs, &outputs, &mut findings);
     check_order(
@@ -606,6 +634,17 @@ struct Findings {
 struct DeadLettered {
     malformed: u64,
     conflicts: u64,
+    overflows: u64,
+}
+
+/// The DLQ records traced to the inputs they name.
+struct TracedDeadLetters<'a> {
+    records: u64,
+    /// Per input entry, in position order.
+    by_input: Vec<Vec<&'a SourceRecord>>,
+    /// Per input entry: older than the dedup horizon and dead-lettered as `beyond_dedup_horizon`,
+    /// which the processor may do instead of deciding anything else about it.
+    horizon_allowed: Vec<bool>,
 }
 
 /// Phase 1: parses each input record, groups the valid ones by event id and gives each its role:
@@ -638,6 +677,7 @@ fn classify_inputs<'a>(
                             other_outputs: false,
                             beyond_horizon: false,
                             misrouted_to_dlq: false,
+                            overflowed: false,
                         });
                         groups.len() - 1
                     });
@@ -729,7 +769,7 @@ fn input_figures(inputs: &ClassifiedInputs<'_>) -> Figures {
         logical_events: inputs.groups.len() as u64,
         ..Figures::default()
     };
-    for entry in &inputs.entries {
+    for (index, entry) in inputs.entries.iter().enumerate() {
         match (entry.role, &entry.event) {
             (Role::Malformed(reason), _) => {
                 figures.malformed_inputs += 1;
@@ -738,11 +778,14 @@ fn input_figures(inputs: &ClassifiedInputs<'_>) -> Figures {
             (role, Some(event)) => {
                 figures.valid_input_records += 1;
                 figures.sum_valid_input_values += i128::from(event.value);
+                if inputs.groups[entry.group].defining == index {
+                    figures.sum_logical_values += i128::from(event.value);
+                }
                 match role {
-                    Role::Defining => figures.sum_logical_values += i128::from(event.value),
                     Role::Duplicate => figures.duplicate_deliveries += 1,
                     Role::Conflict => figures.conflicts += 1,
-                    Role::Malformed(_) => {}
+                    Role::Overflow => figures.total_overflows += 1,
+                    Role::Defining | Role::Malformed(_) => {}
                 }
             }
             (_, None) => {}
@@ -751,20 +794,14 @@ fn input_figures(inputs: &ClassifiedInputs<'_>) -> Figures {
     figures
 }
 
-/// Phase 2: attaches each DLQ record to the input position its headers name, and checks each
-/// input's dead letters against its role (malformed and conflicting inputs must be there once,
-/// with their reason and original bytes; valid events only for the dedup horizon).
-fn attach_dead_letters(
-    input: &AuditInput<'_>,
+/// Phase 2: traces each DLQ record to the input position its headers name, and tells which
+/// inputs were dead-lettered for the dedup horizon where that is allowed.
+fn trace_dead_letters<'a>(
+    input: &AuditInput<'a>,
     config: &AuditConfig,
-    inputs: &mut ClassifiedInputs<'_>,
-    findings: &mut Findings,
-) -> DeadLettered {
-    let Findings {
-        figures,
-        recorder,
-        unaccounted,
-    } = findings;
+    inputs: &ClassifiedInputs<'_>,
+    recorder: &mut Recorder,
+) -> TracedDeadLetters<'a> {
     let horizon_cutoff = time::Duration::try_from(config.dedup_horizon)
         .ok()
         .and_then(|horizon| config.now.checked_sub(horizon));
@@ -774,21 +811,127 @@ fn attach_dead_letters(
     };
 
     let dlq = sorted(input.dlq);
-    figures.dlq_records = dlq.len() as u64;
-    let mut dlq_by_input: Vec<Vec<&SourceRecord>> = vec![Vec::new(); inputs.entries.len()];
+    let mut by_input: Vec<Vec<&SourceRecord>> = vec![Vec::new(); inputs.entries.len()];
     for record in &dlq {
         let traced = dlq_source(record)
             .filter(|(topic, _)| *topic == input.input_topic)
             .and_then(|(_, position)| inputs.position_index.get(&position));
         match traced {
-            Some(&index) => dlq_by_input[index].push(record),
+            Some(&index) => by_input[index].push(record),
             None => recorder.add(Violation::UnexpectedDlqRecord, 1, || record.locator()),
         }
     }
+    let horizon_allowed = inputs
+        .entries
+        .iter()
+        .zip(&by_input)
+        .map(|(entry, copies)| {
+            entry.event.as_ref().is_some_and(&beyond_horizon)
+                && copies
+                    .first()
+                    .and_then(|copy| copy.last_header_str(REASON_HEADER))
+                    == Some(DeadLetterReason::BeyondDedupHorizon.as_str())
+        })
+        .collect();
+    TracedDeadLetters {
+        records: dlq.len() as u64,
+        by_input,
+        horizon_allowed,
+    }
+}
+
+/// Phase 3: replays the processor's running totals in input order (docs/ARCHITECTURE.md "Bad
+/// input"). An occurrence whose value would take its entity's total past a signed 64-bit integer
+/// is refused (`total_overflow`): the total stays as it was and the id is not remembered, so the
+/// next occurrence of the id is tried again, and the first one that applies defines the logical
+/// event (the ones after it are then duplicates or conflicts of *its* content). An event whose
+/// every occurrence overflows has no output. Occurrences dead-lettered for the dedup horizon are
+/// decided before any total, so they take no part.
+fn replay_totals(inputs: &mut ClassifiedInputs<'_>, horizon_allowed: &[bool]) {
+    let mut totals: HashMap<&str, i64> = HashMap::new();
+    // Per group: an occurrence was applied; an occurrence was tried at all.
+    let mut applied = vec![false; inputs.groups.len()];
+    let mut tried = vec![false; inputs.groups.len()];
+    let mut redefined = Vec::new();
+    let mut overflowing = Vec::new();
+    for (index, entry) in inputs.entries.iter().enumerate() {
+        let Some(event) = entry.event.as_ref() else {
+            continue;
+        };
+        let group = &inputs.groups[entry.group];
+        // A group whose defining occurrence went to the DLQ for the horizon has no total to add
+        // to; an occurrence before the defining one (in another partition, which the output's
+        // source chose) keeps the role it has.
+        if applied[entry.group]
+            || horizon_allowed[index]
+            || horizon_allowed[group.defining]
+            || (index != group.defining && !tried[entry.group])
+        {
+            continue;
+        }
+        tried[entry.group] = true;
+        let total = totals.entry(event.entity_id.as_str()).or_default();
+        match total.checked_add(event.value) {
+            Some(sum) => {
+                *total = sum;
+                applied[entry.group] = true;
+                if index != group.defining {
+                    redefined.push((entry.group, index));
+                }
+            }
+            None => overflowing.push(index),
+        }
+    }
+    for index in overflowing {
+        inputs.entries[index].role = Role::Overflow;
+    }
+    for (group_index, defining) in redefined {
+        let entries = &mut inputs.entries;
+        let group = &mut inputs.groups[group_index];
+        group.defining = defining;
+        let fingerprint = entries[defining]
+            .event
+            .as_ref()
+            .map(|event| event.fingerprint);
+        for &index in &group.occurrences {
+            let entry = &mut entries[index];
+            if entry.role == Role::Overflow {
+                continue;
+            }
+            entry.role = if index == defining {
+                Role::Defining
+            } else if entry.event.as_ref().map(|event| event.fingerprint) == fingerprint {
+                Role::Duplicate
+            } else {
+                Role::Conflict
+            };
+        }
+    }
+    for (group_index, group) in inputs.groups.iter_mut().enumerate() {
+        group.overflowed = tried[group_index] && !applied[group_index];
+    }
+}
+
+/// Phase 4: checks each input's dead letters against its role (malformed, conflicting and
+/// overflowing inputs must be there once, with their reason and original bytes; valid events only
+/// for the dedup horizon).
+fn attach_dead_letters(
+    traced: &TracedDeadLetters<'_>,
+    inputs: &mut ClassifiedInputs<'_>,
+    findings: &mut Findings,
+) -> DeadLettered {
+    let Findings {
+        figures,
+        recorder,
+        unaccounted,
+    } = findings;
+    figures.dlq_records = traced.records;
+    let dlq_by_input = &traced.by_input;
 
     let mut dead_lettered = DeadLettered {
         malformed: 0,
         conflicts: 0,
+        overflows: 0,
     };
     let groups = &mut inputs.groups;
     for (index, entry) in inputs.entries.iter().enumerate() {
@@ -810,8 +953,7 @@ fn attach_dead_letters(
         let reason = copies
             .first()
             .map(|copy| copy.last_header_str(REASON_HEADER).unwrap_or_default());
-        let horizon_allowed = entry.event.as_ref().is_some_and(&beyond_horizon)
-            && reason == Some(DeadLetterReason::BeyondDedupHorizon.as_str());
+        let horizon_allowed = traced.horizon_allowed[index];
         if horizon_allowed {
             figures.beyond_dedup_horizon += 1;
         }
@@ -847,12 +989,41 @@ fn attach_dead_letters(
                 }
                 Some(_) => dead_lettered.conflicts += 1,
             },
+            Role::Overflow => match reason {
+                None => {
+                    recorder.add(Violation::OverflowMissingFromDlq, 1, name);
+                    unaccounted[index] = true;
+                }
+                Some(reason) if reason != DeadLetterReason::TotalOverflow.as_str() => {
+                    recorder.add(Violation::WrongDlqReason, 1, || {
+                        format!(
+                            "{} ({reason}, expected {})",
+                            name(),
+                            DeadLetterReason::TotalOverflow
+                        )
+                    });
+                    unaccounted[index] = true;
+                }
+                Some(_) => dead_lettered.overflows += 1,
+            },
             Role::Duplicate | Role::Defining => match reason {
                 None => {}
                 Some(_) if horizon_allowed && entry.role == Role::Defining => {
                     groups[entry.group].beyond_horizon = true;
                 }
                 Some(_) if horizon_allowed => {}
+                Some(reason) if reason == DeadLetterReason::TotalOverflow.as_str() => {
+                    recorder.add(Violation::ValidEventInDlq, 1, || {
+                        format!(
+                            "{} (total_overflow, but its entity's total does not overflow there)",
+                            name()
+                        )
+                    });
+                    unaccounted[index] = true;
+                    if entry.role == Role::Defining {
+                        groups[entry.group].misrouted_to_dlq = true;
+                    }
+                }
                 Some(_) => {
                     recorder.add(Violation::ValidEventInDlq, 1, name);
                     unaccounted[index] = true;
@@ -866,7 +1037,7 @@ fn attach_dead_letters(
     dead_lettered
 }
 
-/// Phase 3: matches each output record to its logical event by id and content, then checks
+/// Phase 5: matches each output record to its logical event by id and content, then checks
 /// that each logical event has exactly one output (none when dead-lettered for the horizon).
 /// Returns the logical events output exactly once.
 fn match_outputs(
@@ -946,6 +1117,16 @@ fn match_outputs(
             continue;
         };
         let copies = group.matching_outputs.len() as u64;
+        if group.overflowed {
+            if copies > 0 {
+                // Applied although its entity's total cannot hold it: a saturated or wrapped total.
+                recorder.add(Violation::OverflowInOutput, copies, || {
+                    event.event_id.clone()
+                });
+                unaccounted[group.defining] = true;
+            }
+            continue;
+        }
         if group.beyond_horizon {
             if copies > 0 {
                 // Dead-lettered for the horizon *and* applied: one of the two is wrong.
@@ -973,7 +1154,7 @@ fn match_outputs(
     exactly_once
 }
 
-/// Phase 4: the running per-entity totals, walked in output order, when the output carries
+/// Phase 6: the running per-entity totals, walked in output order, when the output carries
 /// them.
 fn check_totals(
     inputs: &ClassifiedInputs<'_>,
@@ -987,7 +1168,11 @@ fn check_totals(
         .flatten()
         .any(|output| output.totals != Totals::Absent);
     let mut expected_totals: BTreeMap<&str, (u64, i128)> = BTreeMap::new();
-    for group in inputs.groups.iter().filter(|group| !group.beyond_horizon) {
+    for group in inputs
+        .groups
+        .iter()
+        .filter(|group| !group.beyond_horizon && !group.overflowed)
+    {
         if let Some(event) = inputs.entries[group.defining].event.as_ref() {
             let slot = expected_totals.entry(&event.entity_id).or_default();
             slot.0 += 1;
@@ -1029,6 +1214,11 @@ fn summarise(findings: Findings, exactly_once: u64, dead_lettered: DeadLettered)
             "conflicts dead-lettered",
             figures.conflicts.into(),
             dead_lettered.conflicts.into(),
+        ),
+        check(
+            "total overflows dead-lettered",
+            figures.total_overflows.into(),
+            dead_lettered.overflows.into(),
         ),
     ];
     let mut notes = Vec::new();
@@ -1637,6 +1827,118 @@ mod tests {
         let processed = reference_process(&input);
         assert!(run(&input, &processed).passed);
         let _ = OUTPUT;
+    }
+
+    /// Running totals near the edges of i64: `big` overflows, comes down with a refund, takes the
+    /// refused event's re-delivery, and overflows again; `neg` overflows downwards; `small` never.
+    fn overflow_scenario() -> Vec<SourceRecord> {
+        let mut log = InputLog::default();
+        log.push(0, &envelope("e-a", "big", i64::MAX - 10))
+            .push(0, &envelope("e-b", "big", 100)) // overflows: total_overflow
+            .push(0, &envelope("e-c", "big", -200))
+            .push(0, &envelope("e-b", "big", 100)) // tried again, and now it fits
+            .push(0, &envelope("e-b", "big", 100)) // a plain duplicate of the applied one
+            .push(0, &envelope("e-d", "big", 500)) // overflows
+            .push(0, &envelope("e-s", "small", 1))
+            .push(1, &envelope("e-n1", "neg", i64::MIN + 5))
+            .push(1, &envelope("e-n2", "neg", -10)); // overflows downwards
+        log.records
+    }
+
+    #[test]
+    fn total_overflows_dead_lettered_where_they_overflow_pass() {
+        let input = overflow_scenario();
+        let processed = reference_process(&input);
+        let reasons: Vec<_> = processed
+            .dlq
+            .iter()
+            .map(|dead| {
+                dead.header_str(REASON_HEADER)
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(reasons, vec!["total_overflow"; 3]);
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        let figures = &report.figures;
+        assert_eq!(figures.total_overflows, 3);
+        assert_eq!(figures.logical_events, 7);
+        assert_eq!(figures.expected_output_events, 5);
+        assert_eq!(figures.duplicate_deliveries, 1);
+        assert_eq!(figures.output_records, 5);
+        assert_eq!(figures.malformed_inputs, 0);
+        assert!(figures.totals_checked);
+        assert_eq!(figures.inputs_accounted, 9);
+        assert!(
+            report
+                .checks
+                .iter()
+                .any(|check| check.name == "total overflows dead-lettered" && check.actual == 3)
+        );
+    }
+
+    #[test]
+    fn a_total_overflow_for_an_event_that_fits_is_misrouted() {
+        let input = overflow_scenario();
+        let mut processed = reference_process(&input);
+        // e-s (1 cent on an empty total) dead-lettered as an overflow instead of applied.
+        processed.output.remove(find_output(&processed, "e-s"));
+        processed.dlq_record(&input[6], DeadLetterReason::TotalOverflow);
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ValidEventInDlq, 1);
+        assert!(
+            report.violations[&Violation::ValidEventInDlq].examples[0]
+                .contains("does not overflow"),
+            "{:?}",
+            report.violations
+        );
+        assert_eq!(report.violation_count(Violation::MissingOutput), 0);
+
+        // A processor that remembered the refused e-b and so dropped its re-delivery, which fits
+        // by then: the re-delivery is the event, and it is missing.
+        let mut processed = reference_process(&input);
+        processed.output.remove(find_output(&processed, "e-b"));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::MissingOutput, 1);
+        assert_eq!(
+            report.violations[&Violation::MissingOutput].examples,
+            vec!["e-b".to_owned()]
+        );
+    }
+
+    #[test]
+    fn an_overflowing_event_not_dead_lettered_is_reported() {
+        let input = overflow_scenario();
+        let mut processed = reference_process(&input);
+        // A saturating processor: e-d is applied with the total stuck at i64::MAX.
+        processed
+            .dlq
+            .retain(|dead| dead.header_str(SOURCE_OFFSET_HEADER) != Some("5"));
+        let e_d = EventEnvelope::parse(input[5].value_bytes()).expect("parses");
+        processed.push_output(0, output_value(&e_d, &input[5], 4, i64::MAX));
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::OverflowMissingFromDlq, 1);
+        assert_violation(&report, Violation::OverflowInOutput, 1);
+        assert_eq!(
+            report.violations[&Violation::OverflowInOutput].examples,
+            vec!["e-d".to_owned()]
+        );
+        assert!(!report.passed);
+
+        // Dead-lettered, but for another reason.
+        let mut processed = reference_process(&input);
+        for dead in &mut processed.dlq {
+            if dead.header_str(SOURCE_OFFSET_HEADER) == Some("5") {
+                dead.headers[0].1 = Some(b"invalid_field".to_vec());
+            }
+        }
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::WrongDlqReason, 1);
+        assert!(
+            report.violations[&Violation::WrongDlqReason].examples[0]
+                .contains("expected total_overflow")
+        );
     }
 
     fn json_event(event_id: &str, entity_id: &str, value: i64, occurred_at: &str) -> Vec<u8> {

@@ -186,9 +186,10 @@ pub struct HeldResolveArgs {
     #[arg(long, env = "EOS_DEDUP_OPERATOR_TOKEN_FILE", value_name = "PATH")]
     pub operator_token_file: Option<PathBuf>,
 
-    /// PEM CA that dedup-service's certificate must chain to.
-    #[arg(long, env = "EOS_DEDUP_TLS_CA", value_name = "PATH")]
-    pub dedup_tls_ca: Option<PathBuf>,
+    /// dedup-service's TLS: the same flags as sink-writer's (a CA, and a client certificate
+    /// when dedup-service asks for mTLS).
+    #[command(flatten)]
+    pub dedup_tls: dedup_client::DedupTlsFlags,
 
     /// Print the result as JSON on stdout.
     #[arg(long)]
@@ -550,6 +551,44 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn held_resolve_takes_the_sinks_dedup_tls_flags_for_mtls() -> anyhow::Result<()> {
+        let resolve = [
+            "eosctl",
+            "held",
+            "resolve",
+            "payments:e-1",
+            "--outcome",
+            "failed",
+            "--evidence",
+            "ticket 7",
+            "--database-url",
+            "postgres://127.0.0.1/eos",
+            "--dedup-url",
+            "https://dedup:50051",
+            "--dedup-tls-ca",
+            "/ca.pem",
+            "--dedup-tls-cert",
+            "/client.pem",
+            "--dedup-tls-key",
+            "/client.key",
+            "--dedup-tls-domain",
+            "dedup.internal",
+        ];
+        let Command::Held(HeldCommand::Resolve(args)) = Cli::try_parse_from(resolve)?.command
+        else {
+            anyhow::bail!("not held resolve");
+        };
+        let files = args.dedup_tls.files();
+        assert_eq!(files.ca, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(files.cert, Some(PathBuf::from("/client.pem")));
+        assert_eq!(files.key, Some(PathBuf::from("/client.key")));
+        assert_eq!(files.domain.as_deref(), Some("dedup.internal"));
+        // A certificate without its key (or the reverse) is refused, as by sink-writer.
+        assert!(Cli::try_parse_from(&resolve[..resolve.len() - 4]).is_err());
+        Ok(())
     }
 
     #[test]

@@ -222,15 +222,65 @@ pub async fn run(
     stop: Arc<AtomicBool>,
 ) -> Result<ProduceSummary, ProduceError> {
     let workload = Workload::new(options.spec.clone())?;
+    let planned = workload.spec().physical_records();
     let (partitions, created) = ensure_topic(settings, &options.topic, options.layout).await?;
     let producer = producer(settings, options.delivery_timeout)?;
     let mut summary = tokio::task::spawn_blocking(move || {
-        send_all(&producer, &options, workload, &progress, &stop)
+        let seed = options.spec.seed;
+        send_all(
+            &producer,
+            &options.send(),
+            (workload, planned, seed),
+            &progress,
+            &stop,
+        )
     })
     .await??;
     summary.partitions = partitions;
     summary.topic_created = created;
     Ok(summary)
+}
+
+/// Where and how fast [`send_all`] writes.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    pub topic: String,
+    /// Records per second; 0 for as fast as the broker takes them.
+    pub rate: u64,
+    /// librdkafka `message.timeout.ms`.
+    pub delivery_timeout: Duration,
+}
+
+impl ProduceOptions {
+    fn send(&self) -> SendOptions {
+        SendOptions {
+            topic: self.topic.clone(),
+            rate: self.rate,
+            delivery_timeout: self.delivery_timeout,
+        }
+    }
+}
+
+/// Writes `records` (e.g. [`Workload::ambiguous_records`] of `seed`) to an existing topic, in
+/// order, and waits for every acknowledgement.
+pub async fn write_records(
+    settings: &KafkaSettings,
+    options: SendOptions,
+    seed: u64,
+    records: Vec<GeneratedRecord>,
+) -> Result<ProduceSummary, ProduceError> {
+    let producer = producer(settings, options.delivery_timeout)?;
+    let planned = records.len() as u64;
+    tokio::task::spawn_blocking(move || {
+        send_all(
+            &producer,
+            &options,
+            (records.into_iter(), planned, seed),
+            &ProgressBar::hidden(),
+            &AtomicBool::new(false),
+        )
+    })
+    .await?
 }
 
 fn producer(
@@ -254,24 +304,24 @@ fn producer(
         .map_err(ProduceError::Producer)
 }
 
+/// Sends `records` (`planned` of them, made with `seed`), paced at `options.rate`.
 fn send_all(
     producer: &ThreadedProducer<DeliveryTracker>,
-    options: &ProduceOptions,
-    workload: Workload,
+    options: &SendOptions,
+    (records, planned, seed): (impl Iterator<Item = GeneratedRecord>, u64, u64),
     progress: &ProgressBar,
     stop: &AtomicBool,
 ) -> Result<ProduceSummary, ProduceError> {
-    let planned = workload.spec().physical_records();
     let mut summary = ProduceSummary {
         topic: options.topic.clone(),
-        seed: workload.spec().seed,
+        seed,
         ..ProduceSummary::default()
     };
     let tracker = producer.context();
     let tracer = opentelemetry::global::tracer("eosctl");
     let started = Instant::now();
     let mut interrupted = false;
-    for (index, record) in (0u64..).zip(workload) {
+    for (index, record) in (0u64..).zip(records) {
         if stop.load(Ordering::Relaxed) {
             interrupted = true;
             break;

@@ -185,6 +185,11 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
             figures.beyond_dedup_horizon,
             None,
         ),
+        (
+            "overflowing a running total (in DLQ)",
+            figures.total_overflows,
+            None,
+        ),
         ("dead-letter records", figures.dlq_records, None),
         (
             "output records",

@@ -141,7 +141,9 @@ pub(crate) fn output_value(
 }
 
 /// A correct processor: partitions in order, records in offset order, one dedup store keyed by
-/// event id, outputs to the same partition number with running totals, everything else to the DLQ.
+/// event id, outputs to the same partition number with running totals, everything else to the DLQ
+/// — an event that would overflow its entity's total too, which then stays as it was and forgets
+/// the id (as eos-processor's ledger transform does).
 pub(crate) fn reference_process(input: &[SourceRecord]) -> Processed {
     let mut sorted: Vec<&SourceRecord> = input.iter().collect();
     sorted.sort_by_key(|r| r.position());
@@ -165,10 +167,14 @@ pub(crate) fn reference_process(input: &[SourceRecord]) -> Processed {
             }
             None => {}
         }
-        seen.insert(envelope.event_id.to_string(), fingerprint);
         let entry = totals.entry(envelope.entity_id.to_string()).or_default();
+        let Some(total) = entry.1.checked_add(envelope.value) else {
+            processed.dlq_record(source, DeadLetterReason::TotalOverflow);
+            continue;
+        };
+        seen.insert(envelope.event_id.to_string(), fingerprint);
         entry.0 += 1;
-        entry.1 += envelope.value;
+        entry.1 = total;
         let value = output_value(&envelope, source, entry.0, entry.1);
         processed.push_output(source.partition, value);
     }

@@ -53,10 +53,16 @@ pub enum MalformedKind {
     JsonArray,
     /// No bytes at all.
     EmptyValue,
+    /// A valid envelope with a second `value` key: which amount was meant is ambiguous.
+    DuplicateKey,
+    /// A valid envelope whose `value` is 2^64: it fits no 64-bit integer and would be rounded.
+    IntegerOutOfRange,
+    /// A valid envelope with a payload number a 64-bit float cannot hold exactly.
+    InexactNumber,
 }
 
 impl MalformedKind {
-    pub const ALL: [MalformedKind; 8] = [
+    pub const ALL: [MalformedKind; 11] = [
         Self::TruncatedJson,
         Self::MissingEventId,
         Self::MissingValue,
@@ -65,6 +71,17 @@ impl MalformedKind {
         Self::NonUtf8,
         Self::JsonArray,
         Self::EmptyValue,
+        Self::DuplicateKey,
+        Self::IntegerOutOfRange,
+        Self::InexactNumber,
+    ];
+
+    /// The kinds that are well-formed JSON with a meaning that is not unique: refused rather
+    /// than guessed (README "Bad input").
+    pub const AMBIGUOUS: [MalformedKind; 3] = [
+        Self::DuplicateKey,
+        Self::IntegerOutOfRange,
+        Self::InexactNumber,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,6 +94,9 @@ impl MalformedKind {
             Self::NonUtf8 => "non_utf8",
             Self::JsonArray => "json_array",
             Self::EmptyValue => "empty_value",
+            Self::DuplicateKey => "duplicate_key",
+            Self::IntegerOutOfRange => "integer_out_of_range",
+            Self::InexactNumber => "inexact_number",
         }
     }
 
@@ -89,6 +109,9 @@ impl MalformedKind {
             Self::OversizedId => DeadLetterReason::FieldTooLong,
             Self::NonUtf8 => DeadLetterReason::InvalidUtf8,
             Self::EmptyValue => DeadLetterReason::EmptyRecord,
+            Self::DuplicateKey => DeadLetterReason::DuplicateKey,
+            Self::IntegerOutOfRange => DeadLetterReason::IntegerOutOfRange,
+            Self::InexactNumber => DeadLetterReason::InexactNumber,
         }
     }
 }
@@ -415,8 +438,37 @@ impl Workload {
     fn next_malformed(&mut self) -> GeneratedRecord {
         self.remaining.malformed -= 1;
         let index = self.malformed_sent;
-        self.malformed_sent += 1;
         let kind = MalformedKind::ALL[(index % MalformedKind::ALL.len() as u64) as usize];
+        self.malformed_record(kind)
+    }
+
+    /// One record of each ambiguous kind ([`MalformedKind::AMBIGUOUS`]), made by a workload of
+    /// `seed` that writes nothing else: for a source that cannot make them itself (the demo's
+    /// payments-api refuses bad requests, so these come from a producer writing next to it).
+    pub fn ambiguous_records(
+        seed: u64,
+        occurred_at_base: OffsetDateTime,
+    ) -> Result<Vec<GeneratedRecord>, SpecError> {
+        let spec = WorkloadSpec {
+            seed,
+            count: 0,
+            entities: 1,
+            duplicate_ratio: 0.0,
+            bad_ratio: 0.0,
+            conflict_ratio: 0.0,
+            value_bytes: 0,
+            occurred_at_base,
+        };
+        let mut workload = Self::new(spec)?;
+        Ok(MalformedKind::AMBIGUOUS
+            .iter()
+            .map(|&kind| workload.malformed_record(kind))
+            .collect())
+    }
+
+    fn malformed_record(&mut self, kind: MalformedKind) -> GeneratedRecord {
+        let index = self.malformed_sent;
+        self.malformed_sent += 1;
         let entity = self.rng.random_range(0..self.spec.entities);
         let event = LogicalEvent {
             sequence: 0,
@@ -483,6 +535,21 @@ impl Workload {
                 bytes
             }
             MalformedKind::EmptyValue => Vec::new(),
+            MalformedKind::DuplicateKey => {
+                let second = format!("\"value\":{},", event.value + 1);
+                splice_after(envelope(Some(&event_id), cents), b"{", second.as_bytes())
+            }
+            MalformedKind::IntegerOutOfRange => {
+                let mut bytes = envelope(Some(&event_id), None);
+                // 2^64: one past u64::MAX, so neither i64 nor u64 holds it.
+                bytes = splice_after(bytes, b"{", b"\"value\":18446744073709551616,");
+                bytes
+            }
+            MalformedKind::InexactNumber => splice_after(
+                envelope(Some(&event_id), cents),
+                b"\"payload\":{",
+                b"\"rate\":0.10000000000000000001,",
+            ),
         };
         let has_event_id = !matches!(
             kind,
@@ -585,6 +652,16 @@ impl Iterator for Workload {
         let total = usize::try_from(self.remaining_total()).unwrap_or(usize::MAX);
         (total, Some(total))
     }
+}
+
+/// `bytes` with `insert` right after the first `marker` (at the end when there is none).
+fn splice_after(mut bytes: Vec<u8>, marker: &[u8], insert: &[u8]) -> Vec<u8> {
+    let at = bytes
+        .windows(marker.len())
+        .position(|window| window == marker)
+        .map_or(bytes.len(), |start| start + marker.len());
+    bytes.splice(at..at, insert.iter().copied());
+    bytes
 }
 
 fn encode_wire(wire: &WireEnvelope<'_>) -> Vec<u8> {
@@ -779,6 +856,23 @@ mod tests {
             assert!(header(record, TRACEPARENT_HEADER).is_some());
         }
         assert_eq!(kinds.len(), MalformedKind::ALL.len());
+        Ok(())
+    }
+
+    #[test]
+    fn ambiguous_records_are_one_of_each_kind_and_refused_with_its_reason() -> Result<(), SpecError>
+    {
+        let records = Workload::ambiguous_records(7, datetime!(2026-02-27 00:00:00 UTC))?;
+        let mut ids = HashSet::new();
+        for (record, kind) in records.iter().zip(MalformedKind::AMBIGUOUS) {
+            assert_eq!(record.kind, RecordKind::Malformed(kind));
+            // Well-formed JSON, so only the strict reading tells it apart.
+            assert!(serde_json::from_slice::<serde_json::Value>(&record.value).is_ok());
+            let error = EventEnvelope::parse(&record.value).expect_err(kind.as_str());
+            assert_eq!(error.reason(), kind.expected_reason(), "{kind}: {error}");
+            assert!(ids.insert(record.event_id().map(str::to_owned)));
+        }
+        assert_eq!(records.len(), 3);
         Ok(())
     }
 

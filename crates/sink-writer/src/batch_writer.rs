@@ -39,6 +39,11 @@ pub(crate) struct BatchReport {
 }
 
 impl BatchReport {
+    /// Whether the batch held an event (a new `sink_held_operations` row, or a replay's).
+    pub(crate) fn held_any(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// Counts a committed batch in the sink's metrics.
     pub(crate) fn record_metrics(&self) {
         counter!(m::RECORDS_IN).increment(self.records as u64);

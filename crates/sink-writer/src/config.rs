@@ -125,6 +125,12 @@ pub struct Config {
     #[arg(long, env = "EOS_SINK_RETENTION_MARGIN", default_value = "1d", value_parser = humantime::parse_duration)]
     pub retention_margin: Duration,
 
+    /// How often the gauge of unresolved held operations is read again from
+    /// sink_held_operations (also at start-up and after a batch that held an event), so an
+    /// operator's `eosctl held resolve` shows within this long.
+    #[arg(long, env = "EOS_SINK_HELD_REFRESH_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub held_refresh_interval: Duration,
+
     /// How often targets with a retention purge their old rows.
     #[arg(long, env = "EOS_SINK_PURGE_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
     pub purge_interval: Duration,
@@ -167,22 +173,8 @@ pub struct DedupClientFlags {
     #[arg(long, env = "EOS_DEDUP_TOKEN_FILE")]
     pub dedup_token_file: Option<PathBuf>,
 
-    /// PEM CA that dedup-service's certificate must chain to; required for https:// dedup_url.
-    #[arg(long, env = "EOS_DEDUP_TLS_CA")]
-    pub dedup_tls_ca: Option<PathBuf>,
-
-    /// PEM client certificate for dedup-service's mTLS (its --tls-client-ca), with
-    /// --dedup-tls-key.
-    #[arg(long, env = "EOS_DEDUP_TLS_CERT", requires = "dedup_tls_key")]
-    pub dedup_tls_cert: Option<PathBuf>,
-
-    /// PEM private key of --dedup-tls-cert.
-    #[arg(long, env = "EOS_DEDUP_TLS_KEY", requires = "dedup_tls_cert")]
-    pub dedup_tls_key: Option<PathBuf>,
-
-    /// Name to verify dedup-service's certificate against, when it is not dedup_url's host.
-    #[arg(long, env = "EOS_DEDUP_TLS_DOMAIN")]
-    pub dedup_tls_domain: Option<String>,
+    #[command(flatten)]
+    pub tls: dedup_client::DedupTlsFlags,
 }
 
 impl DedupClientFlags {
@@ -197,12 +189,7 @@ impl DedupClientFlags {
                 self.dedup_token_file.as_deref(),
                 "--dedup-token",
             )?,
-            tls: dedup_client::ClientTlsFiles {
-                ca: self.dedup_tls_ca.clone(),
-                cert: self.dedup_tls_cert.clone(),
-                key: self.dedup_tls_key.clone(),
-                domain: self.dedup_tls_domain.clone(),
-            },
+            tls: self.tls.files(),
         })
     }
 }

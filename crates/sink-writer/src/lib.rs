@@ -27,6 +27,7 @@ pub mod config;
 pub mod dead_letters;
 pub mod decision;
 pub mod error;
+pub mod held_gauge;
 pub mod mapping;
 pub mod metrics;
 mod partition_positioning;
@@ -231,6 +232,19 @@ async fn serve(
         purge_shutdown.clone(),
     ));
 
+    let held_refresh = Arc::new(tokio::sync::Notify::new());
+    let held_task = tokio::spawn(held_gauge::refresh_loop(
+        pool.clone(),
+        config.sink_name().to_owned(),
+        providers
+            .iter()
+            .map(|target| target.name().to_owned())
+            .collect(),
+        config.held_refresh_interval,
+        held_refresh.clone(),
+        purge_shutdown.clone(),
+    ));
+
     let settings = LoopSettings {
         topic: config.topic.clone(),
         dlq_topic: config.dlq_topic(),
@@ -245,6 +259,7 @@ async fn serve(
         shutdown_timeout: config.shutdown_timeout,
         fault_stall_before_commit: config.fault_stall_before_commit,
         client_config,
+        held_refresh,
     };
     let runtime = tokio::runtime::Handle::current();
     let loop_pool = pool.clone();
@@ -264,6 +279,7 @@ async fn serve(
     .context("the sink loop panicked");
     purge_shutdown.cancel();
     let _ = purge_task.await;
+    let _ = held_task.await;
     pool.close().await;
     result?.map_err(anyhow::Error::from)
 }

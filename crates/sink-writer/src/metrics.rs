@@ -21,6 +21,7 @@ pub const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
 pub const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
 pub const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
 pub const HELD_OPERATIONS: &str = "eos_sink_held_operations_total";
+pub const HELD_UNRESOLVED: &str = "eos_sink_held_operations_unresolved";
 
 pub fn describe() {
     metrics::describe_counter!(
@@ -47,6 +48,12 @@ pub fn describe() {
         "events held (not charged, not recorded as charged) because their provider operation is \
          UNKNOWN and older than the provider's key retention, by target; each needs an \
          operator's `eosctl held resolve` (alert on any increase)"
+    );
+    metrics::describe_gauge!(
+        HELD_UNRESOLVED,
+        "held events of this sink not resolved yet (sink_held_operations), by target; read at \
+         start-up, after a batch that held one and every --held-refresh-interval (alert while \
+         above 0)"
     );
     metrics::describe_counter!(RECORDS_IN, "input records committed (any outcome)");
     metrics::describe_counter!(

@@ -74,6 +74,8 @@ pub struct LoopSettings {
     pub shutdown_timeout: Duration,
     pub fault_stall_before_commit: Option<Duration>,
     pub client_config: ClientConfig,
+    /// Poked after a committed batch that held an event: the held gauge is read again.
+    pub held_refresh: Arc<tokio::sync::Notify>,
 }
 
 pub(crate) type LoopConsumer = BaseConsumer<RebalanceRecorder>;
@@ -565,6 +567,9 @@ impl SinkLoop {
         histogram!(m::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
         histogram!(m::BATCH_RECORDS).record(report.records as f64);
         report.record_metrics();
+        if report.held_any() {
+            self.settings.held_refresh.notify_one();
+        }
         for Move { to, .. } in &moves {
             if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&to.partition) {
                 *committed = Some(to.next_offset);

@@ -598,6 +598,70 @@ async fn dedup_mtls_refuses_clients_without_a_trusted_certificate_and_the_sink_r
     );
     ensure!(expected.len() as u64 <= EVENTS && !expected.is_empty());
 
+    // `eosctl held resolve` over the same mTLS, with the sink's --dedup-tls-* flags: a held row
+    // for mtls-1 (SUCCEEDED already, so resolving it as succeeded is accepted and changes nothing
+    // at dedup-service) is resolved; without the client certificate the handshake refuses it.
+    sqlx::query(
+        "INSERT INTO sink_held_operations (sink, target, operation_id, event_id, source_topic,
+             source_partition, source_offset, reason)
+         VALUES ('mtls', 'mtls', 'mtls-1', 'e-1', 'held', 0, 0, 'test')",
+    )
+    .execute(&db.pool)
+    .await?;
+    let operator_file = path(&dir, "operator-token");
+    std::fs::write(&operator_file, format!("{OPERATOR_TOKEN}\n"))?;
+    let (operator_file, ca, cert, key) = (
+        operator_file.display().to_string(),
+        file("ca.pem"),
+        file("client.pem"),
+        file("client-key.pem"),
+    );
+    let resolve = |client_cert: bool| -> anyhow::Result<std::process::Output> {
+        let mut args = vec![
+            "held",
+            "resolve",
+            "mtls-1",
+            "--outcome",
+            "succeeded",
+            "--evidence",
+            "mtls test",
+            "--database-url",
+            &db.url,
+            "--dedup-url",
+            &endpoint,
+            "--operator-token-file",
+            &operator_file,
+            "--dedup-tls-ca",
+            &ca,
+            "--json",
+        ];
+        if client_cert {
+            args.extend(["--dedup-tls-cert", &cert, "--dedup-tls-key", &key]);
+        }
+        Ok(
+            std::process::Command::new(integration_tests::workspace_binary("eosctl")?)
+                .args(args)
+                .output()?,
+        )
+    };
+    let refused = resolve(false)?;
+    ensure!(
+        !refused.status.success(),
+        "held resolve without a client certificate: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+    let resolved = resolve(true)?;
+    let answer: serde_json::Value = serde_json::from_slice(&resolved.stdout).map_err(|_| {
+        anyhow::anyhow!(
+            "held resolve over mTLS: {}",
+            String::from_utf8_lossy(&resolved.stderr)
+        )
+    })?;
+    ensure!(
+        answer["intent_state"] == "INTENT_STATE_SUCCEEDED" && answer["rows_resolved"] == 1,
+        "held resolve over mTLS: {answer}"
+    );
+
     drop(service);
     std::fs::remove_dir_all(&dir)?;
     db.drop_database().await

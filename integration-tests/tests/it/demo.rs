@@ -87,6 +87,26 @@ fn demo_exactly_once_passes_at_every_boundary_under_kills() -> anyhow::Result<()
         .as_str()
         .unwrap_or_default();
     assert!(clients.starts_with("3,000 payments created;"), "{clients}");
+    // The ambiguous JSON written next to payments-api: each a dead letter with its own reason,
+    // counted by the audit as malformed input (not as a violation) and shown in the report.
+    let dead_letters = line(&report, "dead letters by reason")["detail"]
+        .as_str()
+        .unwrap_or_default();
+    for reason in ["duplicate_key", "integer_out_of_range", "inexact_number"] {
+        assert_eq!(
+            figures["malformed_by_reason"][reason], 1,
+            "{reason}: {report:#}"
+        );
+        assert!(
+            dead_letters.contains(&format!("{reason} 1")),
+            "{reason}: {dead_letters}"
+        );
+    }
+    assert_eq!(figures["malformed_inputs"], 3);
+    let provider = line(&report, "provider effects")["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(provider.contains("0 held for an operator"), "{provider}");
     Ok(())
 }
 

@@ -195,6 +195,23 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
     )
     .await?;
     ensure!(reason.contains("key TTL"), "stuck reason: {reason}");
+    // Get and ListUnknown (an operator's view) carry the same verdict.
+    let operator = dedup_client::DedupClient::connect_lazy_with(
+        &dedup.endpoint(),
+        &dedup_client::ClientCredentials {
+            token: Some(dedup_client::BearerToken::new(OPERATOR_TOKEN, "test")?),
+            tls: dedup_client::ClientTlsFiles::default(),
+        },
+    )?;
+    let got = operator.get(&operation_id).await?;
+    ensure!(got.stuck_reason == reason, "Get: {got:?}");
+    let unknown = operator.list_unknown(100).await?;
+    ensure!(
+        unknown
+            .iter()
+            .any(|intent| intent.operation_id == operation_id && intent.stuck_reason == reason),
+        "ListUnknown: {unknown:?}"
+    );
 
     // 3. Behind it, OTHERS more events, and a provider that answers. The sink holds the stuck
     //    event and writes the rest; the partition moves on.
@@ -206,7 +223,14 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
     let config = targets_file(&dir, "honest", &name, &dedup.endpoint(), &honest.url)?;
     let mut second = sink.spawn(
         "held-b",
-        &["--config", &config, "--dedup-token-file", &client_token],
+        &[
+            "--config",
+            &config,
+            "--dedup-token-file",
+            &client_token,
+            "--held-refresh-interval",
+            "500ms",
+        ],
         &[],
     )?;
     sink.wait_drained(&db.pool, &mut second).await?;
@@ -223,12 +247,23 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
                 && line.ends_with(" 1")),
         "held counter missing:\n{metrics}"
     );
+    let unresolved_gauge = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("eos_sink_held_operations_unresolved") && line.contains(&name)
+            })
+            .map(str::to_owned)
+    };
+    ensure!(
+        unresolved_gauge(&metrics).is_some_and(|line| line.ends_with(" 1")),
+        "unresolved gauge after the hold:\n{metrics}"
+    );
     let warning = second.wait_for_log_line("held:", Duration::from_secs(5))?;
     ensure!(
         warning.contains(held_id) && warning.contains(&operation_id),
         "the WARN names the event and the operation: {warning}"
     );
-    second.stop_gracefully()?;
 
     // Audit by event_id: one effect for each other event, with its amount; none at the honest
     // provider for the held one (not charged again); the held one in sink_held_operations.
@@ -324,6 +359,21 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
         row == (Some("succeeded".to_owned()), true),
         "held row after resolve: {row:?}"
     );
+    // The running sink sees the resolution at its next periodic refresh.
+    let gauge = wait_for(
+        "the unresolved gauge at 0",
+        Duration::from_secs(10),
+        async || {
+            let metrics = reqwest::get(format!("http://{metrics_addr}/metrics"))
+                .await?
+                .text()
+                .await?;
+            Ok(unresolved_gauge(&metrics).filter(|line| line.ends_with(" 0")))
+        },
+    )
+    .await?;
+    ensure!(gauge.contains(&name), "{gauge}");
+    second.stop_gracefully()?;
     // Nothing is held any more, and resolving again changes nothing.
     let listed: Value = serde_json::from_str(&eosctl(&[
         "held",

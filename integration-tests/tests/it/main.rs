@@ -20,6 +20,7 @@ mod provider_tls;
 mod secrets;
 mod sink_provider;
 mod sink_writer;
+mod total_overflow;
 mod trace_cli;
 mod traces;
 mod transport_tls;

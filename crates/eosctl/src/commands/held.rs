@@ -2,7 +2,7 @@
 //! provider operation is stuck UNKNOWN at dedup-service.
 
 use anyhow::Context as _;
-use dedup_client::{ClientCredentials, ClientTlsFiles, DedupClient};
+use dedup_client::{ClientCredentials, DedupClient};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -34,10 +34,7 @@ async fn resolve(args: HeldResolveArgs) -> anyhow::Result<Status> {
             args.operator_token_file.as_deref(),
             "--operator-token",
         )?,
-        tls: ClientTlsFiles {
-            ca: args.dedup_tls_ca.clone(),
-            ..ClientTlsFiles::default()
-        },
+        tls: args.dedup_tls.files(),
     };
     let dedup = DedupClient::connect_lazy_with(&args.dedup_url, &credentials)
         .with_context(|| format!("dedup-service at {}", args.dedup_url))?;

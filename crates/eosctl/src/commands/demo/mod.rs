@@ -701,9 +701,27 @@ async fn start_workload(
     wait_listening(&mut outbox.api, outbox.api_addr).await?;
     outbox.relay.start()?;
     outbox.relay.wait_ready(Duration::from_secs(60)).await?;
+    // payments-api refuses bad requests, so the topic's ambiguous JSON comes from a producer
+    // writing next to the relay: one duplicate key, one integer beyond 64 bits, one inexact
+    // number. Each must end as a dead letter with its reason, and the audit counts them.
+    let ambiguous =
+        crate::workload::Workload::ambiguous_records(seed, time::OffsetDateTime::now_utc())?;
+    produce::write_records(
+        kafka,
+        produce::SendOptions {
+            topic: input.to_owned(),
+            rate: 0,
+            delivery_timeout: Duration::from_secs(30),
+        },
+        seed,
+        ambiguous,
+    )
+    .await
+    .with_context(|| format!("writing the ambiguous JSON records to {input:?}"))?;
     say(format!(
         "== paying at {}/s through payments-api: 5% resent with the same key, 0.1% keys reused \
-         with another amount, 0.5% malformed requests",
+         with another amount, 0.5% malformed requests; 3 ambiguous JSON records (duplicate key, \
+         integer beyond 64 bits, inexact number) written to the topic directly",
         args.rate
     ));
     let workload = PaymentsWorkload {

@@ -172,6 +172,8 @@ pub(super) fn build_report(
             "valid_event_in_dlq",
             "bad_input_missing_from_dlq",
             "conflict_missing_from_dlq",
+            "overflow_missing_from_dlq",
+            "overflow_in_output",
             "wrong_dlq_reason",
             "dlq_not_original_bytes",
             "duplicated_in_dlq",
@@ -226,10 +228,11 @@ pub(super) fn build_report(
         ],
         format!(
             "{} charges, one per operation id ({} repeated requests absorbed by the key; {} \
-             refused and dead-lettered)",
+             refused and dead-lettered; {} held for an operator)",
             g("provider_effects"),
             g("provider_retries_absorbed"),
-            g("provider_refused")
+            g("provider_refused"),
+            g("provider_held")
         ),
     ));
     lines.push(ReportLine {
