@@ -17,6 +17,7 @@ mod postgres_idempotency;
 mod processor;
 mod provider_sim;
 mod provider_tls;
+mod scale_out;
 mod secrets;
 mod sink_provider;
 mod sink_writer;
