@@ -213,3 +213,86 @@ fn find_cycle<S: std::fmt::Debug, A: std::fmt::Debug + Clone>(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use stateright::Model;
+
+    use super::*;
+
+    /// States 0..=3; `next` says where each may go. Everything from 1 on is the suffix.
+    struct Graph {
+        next: &'static [&'static [u8]],
+    }
+
+    impl Model for Graph {
+        type State = u8;
+        type Action = u8;
+
+        fn init_states(&self) -> Vec<u8> {
+            vec![0]
+        }
+
+        fn actions(&self, state: &u8, actions: &mut Vec<u8>) {
+            actions.extend_from_slice(self.next[usize::from(*state)]);
+        }
+
+        fn next_state(&self, _: &u8, action: u8) -> Option<u8> {
+            Some(action)
+        }
+    }
+
+    fn suffix(state: &u8) -> bool {
+        *state >= 1
+    }
+
+    fn at_three(state: &u8) -> bool {
+        *state == 3
+    }
+
+    #[test]
+    fn every_path_ending_at_the_goal_holds_even_with_stutters() {
+        // 0 → 1 → {2, 3}; 2 → 3; 3 only stutters.
+        let run = check_fair_suffix(
+            &Graph {
+                next: &[&[1], &[2, 3], &[3], &[3]],
+            },
+            suffix,
+            at_three,
+        );
+        assert!(run.counterexample.is_none(), "{:?}", run.counterexample);
+        assert_eq!(
+            (run.unique_states, run.suffix_states, run.path_ends),
+            (4, 3, 1)
+        );
+    }
+
+    #[test]
+    fn a_path_ending_elsewhere_is_reported_with_its_path() {
+        // 2 is a dead end that is not the goal.
+        let run = check_fair_suffix(
+            &Graph {
+                next: &[&[1], &[2, 3], &[], &[]],
+            },
+            suffix,
+            at_three,
+        );
+        let (problem, path) = run.counterexample.expect("2 is a bad end");
+        assert_eq!(problem, ENDS_WITHOUT_GOAL);
+        assert_eq!(path.last().map(String::as_str), Some("state: 2"));
+    }
+
+    #[test]
+    fn a_cycle_that_never_reaches_the_goal_is_reported() {
+        // 1 ⇄ 2 forever is a fair path too, although 3 is reachable.
+        let run = check_fair_suffix(
+            &Graph {
+                next: &[&[1], &[2, 3], &[1], &[]],
+            },
+            suffix,
+            at_three,
+        );
+        let (problem, path) = run.counterexample.expect("1 ⇄ 2 is a cycle");
+        assert_eq!(problem, CYCLES_WITHOUT_END, "{path:?}");
+    }
+}
