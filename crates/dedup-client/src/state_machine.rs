@@ -57,6 +57,17 @@ impl IntentState {
     pub fn is_settled(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed)
     }
+
+    /// The states the retention purge may delete, as the `state` column spells them (the
+    /// purge statement's `state = ANY(..)`): the settled ones. A RESERVED or UNKNOWN row
+    /// stands for a call whose outcome nobody knows yet, so it is never purged.
+    pub fn purgeable_db_states() -> Vec<String> {
+        Self::ALL
+            .into_iter()
+            .filter(|state| state.is_settled())
+            .map(|state| state.as_db_str().to_owned())
+            .collect()
+    }
 }
 
 impl fmt::Display for IntentState {
@@ -354,6 +365,25 @@ pub fn begin_outcome(row: &Intent, ask: &BeginAsk<'_>) -> BeginOutcome {
     }
 }
 
+/// Whether an operation that occurred at `occurred_at` is inside the retained window, which
+/// starts at `retained_since` (now − retention): a Begin acquires only such operations; older
+/// ones are answered by [`expired_outcome`]. The Begin statement's
+/// `WHERE occurred_at >= now() - retention` says the same.
+pub fn in_retained_window(occurred_at: OffsetDateTime, retained_since: OffsetDateTime) -> bool {
+    occurred_at >= retained_since
+}
+
+/// Whether the retention purge deletes `row` when the retained window starts at
+/// `retained_since`: a settled intent ([`IntentState::purgeable_db_states`]) whose operation
+/// occurred, and whose last change happened, before the window. The purge statement's `WHERE`
+/// is these three conditions. Its operation is then outside the window, so a Begin for it gets
+/// [`expired_outcome`] and is never acquired: purging the row cannot re-open the operation.
+pub fn purgeable(row: &Intent, retained_since: OffsetDateTime) -> bool {
+    row.state.is_settled()
+        && !in_retained_window(row.occurred_at, retained_since)
+        && row.updated_at < retained_since
+}
+
 /// The answer to a Begin for an operation that occurred before the retained window.
 ///
 /// Such an operation is never acquired (its dedup row may already have been purged, so a new
@@ -623,5 +653,29 @@ mod tests {
             expired_outcome(Some(&row(Succeeded)), &a, since, now),
             BeginOutcome::Succeeded { .. }
         ));
+    }
+
+    #[test]
+    fn only_settled_rows_older_than_the_window_are_purged() {
+        // row(..) occurred and was last changed at 2026-01-01 0:00.
+        let after = datetime!(2026-01-01 0:00:01 UTC);
+        let at = datetime!(2026-01-01 0:00 UTC);
+        assert!(purgeable(&row(Succeeded), after));
+        assert!(purgeable(&row(Failed), after));
+        // Inside the window (occurred exactly at its start) is kept.
+        assert!(!purgeable(&row(Succeeded), at));
+        // An outcome nobody knows yet is kept however old.
+        assert!(!purgeable(&row(Unknown), after));
+        assert!(!purgeable(&row(Reserved), after));
+        // Changed inside the window (a late resolve) is kept.
+        let mut late = row(Succeeded);
+        late.updated_at = datetime!(2026-01-01 0:00:02 UTC);
+        assert!(!purgeable(&late, after));
+        assert_eq!(
+            IntentState::purgeable_db_states(),
+            vec!["SUCCEEDED".to_owned(), "FAILED".to_owned()]
+        );
+        assert!(in_retained_window(at, at));
+        assert!(!in_retained_window(at, after));
     }
 }

@@ -748,17 +748,20 @@ impl IntentStore {
     }
 
     /// Deletes up to `limit` settled rows (and their history) past retention; how many.
+    /// The rule is [`dedup_client::state_machine::purgeable`]: its states are bound from
+    /// [`IntentState::purgeable_db_states`], and the time conditions are its own.
     ///
     /// Only SUCCEEDED and FAILED rows are ever purged. A RESERVED or UNKNOWN row stands for a
     /// provider call whose outcome nobody knows yet: deleting it would let a replay acquire the
     /// operation again and call the provider a second time for what may already be applied.
     /// Such rows stay until reconciled, however old (the UNKNOWN backlog gauge shows them).
     pub async fn purge(&self, limit: i64) -> Result<u64, DedupError> {
+        let purgeable_states = IntentState::purgeable_db_states();
         let deleted: i64 = retry_conflicts(|| async {
             Ok(sqlx::query_scalar!(
                 r#"WITH doomed AS (
                      SELECT operation_id FROM dedup_intents
-                     WHERE state IN ('SUCCEEDED', 'FAILED')
+                     WHERE state = ANY($3)
                        AND occurred_at < now() - $1::bigint * interval '1 millisecond'
                        AND updated_at < now() - $1::bigint * interval '1 millisecond'
                      LIMIT $2
@@ -766,7 +769,7 @@ impl IntentStore {
                  gone AS (
                      DELETE FROM dedup_intents t USING doomed
                      WHERE t.operation_id = doomed.operation_id
-                       AND t.state IN ('SUCCEEDED', 'FAILED')
+                       AND t.state = ANY($3)
                      RETURNING t.operation_id),
                  history AS (
                      DELETE FROM dedup_intent_history h USING gone
@@ -774,6 +777,7 @@ impl IntentStore {
                  SELECT count(*) AS "deleted!" FROM gone"#,
                 millis(self.retention),
                 limit,
+                &purgeable_states,
             )
             .fetch_one(&self.pool)
             .await?)

@@ -1,6 +1,7 @@
 //! The dedup intent protocol as a [`stateright::Model`]: clients racing `Begin` on one operation
-//! id, leases that run out, a provider that applies charges and loses answers, late and repeated
-//! holder reports, and the reconciler.
+//! id, leases that run out, a provider that applies charges and loses answers (and, in one
+//! configuration, forgets them), late and repeated holder reports, the reconciler, the
+//! retention purge and Begins past the retained window, and dedup-service restarts.
 //!
 //! Every step that the services decide is decided by their own code:
 //! - the `Begin` upsert applies [`next_state`] with `Acquire`, `ExpireLease` or `Reacquire`
@@ -13,7 +14,17 @@
 //!   modelled as a value bound to each acquisition ([`secret_of`]): a holder has only the
 //!   secret its own Begin answered, so a stale holder never has the current one;
 //! - the reconciler asks the provider by key and settles with [`decide`], then resolves through
-//!   the same guard with the token it read (`expected_fencing_token`).
+//!   the same guard with the token it read (`expected_fencing_token`), or, on `Stuck`, marks
+//!   the attempt the way `mark_stuck`'s statement does (UNKNOWN, same token, not yet marked);
+//! - a Begin is inside the retained window by [`in_retained_window`]; past it, it is answered
+//!   by [`expired_outcome`] from the row as it is;
+//! - the purge deletes a row exactly when [`purgeable`] says so.
+//!
+//! A restart of dedup-service loses what it keeps outside PostgreSQL: the reconciler's pass
+//! between its look-up and its resolve, and the answers of handlers in flight. Every handler is
+//! one statement, so a lost handler either changed nothing (as if never called) or committed
+//! with its answer lost; for Begin the model takes that step (the client retries with the same
+//! request id), for a report it is already a report followed by `MoveOn`. There is no cache.
 //!
 //! What is the model's own: the environment (who runs when, what the network loses, the clock)
 //! and the rows' bookkeeping the SQL does around the state (token + 1, holder, timestamps).
@@ -26,7 +37,7 @@
 use dedup_client::provider_client::{ChargeLookup, ChargeOutcome, classify};
 use dedup_client::state_machine::{
     BeginAsk, BeginOutcome, FencingSecret, Intent, IntentState, Transition, begin_outcome,
-    next_state,
+    expired_outcome, in_retained_window, next_state, purgeable,
 };
 use dedup_service::reconciler::{Decision, ReconcilerSettings, decide};
 use stateright::{Model, Property};
@@ -59,6 +70,19 @@ pub enum Bug {
     /// alone no longer keeps one effect, and only the provider's own deduplication by key
     /// (which this model leaves out) does.
     ClientSendsAfterLease,
+    /// The purge deletes settled rows without waiting for the retained window to pass them.
+    PurgeIgnoresRetention,
+    /// The purge deletes UNKNOWN rows too (past retention, like settled ones).
+    PurgeDeletesUnknown,
+    /// A Begin past the retained window runs the upsert anyway (the statement's window filter
+    /// dropped), instead of being answered by `expired_outcome`.
+    ExpiredBeginAcquires,
+    /// The reconciler never takes "no record" as failure, even after the in-flight window
+    /// (`FailedRetryable` treated as `Wait`).
+    ReconcilerWaitsForever,
+    /// A later reconciler pass takes an attempt it already found stuck as a retryable failure
+    /// (as if its verdict expired), although "no record" still proves nothing.
+    ReconcilerRetriesStuck,
 }
 
 /// The bounds of one exhaustive run.
@@ -68,8 +92,21 @@ pub struct DedupModel {
     pub clients: u8,
     /// How many times each client may call `Begin`.
     pub begins_per_client: u8,
-    /// The clock runs from 0 to this tick.
+    /// The clock runs from 0 to this tick (while faults happen; see `fair_suffix`).
     pub max_tick: u8,
+    /// The retention in ticks; the operation occurred at tick 0, so Begins after tick
+    /// `retention` are past the retained window (`expired_outcome`), and the purge may delete
+    /// settled rows. `None`: the window outlasts the clock (no expiry, no purge).
+    pub retention: Option<u8>,
+    /// How many times dedup-service may restart (losing what it holds outside PostgreSQL).
+    pub restarts: u8,
+    /// The provider forgets a charge this many ticks after applying it, and the reconciler's
+    /// `--provider-key-ttl` is as long: a "no record" from then on is `Stuck`. `None`: beyond
+    /// the clock.
+    pub key_ttl: Option<u8>,
+    /// The liveness configuration: the faults may stop at any point (`FaultsStop`), and from
+    /// then on time passes only when nothing else can happen (see [`FAIR_TICK_SLACK`]).
+    pub fair_suffix: bool,
     /// `None`: the real protocol.
     pub bug: Option<Bug>,
 }
@@ -81,6 +118,38 @@ impl DedupModel {
             clients: 2,
             begins_per_client: 2,
             max_tick: 4,
+            retention: Some(2),
+            restarts: 1,
+            key_ttl: None,
+            fair_suffix: false,
+            bug: None,
+        }
+    }
+
+    /// The standard bounds with a provider that forgets a charge after 2 ticks (lease +
+    /// in-flight window): the reconciler's `Stuck` case. No purge (retention outlasts the
+    /// clock) and no restart: both are checked at the standard bounds, and leaving them out
+    /// here keeps this run as short as that one.
+    pub fn stuck() -> Self {
+        Self {
+            retention: None,
+            restarts: 0,
+            key_ttl: Some(2),
+            ..Self::standard()
+        }
+    }
+
+    /// The liveness configuration: the faults (restarts, lost answers, crashes, everything the
+    /// standard model allows) happen up to tick 3, then may stop at any point.
+    pub fn liveness() -> Self {
+        Self {
+            clients: 2,
+            begins_per_client: 2,
+            max_tick: 3,
+            retention: Some(2),
+            restarts: 1,
+            key_ttl: None,
+            fair_suffix: true,
             bug: None,
         }
     }
@@ -97,9 +166,8 @@ impl DedupModel {
             interval: std::time::Duration::from_secs(1),
             concurrency: 1,
             in_flight_window: std::time::Duration::from_secs(u64::from(IN_FLIGHT_TICKS)),
-            // Far beyond the clock's end: a "no record" is always evidence here (the key TTL
-            // is a separate check, `config.rs`).
-            provider_key_ttl: std::time::Duration::from_secs(3600),
+            // `None`: far beyond the clock's end, so a "no record" is always evidence.
+            provider_key_ttl: std::time::Duration::from_secs(self.key_ttl.map_or(3600, u64::from)),
             rate_window: std::time::Duration::from_secs(60),
         }
     }
@@ -117,6 +185,8 @@ pub struct Row {
     pub acquired_at: u8,
     pub lease_expires_at: u8,
     pub updated_at: u8,
+    /// `stuck_fencing_token = fencing_token`: the reconciler found this attempt stuck.
+    pub stuck: bool,
 }
 
 /// Where a client is in one attempt.
@@ -144,16 +214,29 @@ pub struct Request {
     pub lands_before: u8,
 }
 
+/// One charge the provider applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Effect {
+    /// The fencing token of the request it came from.
+    pub token: u8,
+    /// When it was applied (kept only when the provider forgets: `key_ttl`; otherwise 0).
+    pub applied_at: u8,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DedupState {
     pub now: u8,
+    /// Restarts of dedup-service still allowed.
+    pub restarts_left: u8,
+    /// The liveness configuration's fair suffix has begun: no more faults.
+    pub faults_over: bool,
     pub row: Option<Row>,
     pub clients: Vec<Client>,
     pub begins_left: Vec<u8>,
     /// Sorted, so that the same set is the same state.
     pub in_flight: Vec<Request>,
-    /// The provider's charges for the key: the fencing token of the request each came from.
-    pub effects: Vec<u8>,
+    /// The provider's charges for the key.
+    pub effects: Vec<Effect>,
     /// The reconciler between its read and its resolve: the token it read and the decision.
     pub reconciling: Option<(u8, Settle)>,
     /// Ghost: a request was sent while an effect existed or another attempt's request could
@@ -169,6 +252,27 @@ pub struct DedupState {
     pub reconciler_resolved_failed: bool,
     /// Ghost: a holder's Complete settled an UNKNOWN (its lease had run out).
     pub late_complete_settled_unknown: bool,
+    /// Ghost: a Begin answered `Acquired` while an effect of the operation existed.
+    pub acquired_after_effect: bool,
+    /// Ghost: a Begin past the retained window answered `Acquired`.
+    pub acquired_past_window: bool,
+    /// Ghost: the purge deleted the row.
+    pub purged: bool,
+    /// Ghost: the purge deleted a row that was not settled.
+    pub purged_unsettled: bool,
+    /// Ghost: a Begin answered `Expired` after the row was purged.
+    pub expired_after_purge: bool,
+    /// Ghost: a Begin retried with the request id of one whose answer a restart lost, and got
+    /// that acquisition back.
+    pub retried_begin_got_its_acquisition: bool,
+    /// Ghost: a restart dropped the reconciler between its look-up and its resolve.
+    pub restart_dropped_reconcile: bool,
+    /// Ghost: after that, the reconciler settled the UNKNOWN on a later pass.
+    pub reconciled_after_restart: bool,
+    /// Ghost: the reconciler marked an attempt stuck.
+    pub stuck_marked: bool,
+    /// Ghost: the reconciler settled an attempt it had marked stuck.
+    pub stuck_settled_by_reconciler: bool,
 }
 
 /// What the reconciler will resolve an UNKNOWN to.
@@ -176,6 +280,8 @@ pub struct DedupState {
 pub enum Settle {
     Succeeded,
     FailedRetryable,
+    /// `mark_stuck`: the state stays UNKNOWN.
+    Stuck,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -206,8 +312,17 @@ pub enum Action {
     SweepLeases,
     /// The reconciler reads the UNKNOWN row and asks the provider by key.
     ReconcileLookup,
-    /// The reconciler's conditional resolve.
+    /// The reconciler's conditional resolve (or `mark_stuck`).
     ReconcileResolve,
+    /// The retention purge.
+    Purge,
+    /// dedup-service restarts: the reconciler's pending look-up is lost, and with
+    /// `lost_begin`, that client's Begin committed but its answer was lost.
+    Restart {
+        lost_begin: Option<u8>,
+    },
+    /// Liveness configuration: from here on, no more faults.
+    FaultsStop,
 }
 
 fn at(tick: u8) -> OffsetDateTime {
@@ -270,11 +385,88 @@ fn guarded(
 }
 
 impl DedupModel {
-    /// The `Begin` upsert for one client, then its answer.
-    fn begin(&self, state: &mut DedupState, client: u8) {
+    /// The start of the retained window at `now`, when the model has one.
+    fn retained_since(&self, now: u8) -> Option<OffsetDateTime> {
+        self.retention
+            .map(|ticks| at(now) - time::Duration::seconds(i64::from(ticks)))
+    }
+
+    /// The `Begin` for one client: the upsert (or, past the retained window, the read that
+    /// `expired_outcome` answers from), then the answer. `answer_lost`: dedup-service restarted
+    /// after the statement committed and before the answer left, so the client learns nothing
+    /// and retries later with the same request id (`grpc_client` keeps it across retries).
+    fn begin(&self, state: &mut DedupState, client: u8, answer_lost: bool) {
         let now = state.now;
         let nth = self.begins_per_client - state.begins_left[usize::from(client)];
+        let owner = owner(client);
+        let request = request_id((client, nth));
+        let ask = BeginAsk {
+            fingerprint: FINGERPRINT,
+            owner: &owner,
+            request_id: &request,
+        };
+        let past_window = self
+            .retained_since(now)
+            .is_some_and(|since| !in_retained_window(at(0), since));
+        let outcome = if past_window && self.bug != Some(Bug::ExpiredBeginAcquires) {
+            // Left out of the upsert: the row (if any) is read as it is.
+            let since = self.retained_since(now).unwrap_or(at(0));
+            let row = state.row.map(|row| intent(&row));
+            expired_outcome(row.as_ref(), &ask, since, at(now))
+        } else {
+            let row = self.upsert(state.row, client, nth, now);
+            if let Some(before) = state.row
+                && before.state == IntentState::Reserved
+                && before.request == (client, nth)
+                && row.state == IntentState::Reserved
+            {
+                state.retried_begin_got_its_acquisition = true;
+            }
+            state.row = Some(row);
+            begin_outcome(&intent(&row), &ask)
+        };
+        if matches!(outcome, BeginOutcome::Acquired { .. }) {
+            if !state.effects.is_empty() {
+                state.acquired_after_effect = true;
+            }
+            if past_window {
+                state.acquired_past_window = true;
+            }
+        }
+        if matches!(outcome, BeginOutcome::Expired { .. }) && state.purged {
+            state.expired_after_purge = true;
+        }
+        if answer_lost {
+            return;
+        }
         state.begins_left[usize::from(client)] -= 1;
+        state.clients[usize::from(client)] = match outcome {
+            BeginOutcome::Acquired {
+                fencing_token,
+                lease_expires_at,
+            } => Client::Holding {
+                // The holder keeps the counter; the secret that came with it is its
+                // acquisition's, `secret_of(counter)`, presented again in `report`.
+                token: u8::try_from(fencing_token.counter).unwrap_or(u8::MAX),
+                lease_expires_at: u8::try_from((lease_expires_at - at(0)).whole_seconds())
+                    .unwrap_or(u8::MAX),
+            },
+            // Someone else holds it, or a retryable failure: try again later.
+            BeginOutcome::InProgress { .. }
+            | BeginOutcome::Failed {
+                retryable: true, ..
+            } => Client::Idle,
+            // An answer that leads to no call. UNKNOWN in particular is not a failure.
+            BeginOutcome::Succeeded { .. }
+            | BeginOutcome::Failed { .. }
+            | BeginOutcome::Unknown { .. }
+            | BeginOutcome::Conflict { .. }
+            | BeginOutcome::Expired { .. } => Client::Finished,
+        };
+    }
+
+    /// The Begin upsert's effect on the row (the `CASE`s of `upsert_begin`, in their order).
+    fn upsert(&self, row: Option<Row>, client: u8, nth: u8, now: u8) -> Row {
         let fresh = |token: u8| Row {
             state: IntentState::Reserved,
             fencing_token: token,
@@ -284,8 +476,9 @@ impl DedupModel {
             acquired_at: now,
             lease_expires_at: now + LEASE_TICKS,
             updated_at: now,
+            stuck: false,
         };
-        let row = match state.row {
+        match row {
             None => {
                 let to = next_state(None, Transition::Acquire);
                 debug_assert_eq!(to, Some(IntentState::Reserved));
@@ -315,38 +508,7 @@ impl DedupModel {
                 fresh(row.fencing_token + 1)
             }
             Some(row) => row,
-        };
-        state.row = Some(row);
-        let owner = owner(client);
-        let request = request_id((client, nth));
-        let ask = BeginAsk {
-            fingerprint: FINGERPRINT,
-            owner: &owner,
-            request_id: &request,
-        };
-        state.clients[usize::from(client)] = match begin_outcome(&intent(&row), &ask) {
-            BeginOutcome::Acquired {
-                fencing_token,
-                lease_expires_at,
-            } => Client::Holding {
-                // The holder keeps the counter; the secret that came with it is its
-                // acquisition's, `secret_of(counter)`, presented again in `report`.
-                token: u8::try_from(fencing_token.counter).unwrap_or(u8::MAX),
-                lease_expires_at: u8::try_from((lease_expires_at - at(0)).whole_seconds())
-                    .unwrap_or(u8::MAX),
-            },
-            // Someone else holds it, or a retryable failure: try again later.
-            BeginOutcome::InProgress { .. }
-            | BeginOutcome::Failed {
-                retryable: true, ..
-            } => Client::Idle,
-            // An answer that leads to no call. UNKNOWN in particular is not a failure.
-            BeginOutcome::Succeeded { .. }
-            | BeginOutcome::Failed { .. }
-            | BeginOutcome::Unknown { .. }
-            | BeginOutcome::Conflict { .. }
-            | BeginOutcome::Expired { .. } => Client::Finished,
-        };
+        }
     }
 
     /// The holder's report through the store's guard.
@@ -395,37 +557,64 @@ impl DedupModel {
     }
 }
 
-impl Model for DedupModel {
-    type State = DedupState;
-    type Action = Action;
+/// In the fair suffix, the clock runs on past `max_tick` by at most this many ticks per Begin:
+/// enough for every attempt to run out its lease and in-flight window and be settled, since
+/// time passes there only when nothing else can happen. An UNKNOWN left at that clock's end is
+/// one the reconciler never settles.
+pub const FAIR_TICK_SLACK: u8 = LEASE_TICKS + IN_FLIGHT_TICKS + 1;
 
-    fn init_states(&self) -> Vec<Self::State> {
-        let n = usize::from(self.clients);
-        vec![DedupState {
-            now: 0,
-            row: None,
-            clients: vec![Client::Idle; n],
-            begins_left: vec![self.begins_per_client; n],
-            in_flight: Vec::new(),
-            effects: Vec::new(),
-            reconciling: None,
-            call_while_effect_possible: false,
-            stale_token_changed_intent: false,
-            stale_report_refused: false,
-            reconciler_resolved_succeeded: false,
-            reconciler_resolved_failed: false,
-            late_complete_settled_unknown: false,
-        }]
+impl DedupModel {
+    /// The last tick the clock may reach in `state`.
+    fn clock_end(&self, state: &DedupState) -> u8 {
+        if state.faults_over {
+            let begins = self.clients * self.begins_per_client;
+            self.max_tick + begins * FAIR_TICK_SLACK
+        } else {
+            self.max_tick
+        }
     }
 
-    fn actions(&self, state: &Self::State, actions: &mut Vec<Self::Action>) {
-        if state.now < self.max_tick {
-            actions.push(Action::Tick);
+    /// Something only time can move on: a lease or the in-flight window to run out, a request
+    /// on the wire.
+    fn waits_on_time(state: &DedupState) -> bool {
+        !state.in_flight.is_empty()
+            || state.row.is_some_and(|row| {
+                matches!(row.state, IntentState::Reserved | IntentState::Unknown) && !row.stuck
+            })
+    }
+
+    /// Whether the purge deletes `row` at `now`.
+    fn purges(&self, row: &Row, now: u8) -> bool {
+        let Some(since) = self.retained_since(now) else {
+            return false;
+        };
+        match self.bug {
+            Some(Bug::PurgeIgnoresRetention) => row.state.is_settled(),
+            Some(Bug::PurgeDeletesUnknown) if row.state == IntentState::Unknown => {
+                // As old as the real rule asks, only the state check dropped.
+                purgeable(
+                    &Intent {
+                        state: IntentState::Failed,
+                        ..intent(row)
+                    },
+                    since,
+                )
+            }
+            _ => purgeable(&intent(row), since),
         }
+    }
+
+    /// The actions the model allows in `state`, before the fair suffix's rule for the clock.
+    fn actions_but_tick(&self, state: &DedupState, actions: &mut Vec<Action>) {
         for client in 0..self.clients {
             match state.clients[usize::from(client)] {
                 Client::Idle if state.begins_left[usize::from(client)] > 0 => {
                     actions.push(Action::Begin(client));
+                    if state.restarts_left > 0 && !state.faults_over {
+                        actions.push(Action::Restart {
+                            lost_begin: Some(client),
+                        });
+                    }
                 }
                 Client::Idle | Client::Finished => {}
                 Client::Holding {
@@ -463,9 +652,77 @@ impl Model for DedupModel {
             if row.state == IntentState::Unknown && state.reconciling.is_none() {
                 actions.push(Action::ReconcileLookup);
             }
+            if self.purges(&row, state.now) {
+                actions.push(Action::Purge);
+            }
         }
         if state.reconciling.is_some() {
             actions.push(Action::ReconcileResolve);
+            // A restart with nothing volatile to lose changes nothing the protocol reads: the
+            // service being down a while is already any stretch without its actions.
+            if state.restarts_left > 0 && !state.faults_over {
+                actions.push(Action::Restart { lost_begin: None });
+            }
+        }
+        if self.fair_suffix && !state.faults_over {
+            actions.push(Action::FaultsStop);
+        }
+    }
+}
+
+impl Model for DedupModel {
+    type State = DedupState;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<Self::State> {
+        let n = usize::from(self.clients);
+        vec![DedupState {
+            now: 0,
+            restarts_left: self.restarts,
+            faults_over: false,
+            row: None,
+            clients: vec![Client::Idle; n],
+            begins_left: vec![self.begins_per_client; n],
+            in_flight: Vec::new(),
+            effects: Vec::new(),
+            reconciling: None,
+            call_while_effect_possible: false,
+            stale_token_changed_intent: false,
+            stale_report_refused: false,
+            reconciler_resolved_succeeded: false,
+            reconciler_resolved_failed: false,
+            late_complete_settled_unknown: false,
+            acquired_after_effect: false,
+            acquired_past_window: false,
+            purged: false,
+            purged_unsettled: false,
+            expired_after_purge: false,
+            retried_begin_got_its_acquisition: false,
+            restart_dropped_reconcile: false,
+            reconciled_after_restart: false,
+            stuck_marked: false,
+            stuck_settled_by_reconciler: false,
+        }]
+    }
+
+    fn actions(&self, state: &Self::State, actions: &mut Vec<Self::Action>) {
+        let before = actions.len();
+        self.actions_but_tick(state, actions);
+        if state.now >= self.clock_end(state) {
+            return;
+        }
+        if !state.faults_over {
+            actions.push(Action::Tick);
+            return;
+        }
+        // The fair suffix: everyone acts before time passes (the reconciler runs at least once
+        // a tick, clients do not dawdle), and time passes while something waits on it.
+        let something_else_moves = actions[before..].iter().any(|action| {
+            self.next_state(state, *action)
+                .is_some_and(|next| next != *state)
+        });
+        if !something_else_moves && Self::waits_on_time(state) {
+            actions.push(Action::Tick);
         }
     }
 
@@ -478,7 +735,7 @@ impl Model for DedupModel {
                 let now = state.now;
                 state.in_flight.retain(|r| now < r.lands_before);
             }
-            Action::Begin(client) => self.begin(&mut state, client),
+            Action::Begin(client) => self.begin(&mut state, client, false),
             Action::Send(client) => {
                 let Client::Holding { token, .. } = state.clients[usize::from(client)] else {
                     return None;
@@ -497,7 +754,10 @@ impl Model for DedupModel {
             Action::Abandon(client) => state.clients[usize::from(client)] = Client::Finished,
             Action::Apply { request, status } => {
                 state.in_flight.retain(|r| *r != request);
-                state.effects.push(request.token);
+                state.effects.push(Effect {
+                    token: request.token,
+                    applied_at: if self.key_ttl.is_some() { state.now } else { 0 },
+                });
                 let slot = &mut state.clients[usize::from(request.client)];
                 if *slot
                     == (Client::Waiting {
@@ -570,34 +830,73 @@ impl Model for DedupModel {
             }
             Action::ReconcileLookup => {
                 let row = state.row?;
-                let lookup = if state.effects.is_empty() {
-                    ChargeLookup::NotFound
-                } else {
+                // The provider keeps a charge for `key_ttl` ticks (or for good).
+                let now = state.now;
+                let remembered = state
+                    .effects
+                    .iter()
+                    .any(|e| self.key_ttl.is_none_or(|ttl| now < e.applied_at + ttl));
+                let lookup = if remembered {
                     ChargeLookup::Found(Vec::new())
+                } else {
+                    ChargeLookup::NotFound
                 };
                 let decision = decide(&intent(&row), &lookup, at(state.now), &self.settings());
                 let settle = match decision {
                     Decision::Succeeded { .. } => Settle::Succeeded,
+                    Decision::FailedRetryable { .. }
+                        if self.bug == Some(Bug::ReconcilerWaitsForever) =>
+                    {
+                        return None;
+                    }
                     Decision::FailedRetryable { .. } => Settle::FailedRetryable,
                     Decision::Wait if self.bug == Some(Bug::ReconcilerSkipsInFlightWindow) => {
                         Settle::FailedRetryable
                     }
-                    Decision::Wait | Decision::Stuck { .. } => return None,
+                    Decision::Wait => return None,
+                    Decision::Stuck { .. }
+                        if row.stuck && self.bug == Some(Bug::ReconcilerRetriesStuck) =>
+                    {
+                        Settle::FailedRetryable
+                    }
+                    // `mark_stuck` changes nothing once the attempt is marked.
+                    Decision::Stuck { .. } if row.stuck => return None,
+                    Decision::Stuck { .. } => Settle::Stuck,
                 };
                 state.reconciling = Some((row.fencing_token, settle));
             }
             Action::ReconcileResolve => {
                 let (token, settle) = state.reconciling.take()?;
+                let Some(row) = state.row else {
+                    return Some(state);
+                };
                 let transition = match settle {
                     Settle::Succeeded => Transition::ResolveSucceeded,
                     Settle::FailedRetryable => Transition::ResolveFailed,
+                    Settle::Stuck => {
+                        // `mark_stuck`: UNKNOWN, the token read, not marked yet.
+                        if row.state == IntentState::Unknown
+                            && row.fencing_token == token
+                            && !row.stuck
+                        {
+                            state.stuck_marked = true;
+                            state.row = Some(Row { stuck: true, ..row });
+                        }
+                        return Some(state);
+                    }
                 };
-                if let Some(row) = state.row
-                    && let Some(to) = guarded(&row, transition, Some((token, None)))
-                {
+                if let Some(to) = guarded(&row, transition, Some((token, None))) {
                     match settle {
                         Settle::Succeeded => state.reconciler_resolved_succeeded = true,
-                        Settle::FailedRetryable => state.reconciler_resolved_failed = true,
+                        Settle::FailedRetryable | Settle::Stuck => {
+                            state.reconciler_resolved_failed = true;
+                        }
+                    }
+                    if row.stuck {
+                        state.stuck_settled_by_reconciler = true;
+                    }
+                    if state.restart_dropped_reconcile {
+                        state.reconciled_after_restart = true;
                     }
                     state.row = Some(Row {
                         state: to,
@@ -607,6 +906,27 @@ impl Model for DedupModel {
                     });
                 }
             }
+            Action::Purge => {
+                let row = state.row?;
+                if !self.purges(&row, state.now) {
+                    return None;
+                }
+                if !row.state.is_settled() {
+                    state.purged_unsettled = true;
+                }
+                state.purged = true;
+                state.row = None;
+            }
+            Action::Restart { lost_begin } => {
+                state.restarts_left = state.restarts_left.checked_sub(1)?;
+                if state.reconciling.take().is_some() {
+                    state.restart_dropped_reconcile = true;
+                }
+                if let Some(client) = lost_begin {
+                    self.begin(&mut state, client, true);
+                }
+            }
+            Action::FaultsStop => state.faults_over = true,
         }
         Some(state)
     }
@@ -623,12 +943,21 @@ impl Model for DedupModel {
             Property::always(STALE_TOKEN_CHANGES_NOTHING, |_, s: &DedupState| {
                 !s.stale_token_changed_intent
             }),
+            Property::always(NO_ACQUISITION_AFTER_EFFECT, |_, s: &DedupState| {
+                !s.acquired_after_effect
+            }),
+            Property::always(PAST_WINDOW_FAILS_CLOSED, |_, s: &DedupState| {
+                !s.acquired_past_window
+            }),
+            Property::always(STUCK_STAYS_UNKNOWN, |_, s: &DedupState| {
+                !s.stuck_settled_by_reconciler
+            }),
             Property::sometimes(REACHES_RECONCILED_SUCCEEDED, |_, s: &DedupState| {
                 s.reconciler_resolved_succeeded
                     && s.row.is_some_and(|r| r.state == IntentState::Succeeded)
             }),
             Property::sometimes(REACHES_SECOND_TOKEN_EFFECT, |_, s: &DedupState| {
-                s.effects.contains(&2)
+                s.effects.iter().any(|e| e.token == 2)
                     && s.row
                         .is_some_and(|r| r.state == IntentState::Succeeded && r.fencing_token == 2)
             }),
@@ -644,8 +973,38 @@ impl Model for DedupModel {
                     && s.row.is_some_and(|r| r.state == IntentState::Unknown)
                     && s.clients.iter().all(|c| *c == Client::Finished)
             }),
+            Property::sometimes(REACHES_EXPIRED_AFTER_PURGE, |_, s: &DedupState| {
+                s.expired_after_purge && s.effects.len() == 1
+            }),
+            Property::sometimes(REACHES_LOST_BEGIN_ANSWER_RETRIED, |_, s: &DedupState| {
+                s.retried_begin_got_its_acquisition
+            }),
+            Property::sometimes(REACHES_RECONCILED_AFTER_RESTART, |_, s: &DedupState| {
+                s.reconciled_after_restart
+            }),
+            Property::sometimes(REACHES_STUCK, |_, s: &DedupState| {
+                s.stuck_marked
+                    && s.effects.len() == 1
+                    && s.row
+                        .is_some_and(|r| r.stuck && r.state == IntentState::Unknown)
+                    && s.clients.iter().all(|c| *c == Client::Finished)
+            }),
         ]
     }
+}
+
+/// The liveness goal, judged where a fair path ends: no UNKNOWN is left, and none was purged
+/// away unsettled.
+pub fn every_unknown_settled(state: &DedupState) -> bool {
+    state
+        .row
+        .is_none_or(|row| row.state != IntentState::Unknown)
+        && !state.purged_unsettled
+}
+
+/// Whether `state` is in the liveness configuration's fair suffix.
+pub fn in_fair_suffix(state: &DedupState) -> bool {
+    state.faults_over
 }
 
 pub const AT_MOST_ONE_EFFECT: &str = "at most one provider effect per operation id";
@@ -663,19 +1022,43 @@ pub const REACHES_LATE_COMPLETE_SETTLES_UNKNOWN: &str =
 pub const REACHES_EFFECT_WITH_UNKNOWN_ANSWER: &str =
     "reachable: charged, every client done, the intent UNKNOWN (the reconciler's job)";
 
+pub const NO_ACQUISITION_AFTER_EFFECT: &str =
+    "a Begin never acquires once the operation's effect exists (no purge re-opens it)";
+pub const PAST_WINDOW_FAILS_CLOSED: &str =
+    "a Begin past the retained window is never acquired (fails closed)";
+pub const STUCK_STAYS_UNKNOWN: &str = "the reconciler never settles an attempt it found stuck";
+pub const REACHES_EXPIRED_AFTER_PURGE: &str =
+    "reachable: charged, settled, purged, and a later Begin answers EXPIRED";
+pub const REACHES_LOST_BEGIN_ANSWER_RETRIED: &str =
+    "reachable: a restart loses a Begin's answer and the retry gets the same acquisition";
+pub const REACHES_RECONCILED_AFTER_RESTART: &str =
+    "reachable: a restart drops the reconciler's pending resolve and a later pass settles it";
+pub const REACHES_STUCK: &str =
+    "reachable: charged, the provider forgot, every client done, the attempt stuck UNKNOWN";
+
 /// The always-properties, for tests that check each one.
-pub const SAFETY_PROPERTIES: [&str; 4] = [
+pub const SAFETY_PROPERTIES: [&str; 7] = [
     AT_MOST_ONE_EFFECT,
     NO_SUCCEEDED_WITHOUT_EFFECT,
     NO_CALL_WHILE_EFFECT_POSSIBLE,
     STALE_TOKEN_CHANGES_NOTHING,
+    NO_ACQUISITION_AFTER_EFFECT,
+    PAST_WINDOW_FAILS_CLOSED,
+    STUCK_STAYS_UNKNOWN,
 ];
 
-/// The sometimes-properties: states the model must reach, or it proves nothing.
-pub const REACHABILITY_PROPERTIES: [&str; 5] = [
+/// The sometimes-properties of the standard bounds: states the model must reach, or it
+/// proves nothing.
+pub const REACHABILITY_PROPERTIES: [&str; 8] = [
     REACHES_RECONCILED_SUCCEEDED,
     REACHES_SECOND_TOKEN_EFFECT,
     REACHES_STALE_REPORT_REFUSED,
     REACHES_LATE_COMPLETE_SETTLES_UNKNOWN,
     REACHES_EFFECT_WITH_UNKNOWN_ANSWER,
+    REACHES_EXPIRED_AFTER_PURGE,
+    REACHES_LOST_BEGIN_ANSWER_RETRIED,
+    REACHES_RECONCILED_AFTER_RESTART,
 ];
+
+/// The sometimes-properties of [`DedupModel::stuck`].
+pub const STUCK_REACHABILITY_PROPERTIES: [&str; 2] = [REACHES_STUCK, REACHES_RECONCILED_SUCCEEDED];

@@ -14,6 +14,7 @@
 //! of dependency compilation.
 
 pub mod dedup;
+pub mod liveness;
 
 use std::time::{Duration, Instant};
 
