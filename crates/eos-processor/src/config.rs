@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use eos_core::Guarantee;
 use eos_core::envelope::MAX_ID_BYTES;
+use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
@@ -25,6 +26,9 @@ pub struct Config {
     // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
     #[command(flatten)]
     pub kafka: KafkaFlags,
+
+    #[command(flatten)]
+    pub topics: TopicReplicationFlags,
 
     /// Topic to read envelopes from.
     #[arg(long, env = "EOS_INPUT_TOPIC", default_value = "payments")]

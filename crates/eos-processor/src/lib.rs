@@ -87,7 +87,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         changelog: config.changelog_topic(),
         partitions: config.partitions,
     };
-    let input_partitions = topics::ensure_topics(&client_config, &plan)
+    let input_partitions = topics::ensure_topics(&client_config, &plan, &config.topics)
         .await
         .context("checking topics")?;
     tracing::info!(input_partitions, "topics ready");

@@ -6,12 +6,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use eos_runtime::topic_config::{KEYED_STATE_TOPIC_CONFIG, cleanup_policy, require_compact_only};
+use eos_runtime::topic_config::{
+    KEYED_STATE_TOPIC_CONFIG, TopicReplicationFlags, cleanup_policy, require_compact_only,
+};
 
 use crate::error::ProcessorError;
 
@@ -56,6 +58,7 @@ fn partition_counts(
 pub async fn ensure_topics(
     client_config: &ClientConfig,
     plan: &TopicPlan,
+    replication: &TopicReplicationFlags,
 ) -> Result<i32, ProcessorError> {
     let all = [
         plan.input.as_str(),
@@ -71,6 +74,7 @@ pub async fn ensure_topics(
     let admin: AdminClient<DefaultClientContext> = client_config.create()?;
     let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
 
+    let replication_settings = replication.topic_settings();
     let mut to_create = Vec::new();
     for &topic in &all {
         if existing.contains_key(topic) {
@@ -82,15 +86,24 @@ pub async fn ensure_topics(
         } else {
             plan.partitions
         };
-        let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
-        if topic == plan.changelog {
-            for (key, value) in &KEYED_STATE_TOPIC_CONFIG {
-                new_topic = new_topic.set(key, value);
-            }
-        }
-        to_create.push(new_topic);
+        let state_settings: &[(&str, &str)] = if topic == plan.changelog {
+            &KEYED_STATE_TOPIC_CONFIG
+        } else {
+            &[]
+        };
+        to_create.push(
+            replication.new_topic(
+                topic,
+                partitions,
+                replication_settings
+                    .iter()
+                    .map(|(key, value)| (*key, value.as_str()))
+                    .chain(state_settings.iter().copied()),
+            ),
+        );
     }
     if !to_create.is_empty() {
+        replication.warn_if_under_replicated(client_config).await;
         let results = admin.create_topics(to_create.iter(), &options).await?;
         for result in results {
             match result {

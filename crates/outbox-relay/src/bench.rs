@@ -165,6 +165,7 @@ async fn start_relay(
     crate::position_topic::ensure_positions_topic(
         &settings.client_config,
         &settings.positions_topic,
+        &eos_runtime::topic_config::TopicReplicationFlags::default(),
     )
     .await?;
     let relay = RelayLoop::start(settings, pool.clone()).await?;

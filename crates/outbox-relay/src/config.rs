@@ -7,6 +7,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::Guarantee;
 use eos_runtime::secrets::DatabaseUrlFlags;
+use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{KafkaFlags, LogFlags};
 
 /// Publishes the rows of the PostgreSQL outbox (table eos_outbox, filled by
@@ -24,6 +25,9 @@ pub struct Config {
     // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
     #[command(flatten)]
     pub kafka: KafkaFlags,
+
+    #[command(flatten)]
+    pub topics: TopicReplicationFlags,
 
     #[command(flatten)]
     pub database: DatabaseUrlFlags,

@@ -102,7 +102,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let client_config = kafka.client_config();
     if config.guarantee == Guarantee::ExactlyOnce {
-        position_topic::ensure_positions_topic(&client_config, &config.positions_topic).await?;
+        position_topic::ensure_positions_topic(
+            &client_config,
+            &config.positions_topic,
+            &config.topics,
+        )
+        .await?;
     }
     let settings = RelaySettings {
         client_config,

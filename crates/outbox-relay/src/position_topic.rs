@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedHeaders};
@@ -14,7 +14,9 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use eos_outbox::OutboxCursor;
-use eos_runtime::topic_config::{KEYED_STATE_TOPIC_CONFIG, cleanup_policy, require_compact_only};
+use eos_runtime::topic_config::{
+    KEYED_STATE_TOPIC_CONFIG, TopicReplicationFlags, cleanup_policy, require_compact_only,
+};
 use eos_runtime::transactional_producer::PendingRecord;
 
 use crate::error::RelayError;
@@ -40,12 +42,19 @@ fn topic_error(topic: &str, detail: impl Into<String>) -> RelayError {
 pub async fn ensure_positions_topic(
     client_config: &ClientConfig,
     topic: &str,
+    replication: &TopicReplicationFlags,
 ) -> Result<(), RelayError> {
     let admin: AdminClient<DefaultClientContext> = client_config.create()?;
     let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
-    let new_topic = KEYED_STATE_TOPIC_CONFIG.iter().fold(
-        NewTopic::new(topic, 1, TopicReplication::Fixed(-1)),
-        |new_topic, (key, value)| new_topic.set(key, value),
+    replication.warn_if_under_replicated(client_config).await;
+    let settings = replication.topic_settings();
+    let new_topic = replication.new_topic(
+        topic,
+        1,
+        settings
+            .iter()
+            .map(|(key, value)| (*key, value.as_str()))
+            .chain(KEYED_STATE_TOPIC_CONFIG),
     );
     for result in admin.create_topics([&new_topic], &options).await? {
         match result {

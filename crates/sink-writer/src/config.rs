@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
 use eos_runtime::secrets::DatabaseUrlFlags;
+use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 
 /// Where the input position lives.
@@ -60,6 +61,9 @@ pub struct Config {
     // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
     #[command(flatten)]
     pub kafka: KafkaFlags,
+
+    #[command(flatten)]
+    pub topics: TopicReplicationFlags,
 
     /// Topic to read (the processor's output, or any topic of event envelopes).
     #[arg(long, env = "EOS_SINK_TOPIC", default_value = "ledger")]

@@ -47,8 +47,9 @@ use eos_core::{Boundary, Guarantee};
 use eos_runtime::KafkaSettings;
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::schema_migrations as migrations;
+use eos_runtime::topic_config::TopicReplicationFlags;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
@@ -220,9 +221,14 @@ async fn serve(
     let targets: Arc<Vec<PreparedTarget>> = Arc::new(prepared);
 
     let client_config = kafka.client_config();
-    ensure_dlq_topic(&client_config, &config.topic, &config.dlq_topic())
-        .await
-        .context("checking the dead-letter topic")?;
+    ensure_dlq_topic(
+        &client_config,
+        &config.topic,
+        &config.dlq_topic(),
+        &config.topics,
+    )
+    .await
+    .context("checking the dead-letter topic")?;
 
     let purge_shutdown = CancellationToken::new();
     let purge_task = tokio::spawn(retention::purge_loop(
@@ -330,6 +336,7 @@ async fn ensure_dlq_topic(
     client_config: &ClientConfig,
     input: &str,
     dlq: &str,
+    replication: &TopicReplicationFlags,
 ) -> Result<(), SinkError> {
     let consumer: BaseConsumer = client_config.create()?;
     let metadata_timeout = Duration::from_secs(10);
@@ -351,7 +358,13 @@ async fn ensure_dlq_topic(
     };
     let admin: AdminClient<DefaultClientContext> = client_config.create()?;
     let options = AdminOptions::new().operation_timeout(Some(metadata_timeout));
-    let topic = NewTopic::new(dlq, partitions, TopicReplication::Fixed(-1));
+    replication.warn_if_under_replicated(client_config).await;
+    let settings = replication.topic_settings();
+    let topic = replication.new_topic(
+        dlq,
+        partitions,
+        settings.iter().map(|(key, value)| (*key, value.as_str())),
+    );
     for result in admin.create_topics([&topic], &options).await? {
         match result {
             Ok(topic) => tracing::info!(topic, partitions, "created the dead-letter topic"),

@@ -364,11 +364,12 @@ fn a_broker_killed_mid_run_and_restarted_loses_and_doubles_nothing() -> anyhow::
     Ok(())
 }
 
-/// The topic's configuration as the broker describes it: name → value.
-async fn described_config(
+/// The settings set on the topic itself (not inherited from the broker's defaults), as the
+/// broker describes them: name → value.
+async fn topic_level_config(
     topic: &str,
 ) -> anyhow::Result<std::collections::HashMap<String, String>> {
-    use rdkafka::admin::{AdminOptions, ResourceSpecifier};
+    use rdkafka::admin::{AdminOptions, ConfigSource, ResourceSpecifier};
     let admin = integration_tests::admin()?;
     let results = admin
         .describe_configs([&ResourceSpecifier::Topic(topic)], &AdminOptions::new())
@@ -381,6 +382,7 @@ async fn described_config(
     Ok(resource
         .entries
         .into_iter()
+        .filter(|entry| entry.source == ConfigSource::DynamicTopic)
         .filter_map(|entry| Some((entry.name, entry.value?)))
         .collect())
 }
@@ -390,29 +392,46 @@ async fn the_changelog_is_compacted_only_with_bounded_restore_work_and_compact_d
 -> anyhow::Result<()> {
     use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 
-    // Created by the processor: compacted only, with the settings that bound restore work.
+    // Created by the processor: compacted only, with the settings that bound restore work, and
+    // every topic it creates with the --topic-min-insync-replicas it was given.
     let pipeline = Pipeline::new(bootstrap_servers());
     create_topic(&pipeline.input, 2).await?;
     let changelog = unique_name("changelog");
     let mut processor = pipeline.spawn(
         "changelog-settings",
         "exactly-once",
-        &[("EOS_CHANGELOG_TOPIC", changelog.as_str())],
+        &[
+            ("EOS_CHANGELOG_TOPIC", changelog.as_str()),
+            ("EOS_TOPIC_MIN_INSYNC_REPLICAS", "1"),
+        ],
     )?;
     tokio::task::block_in_place(|| {
         processor.wait_for_log_line("topics ready", Duration::from_secs(60))
     })?;
-    let config = described_config(&changelog).await?;
+    let config = topic_level_config(&changelog).await?;
     for (key, value) in [
         ("cleanup.policy", "compact"),
         ("segment.ms", "3600000"),
         ("max.compaction.lag.ms", "3600000"),
         ("min.cleanable.dirty.ratio", "0.1"),
+        ("min.insync.replicas", "1"),
     ] {
         assert_eq!(
             config.get(key).map(String::as_str),
             Some(value),
             "{changelog}: {key}"
+        );
+    }
+    for created in [&pipeline.output, &pipeline.dlq()] {
+        let config = topic_level_config(created).await?;
+        assert_eq!(
+            config.get("min.insync.replicas").map(String::as_str),
+            Some("1"),
+            "{created}: min.insync.replicas"
+        );
+        assert!(
+            !config.contains_key("cleanup.policy"),
+            "{created} is not state"
         );
     }
     processor.stop_gracefully()?;
