@@ -18,6 +18,7 @@ mod provider_sim;
 mod provider_tls;
 mod secrets;
 mod sink_provider;
+mod sink_rules;
 mod sink_writer;
 mod trace_cli;
 mod traces;
