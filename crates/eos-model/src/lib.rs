@@ -4,7 +4,14 @@
 //! [`dedup`] checks the dedup intent protocol: its actions call `dedup_client::state_machine`
 //! (`next_state`, `begin_outcome`, `Transition::from_states`/`needs_token`),
 //! `dedup_client::provider_client::classify` and `dedup_service::reconciler::decide` — never a
-//! copy of them. Its bounds, properties and how to read a counterexample are in
+//! copy of them.
+//!
+//! [`sink`] checks the sink-writer's fenced checkpoints (`--offsets postgres`): its actions call
+//! `sink_writer::checkpoint_rule` (`fenced_epoch`, `may_advance`, `fenced_partitions`,
+//! `accepts_record`), `sink_writer::decision::next_offsets` and `sink_writer::batch_plan`
+//! (`select_winners`, `classify`, `upsert_applies`, `idempotent_outcome`).
+//!
+//! Each model's bounds, properties and how to read a counterexample are in
 //! docs/MODEL_CHECKING.md.
 //!
 //! The checker is [`stateright`]: a library, so the model is ordinary Rust that links the real
@@ -15,6 +22,7 @@
 
 pub mod dedup;
 pub mod liveness;
+pub mod sink;
 
 use std::time::{Duration, Instant};
 

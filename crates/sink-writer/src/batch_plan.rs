@@ -45,6 +45,28 @@ pub struct Stored {
     pub differs: bool,
 }
 
+/// The versioned upsert's guard: whether a row of `incoming_version` replaces the stored one
+/// (`None`: its version is NULL). The single statement of the rule; the upsert of
+/// `schema::statements` repeats it in SQL (`WHERE t.version IS NULL OR t.version <
+/// EXCLUDED.version`), and `integration-tests`' `sink_rules` checks the two agree. An incoming row
+/// always has a version: a versioned target skips events without one.
+pub fn upsert_applies(stored_version: Option<i64>, incoming_version: i64) -> bool {
+    stored_version.is_none_or(|stored| stored < incoming_version)
+}
+
+/// The idempotent insert's rule, keyed by the target's unique column: a row is inserted when
+/// nothing is stored under its key (`ON CONFLICT DO NOTHING` inserts), a duplicate when the same
+/// content is stored, and a conflict when other content is (kept in `sink_conflicts`, never
+/// hidden, never overwriting). `stored_differs`: `None` when nothing is stored under the key.
+/// Versioned rows follow it too when their version equals the stored one.
+pub fn idempotent_outcome(stored_differs: Option<bool>) -> Outcome {
+    match stored_differs {
+        None => Outcome::Written,
+        Some(false) => Outcome::Duplicate,
+        Some(true) => Outcome::Conflict { earlier: None },
+    }
+}
+
 /// Per candidate: whether it is the one row of its key sent to the database.
 pub fn select_winners(kind: TargetKind, candidates: &[Candidate]) -> Vec<bool> {
     let mut winner_of: HashMap<&str, usize> = HashMap::new();
@@ -56,7 +78,10 @@ pub fn select_winners(kind: TargetKind, candidates: &[Candidate]) -> Vec<bool> {
             }
             Some(&w) => {
                 if kind == TargetKind::Versioned
-                    && candidate.row.version > candidates[w].row.version
+                    && candidate
+                        .row
+                        .version
+                        .is_some_and(|v| upsert_applies(candidates[w].row.version, v))
                 {
                     winner_of.insert(key, i);
                 }
@@ -96,21 +121,23 @@ pub fn classify(
             None => Current::Nothing,
         });
         let outcome = match (&*now, kind) {
-            (Current::Nothing, _) => Outcome::Written,
+            (Current::Nothing, _) => idempotent_outcome(None),
             (Current::Stored(_), TargetKind::Append) => {
-                if stored.get(&i).is_some_and(|row| row.differs) {
-                    Outcome::Conflict { earlier: None }
-                } else {
-                    Outcome::Duplicate
-                }
+                idempotent_outcome(Some(stored.get(&i).is_some_and(|row| row.differs)))
             }
             (Current::Stored(version), TargetKind::Versioned) => {
                 let differs = stored.get(&i).is_none_or(|row| row.differs);
-                match candidate.row.version.cmp(version) {
-                    std::cmp::Ordering::Greater => Outcome::Written,
-                    std::cmp::Ordering::Less => Outcome::Stale,
-                    std::cmp::Ordering::Equal if differs => Outcome::Conflict { earlier: None },
-                    std::cmp::Ordering::Equal => Outcome::Duplicate,
+                if candidate
+                    .row
+                    .version
+                    .is_some_and(|incoming| upsert_applies(*version, incoming))
+                {
+                    Outcome::Written
+                } else if candidate.row.version == *version {
+                    // Not newer and not older: the same version again.
+                    idempotent_outcome(Some(differs))
+                } else {
+                    Outcome::Stale
                 }
             }
             (Current::Batch(w), _) => {
@@ -141,11 +168,7 @@ pub fn classify(
 /// An append row the insert did not apply although nothing was stored when the batch read it:
 /// another writer inserted the key in between. Classified against what is stored now.
 pub fn classify_late_append(content_differs: bool) -> Outcome {
-    if content_differs {
-        Outcome::Conflict { earlier: None }
-    } else {
-        Outcome::Duplicate
-    }
+    idempotent_outcome(Some(content_differs))
 }
 
 /// A versioned row the upsert did not apply although it was higher than what the batch read:

@@ -14,6 +14,7 @@ use eos_core::DeadLetterReason;
 
 use crate::batch_plan::Candidate;
 use crate::batch_spans::{batch_span, record_spans};
+use crate::checkpoint_rule;
 use crate::checkpoint_store::{self, Move};
 use crate::config::OffsetsMode;
 use crate::dead_letters;
@@ -119,12 +120,9 @@ impl BatchWriter<'_> {
             let moved = checkpoint_store::advance(&mut tx, &self.settings.group_id, moves)
                 .await
                 .map_err(SinkError::from_db)?;
-            if moved.len() != moves.len() {
-                let partitions: Vec<i32> = moves
-                    .iter()
-                    .map(|m| m.to.partition)
-                    .filter(|p| !moved.contains(p))
-                    .collect();
+            let moving: Vec<i32> = moves.iter().map(|m| m.to.partition).collect();
+            let partitions = checkpoint_rule::fenced_partitions(&moving, &moved);
+            if !partitions.is_empty() {
                 let _ = tx.rollback().await;
                 counter!(m::BATCHES, "outcome" => "fenced").increment(1);
                 error!(

@@ -14,7 +14,8 @@ use sqlx::{PgConnection, PgPool};
 
 /// Bumps the owner epoch of `partitions` (creating their rows on first use) in its own
 /// transaction, and returns the new epoch of each. Waits at most `lock_timeout` for a batch in
-/// flight to release a row.
+/// flight to release a row. The new epoch is [`crate::checkpoint_rule::fenced_epoch`] of the row's; the
+/// statement repeats that rule in SQL, and `integration-tests`' `sink_rules` checks the two agree.
 pub async fn fence(
     pool: &PgPool,
     sink: &str,
@@ -87,7 +88,9 @@ pub struct Move {
 }
 
 /// Moves the checkpoints inside the batch transaction; returns the partitions whose epoch still
-/// matched. Any partition missing from the result means this instance was fenced.
+/// matched ([`crate::checkpoint_rule::may_advance`], which the `WHERE` repeats in SQL; `sink_rules` in
+/// `integration-tests` checks the two agree). A partition missing from the result
+/// ([`crate::checkpoint_rule::fenced_partitions`]) means this instance was fenced.
 pub async fn advance(
     conn: &mut PgConnection,
     sink: &str,

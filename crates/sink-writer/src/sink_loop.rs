@@ -43,6 +43,7 @@ use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static
 
 use crate::backoff::Backoff;
 use crate::batch_writer::BatchWriter;
+use crate::checkpoint_rule;
 use crate::checkpoint_store::Move;
 use crate::config::OffsetsMode;
 use crate::dead_letters;
@@ -251,7 +252,7 @@ impl SinkLoop {
             );
             return;
         };
-        if next.is_some_and(|next| offset < next) {
+        if !checkpoint_rule::accepts_record(*next, offset) {
             debug!(partition, offset, "stale record from before a seek dropped");
             return;
         }

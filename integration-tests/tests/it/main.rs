@@ -20,6 +20,7 @@ mod provider_tls;
 mod scale_out;
 mod secrets;
 mod sink_provider;
+mod sink_rules;
 mod sink_writer;
 mod total_overflow;
 mod trace_cli;
