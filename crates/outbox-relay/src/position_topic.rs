@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use eos_runtime::kafka_errors::ReportingContext;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::types::RDKafkaErrorCode;
@@ -41,7 +41,10 @@ pub async fn ensure_positions_topic(
     client_config: &ClientConfig,
     topic: &str,
 ) -> Result<(), RelayError> {
-    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    // Its own context: the admin client's thread reports a broker's refusal (a wrong password)
+    // as an ERROR, and the refusal is named if start-up then fails.
+    let admin: AdminClient<ReportingContext> =
+        client_config.create_with_context(ReportingContext)?;
     let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
     let new_topic =
         NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
