@@ -62,6 +62,9 @@ pub fn create_producer(
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "2")
+        // The broker checks a topic's max.message.bytes against a whole record batch: batches of
+        // at most the limit, so that dead letters that each fit are never refused together.
+        .set("batch.size", max_bytes.to_string())
         .set(
             "message.timeout.ms",
             DELIVERY_TIMEOUT.as_millis().to_string(),
