@@ -24,13 +24,10 @@ pub enum ClusterError {
     #[error("cannot reach Kafka at {servers}")]
     Unreachable { servers: String, source: KafkaError },
     /// The broker refused this client (a wrong SASL password, a missing client certificate):
-    /// librdkafka only times out the call, its error callback said why.
+    /// librdkafka only times the call out (that error adds nothing, so it is not kept), its
+    /// error callback said why.
     #[error("Kafka at {servers} refused this client: {refusal}")]
-    Refused {
-        servers: String,
-        refusal: String,
-        source: KafkaError,
-    },
+    Refused { servers: String, refusal: String },
     #[error("topic {topic:?} does not exist")]
     TopicMissing { topic: String },
     #[error("cannot create topic {topic:?}: {reason}")]
@@ -65,11 +62,7 @@ impl ClusterAccess for KafkaSettings {
     fn unreachable(&self, source: KafkaError) -> ClusterError {
         let servers = self.bootstrap_servers.clone();
         match last_refusal() {
-            Some(refusal) => ClusterError::Refused {
-                servers,
-                refusal,
-                source,
-            },
+            Some(refusal) => ClusterError::Refused { servers, refusal },
             None => ClusterError::Unreachable { servers, source },
         }
     }
