@@ -93,7 +93,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(input_partitions, "topics ready");
     let dead_letter_max_bytes = eos_core::dead_letter::message_limit(
         client_config.get("message.max.bytes"),
-        topics::max_message_bytes(&client_config, &plan.dlq).await,
+        eos_runtime::topic_config::max_message_bytes(
+            &client_config,
+            &plan.dlq,
+            std::time::Duration::from_secs(10),
+        )
+        .await,
     );
     tracing::info!(
         dead_letter_max_bytes,

@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
 use eos_runtime::topic_config::{
     KEYED_STATE_TOPIC_CONFIG, TopicReplicationFlags, cleanup_policy, require_compact_only,
 };
@@ -40,10 +41,13 @@ fn partition_counts(
     client_config: &ClientConfig,
     topics: &[&str],
 ) -> Result<HashMap<String, i32>, ProcessorError> {
-    let consumer: BaseConsumer = client_config.create()?;
+    let consumer: BaseConsumer<ReportingContext> =
+        client_config.create_with_context(ReportingContext)?;
     let mut counts = HashMap::new();
     for &topic in topics {
-        let metadata = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+            .inspect_err(|_| serve_pending_events(&consumer))?;
         for t in metadata.topics() {
             if t.error().is_none() && !t.partitions().is_empty() {
                 counts.insert(t.name().to_owned(), t.partitions().len() as i32);
@@ -157,26 +161,6 @@ async fn wait_for_topics(
         &missing.join(","),
         "still missing 10 s after creation",
     ))
-}
-
-/// The topic's `max.message.bytes` as the broker describes it, or `None` when it cannot be read
-/// (no describe permission, an old broker): the caller then goes by the producer's limit alone.
-pub async fn max_message_bytes(client_config: &ClientConfig, topic: &str) -> Option<usize> {
-    let admin: AdminClient<DefaultClientContext> = client_config.create().ok()?;
-    let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
-    let results = admin
-        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
-        .await
-        .ok()?;
-    results.into_iter().find_map(|result| {
-        result
-            .ok()?
-            .get("max.message.bytes")?
-            .value
-            .as_deref()?
-            .parse()
-            .ok()
-    })
 }
 
 async fn check_compacted(

@@ -17,9 +17,15 @@
 //! the source that named them), so a passthrough cannot turn off idempotence, `read_committed`
 //! or manual offset commits. Values are never logged or shown in errors: only keys are (see
 //! [`KafkaSettings::property_keys`]), and the `Debug` form redacts secret-looking values.
+//!
+//! A program that starts Kafka services (eosctl's demo and bench) hands them its own settings
+//! through [`KafkaSettings::write_for_children`]: a properties file only its user can read, named
+//! in each child's environment — never on a command line, which every user of the machine sees.
 
 use std::fmt;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use rdkafka::ClientConfig;
 
@@ -51,6 +57,11 @@ pub const EXACTLY_ONCE_PROPERTIES: &[&str] = &[
     "allow.auto.create.topics",
 ];
 
+/// The environment variable of the properties list (`--kafka-properties`).
+pub const PROPERTIES_LIST_ENV: &str = "EOS_KAFKA_PROPERTIES";
+/// The environment variable of the properties file (`--kafka-properties-file`).
+pub const PROPERTIES_FILE_ENV: &str = "EOS_KAFKA_PROPERTIES_FILE";
+
 /// Where the separators of the `EOS_KAFKA_PROPERTIES` list are.
 const LIST_SEPARATORS: [char; 2] = [';', '\n'];
 
@@ -64,6 +75,10 @@ pub enum KafkaSettingsError {
          on it, or one of its own flags sets it)"
     )]
     Refused { origin: String, key: String },
+    /// A value (or key) with a line break: no librdkafka property has one, and it could not be
+    /// handed on in a properties file.
+    #[error("{origin}: the value of {key} spans lines")]
+    MultiLine { origin: String, key: String },
     #[error("cannot read --kafka-properties-file {path}")]
     ReadFile {
         path: PathBuf,
@@ -224,6 +239,9 @@ impl KafkaSettings {
             if EXACTLY_ONCE_PROPERTIES.contains(&key.as_str()) || refused.contains(&key.as_str()) {
                 return Err(KafkaSettingsError::Refused { origin, key });
             }
+            if key.contains(['\n', '\r']) || value.contains(['\n', '\r']) {
+                return Err(KafkaSettingsError::MultiLine { origin, key });
+            }
             // A later source overrides an earlier one: keep one entry per key.
             properties.retain(|(existing, _)| *existing != key);
             properties.push((key, value));
@@ -253,6 +271,31 @@ impl KafkaSettings {
             .collect()
     }
 
+    /// Writes the extra properties to a new file at `path`, readable by its owner only (0600),
+    /// for the Kafka services this process starts: [`ChildKafkaProperties::apply_to`] points a
+    /// child's environment at it, and dropping the guard removes the file.
+    pub fn write_for_children(&self, path: &Path) -> std::io::Result<ChildKafkaProperties> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut text = String::from(
+            "# The Kafka client properties of the program that started this service; removed when \
+             it ends.\n",
+        );
+        for (key, value) in &self.properties {
+            text.push_str(&format!("{key}={value}\n"));
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        let guard = ChildKafkaProperties {
+            path: path.to_owned(),
+        };
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        Ok(guard)
+    }
+
     /// Logs what a service connects with at start-up: the servers and the property keys.
     pub fn log_at_start(&self) {
         tracing::info!(
@@ -260,6 +303,34 @@ impl KafkaSettings {
             properties = ?self.property_keys(),
             "Kafka client settings (property values are not logged)"
         );
+    }
+}
+
+/// A properties file written for child Kafka services (see
+/// [`KafkaSettings::write_for_children`]); removed on drop.
+#[derive(Debug)]
+pub struct ChildKafkaProperties {
+    path: PathBuf,
+}
+
+impl ChildKafkaProperties {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Gives `command` these properties: `EOS_KAFKA_PROPERTIES_FILE` names the file, and an
+    /// inherited `EOS_KAFKA_PROPERTIES` is removed (the file already holds what it said, and it
+    /// would override what `-X` overrode in the parent).
+    pub fn apply_to(&self, command: &mut Command) {
+        command
+            .env(PROPERTIES_FILE_ENV, &self.path)
+            .env_remove(PROPERTIES_LIST_ENV);
+    }
+}
+
+impl Drop for ChildKafkaProperties {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -492,6 +563,69 @@ mod tests {
             .settings(&[])
             .expect_err("missing file");
         assert!(matches!(missing, KafkaSettingsError::ReadFile { .. }));
+    }
+
+    #[test]
+    fn children_get_the_same_properties_through_an_owner_only_file() -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+
+        let parent = flags(&[
+            "--bootstrap-servers",
+            "broker:9093",
+            "--kafka-properties",
+            "security.protocol=SASL_SSL;socket.timeout.ms=1000",
+            "-X",
+            "sasl.password=p=w;rd#1",
+            "-X",
+            "socket.timeout.ms=2000",
+        ])
+        .settings(&[])?;
+        let path = std::env::temp_dir().join(format!(
+            "eos-kafka-child-{}-{:?}.properties",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let child_file = parent.write_for_children(&path)?;
+        let mode = std::fs::metadata(&path)?.permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "only the owner reads the secrets");
+
+        // What a child reads from its environment: the file, not the parent's list.
+        let mut command = Command::new("true");
+        command.env(PROPERTIES_LIST_ENV, "socket.timeout.ms=1");
+        child_file.apply_to(&mut command);
+        let envs: Vec<_> = command.get_envs().collect();
+        assert!(
+            envs.contains(&(PROPERTIES_LIST_ENV.as_ref(), None)),
+            "{envs:?}"
+        );
+        assert!(
+            envs.contains(&(PROPERTIES_FILE_ENV.as_ref(), Some(path.as_os_str()))),
+            "{envs:?}"
+        );
+        let child = flags(&[
+            "--bootstrap-servers",
+            "broker:9093",
+            "--kafka-properties-file",
+            path.to_str().expect("utf-8 temp path"),
+        ])
+        .settings(&[])?;
+        assert_eq!(
+            child, parent,
+            "the child connects exactly as the parent does"
+        );
+
+        drop(child_file);
+        assert!(!path.exists(), "the file goes with its guard");
+
+        let error = flags(&["-X", "sasl.password=a\nsecurity.protocol=PLAINTEXT"])
+            .settings(&[])
+            .expect_err("a value with a line break would inject a property");
+        assert!(
+            matches!(&error, KafkaSettingsError::MultiLine { key, .. } if key == "sasl.password"),
+            "{error}"
+        );
+        assert!(!error.to_string().contains("PLAINTEXT"), "{error}");
+        Ok(())
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
 /// A consumer subscribed to `topic` for a service that keeps its own positions (in a Kafka
@@ -78,7 +78,11 @@ impl RebalanceRecorder {
     }
 }
 
-impl ClientContext for RebalanceRecorder {}
+impl ClientContext for RebalanceRecorder {
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::kafka_errors::report_client_error(&error, reason);
+    }
+}
 
 impl ConsumerContext for RebalanceRecorder {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

@@ -46,7 +46,16 @@ where
         match run(shutdown_token()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                tracing::error!(error = format!("{error:#}"), "{name} stopped");
+                // A Kafka call that timed out says only that; a broker that refused the
+                // client's credentials or certificate is the likely cause, so it is named.
+                match crate::kafka_errors::last_refusal() {
+                    Some(refusal) => tracing::error!(
+                        error = format!("{error:#}"),
+                        kafka_refusal = refusal,
+                        "{name} stopped"
+                    ),
+                    None => tracing::error!(error = format!("{error:#}"), "{name} stopped"),
+                }
                 ExitCode::FAILURE
             }
         }

@@ -122,7 +122,11 @@ struct DeliveryTracker {
     failures: Mutex<Vec<String>>,
 }
 
-impl ClientContext for DeliveryTracker {}
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::kafka_errors::report_client_error(&error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();

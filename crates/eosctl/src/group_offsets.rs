@@ -11,7 +11,9 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::kafka_client::{ClusterAccess as _, ClusterError, KafkaSettings, METADATA_TIMEOUT};
+use crate::kafka_client::{
+    ClusterAccess as _, ClusterError, KafkaSettings, METADATA_TIMEOUT, ReportingContext,
+};
 
 /// Where one partition stands for the group, read at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +30,7 @@ pub struct PartitionOffsets {
 /// A client bound to one group id that only ever fetches that group's committed offsets.
 pub struct GroupOffsetReader {
     group: String,
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<ReportingContext>,
 }
 
 impl std::fmt::Debug for GroupOffsetReader {
@@ -55,7 +57,7 @@ impl GroupOffsetReader {
             // sees a commit soon after it lands.
             .set("retry.backoff.ms", "10")
             .set("retry.backoff.max.ms", "50")
-            .create()
+            .create_with_context(ReportingContext)
             .map_err(|e| ClusterError::client("cannot create the Kafka consumer", e))?;
         Ok(Self {
             group: group.to_owned(),
@@ -108,7 +110,7 @@ impl GroupOffsetReader {
     pub fn observe(
         &self,
         settings: &KafkaSettings,
-        metadata: &BaseConsumer,
+        metadata: &BaseConsumer<ReportingContext>,
         topic: &str,
         partitions: &[i32],
     ) -> Result<Vec<PartitionOffsets>, ClusterError> {
@@ -131,7 +133,7 @@ impl GroupOffsetReader {
 /// the last stable offset.
 pub fn watermarks(
     settings: &KafkaSettings,
-    metadata: &BaseConsumer,
+    metadata: &BaseConsumer<ReportingContext>,
     topic: &str,
     partitions: &[i32],
 ) -> Result<BTreeMap<i32, (i64, i64)>, ClusterError> {

@@ -9,11 +9,11 @@
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+pub use eos_runtime::kafka_errors::{ReportingContext, last_refusal, serve_pending_events};
 pub use eos_runtime::kafka_settings::{KafkaSettings, KafkaSettingsError};
 
 /// How long a metadata request may take before the cluster counts as unreachable.
@@ -23,6 +23,11 @@ pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum ClusterError {
     #[error("cannot reach Kafka at {servers}")]
     Unreachable { servers: String, source: KafkaError },
+    /// The broker refused this client (a wrong SASL password, a missing client certificate):
+    /// librdkafka only times the call out (that error adds nothing, so it is not kept), its
+    /// error callback said why.
+    #[error("Kafka at {servers} refused this client: {refusal}")]
+    Refused { servers: String, refusal: String },
     #[error("topic {topic:?} does not exist")]
     TopicMissing { topic: String },
     #[error("cannot create topic {topic:?}: {reason}")]
@@ -50,35 +55,39 @@ pub trait ClusterAccess {
     /// A consumer that never joins a group: metadata and watermark queries only. It is
     /// read_uncommitted (librdkafka's default is read_committed) so that its high watermark is
     /// the true end of the log rather than the last stable offset.
-    fn metadata_client(&self) -> Result<BaseConsumer, ClusterError>;
+    fn metadata_client(&self) -> Result<BaseConsumer<ReportingContext>, ClusterError>;
 }
 
 impl ClusterAccess for KafkaSettings {
     fn unreachable(&self, source: KafkaError) -> ClusterError {
-        ClusterError::Unreachable {
-            servers: self.bootstrap_servers.clone(),
-            source,
+        let servers = self.bootstrap_servers.clone();
+        match last_refusal() {
+            Some(refusal) => ClusterError::Refused { servers, refusal },
+            None => ClusterError::Unreachable { servers, source },
         }
     }
 
-    fn metadata_client(&self) -> Result<BaseConsumer, ClusterError> {
+    fn metadata_client(&self) -> Result<BaseConsumer<ReportingContext>, ClusterError> {
         self.client_config()
             .set("isolation.level", "read_uncommitted")
             .set("allow.auto.create.topics", "false")
-            .create()
+            .create_with_context(ReportingContext)
             .map_err(|e| ClusterError::client("cannot create a Kafka client", e))
     }
 }
 
 /// The partitions of `topic`, or `None` when it does not exist. Blocking.
 pub fn topic_partitions(
-    client: &BaseConsumer,
+    client: &BaseConsumer<ReportingContext>,
     settings: &KafkaSettings,
     topic: &str,
 ) -> Result<Option<Vec<i32>>, ClusterError> {
     let metadata = client
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .map_err(|e| settings.unreachable(e))?;
+        .map_err(|e| {
+            serve_pending_events(client);
+            settings.unreachable(e)
+        })?;
     let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
@@ -126,9 +135,9 @@ pub async fn ensure_topic(
         return Ok((partitions.len(), false));
     }
 
-    let admin: AdminClient<DefaultClientContext> = settings
+    let admin: AdminClient<ReportingContext> = settings
         .client_config()
-        .create()
+        .create_with_context(ReportingContext)
         .map_err(|e| ClusterError::client("cannot create a Kafka admin client", e))?;
     let new_topic = NewTopic::new(
         topic,

@@ -22,7 +22,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::group_offsets::{GroupOffsetReader, PartitionOffsets};
-use crate::kafka_client::{ClusterAccess as _, ClusterError, KafkaSettings, topic_partitions};
+use crate::kafka_client::{
+    ClusterAccess as _, ClusterError, KafkaSettings, ReportingContext, topic_partitions,
+};
 use crate::report::grouped;
 
 /// How often `--wait` looks again.
@@ -173,9 +175,9 @@ pub struct LagWatcher {
     settings: KafkaSettings,
     topic: String,
     partitions: Vec<i32>,
-    metadata: BaseConsumer,
+    metadata: BaseConsumer<ReportingContext>,
     offsets: GroupOffsetReader,
-    probe: BaseConsumer,
+    probe: BaseConsumer<ReportingContext>,
 }
 
 impl std::fmt::Debug for LagWatcher {
@@ -215,7 +217,7 @@ impl LagWatcher {
             .set("max.partition.fetch.bytes", "65536")
             .set("queued.max.messages.kbytes", "1024")
             .set("fetch.wait.max.ms", "50")
-            .create()
+            .create_with_context(ReportingContext)
             .map_err(|e| ClusterError::client("cannot create the Kafka consumer", e))?;
         Ok(Self {
             settings: settings.clone(),

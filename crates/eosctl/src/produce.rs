@@ -144,7 +144,11 @@ struct DeliveryTracker {
     first_error: Mutex<Option<String>>,
 }
 
-impl ClientContext for DeliveryTracker {}
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        eos_runtime::kafka_errors::report_client_error(&error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = Box<BoxedSpan>;

@@ -17,7 +17,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::kafka_client::{
-    ClusterAccess as _, ClusterError, KafkaSettings, METADATA_TIMEOUT, topic_partitions,
+    ClusterAccess as _, ClusterError, KafkaSettings, METADATA_TIMEOUT, ReportingContext,
+    topic_partitions,
 };
 use crate::source_record::SourceRecord;
 
@@ -234,7 +235,7 @@ pub fn read_topics(
     Ok(snapshots)
 }
 
-fn reader(settings: &KafkaSettings) -> Result<BaseConsumer, ClusterError> {
+fn reader(settings: &KafkaSettings) -> Result<BaseConsumer<ReportingContext>, ClusterError> {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_nanos());
@@ -248,14 +249,14 @@ fn reader(settings: &KafkaSettings) -> Result<BaseConsumer, ClusterError> {
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("allow.auto.create.topics", "false")
-        .create()
+        .create_with_context(ReportingContext)
         .map_err(|e| ClusterError::client("cannot create the Kafka consumer", e))
 }
 
 /// Moves pending partitions forward by the consumer's position, which also passes control
 /// records. Returns whether any partition moved.
 fn advance_positions(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<ReportingContext>,
     pending: &mut HashMap<(String, i32), Pending>,
 ) -> Result<bool, ClusterError> {
     let positions = consumer
@@ -282,7 +283,7 @@ fn advance_positions(
 }
 
 fn diagnose_stall(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<ReportingContext>,
     pending: &HashMap<(String, i32), Pending>,
     waited: Duration,
     last_error: Option<KafkaError>,

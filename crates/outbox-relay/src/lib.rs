@@ -101,6 +101,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .await?;
 
     let client_config = kafka.client_config();
+    // The first Kafka call below is an admin request, which a refused client (a wrong password)
+    // would wait on silently: a metadata request first names the refusal within 10 s.
+    let probe_config = client_config.clone();
+    tokio::task::spawn_blocking(move || {
+        eos_runtime::kafka_errors::check_reachable(
+            &probe_config,
+            std::time::Duration::from_secs(10),
+        )
+    })
+    .await
+    .context("the Kafka start-up check panicked")?
+    .context("checking that Kafka answers")?;
     if config.guarantee == Guarantee::ExactlyOnce {
         position_topic::ensure_positions_topic(
             &client_config,

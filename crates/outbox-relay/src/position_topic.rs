@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use eos_runtime::kafka_errors::ReportingContext;
 use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::types::RDKafkaErrorCode;
@@ -44,7 +44,10 @@ pub async fn ensure_positions_topic(
     topic: &str,
     replication: &TopicReplicationFlags,
 ) -> Result<(), RelayError> {
-    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    // Its own context: the admin client's thread reports a broker's refusal (a wrong password)
+    // as an ERROR, and the refusal is named if start-up then fails.
+    let admin: AdminClient<ReportingContext> =
+        client_config.create_with_context(ReportingContext)?;
     let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
     replication.warn_if_under_replicated(client_config).await;
     let settings = replication.topic_settings();

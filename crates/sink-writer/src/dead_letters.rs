@@ -9,10 +9,11 @@
 //! (`eos-source-topic/-partition/-offset`), and `sink_dead_letters` (written in the same
 //! transaction as the checkpoint) holds exactly one row per dead-lettered input.
 //!
-//! Size: a dead letter is built by `eos_core::dead_letter::build` to fit the producer's
-//! `message.max.bytes`, so an input larger than that (the input topic may accept more) is
-//! dead-lettered as a prefix with its original size and SHA-256 instead of failing delivery and
-//! rolling the batch back forever.
+//! Size: a dead letter is built by `eos_core::dead_letter::build` to fit the smaller of the
+//! producer's `message.max.bytes` and the dead-letter topic's `max.message.bytes` (read at
+//! start-up), so an input larger than that (the input topic may accept more) is dead-lettered as
+//! a prefix with its original size and SHA-256 instead of failing delivery and rolling the batch
+//! back forever.
 
 use std::time::Duration;
 
@@ -49,14 +50,21 @@ impl DeadLetterProducer {
     }
 }
 
-pub fn create_producer(client_config: &ClientConfig) -> Result<DeadLetterProducer, KafkaError> {
-    let max_bytes = dead_letter::message_limit(client_config.get("message.max.bytes"), None);
+/// The dead-letter producer; `max_bytes` is the largest record it may write (see
+/// `eos_core::dead_letter::message_limit`).
+pub fn create_producer(
+    client_config: &ClientConfig,
+    max_bytes: usize,
+) -> Result<DeadLetterProducer, KafkaError> {
     let producer = client_config
         .clone()
         // Idempotent: librdkafka's own retries never duplicate a dead letter.
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "2")
+        // The broker checks a topic's max.message.bytes against a whole record batch: batches of
+        // at most the limit, so that dead letters that each fit are never refused together.
+        .set("batch.size", max_bytes.to_string())
         .set(
             "message.timeout.ms",
             DELIVERY_TIMEOUT.as_millis().to_string(),

@@ -46,6 +46,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::KafkaSettings;
+use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::schema_migrations as migrations;
 use eos_runtime::topic_config::TopicReplicationFlags;
@@ -230,6 +231,22 @@ async fn serve(
     )
     .await
     .context("checking the dead-letter topic")?;
+    // A dead letter must fit both the producer's message.max.bytes and the dead-letter topic's
+    // own max.message.bytes, which may be smaller: a letter above either is never delivered and
+    // the batch would roll back forever.
+    let dead_letter_max_bytes = eos_core::dead_letter::message_limit(
+        client_config.get("message.max.bytes"),
+        eos_runtime::topic_config::max_message_bytes(
+            &client_config,
+            &config.dlq_topic(),
+            Duration::from_secs(10),
+        )
+        .await,
+    );
+    tracing::info!(
+        dead_letter_max_bytes,
+        "largest dead letter the producer can write"
+    );
 
     let purge_shutdown = CancellationToken::new();
     let purge_task = tokio::spawn(retention::purge_loop(
@@ -265,6 +282,7 @@ async fn serve(
         max_backoff: config.max_backoff,
         shutdown_timeout: config.shutdown_timeout,
         fault_stall_before_commit: config.fault_stall_before_commit,
+        dead_letter_max_bytes,
         client_config,
         held_refresh,
     };
@@ -339,10 +357,13 @@ async fn ensure_dlq_topic(
     dlq: &str,
     replication: &TopicReplicationFlags,
 ) -> Result<(), SinkError> {
-    let consumer: BaseConsumer = client_config.create()?;
+    let consumer: BaseConsumer<ReportingContext> =
+        client_config.create_with_context(ReportingContext)?;
     let metadata_timeout = Duration::from_secs(10);
     let partitions_of = |topic: &str| -> Result<usize, SinkError> {
-        let metadata = consumer.fetch_metadata(Some(topic), metadata_timeout)?;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), metadata_timeout)
+            .inspect_err(|_| serve_pending_events(&consumer))?;
         Ok(metadata
             .topics()
             .iter()

@@ -74,6 +74,9 @@ pub struct LoopSettings {
     pub max_backoff: Duration,
     pub shutdown_timeout: Duration,
     pub fault_stall_before_commit: Option<Duration>,
+    /// The largest dead letter: the smaller of the producer's `message.max.bytes` and the
+    /// dead-letter topic's `max.message.bytes`.
+    pub dead_letter_max_bytes: usize,
     pub client_config: ClientConfig,
     /// Poked after a committed batch that held an event: the held gauge is read again.
     pub held_refresh: Arc<tokio::sync::Notify>,
@@ -141,7 +144,8 @@ impl SinkLoop {
             &settings.instance_id,
             &settings.topic,
         )?;
-        let dlq = dead_letters::create_producer(&settings.client_config)?;
+        let dlq =
+            dead_letters::create_producer(&settings.client_config, settings.dead_letter_max_bytes)?;
         let backoff = Backoff::new(settings.max_backoff);
         Ok(Self {
             settings,

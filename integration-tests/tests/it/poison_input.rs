@@ -316,6 +316,93 @@ async fn poison_a_huge_malformed_record_is_dead_lettered_by_the_sink_and_the_res
     db.drop_database().await
 }
 
+/// The sink's dead-letter topic made beforehand with a `max.message.bytes` (16 KiB) far below
+/// the producer's limit: a 100 KB malformed record and one with 40 KB of headers are
+/// dead-lettered cut to the topic's limit (read at start-up), not refused by the broker forever,
+/// and the events around them are written.
+#[tokio::test(flavor = "multi_thread")]
+async fn poison_a_dead_letter_topic_smaller_than_the_producer_limit_gets_fitted_dead_letters()
+-> anyhow::Result<()> {
+    const DLQ_MAX_BYTES: usize = 16 * 1024;
+    let db = TestDatabase::create().await?;
+    let topic = unique_name("poison-small-dlq");
+    create_topic(&topic, 1).await?;
+    let dlq = format!("{topic}.sink-dlq");
+    let small =
+        NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "16384");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin()?.create_topics([&small], &options).await? {
+        if let Err((topic, code)) = result {
+            anyhow::bail!("cannot create topic {topic}: {code}");
+        }
+    }
+    let mut malformed = Poison::envelope_of_size("d-1", 100 * 1024, 0);
+    malformed.value.truncate(malformed.value.len() - 1); // no closing brace: not JSON
+    let mut headed = Poison::envelope_of_size("d-2", 2 * 1024, 40 * 1024);
+    headed.value[0] = b'['; // JSON-ish but broken
+    let records = vec![
+        Poison::event("t-before", 5),
+        malformed,
+        headed,
+        Poison::event("t-after", 7),
+    ];
+    let produced = {
+        let topic = topic.clone();
+        tokio::task::spawn_blocking(move || produce_large(&topic, &records).map(|()| records))
+    };
+    let records = produced.await??;
+
+    let sink = Sink::new(&topic, &db.url);
+    let mut process = sink.spawn("poison-small-dlq", &[], &[])?;
+    sink.wait_drained(&db.pool, &mut process).await?;
+    process.stop_gracefully()?;
+    assert!(
+        process
+            .log()
+            .contains(&format!("dead_letter_max_bytes={DLQ_MAX_BYTES}")),
+        "the sink reads the topic's limit\n{}",
+        process.log_tail(20)
+    );
+
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_id, value FROM event_sink ORDER BY event_id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(
+        rows,
+        [("t-after".to_owned(), 7), ("t-before".to_owned(), 5)],
+        "the events around the poison are written"
+    );
+    let letters =
+        tokio::task::spawn_blocking(move || read_topic(&dlq, Isolation::ReadCommitted)).await??;
+    assert_eq!(letters.len(), 2, "one Kafka dead letter per poison record");
+    for letter in &letters {
+        let offset: i64 = header_str(letter, dead_letter::SOURCE_OFFSET_HEADER).parse()?;
+        let original = &records[offset as usize];
+        assert_eq!(header_str(letter, dead_letter::TRUNCATED_HEADER), "true");
+        assert!(
+            dead_letter::stands_for(
+                letter.payload().unwrap_or_default(),
+                |h| header(letter, h),
+                &original.value
+            ),
+            "dead letter of offset {offset} does not stand for its original"
+        );
+        let size = letter.payload().map_or(0, <[u8]>::len)
+            + letter.key().map_or(0, <[u8]>::len)
+            + letter.headers().map_or(0, |h| {
+                h.iter()
+                    .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+                    .sum()
+            });
+        assert!(
+            size < DLQ_MAX_BYTES,
+            "dead letter of offset {offset}: {size} bytes"
+        );
+    }
+    db.drop_database().await
+}
+
 /// A provider that declines with a 10 KiB body: the sink's `Fail` reason is cut to fit
 /// dedup-service's 4 KiB limit, so the intent ends FAILED at the first answer — no UNKNOWN, no
 /// second POST — and the event is dead-lettered as provider_rejected.

@@ -64,6 +64,24 @@ impl TestCa {
         self.dir.join("ca.pem")
     }
 
+    /// A client certificate (`clientAuth`) for the MTLS listener: `(cert path, PKCS#8 key path)`.
+    fn client_cert(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        let cert_path = self.dir.join(format!("{name}-client.pem"));
+        let key_path = self.dir.join(format!("{name}-client.key"));
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        Ok((cert_path, key_path))
+    }
+
     /// A server certificate for 127.0.0.1 and localhost: `(chain path, PKCS#8 key path)`.
     fn server_cert(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
         let mut params =
@@ -119,6 +137,8 @@ struct TlsBroker {
     plaintext: String,
     ssl: String,
     sasl_ssl: String,
+    /// The SSL listener that requires a client certificate signed by the test CA.
+    mtls: String,
 }
 
 impl TlsBroker {
@@ -126,7 +146,7 @@ impl TlsBroker {
     /// answers. Blocking.
     fn start(ca: &TestCa, scram_password: &str) -> anyhow::Result<Self> {
         let (chain, key) = ca.server_cert("broker")?;
-        let [plaintext, ssl, sasl_ssl, controller] = free_ports::<4>()?;
+        let [plaintext, ssl, sasl_ssl, mtls, controller] = free_ports::<5>()?;
         let dir = ca.dir.join("broker");
         let mut command = Command::new(repo_root().join("deploy/local/stack"));
         command.arg("kafka-tls-broker");
@@ -140,6 +160,7 @@ impl TlsBroker {
             ("--key", key.display().to_string()),
             ("--ca", ca.ca_path().display().to_string()),
             ("--scram-user", format!("{SCRAM_USER}:{scram_password}")),
+            ("--mtls-port", mtls.to_string()),
         ] {
             command.args([flag, &value]);
         }
@@ -152,6 +173,7 @@ impl TlsBroker {
             plaintext: format!("127.0.0.1:{plaintext}"),
             ssl: format!("127.0.0.1:{ssl}"),
             sasl_ssl: format!("127.0.0.1:{sasl_ssl}"),
+            mtls: format!("127.0.0.1:{mtls}"),
         };
         broker.wait_ready()?;
         Ok(broker)
@@ -250,6 +272,18 @@ fn spawn_processor(
     output: &str,
     group: &str,
 ) -> anyhow::Result<ServiceProcess> {
+    spawn_processor_at(bootstrap, kafka_args, input, output, group, "127.0.0.1:0")
+}
+
+/// [`spawn_processor`] serving /readyz at `ops`.
+fn spawn_processor_at(
+    bootstrap: &str,
+    kafka_args: &[&str],
+    input: &str,
+    output: &str,
+    group: &str,
+    ops: &str,
+) -> anyhow::Result<ServiceProcess> {
     let mut args: Vec<String> = vec!["--bootstrap-servers".into(), bootstrap.into()];
     args.extend(kafka_args.iter().map(|a| (*a).to_owned()));
     args.extend(
@@ -263,7 +297,7 @@ fn spawn_processor(
             "--instance-id",
             "tls-0",
             "--metrics-addr",
-            "127.0.0.1:0",
+            ops,
         ]
         .map(str::to_owned),
     );
@@ -276,6 +310,25 @@ fn spawn_sink(
     topic: &str,
     group: &str,
     database_url: &str,
+) -> anyhow::Result<ServiceProcess> {
+    spawn_sink_at(
+        bootstrap,
+        kafka_args,
+        topic,
+        group,
+        database_url,
+        "127.0.0.1:0",
+    )
+}
+
+/// [`spawn_sink`] serving /readyz at `ops`.
+fn spawn_sink_at(
+    bootstrap: &str,
+    kafka_args: &[&str],
+    topic: &str,
+    group: &str,
+    database_url: &str,
+    ops: &str,
 ) -> anyhow::Result<ServiceProcess> {
     let mut args: Vec<String> = vec!["--bootstrap-servers".into(), bootstrap.into()];
     args.extend(kafka_args.iter().map(|a| (*a).to_owned()));
@@ -290,7 +343,7 @@ fn spawn_sink(
             "--database-url",
             database_url,
             "--metrics-addr",
-            "127.0.0.1:0",
+            ops,
         ]
         .map(str::to_owned),
     );
@@ -643,5 +696,403 @@ async fn postgres_urls_with_sslmode_verify_full_connect_over_tls_and_require_nev
 
     drop(server);
     db.drop_database().await?;
+    Ok(())
+}
+
+/// A properties file for the SASL_SSL listener with `password`, in the CA's directory.
+fn scram_properties(ca: &TestCa, name: &str, password: &str) -> anyhow::Result<String> {
+    let path = ca.dir.join(format!("{name}.properties"));
+    std::fs::write(
+        &path,
+        format!(
+            "security.protocol=SASL_SSL\n\
+             ssl.ca.location={}\n\
+             sasl.mechanism=SCRAM-SHA-512\n\
+             sasl.username={SCRAM_USER}\n\
+             sasl.password={password}\n",
+            ca.ca_path().display()
+        ),
+    )?;
+    Ok(path.display().to_string())
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// Runs eosctl with `args`: (exit code, stdout, stderr).
+fn eosctl_run(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let output = Command::new(integration_tests::workspace_binary("eosctl")?)
+        .args(args)
+        .output()?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+/// `eosctl demo` and `eosctl bench` with their Kafka properties (SASL_SSL, SCRAM, the test CA)
+/// in `--kafka-properties-file`: every service they start connects with them too — the demo's
+/// processor, sink and outbox relay over SASL_SSL pass their exact run, the bench's processors
+/// theirs — and the password is in no command line, log or file left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_and_bench_hand_their_kafka_properties_to_the_services_they_start()
+-> anyhow::Result<()> {
+    use tokio::task::block_in_place;
+
+    let ca = TestCa::new("kafka-children")?;
+    let password = format!("scram-{:016x}", rand::random::<u64>());
+    let broker = block_in_place(|| TlsBroker::start(&ca, &password))?;
+    let properties = scram_properties(&ca, "eosctl", &password)?;
+    let runs_dir = ca.dir.join("demo-runs");
+    let runs = runs_dir.display().to_string();
+
+    let (code, stdout, stderr) = block_in_place(|| {
+        eosctl_run(&[
+            "--bootstrap-servers",
+            &broker.sasl_ssl,
+            "--kafka-properties-file",
+            &properties,
+            "demo",
+            "--source",
+            "payments-api",
+            "--events",
+            "300",
+            "--rate",
+            "300",
+            "--relay-kills",
+            "0",
+            "--processor-kills",
+            "0",
+            "--sink-kills",
+            "0",
+            "--runs-dir",
+            &runs,
+            "--drop-database",
+            "--json",
+        ])
+    })?;
+    let report: serde_json::Value = serde_json::from_str(&stdout)
+        .with_context(|| format!("the demo printed no JSON report (exit {code}):\n{stderr}"))?;
+    assert_eq!(code, 0, "{report:#}\n{stderr}");
+    assert_eq!(report["passed"], true, "{report:#}");
+    assert_eq!(report["audit"]["figures"]["logical_events"], 300);
+    assert_eq!(report["audit"]["figures"]["outbox_events"], 300);
+    let left = files_under(&runs_dir);
+    assert!(
+        !left.iter().any(|f| f.ends_with("kafka-client.properties")),
+        "the services' properties file is removed at the end: {left:?}"
+    );
+    for file in &left {
+        let text = std::fs::read(file).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains(&password),
+            "the SCRAM password reached {}",
+            file.display()
+        );
+    }
+    assert!(
+        !stderr.contains(&password),
+        "the password reached eosctl's output"
+    );
+
+    let processor_bin = integration_tests::workspace_binary("eos-processor")?;
+    let (code, stdout, stderr) = block_in_place(|| {
+        eosctl_run(&[
+            "--bootstrap-servers",
+            &broker.sasl_ssl,
+            "--kafka-properties-file",
+            &properties,
+            "bench",
+            "processor",
+            "--processor-bin",
+            &processor_bin.display().to_string(),
+            // Small transactions, so that even a few thousand records take many commits: the
+            // bench refuses a run committed all at once as too fast to measure.
+            "--records",
+            "3000",
+            "--max-batch",
+            "100",
+            "--commit-interval",
+            "10ms",
+            "--sizes",
+            "100",
+            "--rounds",
+            "1",
+            "--single-records",
+            "50",
+            "--latency-seconds",
+            "1",
+            "--json",
+        ])
+    })?;
+    assert_eq!(code, 0, "eosctl bench over SASL_SSL failed:\n{stderr}");
+    let bench: serde_json::Value = serde_json::from_str(&stdout)
+        .with_context(|| format!("the bench printed no JSON:\n{stderr}"))?;
+    assert!(bench.is_object(), "{bench}");
+    assert!(!stderr.contains(&password) && !stdout.contains(&password));
+    drop(broker);
+    Ok(())
+}
+
+/// Whether `/readyz` at `ops` answers 200.
+async fn ready(ops: &str) -> bool {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .expect("a reqwest client");
+    client
+        .get(format!("http://{ops}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|answer| answer.status().is_success())
+}
+
+/// The ERROR every Kafka client of eos-suite logs when the broker refuses its SASL credentials.
+const AUTH_FAILED: &str = "Kafka authentication failed";
+
+/// A wrong SCRAM password: eos-processor, sink-writer and outbox-relay each log that Kafka
+/// authentication failed and never become ready, then stop at the end of their start-up wait
+/// with the refusal named (exit 1, for an orchestrator to show and restart); eosctl produce and
+/// audit exit 2 saying so. The password is in no output.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_scram_password_is_named_by_every_kafka_service_and_command() -> anyhow::Result<()>
+{
+    use tokio::task::block_in_place;
+
+    let ca = TestCa::new("kafka-auth")?;
+    let password = format!("scram-{:016x}", rand::random::<u64>());
+    let broker = block_in_place(|| TlsBroker::start(&ca, &password))?;
+    let wrong = format!("wrong-{:016x}", rand::random::<u64>());
+    let properties = scram_properties(&ca, "wrong", &wrong)?;
+    let kafka_args = ["--kafka-properties-file", properties.as_str()];
+    let topic = unique_name("auth-payments");
+    create_topic_on(&broker.plaintext, &topic, 1).await?;
+    let db = TestDatabase::create().await?;
+    let [processor_ops, sink_ops, relay_ops] = free_ports::<3>()?.map(|p| format!("127.0.0.1:{p}"));
+
+    let started = Instant::now();
+    let processor = spawn_processor_at(
+        &broker.sasl_ssl,
+        &kafka_args,
+        &topic,
+        &unique_name("auth-out"),
+        &unique_name("auth-processor"),
+        &processor_ops,
+    )?;
+    let sink = spawn_sink_at(
+        &broker.sasl_ssl,
+        &kafka_args,
+        &topic,
+        &unique_name("auth-sink"),
+        &db.url,
+        &sink_ops,
+    )?;
+    let relay_args: Vec<String> = [
+        "--bootstrap-servers",
+        &broker.sasl_ssl,
+        "--kafka-properties-file",
+        &properties,
+        "--database-url",
+        &db.url,
+        "--relay-name",
+        &unique_name("auth-relay"),
+        "--metrics-addr",
+        &relay_ops,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let relay = ServiceProcess::spawn("outbox-relay", &relay_args, &[])?;
+
+    let mut services = [
+        ("eos-processor", processor, processor_ops),
+        ("sink-writer", sink, sink_ops),
+        ("outbox-relay", relay, relay_ops),
+    ];
+    // Each says so within seconds, and is never ready meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (name, process, ops) in &mut services {
+        loop {
+            assert!(
+                !ready(ops).await,
+                "{name} became ready with a wrong password"
+            );
+            if process.log().contains(AUTH_FAILED) {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{name} did not say that Kafka authentication failed\n{}",
+                process.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    eprintln!(
+        "every service named the refusal after {:?}",
+        started.elapsed()
+    );
+
+    let (code, _, stderr) = block_in_place(|| {
+        eosctl_run(&[
+            "--bootstrap-servers",
+            &broker.sasl_ssl,
+            "--kafka-properties-file",
+            &properties,
+            "produce",
+            "--topic",
+            &topic,
+            "--count",
+            "10",
+            "--json",
+        ])
+    })?;
+    assert_eq!(code, 2, "eosctl produce with a wrong password:\n{stderr}");
+    assert!(
+        stderr.contains("authentication failed"),
+        "eosctl produce says why:\n{stderr}"
+    );
+    assert!(!stderr.contains(&wrong), "{stderr}");
+    let audit = block_in_place(|| {
+        eosctl::audit_with(&broker.sasl_ssl, &topic, &topic, &topic, &kafka_args)
+    });
+    let error = format!("{:#}", audit.expect_err("the audit cannot read the topics"));
+    assert!(
+        error.contains("authentication failed"),
+        "eosctl audit says why:\n{error}"
+    );
+    assert!(!error.contains(&wrong), "{error}");
+
+    for (name, process, ops) in &mut services {
+        assert!(
+            !ready(ops).await,
+            "{name} became ready with a wrong password"
+        );
+        let status = block_in_place(|| process.wait_timeout(Duration::from_secs(30)))?;
+        let log = process.log();
+        assert!(
+            status.is_some_and(|status| status.code() == Some(1)),
+            "{name}: {status:?}\n{}",
+            process.log_tail(30)
+        );
+        assert!(
+            log.contains("kafka_refusal"),
+            "{name} names the refusal when it stops\n{log}"
+        );
+        assert!(!log.contains(&wrong), "the password reached {name}'s log");
+    }
+    db.drop_database().await?;
+    drop(broker);
+    Ok(())
+}
+
+/// The MTLS listener requires a client certificate the test CA signed: the processor and the
+/// sink, each with its own certificate (`ssl.certificate.location`, `ssl.key.location`), pass an
+/// exact run over it; a client without one is refused and says the TLS handshake failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn processor_and_sink_pass_an_exact_run_over_mtls_and_a_client_without_a_certificate_is_refused()
+-> anyhow::Result<()> {
+    use tokio::task::block_in_place;
+
+    let ca = TestCa::new("kafka-mtls")?;
+    let broker = block_in_place(|| TlsBroker::start(&ca, "unused-scram-password"))?;
+    let ca_location = format!("ssl.ca.location={}", ca.ca_path().display());
+    let client_args = |name: &str| -> anyhow::Result<Vec<String>> {
+        let (cert, key) = ca.client_cert(name)?;
+        Ok(vec![
+            "-X".into(),
+            "security.protocol=SSL".into(),
+            "-X".into(),
+            ca_location.clone(),
+            "-X".into(),
+            format!("ssl.certificate.location={}", cert.display()),
+            "-X".into(),
+            format!("ssl.key.location={}", key.display()),
+        ])
+    };
+
+    // Without a certificate: refused, and eosctl says the TLS handshake failed.
+    let input = unique_name("mtls-payments");
+    create_topic_on(&broker.plaintext, &input, 2).await?;
+    let (code, _, stderr) = block_in_place(|| {
+        eosctl_run(&[
+            "--bootstrap-servers",
+            &broker.mtls,
+            "-X",
+            "security.protocol=SSL",
+            "-X",
+            &ca_location,
+            "produce",
+            "--topic",
+            &input,
+            "--count",
+            "10",
+            "--json",
+        ])
+    })?;
+    assert_eq!(
+        code, 2,
+        "a client without a certificate was let in:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("TLS handshake failed"),
+        "the refusal is named:\n{stderr}"
+    );
+
+    let eosctl_args = client_args("eosctl")?;
+    let eosctl_args: Vec<&str> = eosctl_args.iter().map(String::as_str).collect();
+    let workload_args = Workload::chaos(1_000, 37).args(&broker.mtls, &input);
+    let mut produce_args: Vec<&str> = workload_args.iter().map(String::as_str).collect();
+    produce_args.extend(&eosctl_args);
+    let (code, stdout, stderr) = block_in_place(|| eosctl_run(&produce_args))?;
+    assert_eq!(code, 0, "eosctl produce over mTLS:\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout)?;
+    assert_eq!(summary["logical_events"], 1_000, "{summary}");
+
+    let output = unique_name("mtls-ledger");
+    let group = unique_name("mtls-processor");
+    let sink_group = unique_name("mtls-sink");
+    let db = TestDatabase::create().await?;
+    let processor_args = client_args("processor")?;
+    let processor_args: Vec<&str> = processor_args.iter().map(String::as_str).collect();
+    let mut processor = spawn_processor(&broker.mtls, &processor_args, &input, &output, &group)?;
+    block_in_place(|| wait_until_consumed(&broker.plaintext, &group, &input, DRAIN_TIMEOUT))
+        .with_context(|| processor.log_tail(40))?;
+    let sink_args = client_args("sink")?;
+    let sink_args: Vec<&str> = sink_args.iter().map(String::as_str).collect();
+    let mut sink = spawn_sink(&broker.mtls, &sink_args, &output, &sink_group, &db.url)?;
+    wait_sink_drained(&db.pool, &broker.plaintext, &sink_group, &output, &mut sink).await?;
+
+    let mut audit_args = eosctl_args.clone();
+    audit_args.extend(["--database-url", &db.url]);
+    let audit = block_in_place(|| {
+        eosctl::audit_with(
+            &broker.mtls,
+            &input,
+            &output,
+            &format!("{input}.dlq"),
+            &audit_args,
+        )
+    })?;
+    processor.stop_gracefully()?;
+    sink.stop_gracefully()?;
+    assert!(audit.passed(), "audit not exact:\n{}", audit.failures());
+    assert_eq!(audit.figure("logical_events"), 1_000);
+    db.drop_database().await?;
+    drop(broker);
     Ok(())
 }

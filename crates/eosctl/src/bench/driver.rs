@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
 use eos_core::Guarantee;
+use eos_runtime::kafka_settings::ChildKafkaProperties;
 use indicatif::ProgressBar;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
@@ -75,6 +76,9 @@ pub(super) struct Bench {
     run_id: String,
     seed_base: u64,
     log_dir: PathBuf,
+    /// eosctl's Kafka properties for the processors it starts (a file in `log_dir`, owner-only:
+    /// it may hold a SASL password).
+    kafka_for_processors: ChildKafkaProperties,
     /// Every topic this run created or had a processor create, not yet deleted.
     topics: Vec<String>,
     groups: Vec<String>,
@@ -97,6 +101,9 @@ impl Bench {
         let log_dir = std::env::temp_dir().join(format!("eosctl-bench-{run_id}"));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
+        let kafka_for_processors = settings
+            .write_for_children(&log_dir.join("kafka-client.properties"))
+            .context("writing the Kafka properties for the processors")?;
         Ok(Self {
             settings,
             options,
@@ -105,6 +112,7 @@ impl Bench {
             run_id,
             seed_base,
             log_dir,
+            kafka_for_processors,
             topics: Vec::new(),
             groups: Vec::new(),
             processes_started: 0,
@@ -573,7 +581,13 @@ impl Bench {
             "127.0.0.1:0".into(),
         ];
         tracing::debug!(label = %run.label, log = %log.display(), ?args, "starting eos-processor");
-        ProcessorProcess::spawn(&self.options.processor_bin, &args, log, &run.label)
+        ProcessorProcess::spawn(
+            &self.options.processor_bin,
+            &args,
+            &self.kafka_for_processors,
+            log,
+            &run.label,
+        )
     }
 
     /// Writes `count` valid, distinct events (no duplicates, malformed records or conflicts).

@@ -6,6 +6,7 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use anyhow::anyhow;
+use eos_runtime::kafka_settings::ChildKafkaProperties;
 use eos_testkit::{ChildProcess, LogMode, ProcessError};
 use nix::sys::resource::{UsageWho, getrusage};
 
@@ -24,6 +25,7 @@ impl ProcessorProcess {
     pub(super) fn spawn(
         bin: &Path,
         args: &[String],
+        kafka: &ChildKafkaProperties,
         log: PathBuf,
         label: &str,
     ) -> anyhow::Result<Self> {
@@ -31,6 +33,7 @@ impl ProcessorProcess {
         let mut command = Command::new(bin);
         // A fault switch must never leak into a benchmark from the environment.
         command.args(args).env_remove("EOS_FAULT_ABORT_EVERY");
+        kafka.apply_to(&mut command);
         let process = ChildProcess::spawn(label, command, &log, LogMode::Truncate)?;
         Ok(Self {
             process,

@@ -63,7 +63,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
         }) => bench::run_processor(kafka, args).await,
         Command::Trace(args) => trace::run(args).await,
         Command::Held(command) => held::run(command).await,
-        Command::Demo(args) => Ok(if demo::run(&cli.kafka.bootstrap_servers, args).await? {
+        Command::Demo(args) => Ok(if demo::run(kafka, args).await? {
             Status::Success
         } else {
             Status::ViolationsFound

@@ -45,6 +45,8 @@ use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use crate::commands::demo::service::{Service, free_addr, wait_listening};
 use crate::commands::{self, audit, progress_bar};
+use eos_runtime::kafka_settings::ChildKafkaProperties;
+
 use crate::kafka_client::{KafkaSettings, TopicLayout, ensure_topic};
 use crate::produce;
 use crate::report::grouped;
@@ -225,10 +227,9 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
 
-pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool> {
+pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let self_exe = std::env::current_exe().context("locating eosctl")?;
-    // Only the bootstrap servers, as the services get: `-X` properties are eosctl's own.
-    let kafka = KafkaSettings::new(bootstrap_servers, &[], &[])?;
+    let bootstrap_servers = kafka.bootstrap_servers.as_str();
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => self_exe
@@ -262,6 +263,13 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
     let run_dir = args.runs_dir.join(&run_id);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let run_dir = run_dir.canonicalize()?;
+    // The Kafka services connect as eosctl does (TLS, SASL): its properties, secrets included,
+    // reach them through an owner-only file named in their environment, removed at the end.
+    let kafka_for_services = Arc::new(
+        kafka
+            .write_for_children(&run_dir.join("kafka-client.properties"))
+            .context("writing the Kafka properties for the services")?,
+    );
     let input = format!("demo-payments-{run_id}");
     let output = format!("demo-ledger-{run_id}");
     let processor_group = format!("demo-processor-{run_id}");
@@ -373,7 +381,8 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
             &ops.to_string(),
         ]),
         ops,
-    );
+    )
+    .with_kafka_properties(&kafka_for_services);
     let ops = free_addr()?;
     let mut sink = Service::new(
         "sink-writer",
@@ -397,13 +406,14 @@ pub async fn run(bootstrap_servers: &str, args: DemoArgs) -> anyhow::Result<bool
         ]),
         ops,
     )
-    .with_env("DATABASE_URL", &database_url);
+    .with_env("DATABASE_URL", &database_url)
+    .with_kafka_properties(&kafka_for_services);
 
     let mut outbox = match args.source {
         DemoSource::PaymentsApi => Some(OutboxServices::new(
             &args,
             (&bin_dir, &run_dir),
-            bootstrap_servers,
+            (bootstrap_servers, &kafka_for_services),
             &database_url,
             &input,
             format!("demo-{run_id}"),
@@ -581,7 +591,7 @@ impl OutboxServices {
     fn new(
         args: &DemoArgs,
         (bin_dir, run_dir): (&Path, &Path),
-        bootstrap_servers: &str,
+        (bootstrap_servers, kafka): (&str, &Arc<ChildKafkaProperties>),
         database_url: &str,
         topic: &str,
         relay_name: String,
@@ -620,7 +630,8 @@ impl OutboxServices {
             ]),
             ops,
         )
-        .with_env("DATABASE_URL", database_url);
+        .with_env("DATABASE_URL", database_url)
+        .with_kafka_properties(kafka);
         Ok(Self {
             api,
             api_addr,

@@ -3,9 +3,11 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use eos_runtime::kafka_settings::ChildKafkaProperties;
 use eos_testkit::{ChildProcess, LogMode};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -21,6 +23,9 @@ pub(super) struct Service {
     /// Secrets go here rather than in `args`: a command line is visible to every user of the
     /// machine (`ps`), a process's environment only to its owner.
     envs: Vec<(String, String)>,
+    /// eosctl's Kafka properties, for a Kafka service (a file named in its environment: they
+    /// may hold a SASL password).
+    kafka_properties: Option<Arc<ChildKafkaProperties>>,
     pub(super) log: PathBuf,
     process: Option<ChildProcess>,
     pub(super) restarts: usize,
@@ -45,6 +50,7 @@ impl Service {
             binary: bin_dir.join(name),
             args,
             envs: Vec::new(),
+            kafka_properties: None,
             log: run_dir.join(format!("{name}.log")),
             process: None,
             restarts: 0,
@@ -56,6 +62,12 @@ impl Service {
     /// Sets an environment variable of the process (a secret such as `DATABASE_URL`).
     pub(super) fn with_env(mut self, key: &str, value: &str) -> Self {
         self.envs.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Makes it a Kafka client with eosctl's own Kafka properties.
+    pub(super) fn with_kafka_properties(mut self, properties: &Arc<ChildKafkaProperties>) -> Self {
+        self.kafka_properties = Some(Arc::clone(properties));
         self
     }
 
@@ -86,6 +98,9 @@ impl Service {
     pub(super) fn start(&mut self) -> anyhow::Result<()> {
         let mut command = std::process::Command::new(&self.binary);
         command.args(&self.args).envs(self.envs.iter().cloned());
+        if let Some(properties) = &self.kafka_properties {
+            properties.apply_to(&mut command);
+        }
         self.process = Some(ChildProcess::spawn(
             self.name,
             command,
