@@ -501,7 +501,12 @@ pub fn produce_records(topic: &str, records: &[(Option<String>, Vec<u8>)]) -> an
 
 /// The end offset (high watermark) of every partition of `topic`.
 pub fn end_offsets(topic: &str) -> anyhow::Result<Vec<(i32, i64)>> {
-    let consumer: BaseConsumer = client_config().create()?;
+    end_offsets_on(&bootstrap_servers(), topic)
+}
+
+/// [`end_offsets`] on another cluster (a test's private one).
+pub fn end_offsets_on(bootstrap_servers: &str, topic: &str) -> anyhow::Result<Vec<(i32, i64)>> {
+    let consumer: BaseConsumer = client_config_for(bootstrap_servers).create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut ends = Vec::new();
     for t in metadata.topics() {
@@ -587,6 +592,26 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// The sink's committed PostgreSQL checkpoints of `topic` (`sink_checkpoints`), by partition.
+/// Before its first batch the sink may not have created the table yet: no checkpoints then.
+pub async fn sink_checkpoints(
+    pool: &PgPool,
+    sink: &str,
+    topic: &str,
+) -> std::collections::BTreeMap<i32, i64> {
+    sqlx::query_as::<_, (i32, i64)>(
+        "SELECT partition, next_offset FROM sink_checkpoints \
+         WHERE sink = $1 AND topic = $2 AND next_offset IS NOT NULL",
+    )
+    .bind(sink)
+    .bind(topic)
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default()
+    .into_iter()
+    .collect()
 }
 
 #[cfg(test)]

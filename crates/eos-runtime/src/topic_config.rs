@@ -208,6 +208,17 @@ pub async fn cleanup_policy<C: ClientContext + 'static>(
     topic: &str,
     timeout: Duration,
 ) -> Result<String, TopicConfigError> {
+    topic_setting(admin, topic, "cleanup.policy", timeout).await
+}
+
+/// The value of the topic's setting `key`, asked again until `timeout` while the broker
+/// describes the topic without it (a topic created a moment ago).
+async fn topic_setting<C: ClientContext + 'static>(
+    admin: &AdminClient<C>,
+    topic: &str,
+    key: &str,
+    timeout: Duration,
+) -> Result<String, TopicConfigError> {
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let deadline = Instant::now() + timeout;
     loop {
@@ -218,11 +229,8 @@ pub async fn cleanup_policy<C: ClientContext + 'static>(
         {
             match result {
                 Ok(resource) => {
-                    if let Some(policy) = resource
-                        .get("cleanup.policy")
-                        .and_then(|entry| entry.value.clone())
-                    {
-                        return Ok(policy);
+                    if let Some(value) = resource.get(key).and_then(|entry| entry.value.clone()) {
+                        return Ok(value);
                     }
                 }
                 Err(code) => last_answer = format!("cannot describe: {code}"),
@@ -247,35 +255,10 @@ pub async fn max_message_bytes(
     let answer = async {
         let admin: AdminClient<ReportingContext> =
             client_config.create_with_context(ReportingContext)?;
-        let options = AdminOptions::new().operation_timeout(Some(timeout));
-        let deadline = Instant::now() + timeout;
-        loop {
-            let mut last_answer = String::from("no configs described");
-            for result in admin
-                .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
-                .await?
-            {
-                match result {
-                    Ok(resource) => {
-                        if let Some(value) = resource
-                            .get("max.message.bytes")
-                            .and_then(|entry| entry.value.clone())
-                        {
-                            return value.trim().parse::<usize>().map_err(|_| {
-                                TopicConfigError::NotDescribed(format!(
-                                    "max.message.bytes is {value:?}, not a number"
-                                ))
-                            });
-                        }
-                    }
-                    Err(code) => last_answer = format!("cannot describe: {code}"),
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(TopicConfigError::NotDescribed(last_answer));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let value = topic_setting(&admin, topic, "max.message.bytes", timeout).await?;
+        value.trim().parse::<usize>().map_err(|_| {
+            TopicConfigError::NotDescribed(format!("max.message.bytes is {value:?}, not a number"))
+        })
     };
     match answer.await {
         Ok(bytes) => Some(bytes),

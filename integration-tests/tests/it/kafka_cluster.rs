@@ -7,7 +7,6 @@
 //! status) — a static consumer can be fenced by its own abandoned JoinGroup while the group
 //! coordinator moves, and a fenced instance stops by design.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -15,9 +14,9 @@ use integration_tests::eosctl::{self, Workload};
 use integration_tests::kafka_cluster::KafkaCluster;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    TestDatabase, client_config_for, create_topic_on, unique_name, wait_until_consumed,
+    TestDatabase, create_topic_on, end_offsets_on, sink_checkpoints, unique_name,
+    wait_until_consumed,
 };
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use sqlx::PgPool;
 use tokio::task::block_in_place;
 
@@ -115,17 +114,7 @@ impl Pipeline {
         loop {
             sink.keep_running(|| self.spawn_sink(database_url))?;
             let ends = block_in_place(|| end_offsets_on(&self.bootstrap, &self.output))?;
-            let stored: BTreeMap<i32, i64> = sqlx::query_as::<_, (i32, i64)>(
-                "SELECT partition, next_offset FROM sink_checkpoints \
-                 WHERE sink = $1 AND topic = $2 AND next_offset IS NOT NULL",
-            )
-            .bind(&self.sink_group)
-            .bind(&self.output)
-            .fetch_all(pool)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+            let stored = sink_checkpoints(pool, &self.sink_group, &self.output).await;
             let behind: Vec<_> = ends
                 .iter()
                 .filter(|(partition, end)| *end > 0 && stored.get(partition) != Some(end))
@@ -174,19 +163,6 @@ impl Supervised {
         self.process = spawn()?;
         Ok(())
     }
-}
-
-/// `(partition, high watermark)` of every partition of `topic`.
-fn end_offsets_on(bootstrap: &str, topic: &str) -> anyhow::Result<Vec<(i32, i64)>> {
-    let consumer: BaseConsumer = client_config_for(bootstrap).create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let mut ends = Vec::new();
-    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-        let (_, high) =
-            consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
-        ends.push((partition.id(), high));
-    }
-    Ok(ends)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,14 +5,14 @@
 //! instances add up to 12) and `eosctl audit` is exact at every boundary, per-entity order
 //! included.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    TestDatabase, bootstrap_servers, create_topic, end_offsets, unique_name, wait_until_consumed,
+    TestDatabase, bootstrap_servers, create_topic, end_offsets, sink_checkpoints, unique_name,
+    wait_until_consumed,
 };
 use sqlx::PgPool;
 use tokio::task::block_in_place;
@@ -83,17 +83,7 @@ impl Pipeline {
         loop {
             let output = self.output.clone();
             let ends = block_in_place(|| end_offsets(&output))?;
-            let stored: BTreeMap<i32, i64> = sqlx::query_as::<_, (i32, i64)>(
-                "SELECT partition, next_offset FROM sink_checkpoints \
-                 WHERE sink = $1 AND topic = $2 AND next_offset IS NOT NULL",
-            )
-            .bind(&self.sink_group)
-            .bind(&self.output)
-            .fetch_all(pool)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+            let stored = sink_checkpoints(pool, &self.sink_group, &self.output).await;
             if ends
                 .iter()
                 .all(|(partition, end)| *end == 0 || stored.get(partition) == Some(end))
