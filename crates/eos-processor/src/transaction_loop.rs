@@ -69,8 +69,20 @@ impl LoopSettings {
     }
 
     fn create_producer(&self) -> Result<TransactionalProducer, ProcessorError> {
+        let mut config = self.client_config.clone();
+        // The broker checks a topic's max.message.bytes against a whole record batch: batches of
+        // at most the dead-letter limit, so that dead letters that each fit are never refused
+        // together (an aborted transaction, then the same batch again). With the default limits
+        // this is librdkafka's own default; a smaller -X batch.size stays.
+        let batch_bytes = config
+            .get("batch.size")
+            .and_then(|value| value.parse::<usize>().ok())
+            .map_or(self.dead_letter_max_bytes, |set| {
+                set.min(self.dead_letter_max_bytes)
+            });
+        config.set("batch.size", batch_bytes.to_string());
         TransactionalProducer::new(
-            &self.client_config,
+            &config,
             self.guarantee,
             &self.transactional_id,
             self.transaction_timeout,

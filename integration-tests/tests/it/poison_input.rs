@@ -403,6 +403,91 @@ async fn poison_a_dead_letter_topic_smaller_than_the_producer_limit_gets_fitted_
     db.drop_database().await
 }
 
+/// The processor's dead-letter topic with a `max.message.bytes` far below the producer's limit:
+/// four malformed 10 KB records, each of which fits the topic whole, are dead-lettered in one
+/// transaction without the broker refusing them together (the producer's batches are capped at
+/// the topic's limit), so no transaction is aborted, and the events around them are processed.
+#[tokio::test(flavor = "multi_thread")]
+async fn poison_the_processor_fits_dead_letters_to_a_small_dead_letter_topic_without_an_abort()
+-> anyhow::Result<()> {
+    const DLQ_MAX_BYTES: usize = 16 * 1024;
+    let input = unique_name("poison-small-processor-dlq");
+    create_topic(&input, 1).await?;
+    let dlq = format!("{input}.dlq");
+    let small =
+        NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "16384");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin()?.create_topics([&small], &options).await? {
+        if let Err((topic, code)) = result {
+            anyhow::bail!("cannot create topic {topic}: {code}");
+        }
+    }
+    let mut records = vec![Poison::event("p-before", 5)];
+    for n in 0..4 {
+        let mut malformed = Poison::envelope_of_size(&format!("p-bad-{n}"), 10 * 1024, 0);
+        malformed.value.truncate(malformed.value.len() - 1); // no closing brace: not JSON
+        records.push(malformed);
+    }
+    records.push(Poison::event("p-after", 7));
+    let produced = {
+        let input = input.clone();
+        tokio::task::spawn_blocking(move || produce_large(&input, &records))
+    };
+    produced.await??;
+
+    let (output, group) = (
+        unique_name("poison-ledger"),
+        unique_name("poison-processor"),
+    );
+    let bootstrap = bootstrap_servers();
+    let args = [
+        "--input-topic",
+        &input,
+        "--output-topic",
+        &output,
+        "--group-id",
+        &group,
+        "--instance-id",
+        "poison-small-dlq",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned);
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    tokio::task::block_in_place(|| {
+        wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))
+    })
+    .with_context(|| processor.log_tail(40))?;
+    processor.stop_gracefully()?;
+    let log = processor.log();
+    assert!(
+        log.contains(&format!("dead_letter_max_bytes={DLQ_MAX_BYTES}")),
+        "the processor reads the topic's limit\n{}",
+        processor.log_tail(20)
+    );
+    assert!(
+        !log.contains("aborting transaction"),
+        "no transaction may be aborted for dead letters that each fit\n{}",
+        processor.log_tail(40)
+    );
+
+    let letters =
+        tokio::task::spawn_blocking(move || read_topic(&dlq, Isolation::ReadCommitted)).await??;
+    assert_eq!(letters.len(), 4, "one dead letter per malformed record");
+    for letter in &letters {
+        assert_eq!(
+            header_str(letter, dead_letter::REASON_HEADER),
+            "malformed_json"
+        );
+        assert!(letter.payload().map_or(0, <[u8]>::len) < DLQ_MAX_BYTES);
+    }
+    let audit =
+        tokio::task::block_in_place(|| eosctl::audit(&input, &output, &format!("{input}.dlq")))?;
+    assert!(audit.passed(), "audit not exact:\n{}", audit.failures());
+    assert_eq!(audit.figure("logical_events"), 2, "p-before and p-after");
+    Ok(())
+}
+
 /// A provider that declines with a 10 KiB body: the sink's `Fail` reason is cut to fit
 /// dedup-service's 4 KiB limit, so the intent ends FAILED at the first answer — no UNKNOWN, no
 /// second POST — and the event is dead-lettered as provider_rejected.
