@@ -49,7 +49,6 @@ pub async fn ensure_positions_topic(
     let admin: AdminClient<ReportingContext> =
         client_config.create_with_context(ReportingContext)?;
     let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
-    replication.warn_if_under_replicated(client_config).await;
     let settings = replication.topic_settings();
     let new_topic = replication.new_topic(
         topic,
@@ -61,7 +60,11 @@ pub async fn ensure_positions_topic(
     );
     for result in admin.create_topics([&new_topic], &options).await? {
         match result {
-            Ok(topic) => tracing::info!(topic, "created topic"),
+            Ok(topic) => {
+                tracing::info!(topic, "created topic");
+                // Only a topic this relay created: one that exists was replicated by someone else.
+                replication.warn_if_under_replicated(client_config).await;
+            }
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((topic, code)) => {
                 return Err(topic_error(&topic, format!("cannot create: {code}")));
