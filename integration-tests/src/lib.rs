@@ -355,18 +355,9 @@ impl TestDatabase {
 
     pub async fn drop_database(self) -> anyhow::Result<()> {
         self.pool.close().await;
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&database_url())
-            .await?;
-        sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-            self.name
-        ))
-        .execute(&admin)
-        .await?;
-        admin.close().await;
-        Ok(())
+        eos_runtime::scratch_database::drop_database(&database_url(), &self.name)
+            .await
+            .with_context(|| format!("cannot drop database {}", self.name))
     }
 }
 

@@ -17,6 +17,8 @@ pub mod ops_http;
 pub mod rebalance;
 #[cfg(feature = "postgres")]
 pub mod schema_migrations;
+#[cfg(feature = "postgres")]
+pub mod scratch_database;
 pub mod secrets;
 pub mod service_flags;
 pub mod service_main;

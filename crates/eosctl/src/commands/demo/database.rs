@@ -19,16 +19,9 @@ pub(super) async fn create_database(server_url: &str, database: &str) -> anyhow:
 }
 
 pub(super) async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
-    use sqlx::Connection as _;
-    let mut conn = sqlx::PgConnection::connect(server_url).await?;
-    sqlx::query(&format!(
-        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
-    ))
-    .execute(&mut conn)
-    .await
-    .with_context(|| format!("dropping database {database}"))?;
-    conn.close().await.ok();
-    Ok(())
+    eos_runtime::scratch_database::drop_database(server_url, database)
+        .await
+        .with_context(|| format!("dropping database {database}"))
 }
 
 /// (went UNKNOWN, settled out of UNKNOWN) for this run's operations, from dedup-service's history.
