@@ -111,11 +111,31 @@ impl KafkaCluster {
         Ok(())
     }
 
-    /// Starts a stopped or killed node again on its data and waits until it is a broker of the
-    /// cluster again.
+    /// Starts a stopped or killed node again on its data and waits until that node itself
+    /// answers as a broker of the cluster. (The cluster's metadata keeps listing a SIGKILLed
+    /// broker until its session times out, so asking any node would pass too early.)
     pub fn restart(&mut self, id: i32) -> anyhow::Result<()> {
         self.spawn(id)?;
-        self.wait_for_brokers(NODES)
+        let port = self.node(id)?.port;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.ensure_running(id)?;
+            // A fresh client each time: its first request can only go to the one address it
+            // knows, so an answer comes from this node.
+            let client: BaseConsumer = client_config_for(&format!("127.0.0.1:{port}")).create()?;
+            let answered = client
+                .fetch_metadata(None, METADATA_TIMEOUT)
+                .is_ok_and(|metadata| metadata.brokers().len() >= NODES);
+            if answered {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "node {id} does not answer on 127.0.0.1:{port} after {START_TIMEOUT:?}\n{}",
+                self.server_log_tail(id, 30)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// The broker that leads `partition` of `topic` now.
@@ -132,30 +152,37 @@ impl KafkaCluster {
             .with_context(|| format!("{topic}/{partition} has no leader"))
     }
 
-    /// Waits until every partition of `topics` has all three replicas in sync again: only then
-    /// may the next node go down without a partition dropping below `min.insync.replicas`.
-    pub fn wait_fully_replicated(&self, topics: &[&str], timeout: Duration) -> anyhow::Result<()> {
+    /// Waits until every partition of every topic — the internal ones (transaction state,
+    /// consumer offsets) and the services' changelogs and dead letters included — has all three
+    /// replicas in sync again: only then may the next node go down without a partition dropping
+    /// below `min.insync.replicas`. Meaningful after [`Self::restart`]: a restarted broker
+    /// re-registers, which takes it out of every ISR until it has caught up.
+    pub fn wait_fully_replicated(&self, timeout: Duration) -> anyhow::Result<()> {
         let client = self.metadata_client()?;
         let deadline = Instant::now() + timeout;
         loop {
-            let mut lagging = Vec::new();
-            for topic in topics {
-                match client.fetch_metadata(Some(topic), METADATA_TIMEOUT) {
-                    Ok(metadata) => {
-                        for t in metadata.topics() {
-                            if t.partitions().is_empty() {
-                                lagging.push(format!("{topic}: no partitions"));
-                            }
-                            for p in t.partitions() {
-                                if p.isr().len() < NODES {
-                                    lagging.push(format!("{topic}/{} isr {:?}", p.id(), p.isr()));
-                                }
-                            }
-                        }
-                    }
-                    Err(error) => lagging.push(format!("{topic}: {error}")),
-                }
-            }
+            let lagging = match client.fetch_metadata(None, METADATA_TIMEOUT) {
+                Ok(metadata) => metadata
+                    .topics()
+                    .iter()
+                    .flat_map(|topic| {
+                        topic
+                            .partitions()
+                            .iter()
+                            .filter(|p| p.isr().len() < NODES || p.leader() < 0)
+                            .map(|p| {
+                                format!(
+                                    "{}/{} leader {} isr {:?}",
+                                    topic.name(),
+                                    p.id(),
+                                    p.leader(),
+                                    p.isr()
+                                )
+                            })
+                    })
+                    .collect::<Vec<_>>(),
+                Err(error) => vec![format!("metadata: {error}")],
+            };
             if lagging.is_empty() {
                 return Ok(());
             }
@@ -219,17 +246,8 @@ impl KafkaCluster {
         let client = self.metadata_client()?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            for index in 0..self.nodes.len() {
-                let id = self.nodes[index].id;
-                if let Some(process) = self.nodes[index].process.as_mut()
-                    && !process.is_running()
-                {
-                    bail!(
-                        "kafka-cluster-node {id} exited during start-up\n{}\n{}",
-                        process.log_tail(20),
-                        self.server_log_tail(id, 30)
-                    );
-                }
+            for id in self.node_ids() {
+                self.ensure_running(id)?;
             }
             let brokers = client
                 .fetch_metadata(None, METADATA_TIMEOUT)
@@ -246,6 +264,21 @@ impl KafkaCluster {
             }
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+
+    /// Fails, with its logs, when node `id` was started and has exited.
+    fn ensure_running(&mut self, id: i32) -> anyhow::Result<()> {
+        let node = self.node_mut(id)?;
+        if let Some(process) = node.process.as_mut()
+            && !process.is_running()
+        {
+            let output = process.log_tail(20);
+            bail!(
+                "kafka-cluster-node {id} exited during start-up\n{output}\n{}",
+                self.server_log_tail(id, 30)
+            );
+        }
+        Ok(())
     }
 
     fn metadata_client(&self) -> anyhow::Result<BaseConsumer> {
@@ -269,11 +302,14 @@ impl KafkaCluster {
 
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
-        // Throw-away nodes: no clean shutdown needed, their data goes with the directory.
+        // Throw-away nodes: no clean shutdown needed, their data goes with the directory; their
+        // broker logs are kept next to the services' logs, for a failure found later.
         for node in &mut self.nodes {
             if let Some(mut process) = node.process.take() {
                 let _ = process.kill_hard();
             }
+            let kept = log_dir().join(format!("cluster-{}-node-{}-server.log", self.name, node.id));
+            let _ = std::fs::copy(node.dir.join("logs/server.log"), kept);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

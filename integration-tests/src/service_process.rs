@@ -69,3 +69,70 @@ impl DerefMut for ServiceProcess {
         &mut self.0
     }
 }
+
+/// A service the test restarts whenever it stops, as an orchestrator would, keeping why it
+/// stopped. Each stop must be a reported one: a non-zero status and an ERROR naming the reason
+/// (`… stopped error=…`) at the end of its log — a service that dies silently fails the test.
+pub struct Supervised {
+    pub process: ServiceProcess,
+    /// The reason line of every stop so far.
+    pub exits: Vec<String>,
+    /// Processes started after the first (for its own stops and for kills alike).
+    pub restarts: usize,
+    spawn: Box<dyn Fn() -> anyhow::Result<ServiceProcess> + Send>,
+}
+
+impl std::fmt::Debug for Supervised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervised")
+            .field("process", &self.process)
+            .field("exits", &self.exits)
+            .field("restarts", &self.restarts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Supervised {
+    pub fn start(
+        spawn: impl Fn() -> anyhow::Result<ServiceProcess> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            process: spawn()?,
+            exits: Vec::new(),
+            restarts: 0,
+            spawn: Box::new(spawn),
+        })
+    }
+
+    /// Starts the service again if it has stopped, after checking that it said why.
+    pub fn keep_running(&mut self) -> anyhow::Result<()> {
+        if self.process.is_running() {
+            return Ok(());
+        }
+        let status = self
+            .process
+            .wait_timeout(std::time::Duration::from_secs(5))?;
+        let reason = self
+            .process
+            .log_tail(5)
+            .lines()
+            .find(|line| line.contains(" stopped error="))
+            .map(str::to_owned);
+        anyhow::ensure!(
+            status.is_some_and(|status| !status.success()) && reason.is_some(),
+            "{} stopped without saying why (status {status:?})\n{}",
+            self.process.name(),
+            self.process.log_tail(40)
+        );
+        self.exits.extend(reason);
+        self.restart()
+    }
+
+    /// Starts a new instance in place of the current one (which must have exited or been
+    /// killed).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.process = (self.spawn)()?;
+        self.restarts += 1;
+        Ok(())
+    }
+}

@@ -22,6 +22,7 @@ mod secrets;
 mod sink_provider;
 mod sink_rules;
 mod sink_writer;
+mod soak;
 mod total_overflow;
 mod trace_cli;
 mod traces;
