@@ -137,9 +137,12 @@ fn produce_state(
         loop {
             match producer.send(record) {
                 Ok(()) => return Ok(()),
-                Err((rdkafka::error::KafkaError::MessageProduction(code), back))
-                    if code == rdkafka::types::RDKafkaErrorCode::QueueFull =>
-                {
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    back,
+                )) => {
                     record = back;
                     std::thread::sleep(Duration::from_millis(5));
                 }

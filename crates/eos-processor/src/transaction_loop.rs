@@ -486,29 +486,29 @@ impl<T: Transform> TransactionLoop<T> {
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let batch = &mut self.batch;
         batch.started.get_or_insert_with(Instant::now);
-        if !batch.overlays.contains_key(&partition) {
-            let mut overlay = Overlay::default();
-            let last = self
-                .last_sweep
-                .entry(partition)
-                .or_insert_with(Instant::now);
-            if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
-                *last = Instant::now();
-                let expired = state.expire(&mut overlay, now)?;
-                if expired > 0 {
-                    info!(partition, expired, "dedup ids past the horizon tombstoned");
-                }
-                if expired >= EXPIRY_SWEEP_MAX {
-                    // More are due: sweep again in the next batch.
-                    if let Some(earlier) = last.checked_sub(EXPIRY_SWEEP_INTERVAL) {
-                        *last = earlier;
+        let overlay = match batch.overlays.entry(partition) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let mut overlay = Overlay::default();
+                let last = self
+                    .last_sweep
+                    .entry(partition)
+                    .or_insert_with(Instant::now);
+                if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
+                    *last = Instant::now();
+                    let expired = state.expire(&mut overlay, now)?;
+                    if expired > 0 {
+                        info!(partition, expired, "dedup ids past the horizon tombstoned");
+                    }
+                    if expired >= EXPIRY_SWEEP_MAX {
+                        // More are due: sweep again in the next batch.
+                        if let Some(earlier) = last.checked_sub(EXPIRY_SWEEP_INTERVAL) {
+                            *last = earlier;
+                        }
                     }
                 }
+                entry.insert(overlay)
             }
-            batch.overlays.insert(partition, overlay);
-        }
-        let Some(overlay) = batch.overlays.get_mut(&partition) else {
-            return Ok(());
         };
         let source = SourcePosition {
             topic: message.topic().to_owned(),
