@@ -211,7 +211,28 @@ impl<T: Transform> TransactionLoop<T> {
         transform: T,
         readiness: Readiness,
     ) -> Result<Self, ProcessorError> {
-        let store = StateStore::open(&settings.state_dir)?;
+        let store = match StateStore::open(&settings.state_dir) {
+            Ok(store) => store,
+            // A paused or hung predecessor with the same identity still holds the store (it is
+            // fenced as soon as this instance starts): a store of this process's own, restored
+            // cold from the changelog, instead of refusing to take over.
+            Err(crate::state_store::StoreError::Open { path, detail })
+                if detail.contains("another process") =>
+            {
+                let own = PathBuf::from(format!(
+                    "{}.pid{}",
+                    settings.state_dir.display(),
+                    std::process::id()
+                ));
+                warn!(
+                    held = %path.display(),
+                    store = %own.display(),
+                    "the state store is held by another process; using a store of this process"
+                );
+                StateStore::open(&own)?
+            }
+            Err(error) => return Err(error.into()),
+        };
         let keep = if settings.changelog_created {
             None
         } else {
