@@ -3,7 +3,10 @@
 //! consumed offsets, and read back with `read_committed` before a partition is processed.
 //!
 //! Keys are `entity/<entity_id>` (value: the transform's entity state as JSON) and
-//! `seen/<event_id>` (value: fingerprint and expiry); a tombstone deletes an expired id.
+//! `seen/<event_id>` (value: fingerprint and expiry); a tombstone deletes an expired id. Every
+//! record is an upsert or a delete by key, so replaying any part of the changelog over a store
+//! that already holds it changes nothing: a restore may start at any offset at or before the
+//! first one the local store does not cover.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +20,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::ProcessorError;
-use crate::partition_state::{Overlay, PartitionState, SeenEvent};
+use crate::partition_state::{Overlay, SeenEvent};
+use crate::state_store::{Checkpoint, PartitionStore, StateChanges, now_unix_ms};
+
+/// Changelog records written to the store per store transaction during a restore.
+const RESTORE_CHUNK: usize = 20_000;
 
 const ENTITY_PREFIX: &str = "entity/";
 const SEEN_PREFIX: &str = "seen/";
@@ -47,19 +54,23 @@ pub fn records_for<S: Serialize>(overlay: &Overlay<S>) -> Vec<ChangelogRecord> {
     entities.chain(seen).chain(expired).collect()
 }
 
-/// Applies one changelog record to `state` during a restore.
-pub fn restore_record<S: DeserializeOwned + Clone + Default>(
-    state: &mut PartitionState<S>,
+/// Decodes one changelog record into `changes` during a restore.
+pub fn decode_record<S: DeserializeOwned>(
+    changes: &mut StateChanges,
     key: &[u8],
     value: Option<&[u8]>,
 ) -> Result<(), String> {
     let key = std::str::from_utf8(key).map_err(|_| "changelog key is not UTF-8".to_owned())?;
     if let Some(entity_id) = key.strip_prefix(ENTITY_PREFIX) {
-        let entity_state = value
-            .map(serde_json::from_slice)
-            .transpose()
-            .map_err(|e| format!("entity state for {entity_id:?} does not decode: {e}"))?;
-        state.restore_entity(entity_id.to_owned(), entity_state);
+        // Checked to decode now, so a corrupt changelog stops the restore instead of the first
+        // event of that entity; stored as the JSON it is.
+        if let Some(json) = value {
+            serde_json::from_slice::<S>(json)
+                .map_err(|e| format!("entity state for {entity_id:?} does not decode: {e}"))?;
+        }
+        changes
+            .entities
+            .push((entity_id.to_owned(), value.map(<[u8]>::to_vec)));
         return Ok(());
     }
     if let Some(event_id) = key.strip_prefix(SEEN_PREFIX) {
@@ -67,23 +78,95 @@ pub fn restore_record<S: DeserializeOwned + Clone + Default>(
             .map(serde_json::from_slice)
             .transpose()
             .map_err(|e| format!("seen id {event_id:?} does not decode: {e}"))?;
-        state.restore_seen(event_id.to_owned(), seen);
+        changes.seen.push((event_id.to_owned(), seen));
         return Ok(());
     }
     Err(format!("unknown changelog key {key:?}"))
 }
 
-/// Reads one changelog partition from the beginning to its end with `read_committed` and
-/// rebuilds the partition's state. Gives up only when the position has not moved for `timeout`
+/// How a partition's state was restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreMode {
+    /// From the local checkpoint to the changelog's end.
+    Warm,
+    /// From the changelog's start into an emptied store.
+    Cold,
+}
+
+impl RestoreMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warm => "warm",
+            Self::Cold => "cold",
+        }
+    }
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreOutcome {
+    pub mode: RestoreMode,
+    /// Why a cold restore (empty for a warm one).
+    pub reason: &'static str,
+    /// Changelog records read and applied.
+    pub records: u64,
+    /// The offset the read started at, and the one the store now covers up to (its checkpoint).
+    pub from_offset: i64,
+    pub next_offset: i64,
+}
+
+/// Where a restore starts: at the local checkpoint when it still describes this changelog,
+/// else at the changelog's start (after emptying the store).
+pub fn restore_start(
+    checkpoint: Option<Checkpoint>,
+    low: i64,
+    high: i64,
+    delete_retention: Duration,
+    now_ms: i64,
+) -> (RestoreMode, &'static str, i64) {
+    let Some(checkpoint) = checkpoint else {
+        return (RestoreMode::Cold, "no local checkpoint", low);
+    };
+    if checkpoint.next_offset > high {
+        return (
+            RestoreMode::Cold,
+            "the local checkpoint is beyond the changelog's end (topic recreated)",
+            low,
+        );
+    }
+    if checkpoint.next_offset < low {
+        return (
+            RestoreMode::Cold,
+            "the local checkpoint is below the changelog's log start offset",
+            low,
+        );
+    }
+    let age_ms = now_ms.saturating_sub(checkpoint.written_at_ms);
+    if age_ms > i64::try_from(delete_retention.as_millis()).unwrap_or(i64::MAX) {
+        return (
+            RestoreMode::Cold,
+            "the local checkpoint is older than the changelog's delete.retention.ms (tombstones \
+             after it may be gone)",
+            low,
+        );
+    }
+    (RestoreMode::Warm, "", checkpoint.next_offset)
+}
+
+/// Brings the local store of one changelog partition up to the changelog's end with
+/// `read_committed`: from the local checkpoint (warm), or from the start into an emptied store
+/// (cold, see [`restore_start`]). Gives up only when the position has not moved for `timeout`
 /// (an open transaction of a crashed owner that never resolves, or a partition that stays
 /// unreachable): a large changelog takes as long as it takes, and a broker that is restarting
 /// (its partitions moving to another replica) is waited for, as the processing loop waits.
-pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
+pub fn restore_partition<S: DeserializeOwned>(
     client_config: &ClientConfig,
     topic: &str,
     partition: i32,
     timeout: Duration,
-) -> Result<(PartitionState<S>, u64), ProcessorError> {
+    store: &PartitionStore,
+    delete_retention: Duration,
+) -> Result<RestoreOutcome, ProcessorError> {
     let restore_error = |detail: String| ProcessorError::Restore {
         topic: topic.to_owned(),
         partition,
@@ -109,19 +192,37 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
         })
         .call()
         .map_err(|e| restore_error(format!("cannot read watermarks: {e}")))?;
-    let mut state = PartitionState::default();
-    let mut records = 0u64;
-    if high <= low {
-        return Ok((state, records));
+    let (mode, reason, start) = restore_start(
+        store.checkpoint()?,
+        low,
+        high,
+        delete_retention,
+        now_unix_ms(),
+    );
+    if mode == RestoreMode::Cold {
+        store.clear()?;
+    }
+    let mut outcome = RestoreOutcome {
+        mode,
+        reason,
+        records: 0,
+        from_offset: start,
+        next_offset: start,
+    };
+    let mut changes = StateChanges::default();
+    if high <= start {
+        outcome.next_offset = high.max(start);
+        store.write(&changes, Some(outcome.next_offset))?;
+        return Ok(outcome);
     }
     let mut assignment = TopicPartitionList::new();
     assignment
-        .add_partition_offset(topic, partition, Offset::Offset(low))
+        .add_partition_offset(topic, partition, Offset::Offset(start))
         .map_err(|e| restore_error(e.to_string()))?;
     consumer
         .assign(&assignment)
         .map_err(|e| restore_error(e.to_string()))?;
-    let mut last_progress = (low, Instant::now());
+    let mut last_progress = (start, Instant::now());
     let mut last_error: Option<KafkaError> = None;
     loop {
         if let Some(message) = consumer.poll(Duration::from_millis(100)) {
@@ -138,13 +239,16 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
                     continue;
                 }
             };
-            restore_record(
-                &mut state,
+            decode_record::<S>(
+                &mut changes,
                 message.key().unwrap_or_default(),
                 message.payload(),
             )
             .map_err(|detail| restore_error(format!("offset {}: {detail}", message.offset())))?;
-            records += 1;
+            outcome.records += 1;
+            if changes.len() >= RESTORE_CHUNK {
+                store.write(&std::mem::take(&mut changes), None)?;
+            }
         }
         // Aborted records and transaction markers advance the position without being returned.
         let position = consumer
@@ -154,9 +258,12 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
                 list.find_partition(topic, partition)
                     .and_then(|elem| elem.offset().to_raw())
             })
-            .unwrap_or(low);
+            .unwrap_or(start);
         if position >= high {
-            return Ok((state, records));
+            // The last records and the checkpoint that covers them, in one store transaction.
+            outcome.next_offset = position;
+            store.write(&changes, Some(position))?;
+            return Ok(outcome);
         }
         if position > last_progress.0 {
             last_progress = (position, Instant::now());
@@ -177,11 +284,13 @@ pub fn restore_partition<S: DeserializeOwned + Clone + Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partition_state::PartitionState;
+    use crate::state_store::StateStore;
     use crate::transform::LedgerTotals;
     use eos_core::Fingerprint;
 
     #[test]
-    fn records_round_trip_through_a_restore() {
+    fn records_round_trip_through_a_restore_and_replay_is_idempotent() {
         let mut overlay = Overlay::<LedgerTotals>::default();
         overlay.entities.insert(
             "17".into(),
@@ -201,32 +310,102 @@ mod tests {
         let records = records_for(&overlay);
         assert_eq!(records.len(), 3);
 
-        let mut state = PartitionState::<LedgerTotals>::default();
-        state.restore_seen(
-            "e-001".into(),
-            Some(SeenEvent {
-                fingerprint: Fingerprint::of_json(&serde_json::Value::Null),
-                expires_at: 1,
-            }),
-        );
-        for record in &records {
-            restore_record(&mut state, record.key.as_bytes(), record.value.as_deref())
+        let store = StateStore::in_memory().expect("store");
+        let state = PartitionState::<LedgerTotals>::new(store.partition("c", 0).expect("tables"));
+        state
+            .store()
+            .write(
+                &StateChanges {
+                    entities: vec![],
+                    seen: vec![(
+                        "e-001".into(),
+                        Some(SeenEvent {
+                            fingerprint: Fingerprint::of_json(&serde_json::Value::Null),
+                            expires_at: 1,
+                        }),
+                    )],
+                },
+                None,
+            )
+            .expect("writes");
+        // Applied twice, as a warm restore from a checkpoint below the end would: same result.
+        for _ in 0..2 {
+            let mut changes = StateChanges::default();
+            for record in &records {
+                decode_record::<LedgerTotals>(
+                    &mut changes,
+                    record.key.as_bytes(),
+                    record.value.as_deref(),
+                )
                 .expect("own records decode");
+            }
+            state.store().write(&changes, None).expect("writes");
+            let totals: LedgerTotals = serde_json::from_slice(
+                &state.store().entity("17").expect("reads").expect("present"),
+            )
+            .expect("JSON");
+            assert_eq!(
+                totals,
+                LedgerTotals {
+                    total: 19500,
+                    count: 2
+                }
+            );
+            assert_eq!(
+                state.store().counts().expect("counts"),
+                (1, 1),
+                "e-102 kept, e-001 tombstoned"
+            );
+            assert_eq!(
+                state.store().expired_ids(i64::MAX, 10).expect("reads"),
+                ["e-102"],
+                "one expiry entry per live id"
+            );
         }
-        assert_eq!(
-            state.entity("17"),
-            Some(&LedgerTotals {
-                total: 19500,
-                count: 2
-            })
-        );
-        assert_eq!(state.seen_count(), 1, "e-102 kept, e-001 tombstoned");
     }
 
     #[test]
     fn a_corrupt_changelog_is_an_error_not_a_silent_reset() {
-        let mut state = PartitionState::<LedgerTotals>::default();
-        assert!(restore_record(&mut state, b"entity/17", Some(b"not json")).is_err());
-        assert!(restore_record(&mut state, b"mystery/17", Some(b"{}")).is_err());
+        let mut changes = StateChanges::default();
+        assert!(
+            decode_record::<LedgerTotals>(&mut changes, b"entity/17", Some(b"not json")).is_err()
+        );
+        assert!(decode_record::<LedgerTotals>(&mut changes, b"mystery/17", Some(b"{}")).is_err());
+    }
+
+    #[test]
+    fn a_restore_is_warm_only_from_a_checkpoint_that_still_describes_the_changelog() {
+        let day = Duration::from_secs(86_400);
+        let now = 1_800_000_000_000;
+        let at = |next_offset, age_ms| {
+            Some(Checkpoint {
+                next_offset,
+                written_at_ms: now - age_ms,
+            })
+        };
+        assert_eq!(
+            restore_start(at(500, 1000), 0, 900, day, now),
+            (RestoreMode::Warm, "", 500)
+        );
+        assert_eq!(
+            restore_start(at(900, 1000), 0, 900, day, now).0,
+            RestoreMode::Warm,
+            "at the end: nothing to read"
+        );
+        for (checkpoint, low, high, why) in [
+            (None, 10, 900, "no local checkpoint"),
+            (at(950, 1000), 0, 900, "beyond the changelog's end"),
+            (at(5, 1000), 10, 900, "below the changelog's log start"),
+            (
+                at(500, 86_400_001),
+                0,
+                900,
+                "older than the changelog's delete.retention.ms",
+            ),
+        ] {
+            let (mode, reason, start) = restore_start(checkpoint, low, high, day, now);
+            assert_eq!((mode, start), (RestoreMode::Cold, low), "{why}");
+            assert!(reason.contains(why), "{reason} / {why}");
+        }
     }
 }

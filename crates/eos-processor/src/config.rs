@@ -1,6 +1,7 @@
 //! Command-line and environment configuration.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -85,6 +86,12 @@ pub struct Config {
     #[arg(long, env = "EOS_MAX_RECORD_BYTES", default_value_t = DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
 
+    /// Where the state store lives: a directory `<group-id>.<instance-id>` under this one holds
+    /// this instance's store (state larger than memory, restored at a restart from its local
+    /// checkpoint) [default: <system temp dir>/eos-processor-state].
+    #[arg(long, env = "EOS_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
     /// Address for /metrics, /healthz, /readyz and /boundary.
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
@@ -113,6 +120,16 @@ impl Config {
         self.changelog_topic
             .clone()
             .unwrap_or_else(|| format!("{}-{}-changelog", self.group_id, self.input_topic))
+    }
+
+    /// This instance's state store directory: named by group and instance id, so two processes
+    /// never share one.
+    pub fn instance_state_dir(&self) -> PathBuf {
+        let base = self
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("eos-processor-state"));
+        crate::state_store::instance_dir(&base, &self.group_id, &self.instance.instance_id())
     }
 
     pub fn transactional_id(&self) -> String {
@@ -183,6 +200,14 @@ mod tests {
         assert_eq!(config.commit_interval, Duration::from_millis(100));
         assert_eq!(config.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
         assert_eq!(config.guarantee, Guarantee::ExactlyOnce);
+        assert_eq!(
+            config.instance_state_dir(),
+            std::env::temp_dir().join("eos-processor-state/eos-processor.pod-0")
+        );
+        assert_eq!(
+            parse(&["--instance-id", "a/b", "--state-dir", "/var/lib/eos"]).instance_state_dir(),
+            std::path::Path::new("/var/lib/eos/eos-processor.a_b")
+        );
         assert!(config.validate().is_ok());
     }
 

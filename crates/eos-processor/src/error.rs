@@ -17,6 +17,10 @@ pub enum ProcessorError {
         partition: i32,
         detail: String,
     },
+    /// The local state store failed: never process without it. A restart restores it from the
+    /// changelog (delete the state directory if it is corrupt).
+    #[error("{0}")]
+    Store(#[from] crate::state_store::StoreError),
     /// Fenced by a newer instance, or a fatal producer/consumer error: stop producing and exit
     /// non-zero so the orchestrator restarts us (and the restart fences whatever is left).
     #[error("fatal Kafka error, stopping: {0}")]

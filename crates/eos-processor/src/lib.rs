@@ -13,6 +13,8 @@ pub mod consumed_positions;
 pub mod error;
 pub mod metrics;
 pub mod partition_state;
+pub mod state_bench;
+pub mod state_store;
 pub mod topics;
 pub mod transaction_loop;
 pub mod transform;
@@ -87,10 +89,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         changelog: config.changelog_topic(),
         partitions: config.partitions,
     };
-    let input_partitions = topics::ensure_topics(&client_config, &plan, &config.topics)
+    let topics = topics::ensure_topics(&client_config, &plan, &config.topics)
         .await
         .context("checking topics")?;
-    tracing::info!(input_partitions, "topics ready");
+    tracing::info!(
+        input_partitions = topics.input_partitions,
+        changelog_delete_retention = ?topics.changelog_delete_retention,
+        "topics ready"
+    );
     let dead_letter_max_bytes = eos_core::dead_letter::message_limit(
         client_config.get("message.max.bytes"),
         eos_runtime::topic_config::max_message_bytes(
@@ -124,6 +130,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         fault_abort_every: config.fault_abort_every,
         dead_letter_max_bytes,
         client_config,
+        state_dir: config.instance_state_dir(),
+        changelog_delete_retention: topics.changelog_delete_retention,
+        changelog_created: topics.changelog_created,
     };
     let loop_shutdown = shutdown.clone();
     let result = tokio::task::spawn_blocking(move || {

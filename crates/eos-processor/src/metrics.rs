@@ -1,5 +1,5 @@
 //! Metric names (Prometheus, via the `metrics` facade). Labels: `reason` on dead letters,
-//! `outcome` on transactions.
+//! `outcome` on transactions, `mode` on restores.
 
 pub const RECORDS_IN: &str = "eos_processor_records_in_total";
 pub const RECORDS_OUT: &str = "eos_processor_records_out_total";
@@ -8,6 +8,7 @@ pub const DEAD_LETTERS: &str = "eos_processor_dead_letters_total";
 pub const TRANSACTIONS: &str = "eos_processor_transactions_total";
 pub const TRANSACTION_SECONDS: &str = "eos_processor_transaction_duration_seconds";
 pub const RESTORE_SECONDS: &str = "eos_processor_state_restore_seconds";
+pub const RESTORED_RECORDS: &str = "eos_processor_state_restored_records_total";
 pub const ASSIGNED_PARTITIONS: &str = "eos_processor_assigned_partitions";
 
 pub fn describe() {
@@ -31,7 +32,12 @@ pub fn describe() {
     );
     metrics::describe_histogram!(
         RESTORE_SECONDS,
-        "time to rebuild one partition's state from the changelog"
+        "time to bring one partition's state up to the changelog's end, by mode (warm: from the \
+         local checkpoint; cold: from the changelog's start)"
+    );
+    metrics::describe_counter!(
+        RESTORED_RECORDS,
+        "changelog records read by restores, by mode (warm, cold)"
     );
     metrics::describe_gauge!(ASSIGNED_PARTITIONS, "input partitions currently owned");
 }

@@ -1,18 +1,35 @@
 //! The state of one input partition — per-entity transform state and the event ids seen within
-//! the dedup horizon — and the pure decision for each record. No I/O here.
+//! the dedup horizon — and the decision for each record. The committed state is on disk
+//! ([`crate::state_store`]); the decision only reads it.
 //!
 //! A batch never mutates the committed state directly: its changes go to an [`Overlay`], which is
-//! merged only after the Kafka transaction that carries the same changes to the changelog has
-//! committed, and simply dropped on abort. So in-memory state always equals the changelog.
+//! written to the store only after the Kafka transaction that carries the same changes to the
+//! changelog has committed, and simply dropped on abort. So the store never holds uncommitted
+//! state: it always equals a prefix of the changelog.
+//!
+//! Event time and the dedup horizon (docs/ARCHITECTURE.md, "Event time and the dedup horizon"):
+//! an event's time is its `occurred_at`, else the Kafka record's timestamp. An event older than
+//! the horizon fails closed (dead letter `beyond_dedup_horizon`); a new event's id is remembered
+//! until its event time plus the horizon. So a re-delivery of the same record after its id
+//! expired carries the same record timestamp, which is by then past the horizon too: it is
+//! dead-lettered, never counted again. The same event re-sent as a new record without
+//! `occurred_at` gets a new record timestamp: after the id expired it is a new event.
 
 use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use eos_core::{DeadLetterReason, EventEnvelope, Fingerprint};
 
+use crate::state_store::{PartitionStore, StateChanges, StoreError};
 use crate::transform::{SourcePosition, Transform};
+
+/// The most ids one sweep tombstones in a partition; the rest wait for the next batch, so a
+/// burst of expiries never makes one huge transaction.
+pub const EXPIRY_SWEEP_MAX: usize = 10_000;
 
 /// An event id remembered for dedup, until `expires_at` (unix seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,20 +40,11 @@ pub struct SeenEvent {
     pub expires_at: i64,
 }
 
-/// Committed state of one partition.
-#[derive(Debug, Clone)]
+/// Committed state of one partition, on disk.
+#[derive(Debug)]
 pub struct PartitionState<S> {
-    entities: HashMap<String, S>,
-    seen: HashMap<String, SeenEvent>,
-}
-
-impl<S> Default for PartitionState<S> {
-    fn default() -> Self {
-        Self {
-            entities: HashMap::new(),
-            seen: HashMap::new(),
-        }
-    }
+    store: PartitionStore,
+    entity_state: PhantomData<fn() -> S>,
 }
 
 /// Uncommitted changes of the open batch for one partition.
@@ -60,6 +68,12 @@ impl<S> Default for Overlay<S> {
 impl<S> Overlay<S> {
     pub fn is_empty(&self) -> bool {
         self.entities.is_empty() && self.seen.is_empty() && self.expired.is_empty()
+    }
+
+    /// How many changelog records carry this overlay (one per key; `seen` and `expired` never
+    /// share an id).
+    pub fn changelog_record_count(&self) -> usize {
+        self.entities.len() + self.seen.len() + self.expired.len()
     }
 }
 
@@ -98,23 +112,38 @@ pub struct InputRecord<'a> {
     pub timestamp_secs: i64,
 }
 
-impl<S: Clone + Default> PartitionState<S> {
-    pub fn entity_count(&self) -> usize {
-        self.entities.len()
+impl<S: Clone + Default + Serialize + DeserializeOwned> PartitionState<S> {
+    pub fn new(store: PartitionStore) -> Self {
+        Self {
+            store,
+            entity_state: PhantomData,
+        }
     }
 
-    pub fn seen_count(&self) -> usize {
-        self.seen.len()
+    pub fn store(&self) -> &PartitionStore {
+        &self.store
     }
 
-    fn seen<'a>(&'a self, overlay: &'a Overlay<S>, event_id: &str) -> Option<&'a SeenEvent> {
+    fn seen(&self, overlay: &Overlay<S>, event_id: &str) -> Result<Option<SeenEvent>, StoreError> {
         if let Some(seen) = overlay.seen.get(event_id) {
-            return Some(seen);
+            return Ok(Some(*seen));
         }
         if overlay.expired.contains(event_id) {
-            return None;
+            return Ok(None);
         }
-        self.seen.get(event_id)
+        self.store.seen(event_id)
+    }
+
+    fn entity(&self, overlay: &Overlay<S>, entity_id: &str) -> Result<S, StoreError> {
+        if let Some(state) = overlay.entities.get(entity_id) {
+            return Ok(state.clone());
+        }
+        match self.store.entity(entity_id)? {
+            Some(json) => serde_json::from_slice(&json).map_err(|e| {
+                StoreError::Corrupt(format!("entity {entity_id:?} does not decode: {e}"))
+            }),
+            None => Ok(S::default()),
+        }
     }
 
     /// Decides what `record` becomes, recording a new event's effects in `overlay`.
@@ -126,7 +155,7 @@ impl<S: Clone + Default> PartitionState<S> {
         source: &SourcePosition,
         now_secs: i64,
         policy: DedupPolicy,
-    ) -> Decision {
+    ) -> Result<Decision, StoreError> {
         let envelope = match record.value {
             None => Err(eos_core::EnvelopeError::Empty),
             Some(bytes) => EventEnvelope::parse_with_limit(bytes, policy.max_record_bytes),
@@ -134,11 +163,11 @@ impl<S: Clone + Default> PartitionState<S> {
         let envelope = match envelope {
             Ok(envelope) => envelope,
             Err(error) => {
-                return Decision::DeadLetter {
+                return Ok(Decision::DeadLetter {
                     reason: error.reason(),
                     detail: error.to_string(),
                     event_id: None,
-                };
+                });
             }
         };
         let event_id = envelope.event_id.to_string();
@@ -148,49 +177,47 @@ impl<S: Clone + Default> PartitionState<S> {
             .unwrap_or(record.timestamp_secs);
         // Fail closed: past the horizon a duplicate could no longer be recognised.
         if event_time < now_secs.saturating_sub(policy.horizon_secs) {
-            return Decision::DeadLetter {
+            return Ok(Decision::DeadLetter {
                 reason: DeadLetterReason::BeyondDedupHorizon,
                 detail: format!(
                     "event time {event_time} is older than the dedup horizon of {} s",
                     policy.horizon_secs
                 ),
                 event_id: Some(event_id),
-            };
+            });
         }
         let fingerprint = envelope.fingerprint();
-        if let Some(seen) = self.seen(overlay, &event_id) {
+        if let Some(seen) = self.seen(overlay, &event_id)? {
             if seen.fingerprint == fingerprint {
-                return Decision::Duplicate { event_id };
+                return Ok(Decision::Duplicate { event_id });
             }
-            return Decision::DeadLetter {
+            return Ok(Decision::DeadLetter {
                 reason: DeadLetterReason::EventIdConflict,
                 detail: format!(
                     "event_id already applied with fingerprint {}, this record has {fingerprint}",
                     seen.fingerprint
                 ),
                 event_id: Some(event_id),
-            };
+            });
         }
         let entity_id = envelope.entity_id.to_string();
-        let mut entity_state = overlay
-            .entities
-            .get(&entity_id)
-            .or_else(|| self.entities.get(&entity_id))
-            .cloned()
-            .unwrap_or_default();
+        let mut entity_state = self.entity(overlay, &entity_id)?;
         let output = match transform.apply(&mut entity_state, &envelope, source) {
             Ok(output) => output,
             // Nothing recorded: the state stays as it was and the id is not remembered, so a
             // redelivery is refused the same way.
             Err(refusal) => {
-                return Decision::DeadLetter {
+                return Ok(Decision::DeadLetter {
                     reason: refusal.reason,
                     detail: refusal.detail,
                     event_id: Some(event_id),
-                };
+                });
             }
         };
         overlay.entities.insert(entity_id.clone(), entity_state);
+        // Swept earlier in this batch and seen again: the id stays, so no tombstone for it (the
+        // changelog would otherwise delete what the store keeps).
+        overlay.expired.remove(&event_id);
         overlay.seen.insert(
             event_id.clone(),
             SeenEvent {
@@ -198,59 +225,54 @@ impl<S: Clone + Default> PartitionState<S> {
                 expires_at: event_time.saturating_add(policy.horizon_secs),
             },
         );
-        Decision::Emit {
+        Ok(Decision::Emit {
             event_id,
             entity_id,
             output,
-        }
+        })
     }
 
-    /// Marks every committed id whose horizon has passed as expired in `overlay` (it becomes a
-    /// changelog tombstone); returns how many.
-    pub fn expire(&self, overlay: &mut Overlay<S>, now_secs: i64) -> usize {
+    /// Marks up to [`EXPIRY_SWEEP_MAX`] committed ids whose horizon has passed as expired in
+    /// `overlay` (each becomes a changelog tombstone); returns how many. Reads only the expired
+    /// end of the expiry index, not the whole seen-set.
+    pub fn expire(&self, overlay: &mut Overlay<S>, now_secs: i64) -> Result<usize, StoreError> {
         let mut expired = 0;
-        for (event_id, seen) in &self.seen {
-            if seen.expires_at < now_secs && !overlay.seen.contains_key(event_id) {
-                expired += usize::from(overlay.expired.insert(event_id.clone()));
+        for event_id in self.store.expired_ids(now_secs, EXPIRY_SWEEP_MAX)? {
+            if !overlay.seen.contains_key(&event_id) {
+                expired += usize::from(overlay.expired.insert(event_id));
             }
         }
-        expired
+        Ok(expired)
     }
 
-    /// Merges a committed batch's changes.
-    pub fn apply(&mut self, overlay: Overlay<S>) {
-        for event_id in overlay.expired {
-            self.seen.remove(&event_id);
+    /// Writes a committed batch's changes to the store.
+    pub fn apply(&self, overlay: Overlay<S>) -> Result<(), StoreError> {
+        if overlay.is_empty() {
+            return Ok(());
         }
-        self.entities.extend(overlay.entities);
-        self.seen.extend(overlay.seen);
-    }
-
-    /// Restore: one entity's state as read from the changelog.
-    pub fn restore_entity(&mut self, entity_id: String, state: Option<S>) {
-        match state {
-            Some(state) => self.entities.insert(entity_id, state),
-            None => self.entities.remove(&entity_id),
-        };
-    }
-
-    /// Restore: one seen id as read from the changelog (`None` = tombstone).
-    pub fn restore_seen(&mut self, event_id: String, seen: Option<SeenEvent>) {
-        match seen {
-            Some(seen) => self.seen.insert(event_id, seen),
-            None => self.seen.remove(&event_id),
-        };
-    }
-
-    #[cfg(test)]
-    pub fn entity(&self, entity_id: &str) -> Option<&S> {
-        self.entities.get(entity_id)
+        let mut changes = StateChanges::default();
+        for (entity_id, state) in overlay.entities {
+            let json = serde_json::to_vec(&state)
+                .map_err(|e| StoreError::Corrupt(format!("entity {entity_id:?}: {e}")))?;
+            changes.entities.push((entity_id, Some(json)));
+        }
+        changes
+            .seen
+            .extend(overlay.expired.into_iter().map(|event_id| (event_id, None)));
+        changes.seen.extend(
+            overlay
+                .seen
+                .into_iter()
+                .map(|(event_id, seen)| (event_id, Some(seen))),
+        );
+        self.store.write(&changes, None)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state_store::StateStore;
     use crate::transform::{LedgerTotals, LedgerTransform};
 
     const NOW: i64 = 1_800_000_000;
@@ -267,29 +289,66 @@ mod tests {
         }
     }
 
+    fn fresh() -> PartitionState<LedgerTotals> {
+        let store = StateStore::in_memory().expect("in-memory store");
+        PartitionState::new(store.partition("changelog", 0).expect("tables"))
+    }
+
+    fn entity(state: &PartitionState<LedgerTotals>, entity_id: &str) -> Option<LedgerTotals> {
+        state
+            .store()
+            .entity(entity_id)
+            .expect("store reads")
+            .map(|json| serde_json::from_slice(&json).expect("entity JSON"))
+    }
+
+    fn decide_at(
+        state: &PartitionState<LedgerTotals>,
+        overlay: &mut Overlay<LedgerTotals>,
+        value: &str,
+        record_timestamp: i64,
+        now: i64,
+    ) -> Decision {
+        state
+            .decide(
+                overlay,
+                &LedgerTransform,
+                InputRecord {
+                    value: Some(value.as_bytes()),
+                    timestamp_secs: record_timestamp,
+                },
+                &source(0),
+                now,
+                POLICY,
+            )
+            .expect("store reads")
+    }
+
     fn decide(
         state: &PartitionState<LedgerTotals>,
         overlay: &mut Overlay<LedgerTotals>,
         value: &str,
         offset: i64,
     ) -> Decision {
-        state.decide(
-            overlay,
-            &LedgerTransform,
-            InputRecord {
-                value: Some(value.as_bytes()),
-                timestamp_secs: NOW,
-            },
-            &source(offset),
-            NOW,
-            POLICY,
-        )
+        state
+            .decide(
+                overlay,
+                &LedgerTransform,
+                InputRecord {
+                    value: Some(value.as_bytes()),
+                    timestamp_secs: NOW,
+                },
+                &source(offset),
+                NOW,
+                POLICY,
+            )
+            .expect("store reads")
     }
 
     #[test]
     fn the_seed_practice_counts_each_event_once() {
         // e-102 delivered twice, e-103 once: 32000 over attempts, 19500 over unique events.
-        let mut state = PartitionState::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         let e102 = r#"{"event_id":"e-102","entity_id":"17","value":12500}"#;
         let e103 = r#"{"event_id":"e-103","entity_id":"17","value":7000}"#;
@@ -305,10 +364,10 @@ mod tests {
             decide(&state, &mut overlay, e103, 2),
             Decision::Emit { .. }
         ));
-        state.apply(overlay);
+        state.apply(overlay).expect("applies");
         assert_eq!(
-            state.entity("17"),
-            Some(&LedgerTotals {
+            entity(&state, "17"),
+            Some(LedgerTotals {
                 total: 19500,
                 count: 2
             })
@@ -326,7 +385,7 @@ mod tests {
 
     #[test]
     fn an_aborted_batch_leaves_no_trace() {
-        let state = PartitionState::<LedgerTotals>::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         let e = r#"{"event_id":"e-1","entity_id":"a","value":5}"#;
         assert!(matches!(
@@ -344,7 +403,7 @@ mod tests {
 
     #[test]
     fn same_id_other_content_is_a_conflict() {
-        let mut state = PartitionState::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         decide(
             &state,
@@ -352,7 +411,7 @@ mod tests {
             r#"{"event_id":"e-102","entity_id":"17","value":12500}"#,
             0,
         );
-        state.apply(overlay);
+        state.apply(overlay).expect("applies");
         let mut overlay = Overlay::default();
         let decision = decide(
             &state,
@@ -375,7 +434,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_dead_lettered_with_its_reason() {
-        let state = PartitionState::<LedgerTotals>::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         for (value, reason) in [
             ("{not json", DeadLetterReason::MalformedJson),
@@ -405,17 +464,19 @@ mod tests {
                 ..
             }
         ));
-        let empty = state.decide(
-            &mut overlay,
-            &LedgerTransform,
-            InputRecord {
-                value: None,
-                timestamp_secs: NOW,
-            },
-            &source(0),
-            NOW,
-            POLICY,
-        );
+        let empty = state
+            .decide(
+                &mut overlay,
+                &LedgerTransform,
+                InputRecord {
+                    value: None,
+                    timestamp_secs: NOW,
+                },
+                &source(0),
+                NOW,
+                POLICY,
+            )
+            .expect("store reads");
         assert!(matches!(
             empty,
             Decision::DeadLetter {
@@ -428,7 +489,7 @@ mod tests {
 
     #[test]
     fn an_overflowing_total_is_dead_lettered_and_changes_nothing() {
-        let mut state = PartitionState::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         let max = format!(
             r#"{{"event_id":"e-1","entity_id":"a","value":{}}}"#,
@@ -438,7 +499,7 @@ mod tests {
             decide(&state, &mut overlay, &max, 0),
             Decision::Emit { .. }
         ));
-        state.apply(overlay);
+        state.apply(overlay).expect("applies");
         let mut overlay = Overlay::default();
         let one_more = r#"{"event_id":"e-2","entity_id":"a","value":1}"#;
         let decision = decide(&state, &mut overlay, one_more, 1);
@@ -454,8 +515,8 @@ mod tests {
         );
         assert!(overlay.is_empty(), "a refused event changes no state");
         assert_eq!(
-            state.entity("a"),
-            Some(&LedgerTotals {
+            entity(&state, "a"),
+            Some(LedgerTotals {
                 total: i64::MAX,
                 count: 1
             })
@@ -474,7 +535,7 @@ mod tests {
 
     #[test]
     fn ambiguous_input_is_dead_lettered_with_its_own_reason() {
-        let state = PartitionState::<LedgerTotals>::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         for (value, reason) in [
             (
@@ -501,7 +562,7 @@ mod tests {
 
     #[test]
     fn events_beyond_the_horizon_fail_closed() {
-        let state = PartitionState::<LedgerTotals>::default();
+        let state = fresh();
         let mut overlay = Overlay::default();
         let old = r#"{"event_id":"e-old","entity_id":"a","value":1,"occurred_at":"2020-01-01T00:00:00Z"}"#;
         assert!(matches!(
@@ -515,25 +576,163 @@ mod tests {
 
     #[test]
     fn expired_ids_are_tombstoned_and_forgotten() {
-        let mut state = PartitionState::<LedgerTotals>::default();
-        state.restore_seen(
-            "e-old".into(),
-            Some(SeenEvent {
-                fingerprint: Fingerprint::of_json(&Value::Null),
-                expires_at: NOW - 1,
-            }),
-        );
-        state.restore_seen(
-            "e-new".into(),
-            Some(SeenEvent {
-                fingerprint: Fingerprint::of_json(&Value::Null),
-                expires_at: NOW + 100,
-            }),
-        );
+        let state = fresh();
+        let null = Fingerprint::of_json(&Value::Null);
+        state
+            .store()
+            .write(
+                &StateChanges {
+                    entities: vec![],
+                    seen: vec![
+                        (
+                            "e-old".into(),
+                            Some(SeenEvent {
+                                fingerprint: null,
+                                expires_at: NOW - 1,
+                            }),
+                        ),
+                        (
+                            "e-new".into(),
+                            Some(SeenEvent {
+                                fingerprint: null,
+                                expires_at: NOW + 100,
+                            }),
+                        ),
+                    ],
+                },
+                None,
+            )
+            .expect("writes");
         let mut overlay = Overlay::default();
-        assert_eq!(state.expire(&mut overlay, NOW), 1);
+        assert_eq!(state.expire(&mut overlay, NOW).expect("sweeps"), 1);
         assert!(overlay.expired.contains("e-old"));
-        state.apply(overlay);
-        assert_eq!(state.seen_count(), 1);
+        state.apply(overlay).expect("applies");
+        assert_eq!(state.store().counts().expect("counts"), (0, 1));
+        // Nothing else is due: a second sweep finds nothing.
+        let mut overlay = Overlay::default();
+        assert_eq!(state.expire(&mut overlay, NOW).expect("sweeps"), 0);
+    }
+
+    #[test]
+    fn an_id_swept_and_seen_again_in_one_batch_is_kept_not_tombstoned() {
+        // Ids expire by event time + horizon; a record of the same event sent again later
+        // without occurred_at has a later event time and is a new event once the id expired.
+        let state = fresh();
+        let e = r#"{"event_id":"e-1","entity_id":"a","value":5}"#;
+        let mut overlay = Overlay::default();
+        let first_time = NOW - POLICY.horizon_secs;
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, first_time, first_time),
+            Decision::Emit { .. }
+        ));
+        state.apply(overlay).expect("applies");
+        let mut overlay = Overlay::default();
+        assert_eq!(state.expire(&mut overlay, NOW + 1).expect("sweeps"), 1);
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, NOW + 1, NOW + 1),
+            Decision::Emit { .. }
+        ));
+        assert!(overlay.expired.is_empty(), "no tombstone for a live id");
+        state.apply(overlay).expect("applies");
+        assert_eq!(state.store().counts().expect("counts"), (1, 1));
+    }
+
+    /// A re-delivery of the same Kafka record (same record timestamp, no `occurred_at`) after
+    /// its id expired: its event time is past the horizon as well, so it fails closed instead of
+    /// being counted again.
+    #[test]
+    fn a_redelivered_record_after_its_id_expired_fails_closed() {
+        let state = fresh();
+        let e = r#"{"event_id":"e-1","entity_id":"a","value":5}"#;
+        let record_time = NOW;
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, record_time, NOW),
+            Decision::Emit { .. }
+        ));
+        state.apply(overlay).expect("applies");
+        let later = NOW + POLICY.horizon_secs + 1;
+        let mut overlay = Overlay::default();
+        assert_eq!(state.expire(&mut overlay, later).expect("sweeps"), 1);
+        state.apply(overlay).expect("applies");
+        let mut overlay = Overlay::default();
+        let decision = decide_at(&state, &mut overlay, e, record_time, later);
+        assert!(
+            matches!(
+                decision,
+                Decision::DeadLetter {
+                    reason: DeadLetterReason::BeyondDedupHorizon,
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+        assert!(overlay.is_empty());
+        assert_eq!(entity(&state, "a").map(|t| t.count), Some(1));
+    }
+
+    /// The same event (same id and content, no `occurred_at`) re-sent as a new record after its
+    /// id expired: the new record's timestamp is its event time, within the horizon, and the id
+    /// is no longer remembered, so it is applied as a new event. Within the horizon it is a
+    /// duplicate.
+    #[test]
+    fn the_same_event_resent_as_a_new_record_after_its_id_expired_is_new() {
+        let state = fresh();
+        let e = r#"{"event_id":"e-1","entity_id":"a","value":5}"#;
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, NOW, NOW),
+            Decision::Emit { .. }
+        ));
+        state.apply(overlay).expect("applies");
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, NOW + 60, NOW + 60),
+            Decision::Duplicate { .. }
+        ));
+        let later = NOW + POLICY.horizon_secs + 1;
+        let mut overlay = Overlay::default();
+        assert_eq!(state.expire(&mut overlay, later).expect("sweeps"), 1);
+        state.apply(overlay).expect("applies");
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, later, later),
+            Decision::Emit { .. }
+        ));
+        state.apply(overlay).expect("applies");
+        assert_eq!(entity(&state, "a").map(|t| t.count), Some(2));
+    }
+
+    /// With `occurred_at` the event time travels with the event: re-sent as a new record after
+    /// its id expired, it is past the horizon and fails closed.
+    #[test]
+    fn an_event_with_occurred_at_resent_after_its_id_expired_fails_closed() {
+        let state = fresh();
+        let e =
+            r#"{"event_id":"e-1","entity_id":"a","value":5,"occurred_at":"2027-01-15T08:00:00Z"}"#;
+        let event_time = time::OffsetDateTime::parse(
+            "2027-01-15T08:00:00Z",
+            &time::format_description::well_known::Rfc3339,
+        )
+        .expect("valid time")
+        .unix_timestamp();
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, event_time, event_time),
+            Decision::Emit { .. }
+        ));
+        state.apply(overlay).expect("applies");
+        let later = event_time + POLICY.horizon_secs + 1;
+        let mut overlay = Overlay::default();
+        assert_eq!(state.expire(&mut overlay, later).expect("sweeps"), 1);
+        state.apply(overlay).expect("applies");
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_at(&state, &mut overlay, e, later, later),
+            Decision::DeadLetter {
+                reason: DeadLetterReason::BeyondDedupHorizon,
+                ..
+            }
+        ));
     }
 }

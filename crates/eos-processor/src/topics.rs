@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
@@ -57,13 +57,27 @@ fn partition_counts(
     Ok(counts)
 }
 
-/// Creates whatever is missing, then checks the changelog against the input. Returns the input's
-/// partition count.
+/// Kafka's default `delete.retention.ms` (one day), assumed when the broker does not say.
+const DEFAULT_DELETE_RETENTION: Duration = Duration::from_secs(86_400);
+
+/// What the processor learns of its topics at start-up.
+#[derive(Debug, Clone, Copy)]
+pub struct TopicsReady {
+    pub input_partitions: i32,
+    /// This start created the changelog: any local state of a changelog by that name is of an
+    /// earlier topic.
+    pub changelog_created: bool,
+    /// The changelog's `delete.retention.ms`: how long a tombstone stays readable after
+    /// compaction reached it.
+    pub changelog_delete_retention: Duration,
+}
+
+/// Creates whatever is missing, then checks the changelog against the input.
 pub async fn ensure_topics(
     client_config: &ClientConfig,
     plan: &TopicPlan,
     replication: &TopicReplicationFlags,
-) -> Result<i32, ProcessorError> {
+) -> Result<TopicsReady, ProcessorError> {
     let all = [
         plan.input.as_str(),
         plan.output.as_str(),
@@ -106,12 +120,16 @@ pub async fn ensure_topics(
             ),
         );
     }
+    let mut changelog_created = false;
     if !to_create.is_empty() {
         replication.warn_if_under_replicated(client_config).await;
         let results = admin.create_topics(to_create.iter(), &options).await?;
         for result in results {
             match result {
-                Ok(topic) => tracing::info!(topic, "created topic"),
+                Ok(topic) => {
+                    changelog_created |= topic == plan.changelog;
+                    tracing::info!(topic, "created topic");
+                }
                 // Another instance (or the producer) created it first: fine, checked below.
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((topic, code)) => {
@@ -136,7 +154,43 @@ pub async fn ensure_topics(
         ));
     }
     check_compacted(&admin, &plan.changelog).await?;
-    Ok(input_partitions)
+    let changelog_delete_retention = delete_retention(&admin, &plan.changelog).await;
+    Ok(TopicsReady {
+        input_partitions,
+        changelog_created,
+        changelog_delete_retention,
+    })
+}
+
+/// The changelog's `delete.retention.ms`, or Kafka's default with a WARN when it cannot be read.
+async fn delete_retention(admin: &AdminClient<DefaultClientContext>, changelog: &str) -> Duration {
+    let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(changelog)], &options)
+        .await;
+    let millis = described.ok().and_then(|results| {
+        results.into_iter().find_map(|result| {
+            result
+                .ok()?
+                .get("delete.retention.ms")?
+                .value
+                .as_deref()?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    });
+    match millis {
+        Some(millis) => Duration::from_millis(millis),
+        None => {
+            tracing::warn!(
+                topic = changelog,
+                "cannot read the changelog's delete.retention.ms; assuming Kafka's default of one \
+                 day for the age of a local checkpoint"
+            );
+            DEFAULT_DELETE_RETENTION
+        }
+    }
 }
 
 /// Waits until every topic has metadata (creation is asynchronous on the broker).

@@ -8,6 +8,8 @@
 //! simply dropped, and whoever owns the partitions next re-reads them from the committed offsets.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
@@ -31,12 +33,38 @@ use crate::changelog;
 use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::partition_state::{Decision, DedupPolicy, InputRecord, Overlay, PartitionState};
+use crate::partition_state::{
+    Decision, DedupPolicy, EXPIRY_SWEEP_MAX, InputRecord, Overlay, PartitionState,
+};
+use crate::state_store::{StateChanges, StateStore};
 use crate::transform::{SourcePosition, Transform};
 use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 
-/// How often committed ids past the horizon are swept into tombstones, per partition.
-const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// How often committed ids past the horizon are swept into tombstones, per partition. A sweep
+/// reads only the expired end of the store's expiry index, so it can be frequent.
+const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often the local checkpoint of each changelog partition is moved up to what the store
+/// holds (an fsync of the store each): what a restart on the same disk reads of the changelog is
+/// about this much of its tail.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A checkpoint with nothing written after it is rewritten this often, so its age (checked
+/// against the changelog's `delete.retention.ms`) stays that of the last time it was true.
+const CHECKPOINT_REFRESH: Duration = Duration::from_secs(3600);
+
+/// What this instance knows of the end of one changelog partition it owns.
+#[derive(Debug, Clone, Copy)]
+struct ChangelogEnd {
+    /// The store's checkpoint: it equals the changelog below this offset.
+    checkpointed: i64,
+    checkpointed_at: Instant,
+    /// Where the changelog ends if only this instance wrote to it since the restore: each
+    /// committed batch adds its records plus a commit marker (exactly-once). `None` after an
+    /// abort (how much of an aborted batch reached the log is unknown): the checkpoint then
+    /// stays until the next restore.
+    expected_end: Option<i64>,
+}
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -61,6 +89,12 @@ pub struct LoopSettings {
     pub dead_letter_max_bytes: usize,
     /// Connection settings shared by every client.
     pub client_config: ClientConfig,
+    /// This instance's state store directory (see `state_store::instance_dir`).
+    pub state_dir: PathBuf,
+    /// The changelog's `delete.retention.ms`: a local checkpoint older than this is not trusted.
+    pub changelog_delete_retention: Duration,
+    /// This start created the changelog: local state of a changelog by that name is stale.
+    pub changelog_created: bool,
 }
 
 impl LoopSettings {
@@ -148,7 +182,10 @@ pub struct TransactionLoop<T: Transform> {
     transform: T,
     consumer: LoopConsumer,
     producer: TransactionalProducer,
+    store: Arc<StateStore>,
     states: HashMap<i32, PartitionState<T::EntityState>>,
+    changelog_ends: HashMap<i32, ChangelogEnd>,
+    last_checkpoint: Instant,
     last_sweep: HashMap<i32, Instant>,
     batch: Batch<T::EntityState>,
     /// Per owned partition, the offset this instance last committed (unknown after assignment).
@@ -174,6 +211,39 @@ impl<T: Transform> TransactionLoop<T> {
         transform: T,
         readiness: Readiness,
     ) -> Result<Self, ProcessorError> {
+        let store = match StateStore::open(&settings.state_dir) {
+            Ok(store) => store,
+            // A paused or hung predecessor with the same identity still holds the store (it is
+            // fenced as soon as this instance starts): a store of this process's own, restored
+            // cold from the changelog, instead of refusing to take over.
+            Err(crate::state_store::StoreError::Open { path, detail })
+                if detail.contains("another process") =>
+            {
+                let own = PathBuf::from(format!(
+                    "{}.pid{}",
+                    settings.state_dir.display(),
+                    std::process::id()
+                ));
+                warn!(
+                    held = %path.display(),
+                    store = %own.display(),
+                    "the state store is held by another process; using a store of this process"
+                );
+                StateStore::open(&own)?
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let keep = if settings.changelog_created {
+            None
+        } else {
+            Some(settings.changelog_topic.as_str())
+        };
+        let dropped = store.drop_changelogs_except(keep)?;
+        info!(
+            store = store.location(),
+            dropped_tables = dropped,
+            "state store open"
+        );
         let producer = settings.create_producer()?;
         let consumer = subscribe_static_member(
             &settings.client_config,
@@ -186,7 +256,10 @@ impl<T: Transform> TransactionLoop<T> {
             transform,
             consumer,
             producer,
+            store,
             states: HashMap::new(),
+            changelog_ends: HashMap::new(),
+            last_checkpoint: Instant::now(),
             last_sweep: HashMap::new(),
             batch: Batch::default(),
             committed_next: HashMap::new(),
@@ -200,6 +273,7 @@ impl<T: Transform> TransactionLoop<T> {
         let result = self.run_until(shutdown);
         self.readiness.set(false);
         if result.is_ok() {
+            self.checkpoint_on_shutdown();
             // Leave the group now rather than after the session timeout.
             self.consumer.unsubscribe();
             info!("stopped after committing the open batch");
@@ -227,7 +301,7 @@ impl<T: Transform> TransactionLoop<T> {
             self.handle_rebalance_events()?;
             match polled {
                 Some(Ok(message)) => {
-                    self.decide(&message);
+                    self.decide(&message)?;
                     if self.settings.guarantee == Guarantee::AtLeastOnce {
                         self.send_decided_now()?;
                     }
@@ -235,6 +309,9 @@ impl<T: Transform> TransactionLoop<T> {
                 Some(Err(error)) => self.consumer_error(error)?,
                 None if self.batch.is_empty() => self.commit_markers_passed()?,
                 None => {}
+            }
+            if self.batch.is_empty() && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
+                self.advance_checkpoints()?;
             }
             let full = self.batch.counts.records_in as usize >= self.settings.max_batch;
             let due = self
@@ -288,7 +365,10 @@ impl<T: Transform> TransactionLoop<T> {
                     }
                     self.batch = Batch::default();
                     for partition in &partitions {
+                        // Its store and checkpoint stay: if it comes back, the restore reads the
+                        // changelog from that checkpoint.
                         self.states.remove(partition);
+                        self.changelog_ends.remove(partition);
                         self.committed_next.remove(partition);
                     }
                     info!(?partitions, lost, "partitions revoked");
@@ -309,26 +389,111 @@ impl<T: Transform> TransactionLoop<T> {
 
     fn restore(&mut self, partition: i32) -> Result<(), ProcessorError> {
         let started = Instant::now();
-        let (state, records) = changelog::restore_partition(
+        // A fresh handle: a cached read view of the old one must not outlive the restore.
+        self.states.remove(&partition);
+        let store = self
+            .store
+            .partition(&self.settings.changelog_topic, partition)?;
+        let outcome = changelog::restore_partition::<T::EntityState>(
             &self.settings.client_config,
             &self.settings.changelog_topic,
             partition,
             self.settings.restore_timeout(),
+            &store,
+            self.settings.changelog_delete_retention,
         )?;
-        histogram!(m::RESTORE_SECONDS).record(started.elapsed().as_secs_f64());
+        let (entities, seen_ids) = store.counts()?;
+        histogram!(m::RESTORE_SECONDS, "mode" => outcome.mode.as_str())
+            .record(started.elapsed().as_secs_f64());
+        counter!(m::RESTORED_RECORDS, "mode" => outcome.mode.as_str()).increment(outcome.records);
         info!(
             partition,
-            changelog_records = records,
-            entities = state.entity_count(),
-            seen_ids = state.seen_count(),
+            restore = outcome.mode.as_str(),
+            cold_reason = outcome.reason,
+            changelog_records = outcome.records,
+            from_offset = outcome.from_offset,
+            next_offset = outcome.next_offset,
+            entities,
+            seen_ids,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "state restored"
         );
-        self.states.insert(partition, state);
+        self.changelog_ends.insert(
+            partition,
+            ChangelogEnd {
+                checkpointed: outcome.next_offset,
+                checkpointed_at: Instant::now(),
+                expected_end: Some(outcome.next_offset),
+            },
+        );
+        self.states.insert(partition, PartitionState::new(store));
         Ok(())
     }
 
-    fn decide(&mut self, message: &OwnedMessage) {
+    /// Moves each owned partition's local checkpoint up to the changelog's end, when that end is
+    /// exactly where this instance's own committed batches put it: then every record below it
+    /// is in the store. Any other end (a commit marker not written yet, or records of another
+    /// writer, such as a zombie's or a former owner's late abort marker) leaves the checkpoint
+    /// where it is: too low is only more to read at a restart, too high would skip state.
+    fn advance_checkpoints(&mut self) -> Result<(), ProcessorError> {
+        self.last_checkpoint = Instant::now();
+        for (&partition, end) in &mut self.changelog_ends {
+            let Some(expected_end) = end.expected_end else {
+                continue;
+            };
+            if expected_end == end.checkpointed
+                && end.checkpointed_at.elapsed() < CHECKPOINT_REFRESH
+            {
+                continue;
+            }
+            let Some(state) = self.states.get(&partition) else {
+                continue;
+            };
+            let high = match self.consumer.fetch_watermarks(
+                &self.settings.changelog_topic,
+                partition,
+                Duration::from_secs(5),
+            ) {
+                Ok((_, high)) => high,
+                Err(error) => {
+                    debug!(partition, %error, "changelog end not readable; checkpoint later");
+                    continue;
+                }
+            };
+            if high != expected_end {
+                debug!(
+                    partition,
+                    high, expected_end, "changelog end not (yet) where this instance left it"
+                );
+                continue;
+            }
+            state.store().write(&StateChanges::default(), Some(high))?;
+            end.checkpointed = high;
+            end.checkpointed_at = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// After the last commit: the commit markers are written a moment after the commit returns,
+    /// so a few tries to leave checkpoints at the very end.
+    fn checkpoint_on_shutdown(&mut self) {
+        for _ in 0..10 {
+            if let Err(error) = self.advance_checkpoints() {
+                warn!(%error, "cannot write the local checkpoint at shutdown");
+                return;
+            }
+            let behind = self
+                .changelog_ends
+                .values()
+                .any(|end| end.expected_end.is_some_and(|e| e != end.checkpointed));
+            if !behind {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn decide(&mut self, message: &OwnedMessage) -> Result<(), ProcessorError> {
         let partition = message.partition();
         let Some(state) = self.states.get(&partition) else {
             // Only possible for a partition revoked in the same poll; its new owner reads it.
@@ -337,26 +502,35 @@ impl<T: Transform> TransactionLoop<T> {
                 offset = message.offset(),
                 "record of an unowned partition skipped"
             );
-            return;
+            return Ok(());
         };
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let batch = &mut self.batch;
         batch.started.get_or_insert_with(Instant::now);
-        let overlay = batch.overlays.entry(partition).or_insert_with(|| {
-            let mut overlay = Overlay::default();
-            let last = self
-                .last_sweep
-                .entry(partition)
-                .or_insert_with(Instant::now);
-            if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
-                *last = Instant::now();
-                let expired = state.expire(&mut overlay, now);
-                if expired > 0 {
-                    info!(partition, expired, "dedup ids past the horizon tombstoned");
+        let overlay = match batch.overlays.entry(partition) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let mut overlay = Overlay::default();
+                let last = self
+                    .last_sweep
+                    .entry(partition)
+                    .or_insert_with(Instant::now);
+                if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
+                    *last = Instant::now();
+                    let expired = state.expire(&mut overlay, now)?;
+                    if expired > 0 {
+                        info!(partition, expired, "dedup ids past the horizon tombstoned");
+                    }
+                    if expired >= EXPIRY_SWEEP_MAX {
+                        // More are due: sweep again in the next batch.
+                        if let Some(earlier) = last.checked_sub(EXPIRY_SWEEP_INTERVAL) {
+                            *last = earlier;
+                        }
+                    }
                 }
+                entry.insert(overlay)
             }
-            overlay
-        });
+        };
         let source = SourcePosition {
             topic: message.topic().to_owned(),
             partition,
@@ -403,7 +577,7 @@ impl<T: Transform> TransactionLoop<T> {
             &source,
             now,
             self.settings.policy,
-        );
+        )?;
         batch.counts.records_in += 1;
         batch.positions.read(partition, message.offset());
         if batch.links.len() < MAX_SPAN_LINKS {
@@ -485,6 +659,7 @@ impl<T: Transform> TransactionLoop<T> {
                 batch.records.push(record.record);
             }
         }
+        Ok(())
     }
 
     /// The consumer's position on each owned partition. Past the last record returned it also
@@ -613,8 +788,7 @@ impl<T: Transform> TransactionLoop<T> {
                     total_ms = started.elapsed().as_millis() as u64,
                     "transaction committed"
                 );
-                self.apply_committed(batch);
-                Ok(())
+                self.apply_committed(batch)
             }
             Err(TxnFailure::Abortable(error)) => self.abort_and_rewind(&error),
             Err(TxnFailure::Unknown(error)) => self.replace_producer_and_recover(&error),
@@ -646,12 +820,24 @@ impl<T: Transform> TransactionLoop<T> {
         self.producer.send_offsets(&offsets, &group_metadata)
     }
 
-    fn apply_committed(&mut self, batch: Batch<T::EntityState>) {
+    /// The batch is committed in Kafka: its state changes go to the store. A store that
+    /// cannot take them is fatal; the restart restores from the changelog, which has them.
+    fn apply_committed(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
         self.committed_next.extend(batch.positions.next_offsets());
         let counts = batch.counts;
+        let markers = match self.settings.guarantee {
+            Guarantee::ExactlyOnce => 1,
+            Guarantee::AtLeastOnce => 0,
+        };
         for (partition, overlay) in batch.overlays {
-            if let Some(state) = self.states.get_mut(&partition) {
-                state.apply(overlay);
+            let written = overlay.changelog_record_count() as i64;
+            if let Some(state) = self.states.get(&partition) {
+                state.apply(overlay)?;
+            }
+            if written > 0
+                && let Some(end) = self.changelog_ends.get_mut(&partition)
+            {
+                end.expected_end = end.expected_end.map(|e| e + written + markers);
             }
         }
         counter!(m::RECORDS_IN).increment(counts.records_in);
@@ -667,12 +853,16 @@ impl<T: Transform> TransactionLoop<T> {
             duplicates = counts.duplicates,
             "batch committed"
         );
+        Ok(())
     }
 
     /// Nothing of the batch became visible: abort, drop its state changes, rewind the consumer.
     fn abort_and_rewind(&mut self, cause: &KafkaError) -> Result<(), ProcessorError> {
         warn!(error = %cause, "aborting transaction");
         counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
+        for end in self.changelog_ends.values_mut() {
+            end.expected_end = None;
+        }
         match self.producer.abort() {
             Ok(()) => self.rewind_to_committed(),
             Err(TxnFailure::Fatal(error)) => Err(ProcessorError::Fatal(error)),
@@ -752,8 +942,7 @@ impl<T: Transform> TransactionLoop<T> {
         let offsets = batch.positions.to_offsets(&self.settings.input_topic)?;
         self.consumer.commit(&offsets, CommitMode::Sync)?;
         histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
-        self.apply_committed(batch);
-        Ok(())
+        self.apply_committed(batch)
     }
 }
 

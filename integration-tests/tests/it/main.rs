@@ -15,6 +15,7 @@ mod payments_api;
 mod poison_input;
 mod postgres_idempotency;
 mod processor;
+mod processor_state;
 mod provider_sim;
 mod provider_tls;
 mod scale_out;

@@ -1,0 +1,363 @@
+//! The state benchmark (docs/BENCHMARKS-state.md): a changelog with N distinct event ids, then
+//! the processor's own restore (cold into an empty store, warm from the local checkpoint after a
+//! 1% tail), the resident memory while it holds that state, and the throughput of the state path
+//! (decide every record, write each committed batch to the store) with that state versus an
+//! empty store. Runs against a real broker; `examples/state_bench.rs` prints it as a table or
+//! JSON.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+use serde::Serialize;
+
+use eos_core::Fingerprint;
+use eos_runtime::topic_config::KEYED_STATE_TOPIC_CONFIG;
+
+use crate::changelog::{self, RestoreOutcome};
+use crate::partition_state::{DedupPolicy, InputRecord, Overlay, PartitionState, SeenEvent};
+use crate::state_store::{StateStore, StoreError};
+use crate::transform::{LedgerTotals, LedgerTransform, SourcePosition};
+
+/// Entities the benchmark's events are spread over.
+const ENTITIES: u64 = 1_000;
+/// Records per batch in the throughput runs: the processor's default --max-batch.
+const BATCH: usize = 2_000;
+const HORIZON_SECS: i64 = 7 * 24 * 3600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("Kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Processor(#[from] crate::ProcessorError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub bootstrap_servers: String,
+    /// Distinct event ids in state.
+    pub ids: u64,
+    /// Changelog records written after the checkpoint, for the warm restore.
+    pub tail: u64,
+    /// New events decided and written per throughput run.
+    pub throughput_events: u64,
+    /// Where the benchmark's stores go (removed at the end).
+    pub work_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub ids: u64,
+    pub changelog_records: u64,
+    pub produce_secs: f64,
+    pub cold_restore_secs: f64,
+    pub cold_restore_records: u64,
+    pub warm_restore_secs: f64,
+    pub warm_restore_records: u64,
+    /// Resident memory of this process holding the state (after the cold restore), and its peak
+    /// during the restores (the peak is reset after producing).
+    pub vm_rss_mib: f64,
+    pub vm_hwm_mib: f64,
+    pub store_file_mib: f64,
+    pub empty_state_events_per_sec: f64,
+    pub full_state_events_per_sec: f64,
+    /// full / empty: the target is at least 0.9.
+    pub throughput_ratio: f64,
+}
+
+/// A well-spread 64-bit mix (SplitMix64), so ids arrive in no particular key order, as UUIDs do.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+fn event_id(prefix: &str, i: u64) -> String {
+    format!("{prefix}-{:016x}-{i}", mix(i))
+}
+
+fn status_kib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with(field))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+fn dir_mib(dir: &Path) -> f64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| entry.metadata().ok())
+                .map(|meta| meta.len())
+                .sum::<u64>()
+        })
+        .unwrap_or(0) as f64
+        / (1024.0 * 1024.0)
+}
+
+/// Writes `count` seen-id changelog records (and one per entity) to partition 0 of `topic`.
+fn produce_state(
+    client: &ClientConfig,
+    topic: &str,
+    prefix: &str,
+    count: u64,
+) -> Result<u64, BenchError> {
+    let producer: ThreadedProducer<DefaultProducerContext> = client
+        .clone()
+        .set("linger.ms", "50")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let expires_at = time::OffsetDateTime::now_utc().unix_timestamp() + HORIZON_SECS;
+    let mut written = 0;
+    let send = |key: String, value: Vec<u8>| -> Result<(), BenchError> {
+        let mut record = BaseRecord::<String, Vec<u8>>::to(topic)
+            .partition(0)
+            .key(&key)
+            .payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    back,
+                )) => {
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+    };
+    for entity in 0..ENTITIES {
+        let state = LedgerTotals {
+            total: entity as i64,
+            count: 1,
+        };
+        send(
+            format!("entity/e-{entity}"),
+            serde_json::to_vec(&state).map_err(|e| BenchError::Setup(e.to_string()))?,
+        )?;
+        written += 1;
+    }
+    for i in 0..count {
+        let id = event_id(prefix, i);
+        let seen = SeenEvent {
+            fingerprint: Fingerprint::of_json(&serde_json::Value::String(id.clone())),
+            expires_at,
+        };
+        send(
+            format!("seen/{id}"),
+            serde_json::to_vec(&seen).map_err(|e| BenchError::Setup(e.to_string()))?,
+        )?;
+        written += 1;
+    }
+    producer.flush(Duration::from_secs(300))?;
+    Ok(written)
+}
+
+/// Events per second through the state path: decide each record against the store, write each
+/// batch's overlay to it (what `apply_committed` does after a commit). 5% of the records are
+/// re-deliveries of an earlier one.
+fn state_path_rate(
+    state: &PartitionState<LedgerTotals>,
+    prefix: &str,
+    events: u64,
+) -> Result<f64, BenchError> {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let policy = DedupPolicy {
+        horizon_secs: HORIZON_SECS,
+        max_record_bytes: 1 << 20,
+    };
+    let source = SourcePosition {
+        topic: "bench".into(),
+        partition: 0,
+        offset: 0,
+    };
+    let started = Instant::now();
+    let mut overlay = Overlay::default();
+    let mut in_batch = 0;
+    for i in 0..events {
+        let n = if i % 20 == 19 { i / 2 } else { i };
+        let value = format!(
+            r#"{{"event_id":"{}","entity_id":"e-{}","value":1}}"#,
+            event_id(prefix, n),
+            n % ENTITIES
+        );
+        state.decide(
+            &mut overlay,
+            &LedgerTransform,
+            InputRecord {
+                value: Some(value.as_bytes()),
+                timestamp_secs: now,
+            },
+            &source,
+            now,
+            policy,
+        )?;
+        in_batch += 1;
+        if in_batch == BATCH {
+            state.apply(std::mem::take(&mut overlay))?;
+            in_batch = 0;
+        }
+    }
+    state.apply(overlay)?;
+    Ok(events as f64 / started.elapsed().as_secs_f64())
+}
+
+fn restore(
+    client: &ClientConfig,
+    topic: &str,
+    state: &PartitionState<LedgerTotals>,
+) -> Result<(RestoreOutcome, f64), BenchError> {
+    let started = Instant::now();
+    let outcome = changelog::restore_partition::<LedgerTotals>(
+        client,
+        topic,
+        0,
+        Duration::from_secs(120),
+        state.store(),
+        Duration::from_secs(86_400),
+    )?;
+    Ok((outcome, started.elapsed().as_secs_f64()))
+}
+
+/// Runs the benchmark; creates and deletes its own changelog topic and stores.
+pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    let topic = format!(
+        "eos-state-bench-{}-{}",
+        std::process::id(),
+        crate::state_store::now_unix_ms()
+    );
+    let admin: AdminClient<DefaultClientContext> = client.create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let mut new_topic = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
+    for (key, value) in KEYED_STATE_TOPIC_CONFIG {
+        new_topic = new_topic.set(key, value);
+    }
+    for result in admin.create_topics([&new_topic], &options).await? {
+        result.map_err(|(topic, code)| BenchError::Setup(format!("creating {topic}: {code}")))?;
+    }
+    let result = measure(config, &client, &topic);
+    let _ = admin.delete_topics(&[&topic], &options).await;
+    let _ = std::fs::remove_dir_all(&config.work_dir);
+    result
+}
+
+fn measure(
+    config: &BenchConfig,
+    client: &ClientConfig,
+    topic: &str,
+) -> Result<BenchReport, BenchError> {
+    let started = Instant::now();
+    let mut changelog_records = produce_state(client, topic, "state", config.ids)?;
+    let produce_secs = started.elapsed().as_secs_f64();
+    // The producer's buffers are gone: measure the peak of what the restore needs.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+
+    let full_dir = config.work_dir.join("full");
+    let store = StateStore::open(&full_dir)?;
+    let state = PartitionState::<LedgerTotals>::new(store.partition(topic, 0)?);
+    let (cold, cold_restore_secs) = restore(client, topic, &state)?;
+    let vm_rss_mib = status_kib("VmRSS:") / 1024.0;
+
+    changelog_records += produce_state(client, topic, "tail", config.tail)?;
+    let (warm, warm_restore_secs) = restore(client, topic, &state)?;
+    let vm_hwm_mib = status_kib("VmHWM:") / 1024.0;
+    let store_file_mib = dir_mib(&full_dir);
+
+    let empty_store = StateStore::open(&config.work_dir.join("empty"))?;
+    let empty = PartitionState::<LedgerTotals>::new(empty_store.partition(topic, 0)?);
+    let empty_rate = state_path_rate(&empty, "new", config.throughput_events)?;
+    let full_rate = state_path_rate(&state, "new", config.throughput_events)?;
+    Ok(BenchReport {
+        ids: config.ids,
+        changelog_records,
+        produce_secs,
+        cold_restore_secs,
+        cold_restore_records: cold.records,
+        warm_restore_secs,
+        warm_restore_records: warm.records,
+        vm_rss_mib,
+        vm_hwm_mib,
+        store_file_mib,
+        empty_state_events_per_sec: empty_rate,
+        full_state_events_per_sec: full_rate,
+        throughput_ratio: full_rate / empty_rate,
+    })
+}
+
+impl BenchReport {
+    /// The report as a two-column table.
+    pub fn table(&self) -> String {
+        let rows = [
+            ("distinct ids in state", self.ids.to_string()),
+            ("changelog records", self.changelog_records.to_string()),
+            ("produce", format!("{:.1} s", self.produce_secs)),
+            (
+                "cold restore (changelog from the start)",
+                format!(
+                    "{:.1} s, {} records ({:.0} records/s)",
+                    self.cold_restore_secs,
+                    self.cold_restore_records,
+                    self.cold_restore_records as f64 / self.cold_restore_secs
+                ),
+            ),
+            (
+                "warm restore (from the local checkpoint)",
+                format!(
+                    "{:.2} s, {} records",
+                    self.warm_restore_secs, self.warm_restore_records
+                ),
+            ),
+            (
+                "VmRSS holding the state",
+                format!("{:.0} MiB", self.vm_rss_mib),
+            ),
+            (
+                "VmHWM during the restores",
+                format!("{:.0} MiB", self.vm_hwm_mib),
+            ),
+            ("store file", format!("{:.0} MiB", self.store_file_mib)),
+            (
+                "state path, empty state",
+                format!("{:.0} events/s", self.empty_state_events_per_sec),
+            ),
+            (
+                "state path, full state",
+                format!("{:.0} events/s", self.full_state_events_per_sec),
+            ),
+            (
+                "full / empty",
+                format!("{:.2} (target >= 0.90)", self.throughput_ratio),
+            ),
+        ];
+        let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+        rows.iter()
+            .map(|(name, value)| format!("{name:<width$}  {value}\n"))
+            .collect()
+    }
+}
