@@ -170,6 +170,31 @@ class RenderedChart(unittest.TestCase):
                     all_ids |= ids
             self.assertEqual(seen_binaries, set(INSTANCE_BINARIES), label)
 
+    def test_processor_state_lives_on_its_own_volume_persistent_when_asked(self):
+        def processor_and_state(docs):
+            (workload,) = workloads_running(docs, "eos-processor")
+            (container,) = containers(workload, init=False)
+            state_dir = env_of(container)["EOS_STATE_DIR"]["value"]
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            self.assertIn(state_dir, mounts, "the state dir is a mounted volume")
+            return workload, mounts[state_dir]
+
+        for label, docs in self.each_rendering():
+            with self.subTest(values=label):
+                workload, volume = processor_and_state(docs)
+                (source,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == volume]
+                # Not the small /tmp emptyDir: the store grows with the dedup horizon.
+                self.assertEqual(source["emptyDir"]["sizeLimit"], "2Gi")
+                self.assertNotIn("volumeClaimTemplates", workload["spec"])
+        docs = render(None, ("processor.state.persistent=true", "processor.state.size=50Gi",
+                             "processor.state.storageClassName=fast"))
+        workload, volume = processor_and_state(docs)
+        self.assertNotIn(volume, [v["name"] for v in pod_spec(workload)["volumes"]])
+        (claim,) = workload["spec"]["volumeClaimTemplates"]
+        self.assertEqual(claim["metadata"]["name"], volume)
+        self.assertEqual(claim["spec"]["resources"]["requests"]["storage"], "50Gi")
+        self.assertEqual(claim["spec"]["storageClassName"], "fast")
+
     def test_grace_periods_outlast_the_shutdown_work(self):
         timeouts = {
             "eos-processor": "EOS_TRANSACTION_TIMEOUT",
