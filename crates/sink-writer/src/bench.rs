@@ -1,8 +1,11 @@
 //! `sink-writer-bench`: figures for the sink's write path, printed, not asserted.
 //!
-//! On the same indexed table shape (`event_sink`), in interleaved rounds so drift (autovacuum,
-//! caches, other load) hits every variant alike:
-//! - idempotent batch insert (the sink's statement) rows/s ÷ raw `COPY` rows/s;
+//! On the same indexed table shape (`event_sink`), in interleaved rounds (the order of the
+//! variants rotates every round) so drift (autovacuum, caches, other load) hits every variant
+//! alike; each ratio is taken within a round, then its median and spread over the rounds:
+//! - idempotent insert with the checkpoint in the same transaction (the sink's write path,
+//!   `--offsets postgres`) rows/s ÷ raw `COPY` rows/s — and the same for the two other write
+//!   paths ([`WritePath`]: one `UNNEST` statement; binary `COPY` into a staging table);
 //! - a 100% duplicate replay ÷ a fresh insert (and the table must not grow);
 //! - checkpoint mode (rows + the epoch-guarded checkpoint update in one transaction) ÷ the
 //!   idempotent insert alone;
@@ -15,6 +18,7 @@ use clap::Parser;
 use eos_core::Checkpoint;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
+use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +27,7 @@ use crate::checkpoint_store::{self, Move};
 use crate::decision::{self, TargetView};
 use crate::mapping::InputRecord;
 use crate::schema::{self, PreparedTarget};
+use crate::table_writer::WritePath;
 use crate::{migrator, targets};
 
 /// Prints throughput figures of the sink's write path against a real PostgreSQL (and Kafka for
@@ -50,8 +55,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2_000)]
     pub batch: usize,
 
-    /// Interleaved rounds; the figure is the median.
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved rounds; each figure is the median over them, with the spread.
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
 
     /// Records for the end-to-end figure; 0 to skip it.
@@ -80,9 +85,38 @@ fn records(prefix: &str, count: usize) -> Vec<InputRecord> {
         .collect()
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
+/// A figure over the rounds: each round's value, the median (the mean of the middle two for an
+/// even count) and the spread (lowest, highest).
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    pub rounds: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Figure {
+    pub fn new(rounds: Vec<f64>) -> Self {
+        let mut sorted = rounds.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = match n {
+            0 => 0.0,
+            _ if n % 2 == 1 => sorted[n / 2],
+            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        };
+        Self {
+            median,
+            min: sorted.first().copied().unwrap_or(0.0),
+            max: sorted.last().copied().unwrap_or(0.0),
+            rounds,
+        }
+    }
+
+    /// Per round `a[i] / b[i]`.
+    fn ratio(a: &[f64], b: &[f64]) -> Self {
+        Self::new(a.iter().zip(b).map(|(a, b)| a / b).collect())
+    }
 }
 
 /// The sink's own statement, batch by batch; with `checkpoint`, each transaction also moves a
@@ -93,6 +127,7 @@ async fn idempotent(
     rows: &[InputRecord],
     batch: usize,
     checkpoint: Option<i64>,
+    path: WritePath,
 ) -> anyhow::Result<f64> {
     let views = [TargetView {
         shape: &target.shape,
@@ -115,11 +150,12 @@ async fn idempotent(
             let moved = checkpoint_store::advance(&mut tx, "bench", &moves).await?;
             anyhow::ensure!(moved.len() == 1, "bench checkpoint not fenced to us");
         }
-        crate::table_writer::write_target(
+        crate::table_writer::write_target_via(
             &mut tx,
             target,
             &decided.candidates[0],
             &decided.send[0],
+            path,
         )
         .await?;
         tx.commit().await?;
@@ -242,7 +278,74 @@ fn rand_suffix() -> u128 {
         .unwrap_or(0)
 }
 
+/// The interleaved measurements of one run of the bench.
+#[derive(Debug, Clone, Serialize)]
+pub struct SinkBenchReport {
+    pub rows: usize,
+    pub batch: usize,
+    pub rounds: usize,
+    /// `/proc/loadavg` (1, 5, 15 minutes) before the first round, where there is one.
+    pub load_before: Option<[f64; 3]>,
+    pub cores: usize,
+    /// rows/s of raw `COPY`.
+    pub copy: Figure,
+    /// By write path (`copy-fresh` is the sink's): rows/s of the idempotent insert with the
+    /// checkpoint in the same transaction, and that ÷ raw `COPY` of the same round.
+    pub paths: Vec<PathFigures>,
+    /// The sink's path without the checkpoint, rows/s.
+    pub insert_alone: Figure,
+    /// The sink's path re-inserting the same rows (100% duplicates), rows/s.
+    pub duplicate_replay: Figure,
+    /// How many rows the duplicate replays added to the table in all (must be 0).
+    pub duplicate_rows_added: i64,
+    /// duplicate replay ÷ insert alone.
+    pub duplicate_vs_fresh: Figure,
+    /// insert with checkpoint ÷ insert alone (the sink's path).
+    pub checkpoint_vs_insert: Figure,
+    /// End to end, topic → table, rows/s (start-up included) and seconds; `None` when skipped.
+    pub end_to_end: Option<(f64, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PathFigures {
+    pub path: &'static str,
+    pub rows_per_second: Figure,
+    pub vs_copy: Figure,
+}
+
+/// The sink's target: idempotent insert with the checkpoint ÷ raw COPY (issue #15).
+pub const TARGET_VS_COPY: f64 = 0.6;
+
+fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
+    Some([fields.next()??, fields.next()??, fields.next()??])
+}
+
+/// Runs the bench and prints its table.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let report = measure(&args).await?;
+    print!("{}", report.table());
+    Ok(())
+}
+
+/// One variant of a round.
+#[derive(Debug, Clone, Copy)]
+enum Variant {
+    Copy,
+    Checkpointed(WritePath),
+    /// The sink's path without the checkpoint, then the same rows again (all duplicates).
+    InsertThenReplay,
+}
+
+/// Runs the interleaved rounds (and the end-to-end figure) against a scratch database.
+pub async fn measure(args: &BenchArgs) -> anyhow::Result<SinkBenchReport> {
+    anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
+    anyhow::ensure!(
+        args.rows > 0 && args.batch > 0,
+        "--rows and --batch must be positive"
+    );
+    let load_before = load_average();
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .connect(&args.database_url)
@@ -260,66 +363,174 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     .await?;
     let target = schema::prepare(&pool, targets::defaults().remove(0)).await?;
 
-    let (mut copy, mut fresh, mut duplicate, mut checkpointed) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut variants = vec![Variant::Copy, Variant::InsertThenReplay];
+    variants.extend(WritePath::ALL.map(Variant::Checkpointed));
+    let mut copy = Vec::new();
+    let mut checkpointed: Vec<Vec<f64>> = vec![Vec::new(); WritePath::ALL.len()];
+    let (mut alone, mut duplicate) = (Vec::new(), Vec::new());
     let mut grew = 0;
     for round in 0..args.rounds {
-        sqlx::raw_sql("TRUNCATE event_sink; TRUNCATE bench_raw;")
-            .execute(&pool)
-            .await?;
         let rows = records(&format!("r{round}"), args.rows);
-        copy.push(raw_copy(&pool, &rows, args.batch).await?);
-        // Both variants start from an empty table, and take turns going first.
-        for variant in [round % 2, 1 - round % 2] {
-            sqlx::raw_sql("TRUNCATE event_sink;").execute(&pool).await?;
-            if variant == 0 {
-                fresh.push(idempotent(&pool, &target, &rows, args.batch, None).await?);
-                let before = count(&pool, "event_sink").await?;
-                duplicate.push(idempotent(&pool, &target, &rows, args.batch, None).await?);
-                grew += count(&pool, "event_sink").await? - before;
-            } else {
-                checkpointed.push(idempotent(&pool, &target, &rows, args.batch, Some(1)).await?);
+        // Every variant starts from an empty table; the order rotates so each goes first once
+        // in a while.
+        let shift = round % variants.len();
+        for variant in variants[shift..].iter().chain(&variants[..shift]) {
+            sqlx::raw_sql("TRUNCATE event_sink; TRUNCATE bench_raw;")
+                .execute(&pool)
+                .await?;
+            match *variant {
+                Variant::Copy => copy.push(raw_copy(&pool, &rows, args.batch).await?),
+                Variant::Checkpointed(path) => {
+                    let rate = idempotent(&pool, &target, &rows, args.batch, Some(1), path).await?;
+                    let slot = WritePath::ALL.iter().position(|p| *p == path).unwrap_or(0);
+                    checkpointed[slot].push(rate);
+                    anyhow::ensure!(
+                        count(&pool, "event_sink").await? == args.rows as i64,
+                        "{} wrote a different number of rows",
+                        path.as_str()
+                    );
+                }
+                Variant::InsertThenReplay => {
+                    let path = WritePath::CopyFresh;
+                    alone.push(idempotent(&pool, &target, &rows, args.batch, None, path).await?);
+                    let before = count(&pool, "event_sink").await?;
+                    duplicate
+                        .push(idempotent(&pool, &target, &rows, args.batch, None, path).await?);
+                    grew += count(&pool, "event_sink").await? - before;
+                }
             }
         }
     }
-    let (copy, fresh, duplicate, checkpointed) = (
-        median(copy),
-        median(fresh),
-        median(duplicate),
-        median(checkpointed),
-    );
-    println!(
-        "sink-writer bench: {} rows per run, {} rows per batch, median of {} interleaved rounds",
-        args.rows, args.batch, args.rounds
-    );
-    println!("  raw COPY                         {copy:>10.0} rows/s");
-    println!(
-        "  idempotent batch insert          {fresh:>10.0} rows/s   ÷ COPY      = {:.2} (target ≥ 0.35)",
-        fresh / copy
-    );
-    println!(
-        "  100% duplicate replay            {duplicate:>10.0} rows/s   ÷ fresh     = {:.2} (target ≥ 1.0); table grew by {grew} rows",
-        duplicate / fresh
-    );
-    println!(
-        "  insert + checkpoint (one tx)     {checkpointed:>10.0} rows/s   ÷ insert    = {:.2} (target ≥ 0.95)",
-        checkpointed / fresh
-    );
-    if args.end_to_end > 0 {
+    let paths: Vec<PathFigures> = WritePath::ALL
+        .iter()
+        .zip(&checkpointed)
+        .map(|(path, rates)| PathFigures {
+            path: path.as_str(),
+            rows_per_second: Figure::new(rates.clone()),
+            vs_copy: Figure::ratio(rates, &copy),
+        })
+        .collect();
+    let end_to_end = if args.end_to_end > 0 {
         sqlx::raw_sql("TRUNCATE event_sink; TRUNCATE entity_state;")
             .execute(&pool)
             .await?;
-        let (rate, elapsed) = end_to_end(&args, &pool).await?;
-        println!(
-            "  end to end topic → table         {rate:>10.0} rows/s   ({} records in {:.1}s, start-up included)",
-            args.end_to_end,
-            elapsed.as_secs_f64()
-        );
-    }
+        let (rate, elapsed) = end_to_end(args, &pool).await?;
+        Some((rate, elapsed.as_secs_f64()))
+    } else {
+        None
+    };
     sqlx::raw_sql(
         "DROP TABLE IF EXISTS bench_raw; DELETE FROM sink_checkpoints WHERE sink = 'bench';",
     )
     .execute(&pool)
     .await?;
-    Ok(())
+    Ok(SinkBenchReport {
+        rows: args.rows,
+        batch: args.batch,
+        rounds: args.rounds,
+        load_before,
+        cores: std::thread::available_parallelism().map_or(0, usize::from),
+        checkpoint_vs_insert: Figure::ratio(&checkpointed[0], &alone),
+        duplicate_vs_fresh: Figure::ratio(&duplicate, &alone),
+        copy: Figure::new(copy),
+        paths,
+        insert_alone: Figure::new(alone),
+        duplicate_replay: Figure::new(duplicate),
+        duplicate_rows_added: grew,
+        end_to_end,
+    })
+}
+
+impl SinkBenchReport {
+    /// The human table: per-round ratios, then median and spread, with the targets.
+    pub fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let load = self.load_before.map_or("unknown".to_owned(), |[a, b, c]| {
+            format!("{a:.2} {b:.2} {c:.2}")
+        });
+        let _ = writeln!(
+            out,
+            "sink-writer bench: {} rows per run, {} rows per batch, {} interleaved rounds; \
+             {} cores, load before {load}",
+            self.rows, self.batch, self.rounds, self.cores
+        );
+        let rounds = |figure: &Figure, digits: usize| {
+            figure
+                .rounds
+                .iter()
+                .map(|v| format!("{v:.digits$}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let _ = writeln!(
+            out,
+            "  {:<44} {:>10} {:>15}  per round",
+            "figure", "median", "spread"
+        );
+        let mut line = |name: &str, figure: &Figure, digits: usize, target: &str| {
+            let _ = writeln!(
+                out,
+                "  {name:<44} {:>10.digits$} {:>15}  [{}]{target}",
+                figure.median,
+                format!("{:.digits$}–{:.digits$}", figure.min, figure.max),
+                rounds(figure, digits),
+            );
+        };
+        line("raw COPY rows/s", &self.copy, 0, "");
+        for path in &self.paths {
+            let sink = if path.path == WritePath::CopyFresh.as_str() {
+                " (the sink's)"
+            } else {
+                ""
+            };
+            line(
+                &format!("{}{sink} + checkpoint rows/s", path.path),
+                &path.rows_per_second,
+                0,
+                "",
+            );
+            line(
+                "  ÷ raw COPY",
+                &path.vs_copy,
+                2,
+                if sink.is_empty() {
+                    ""
+                } else {
+                    "   target ≥ 0.60"
+                },
+            );
+        }
+        line("insert alone rows/s", &self.insert_alone, 0, "");
+        line(
+            "100% duplicate replay rows/s",
+            &self.duplicate_replay,
+            0,
+            "",
+        );
+        line(
+            "  duplicate replay ÷ insert",
+            &self.duplicate_vs_fresh,
+            2,
+            "   target ≥ 1.0",
+        );
+        line(
+            "  insert + checkpoint ÷ insert alone",
+            &self.checkpoint_vs_insert,
+            2,
+            "   target ≥ 0.95",
+        );
+        let _ = writeln!(
+            out,
+            "  duplicate replays added {} rows (must be 0)",
+            self.duplicate_rows_added
+        );
+        if let Some((rate, seconds)) = self.end_to_end {
+            let _ = writeln!(
+                out,
+                "  end to end topic → table {rate:>10.0} rows/s   ({seconds:.1}s, start-up included)"
+            );
+        }
+        out
+    }
 }

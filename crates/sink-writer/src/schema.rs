@@ -3,6 +3,9 @@
 //! A table that does not fit refuses the start with an error naming the table and the missing
 //! column or constraint: better than a batch that fails forever at 3 a.m.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
 use sqlx::PgPool;
 
 use crate::column_type::{self, ColumnType};
@@ -17,16 +20,54 @@ pub struct PreparedTarget {
     pub shape: RowShape,
     /// Index of the bound column holding the fingerprint, when one is mapped.
     pub fingerprint_index: Option<usize>,
-    /// One statement per batch: reads the rows stored under the candidates' keys (before the
-    /// write) and writes the winners — append: `INSERT … ON CONFLICT (key) DO NOTHING`, versioned:
-    /// the upsert guarded by `WHERE stored.version < incoming.version`.
+    /// Which candidates' keys are stored already (`$1`: the keys as text; returns the 1-based
+    /// positions of the stored ones). Splits a batch into fresh keys, which go in by `COPY`, and
+    /// stored ones, which need `write_sql`'s comparison (and, versioned, its upsert).
+    pub probe_sql: String,
+    /// `write_sql`'s reading half alone (no `send` array, no insert): for the candidates of an
+    /// append target whose key the probe found stored, since `ON CONFLICT DO NOTHING` would
+    /// write none of them.
+    pub read_stored_sql: String,
+    /// `COPY table (bound columns, now columns) FROM STDIN` (text format): the rows of keys the
+    /// probe found nothing under. See `table_writer` for why this is safe.
+    pub copy_sql: String,
+    /// How many `now` columns follow the bound ones in `copy_sql`.
+    pub now_columns: usize,
+    /// One statement: reads the rows stored under the candidates' keys (before the write) and
+    /// writes the winners — append: `INSERT … ON CONFLICT (key) DO NOTHING`, versioned: the upsert
+    /// guarded by `WHERE stored.version < incoming.version`. The candidates travel as text arrays
+    /// through `UNNEST`.
     pub write_sql: String,
+    /// The same statement over the temporary table `staging.create_sql` makes, filled by binary
+    /// `COPY` — the other way to ship a batch; kept for the bench's comparison (docs/BENCHMARKS-sink.md).
+    pub staging: StagingStatements,
     /// Only for a winner another writer got in before (a race between sinks): the row stored now,
     /// whether its content differs, whether the version is the same, and its fingerprint.
     pub compare_sql: String,
     /// `DELETE` of one chunk of rows older than the retention (when configured).
     pub purge_sql: Option<String>,
+    /// Append targets: whether the last `COPY` tried without a probe was refused (stored keys:
+    /// a replay). While set, `table_writer` probes first. Only a cost choice, never a result.
+    pub replaying: Arc<AtomicBool>,
 }
+
+/// A temporary staging table for one batch of a target and the write that reads it.
+#[derive(Debug, Clone)]
+pub struct StagingStatements {
+    /// `pg_temp.sink_staging_<bound columns>`.
+    pub table: String,
+    /// `CREATE TEMP TABLE IF NOT EXISTS … ON COMMIT DELETE ROWS` (emptied at each commit): one
+    /// text column per bound column, `send`, `ord`.
+    pub create_sql: String,
+    /// `COPY … FROM STDIN (FORMAT binary)` into it.
+    pub copy_sql: String,
+    /// `write_sql` with the staging table as its source.
+    pub write_sql: String,
+}
+
+/// The temporary staging tables' name, followed by the number of bound columns: targets of the
+/// same width share one (all its columns are text). One per session, emptied at each commit.
+pub const STAGING_TABLE: &str = "sink_staging_";
 
 impl PreparedTarget {
     pub fn name(&self) -> &str {
@@ -271,7 +312,7 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
         version_index,
         content_indices,
     };
-    let (write_sql, compare_sql) = statements(&spec, &shape, &now_columns, fingerprint_index);
+    let statements = statements(&spec, &shape, &now_columns, fingerprint_index);
     let purge_sql = spec.retention.as_ref().map(|retention| {
         let column = quote_ident(&retention.column);
         format!(
@@ -283,9 +324,15 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
         spec,
         shape,
         fingerprint_index,
-        write_sql,
-        compare_sql,
+        probe_sql: statements.probe,
+        read_stored_sql: statements.read_stored,
+        copy_sql: statements.copy,
+        now_columns: now_columns.len(),
+        write_sql: statements.write,
+        staging: statements.staging,
+        compare_sql: statements.compare,
         purge_sql,
+        replaying: Arc::default(),
     })
 }
 
@@ -296,12 +343,22 @@ fn unnest(count: usize) -> String {
     format!("UNNEST({}) AS u({})", arrays.join(", "), aliases.join(", "))
 }
 
+/// The statements of one target, built from its checked shape.
+struct Statements {
+    probe: String,
+    read_stored: String,
+    copy: String,
+    write: String,
+    staging: StagingStatements,
+    compare: String,
+}
+
 fn statements(
     spec: &TargetSpec,
     shape: &RowShape,
     now_columns: &[String],
     fingerprint_index: Option<usize>,
-) -> (String, String) {
+) -> Statements {
     let table = quote_table(&spec.table);
     let key = quote_ident(&spec.key);
     let columns = &shape.columns;
@@ -373,29 +430,67 @@ fn statements(
     // travels back only when it differs (a conflict needs it), so a replay of duplicates is cheap.
     let aliases: Vec<String> = (0..count).map(|i| format!("c{i}")).collect();
     let arrays: Vec<String> = (1..=count).map(|i| format!("${i}::text[]")).collect();
-    let write_sql = format!(
-        "WITH u AS (SELECT * FROM UNNEST({arrays}, ${send}::bool[]) WITH ORDINALITY \
-             AS u({aliases}, send, ord)), \
-         pre AS (SELECT u.ord, CASE WHEN ({differs}) THEN to_jsonb(t)::text END AS stored_row, \
+    let pre = format!(
+        "pre AS (SELECT u.ord, CASE WHEN ({differs}) THEN to_jsonb(t)::text END AS stored_row, \
              ({differs}) AS differs, {stored_version} AS stored_version, \
              CASE WHEN ({differs}) THEN {fingerprint} END AS fingerprint \
-             FROM u JOIN {table} t ON t.{key} = u.c{k}::{key_type}), \
+             FROM u JOIN {table} t ON t.{key} = u.c{k}::{key_type})"
+    );
+    let body = format!(
+        "{pre}, \
          w AS (INSERT INTO {table} AS t ({names}) SELECT {select} FROM u WHERE u.send \
              ORDER BY u.c{k} {conflict_clause} RETURNING t.{key}::text AS written) \
          SELECT ord, stored_row, differs, stored_version, fingerprint, NULL::text FROM pre \
          UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, written FROM w",
-        arrays = arrays.join(", "),
-        send = count + 1,
-        aliases = aliases.join(", "),
         names = names.join(", "),
         select = select.join(", "),
     );
-    let compare_sql = format!(
+    // An append target writes nothing under a stored key: for those, the comparison alone.
+    let read_stored = format!(
+        "WITH u AS (SELECT * FROM UNNEST({arrays}) WITH ORDINALITY AS u({aliases}, ord)), \
+         {pre} SELECT ord, stored_row, differs, stored_version, fingerprint, NULL::text FROM pre",
+        arrays = arrays.join(", "),
+        aliases = aliases.join(", "),
+    );
+    let write = format!(
+        "WITH u AS (SELECT * FROM UNNEST({arrays}, ${send}::bool[]) WITH ORDINALITY \
+             AS u({aliases}, send, ord)), {body}",
+        arrays = arrays.join(", "),
+        send = count + 1,
+        aliases = aliases.join(", "),
+    );
+    let staging_columns: Vec<String> = aliases.iter().map(|a| format!("{a} text")).collect();
+    let stage = format!("pg_temp.{STAGING_TABLE}{count}");
+    let staging = StagingStatements {
+        table: stage.clone(),
+        create_sql: format!(
+            "CREATE TEMP TABLE IF NOT EXISTS {STAGING_TABLE}{count} ({}, send bool, ord bigint) \
+             ON COMMIT DELETE ROWS",
+            staging_columns.join(", ")
+        ),
+        copy_sql: format!("COPY {stage} FROM STDIN (FORMAT binary)"),
+        write_sql: format!("WITH u AS (SELECT * FROM {stage}), {body}"),
+    };
+    // `now` columns take the text `now`, which PostgreSQL reads as the transaction's start: what
+    // `now()` returns in the insert.
+    let copy = format!("COPY {table} ({}) FROM STDIN", names.join(", "));
+    let probe = format!(
+        "SELECT u.ord FROM UNNEST($1::text[]) WITH ORDINALITY AS u(k, ord) \
+         JOIN {table} t ON t.{key} = u.k::{key_type}"
+    );
+    let compare = format!(
         "SELECT u.c{k}, to_jsonb(t)::text, ({differs}), ({same_version}), {fingerprint} \
          FROM {source} JOIN {table} t ON t.{key} = u.c{k}::{key_type}",
         source = unnest(count),
     );
-    (write_sql, compare_sql)
+    Statements {
+        probe,
+        read_stored,
+        copy,
+        write,
+        staging,
+        compare,
+    }
 }
 
 #[cfg(test)]
@@ -456,7 +551,37 @@ mod tests {
     fn one_statement_per_batch_with_unnest_arrays() {
         let defaults = targets::defaults();
         let (shape, now) = shape_of(&defaults[1], &[("version", "int8"), ("payload", "jsonb")]);
-        let (write, compare) = statements(&defaults[1], &shape, &now, None);
+        let Statements {
+            write,
+            compare,
+            copy,
+            probe,
+            staging,
+            read_stored,
+        } = statements(&defaults[1], &shape, &now, None);
+        assert_eq!(
+            copy,
+            "COPY \"entity_state\" (\"entity_id\", \"version\", \"payload\", \"event_id\", \
+             \"updated_at\") FROM STDIN"
+        );
+        assert!(
+            probe.contains("JOIN \"entity_state\" t ON t.\"entity_id\" = u.k::text"),
+            "{probe}"
+        );
+        assert!(
+            read_stored.starts_with(
+                "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], \
+                 $4::text[]) WITH ORDINALITY AS u(c0, c1, c2, c3, ord)), pre AS"
+            ) && !read_stored.contains("INSERT"),
+            "{read_stored}"
+        );
+        assert!(
+            staging
+                .write_sql
+                .starts_with("WITH u AS (SELECT * FROM pg_temp.sink_staging_4), pre AS"),
+            "{}",
+            staging.write_sql
+        );
         assert!(
             write.contains("INSERT INTO \"entity_state\" AS t"),
             "{write}"

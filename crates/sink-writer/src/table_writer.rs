@@ -1,15 +1,21 @@
 //! Writes a batch's rows into the targets, and its conflicts and dead letters into the sink's
-//! own tables — each as one statement per batch (text arrays through `UNNEST`), never a statement
-//! per row. (A second statement per target only when another writer inserted a key between this
-//! batch's read and its write.)
+//! own tables — a few statements per batch, never a statement per row. A target's rows: a probe
+//! of the keys, one `COPY` of the rows of fresh keys, one `UNNEST` statement for the keys already
+//! stored (see [`write_target`]). The sink's own tables: text arrays through `UNNEST`. (One more
+//! statement per target only when another writer inserted a key between this batch's read and
+//! its write.)
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 
 use eos_core::dead_letter::{MAX_DETAIL_BYTES, truncate_with_marker};
 use sqlx::PgConnection;
+use tracing::debug;
 
 use crate::batch_plan::{Candidate, Stored};
+use crate::error::{DbErrorClass, db_error_class};
 use crate::schema::PreparedTarget;
+use crate::targets::TargetKind;
 
 /// What was stored under a candidate's key before the write, as the database compared it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,45 +66,357 @@ type WriteRow = (
     Option<String>,
 );
 
-/// One statement: what is stored under every candidate's key (before the write), and the write
-/// of the rows flagged in `send`.
+/// How a batch's rows travel to the database. The sink uses [`WritePath::CopyFresh`]; the others
+/// are kept so the bench can compare them on the same rows (docs/BENCHMARKS-sink.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePath {
+    /// A probe of the keys, text `COPY` of the rows whose key nothing is stored under, and the
+    /// `UNNEST` statement for the rest.
+    CopyFresh,
+    /// Every row through the one `UNNEST` statement (`write_sql`).
+    Unnest,
+    /// Binary `COPY` into a temporary staging table, then one `INSERT … SELECT` from it.
+    Staging,
+}
+
+impl WritePath {
+    pub const ALL: [WritePath; 3] = [Self::CopyFresh, Self::Unnest, Self::Staging];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CopyFresh => "copy-fresh",
+            Self::Unnest => "unnest",
+            Self::Staging => "staging",
+        }
+    }
+}
+
+/// What is stored under every candidate's key (before the write), and the write of the rows
+/// flagged in `send` — the sink's write path, [`WritePath::CopyFresh`].
 pub async fn write_target(
     conn: &mut PgConnection,
     target: &PreparedTarget,
     candidates: &[Candidate],
     send: &[bool],
 ) -> Result<TargetWrite, sqlx::Error> {
-    let mut result = TargetWrite::default();
+    write_target_via(conn, target, candidates, send, WritePath::CopyFresh).await
+}
+
+/// [`write_target`] by the given path; every path gives the same result.
+pub async fn write_target_via(
+    conn: &mut PgConnection,
+    target: &PreparedTarget,
+    candidates: &[Candidate],
+    send: &[bool],
+    path: WritePath,
+) -> Result<TargetWrite, sqlx::Error> {
     if candidates.is_empty() {
+        return Ok(TargetWrite::default());
+    }
+    let all: Vec<usize> = (0..candidates.len()).collect();
+    match path {
+        WritePath::CopyFresh => write_copy_fresh(conn, target, candidates, send).await,
+        WritePath::Unnest => write_unnest(conn, target, candidates, send, &all).await,
+        WritePath::Staging => write_staged(conn, target, candidates, send).await,
+    }
+}
+
+/// `COPY` cannot skip a row whose key is taken, but it writes rows several times faster than an
+/// `INSERT … ON CONFLICT` (PostgreSQL inserts them in bulk, not one speculative insertion each).
+/// So, for an append target, the winners are first copied as they are. When that is refused (a
+/// key is stored: a replay), and always for a versioned target (its keys are mostly stored), a
+/// probe finds the candidates whose key is stored; for those the `UNNEST` statement's
+/// comparison classifies duplicates and conflicts (an append target: the comparison alone, as
+/// `ON CONFLICT DO NOTHING` would write none of them; a versioned one: with its upsert); the
+/// winners of the other keys are copied in one `COPY`, in a savepoint. Nothing was stored under
+/// those keys when the probe ran, so `COPY` inserts exactly what `ON CONFLICT` would have — unless
+/// another writer inserted one of them since, or PostgreSQL refuses a row: then the `COPY` fails
+/// whole, the savepoint undoes it, and those keys go through the `UNNEST` statement instead, which
+/// sees the other writer's row (or fails the same way, and the batch writer isolates the refused
+/// record).
+async fn write_copy_fresh(
+    conn: &mut PgConnection,
+    target: &PreparedTarget,
+    candidates: &[Candidate],
+    send: &[bool],
+) -> Result<TargetWrite, sqlx::Error> {
+    let winners: Vec<usize> = (0..candidates.len()).filter(|&i| send[i]).collect();
+    // After a refusal, probe first until a probe finds nothing stored: a replay comes in runs of
+    // batches, and a refused `COPY` costs more than a probe.
+    let replaying = target.replaying.load(Ordering::Relaxed);
+    if target.spec.kind == TargetKind::Append && !winners.is_empty() && !replaying {
+        // A stream of new events (the usual case) needs no probe: if the `COPY` of every winner
+        // goes through, nothing was stored under any of their keys — what the probe would have
+        // said. A replay fails it, and takes the probe's way.
+        match copy_rows(conn, target, candidates, &winners).await {
+            Ok(()) => {
+                let mut result = TargetWrite::default();
+                result
+                    .applied
+                    .extend(winners.iter().map(|&i| candidates[i].row.key.clone()));
+                return Ok(result);
+            }
+            Err(error) if db_error_class(&error) == DbErrorClass::Data => {
+                debug!(target = target.name(), %error, "COPY refused; probing the keys");
+                target.replaying.store(true, Ordering::Relaxed);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    let keys: Vec<&str> = candidates.iter().map(|c| c.row.key.as_str()).collect();
+    let positions: Vec<i64> = sqlx::query_scalar(&target.probe_sql)
+        .bind(&keys)
+        .fetch_all(&mut *conn)
+        .await?;
+    // WITH ORDINALITY counts from 1.
+    let stored_keys: HashSet<&str> = positions
+        .iter()
+        .filter_map(|&ord| usize::try_from(ord - 1).ok())
+        .filter_map(|i| keys.get(i).copied())
+        .collect();
+    if stored_keys.is_empty() {
+        target.replaying.store(false, Ordering::Relaxed);
+    }
+    let (stored, mut fresh): (Vec<usize>, Vec<usize>) =
+        (0..candidates.len()).partition(|&i| stored_keys.contains(keys[i]));
+    let mut result = TargetWrite::default();
+    if !stored.is_empty() {
+        let write = match target.spec.kind {
+            TargetKind::Versioned => write_unnest(conn, target, candidates, send, &stored).await?,
+            TargetKind::Append => {
+                let read = read_stored(conn, target, candidates, &stored).await?;
+                // A key deleted since the probe is fresh again: its winner is copied.
+                let vanished: HashSet<&str> = stored
+                    .iter()
+                    .filter(|&&i| !read.stored.contains_key(&i))
+                    .map(|&i| keys[i])
+                    .collect();
+                fresh.extend(stored.iter().filter(|&&i| vanished.contains(keys[i])));
+                fresh.sort_unstable();
+                read
+            }
+        };
+        result.merge(write);
+    }
+    let rows: Vec<usize> = fresh.iter().copied().filter(|&i| send[i]).collect();
+    if rows.is_empty() {
         return Ok(result);
     }
-    let mut write = sqlx::query_as::<_, WriteRow>(&target.write_sql);
-    for array in column_arrays(candidates.iter(), target.shape.columns.len()) {
-        write = write.bind(array);
-    }
-    write = write.bind(send.to_vec());
-    for (ord, row, differs, version, fingerprint, written) in write.fetch_all(&mut *conn).await? {
-        if let Some(key) = written {
-            result.applied.insert(key);
-            continue;
+    match copy_rows(conn, target, candidates, &rows).await {
+        Ok(()) => {
+            result
+                .applied
+                .extend(rows.iter().map(|&i| candidates[i].row.key.clone()));
         }
-        // WITH ORDINALITY counts from 1.
-        let Some(index) = ord.and_then(|o| usize::try_from(o - 1).ok()) else {
-            continue;
-        };
-        result.stored.insert(
-            index,
-            StoredRow {
-                stored: Stored {
-                    version,
-                    differs: differs.unwrap_or(true),
-                },
-                row: row.unwrap_or_default(),
-                fingerprint,
-            },
-        );
+        Err(error) if db_error_class(&error) == DbErrorClass::Data => {
+            debug!(
+                target = target.name(),
+                %error,
+                "COPY of fresh keys refused; writing them with ON CONFLICT instead"
+            );
+            let write = write_unnest(conn, target, candidates, send, &fresh).await?;
+            result.merge(write);
+        }
+        Err(error) => return Err(error),
     }
     Ok(result)
+}
+
+/// The rows `rows` (indices into `candidates`) by text `COPY`, in key order (so concurrent
+/// writers take key locks in the same order), in a savepoint undone if PostgreSQL refuses them.
+async fn copy_rows(
+    conn: &mut PgConnection,
+    target: &PreparedTarget,
+    candidates: &[Candidate],
+    rows: &[usize],
+) -> Result<(), sqlx::Error> {
+    let mut ordered: Vec<&Candidate> = rows.iter().map(|&i| &candidates[i]).collect();
+    ordered.sort_by(|a, b| a.row.key.cmp(&b.row.key));
+    let mut data = Vec::with_capacity(rows.len() * 256);
+    for candidate in ordered {
+        push_copy_text_row(&candidate.row.values, target.now_columns, &mut data);
+    }
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    let copied = async {
+        let mut copy = savepoint.copy_in_raw(&target.copy_sql).await?;
+        copy.send(data).await?;
+        copy.finish().await
+    }
+    .await;
+    match copied {
+        Ok(_) => savepoint.commit().await,
+        Err(error) => {
+            savepoint.rollback().await?;
+            Err(error)
+        }
+    }
+}
+
+/// One line of `COPY … FROM STDIN` text format: the values tab-separated, NULL as `\N`, then
+/// `now` for each `now` column.
+fn push_copy_text_row(values: &[Option<String>], now_columns: usize, out: &mut Vec<u8>) {
+    let fields = values
+        .iter()
+        .map(|value| value.as_deref())
+        .chain(std::iter::repeat_n(Some("now"), now_columns));
+    for (i, value) in fields.enumerate() {
+        if i > 0 {
+            out.push(b'\t');
+        }
+        match value {
+            None => out.extend_from_slice(b"\\N"),
+            Some(text) => push_copy_text(text, out),
+        }
+    }
+    out.push(b'\n');
+}
+
+/// A value escaped for `COPY` text format: backslash and the delimiters. Byte by byte is safe in
+/// UTF-8: these bytes never occur inside a multi-byte character.
+fn push_copy_text(text: &str, out: &mut Vec<u8>) {
+    for byte in text.bytes() {
+        match byte {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            other => out.push(other),
+        }
+    }
+}
+
+/// The `UNNEST` statement over the candidates `subset` (indices into `candidates`).
+async fn write_unnest(
+    conn: &mut PgConnection,
+    target: &PreparedTarget,
+    candidates: &[Candidate],
+    send: &[bool],
+    subset: &[usize],
+) -> Result<TargetWrite, sqlx::Error> {
+    let mut write = sqlx::query_as::<_, WriteRow>(&target.write_sql);
+    for array in column_arrays(
+        subset.iter().map(|&i| &candidates[i]),
+        target.shape.columns.len(),
+    ) {
+        write = write.bind(array);
+    }
+    write = write.bind(subset.iter().map(|&i| send[i]).collect::<Vec<_>>());
+    let rows = write.fetch_all(&mut *conn).await?;
+    Ok(TargetWrite::from_rows(rows, subset))
+}
+
+/// What is stored under the keys of the candidates `subset`, without writing (`read_stored_sql`).
+async fn read_stored(
+    conn: &mut PgConnection,
+    target: &PreparedTarget,
+    candidates: &[Candidate],
+    subset: &[usize],
+) -> Result<TargetWrite, sqlx::Error> {
+    let mut read = sqlx::query_as::<_, WriteRow>(&target.read_stored_sql);
+    for array in column_arrays(
+        subset.iter().map(|&i| &candidates[i]),
+        target.shape.columns.len(),
+    ) {
+        read = read.bind(array);
+    }
+    let rows = read.fetch_all(&mut *conn).await?;
+    Ok(TargetWrite::from_rows(rows, subset))
+}
+
+/// The staging path: the candidates by binary `COPY` into a temporary table, then the write
+/// statement reading it. In a savepoint, so the staged rows never outlive the write.
+async fn write_staged(
+    conn: &mut PgConnection,
+    target: &PreparedTarget,
+    candidates: &[Candidate],
+    send: &[bool],
+) -> Result<TargetWrite, sqlx::Error> {
+    let staging = &target.staging;
+    let data = binary_copy(candidates, send);
+    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+    sqlx::raw_sql(&staging.create_sql)
+        .execute(&mut *savepoint)
+        .await?;
+    let mut copy = savepoint.copy_in_raw(&staging.copy_sql).await?;
+    copy.send(data).await?;
+    copy.finish().await?;
+    let rows = sqlx::query_as::<_, WriteRow>(&staging.write_sql)
+        .fetch_all(&mut *savepoint)
+        .await?;
+    // Emptied at commit already; but a transaction may write several batches (the isolated path).
+    sqlx::raw_sql(&format!("DELETE FROM {}", staging.table))
+        .execute(&mut *savepoint)
+        .await?;
+    savepoint.commit().await?;
+    let all: Vec<usize> = (0..candidates.len()).collect();
+    Ok(TargetWrite::from_rows(rows, &all))
+}
+
+/// `COPY … (FORMAT binary)` data for the staging table: each value as text, then `send` and the
+/// 1-based position.
+fn binary_copy(candidates: &[Candidate], send: &[bool]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(candidates.len() * 256);
+    out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+    out.extend_from_slice(&0_i32.to_be_bytes()); // flags
+    out.extend_from_slice(&0_i32.to_be_bytes()); // header extension length
+    for (i, (candidate, send)) in candidates.iter().zip(send).enumerate() {
+        let fields = i16::try_from(candidate.row.values.len() + 2).unwrap_or(i16::MAX);
+        out.extend_from_slice(&fields.to_be_bytes());
+        for value in &candidate.row.values {
+            match value {
+                None => out.extend_from_slice(&(-1_i32).to_be_bytes()),
+                Some(text) => {
+                    let len = i32::try_from(text.len()).unwrap_or(i32::MAX);
+                    out.extend_from_slice(&len.to_be_bytes());
+                    out.extend_from_slice(text.as_bytes());
+                }
+            }
+        }
+        out.extend_from_slice(&1_i32.to_be_bytes());
+        out.push(u8::from(*send));
+        out.extend_from_slice(&8_i32.to_be_bytes());
+        out.extend_from_slice(&(i as i64 + 1).to_be_bytes());
+    }
+    out.extend_from_slice(&(-1_i16).to_be_bytes());
+    out
+}
+
+impl TargetWrite {
+    /// From the rows of the write statement run over `subset` (indices into the batch's
+    /// candidates, in the order they were sent).
+    fn from_rows(rows: Vec<WriteRow>, subset: &[usize]) -> Self {
+        let mut result = Self::default();
+        for (ord, row, differs, version, fingerprint, written) in rows {
+            if let Some(key) = written {
+                result.applied.insert(key);
+                continue;
+            }
+            // WITH ORDINALITY (and the staging table's `ord`) count from 1.
+            let Some(index) = ord
+                .and_then(|o| usize::try_from(o - 1).ok())
+                .and_then(|o| subset.get(o).copied())
+            else {
+                continue;
+            };
+            result.stored.insert(
+                index,
+                StoredRow {
+                    stored: Stored {
+                        version,
+                        differs: differs.unwrap_or(true),
+                    },
+                    row: row.unwrap_or_default(),
+                    fingerprint,
+                },
+            );
+        }
+        result
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.stored.extend(other.stored);
+        self.applied.extend(other.applied);
+    }
 }
 
 /// The rows stored now under the keys of `late` winners (another writer got in first).
@@ -276,4 +594,60 @@ pub async fn insert_dead_letters(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_the_delimiters_and_writes_null_and_now() {
+        let mut out = Vec::new();
+        push_copy_text_row(
+            &[
+                Some("a\tb\nc\rd\\e".into()),
+                None,
+                Some("{\"k\": \"é\\\\n\"}".into()),
+                Some(String::new()),
+            ],
+            1,
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).expect("utf-8"),
+            "a\\tb\\nc\\rd\\\\e\t\\N\t{\"k\": \"é\\\\\\\\n\"}\t\tnow\n"
+        );
+    }
+
+    #[test]
+    fn binary_copy_has_the_header_each_tuple_and_the_trailer() {
+        let candidate = |value: Option<&str>| Candidate {
+            record: 0,
+            row: crate::mapping::MappedRow {
+                key: "k".into(),
+                values: vec![Some("k".into()), value.map(str::to_owned)],
+                version: None,
+            },
+        };
+        let data = binary_copy(&[candidate(Some("xy")), candidate(None)], &[true, false]);
+        let mut expected = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0".to_vec();
+        for (value, send, ord) in [(Some("xy"), 1_u8, 1_i64), (None, 0, 2)] {
+            expected.extend_from_slice(&4_i16.to_be_bytes());
+            expected.extend_from_slice(&1_i32.to_be_bytes());
+            expected.push(b'k');
+            match value {
+                Some(text) => {
+                    expected.extend_from_slice(&2_i32.to_be_bytes());
+                    expected.extend_from_slice(text.as_bytes());
+                }
+                None => expected.extend_from_slice(&(-1_i32).to_be_bytes()),
+            }
+            expected.extend_from_slice(&1_i32.to_be_bytes());
+            expected.push(send);
+            expected.extend_from_slice(&8_i32.to_be_bytes());
+            expected.extend_from_slice(&ord.to_be_bytes());
+        }
+        expected.extend_from_slice(&(-1_i16).to_be_bytes());
+        assert_eq!(data, expected);
+    }
 }
