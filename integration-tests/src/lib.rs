@@ -5,6 +5,7 @@
 
 pub mod answer_dropping_proxy;
 pub mod eosctl;
+pub mod fault_proxy;
 pub mod kafka_cluster;
 pub mod otlp_collector;
 pub mod service_process;
