@@ -5,8 +5,10 @@
 
 pub mod answer_dropping_proxy;
 pub mod eosctl;
+pub mod fault_proxy;
 pub mod kafka_cluster;
 pub mod otlp_collector;
+pub mod proxied_kafka;
 pub mod service_process;
 pub mod test_certs;
 

@@ -325,8 +325,15 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     /// A fatal client error (e.g. this static member or transactional id was fenced by a newer
-    /// instance) ends the loop: a zombie must not go on.
-    fn check_fatal(&self) -> Result<(), ProcessorError> {
+    /// instance) ends the loop: a zombie must not go on. A producer fence while the consumer
+    /// still holds the membership is recovered from instead (see [`Self::fenced_or_fatal`]).
+    fn check_fatal(&mut self) -> Result<(), ProcessorError> {
+        if self.consumer.client().fatal_error().is_none()
+            && let Some((code, _)) = self.producer.fatal_error()
+            && is_producer_fence(code)
+        {
+            return self.fenced_or_fatal(KafkaError::Global(code));
+        }
         let fatal = self
             .consumer
             .client()
@@ -792,8 +799,35 @@ impl<T: Transform> TransactionLoop<T> {
             }
             Err(TxnFailure::Abortable(error)) => self.abort_and_rewind(&error),
             Err(TxnFailure::Unknown(error)) => self.replace_producer_and_recover(&error),
-            Err(TxnFailure::Fatal(error)) => Err(ProcessorError::Fatal(error)),
+            Err(TxnFailure::Fatal(error)) => self.fenced_or_fatal(error),
         }
+    }
+
+    /// A fatal producer error. When it is a fence and this instance's consumer still holds its
+    /// static group membership, no newer instance took over: the fence is the transaction
+    /// coordinator's, which aborts a transaction left open longer than transaction.timeout.ms
+    /// and bumps the producer epoch — what a network partition longer than the timeout causes.
+    /// Then, as Kafka Streams does on a producer fence, a new producer (whose
+    /// `init_transactions` takes the next epoch) and a recovery from committed state go on,
+    /// instead of an exit that needs an orchestrator's restart. A newer instance with this
+    /// `group.instance.id` fences the consumer too (FencedInstanceId, fatal), and the group
+    /// generation in every offset commit keeps a zombie's batches out meanwhile
+    /// (docs/ARCHITECTURE.md).
+    fn fenced_or_fatal(&mut self, error: KafkaError) -> Result<(), ProcessorError> {
+        let fence = match &error {
+            KafkaError::Transaction(rd) => is_producer_fence(rd.code()),
+            KafkaError::Global(code) => is_producer_fence(*code),
+            _ => false,
+        };
+        if !fence || self.consumer.client().fatal_error().is_some() {
+            return Err(ProcessorError::Fatal(error));
+        }
+        warn!(
+            %error,
+            "producer fenced while this instance still holds its group membership (its \
+             transaction outlived transaction.timeout.ms, e.g. cut off from the broker)"
+        );
+        self.replace_producer_and_recover(&error)
     }
 
     fn fault_abort_due(&self) -> bool {
@@ -865,7 +899,7 @@ impl<T: Transform> TransactionLoop<T> {
         }
         match self.producer.abort() {
             Ok(()) => self.rewind_to_committed(),
-            Err(TxnFailure::Fatal(error)) => Err(ProcessorError::Fatal(error)),
+            Err(TxnFailure::Fatal(error)) => self.fenced_or_fatal(error),
             // A fresh producer's init_transactions aborts whatever is still open.
             Err(TxnFailure::Abortable(error) | TxnFailure::Unknown(error)) => {
                 self.replace_producer_and_recover(&error)
@@ -1001,4 +1035,15 @@ fn dead_letter_record(
             headers,
         },
     }
+}
+
+/// The producer's epoch was taken away: by a newer producer with the same `transactional.id`,
+/// or by the transaction coordinator after a transaction timed out.
+fn is_producer_fence(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
 }

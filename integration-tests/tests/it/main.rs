@@ -10,6 +10,7 @@ mod held_operations;
 mod kafka_cluster;
 mod kafka_transactions;
 mod migrate;
+mod network_faults;
 mod outbox;
 mod payments_api;
 mod poison_input;
