@@ -63,42 +63,7 @@ struct Link<'a> {
 /// The sink's targets: the default two tables and the provider charge through dedup-service,
 /// as `eosctl demo` configures them.
 fn targets_file(path: &std::path::Path, name: &str, dedup_url: &str, provider_url: &str) -> String {
-    let text = format!(
-        r#"[[targets]]
-table = "event_sink"
-kind = "append"
-key = "event_id"
-[targets.columns]
-event_id = "event_id"
-entity_id = "entity_id"
-value = "value"
-payload = "payload"
-fingerprint = "fingerprint"
-source_topic = "kafka.topic"
-source_partition = "kafka.partition"
-source_offset = "kafka.offset"
-written_at = "now"
-
-[[targets]]
-table = "entity_state"
-kind = "versioned"
-key = "entity_id"
-[targets.columns]
-entity_id = "entity_id"
-version = "version"
-payload = "payload"
-event_id = "event_id"
-updated_at = "now"
-
-[[targets]]
-kind = "provider"
-name = "{name}"
-dedup_url = "{dedup_url}"
-provider_url = "{provider_url}"
-call_timeout = "1s"
-lease_ttl = "10s"
-"#
-    );
+    let text = integration_tests::tables_and_provider_targets(name, dedup_url, provider_url);
     std::fs::write(path, text).expect("the targets file is writable");
     path.display().to_string()
 }

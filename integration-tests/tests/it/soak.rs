@@ -22,8 +22,8 @@ use anyhow::Context as _;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::{ServiceProcess, Supervised};
 use integration_tests::{
-    PostgresRestartGuard, create_topic_on, end_offsets_on, sink_checkpoints, unique_name,
-    wait_until_consumed,
+    PostgresRestartGuard, create_topic_on, end_offsets_on, sink_checkpoints,
+    tables_and_provider_targets, unique_name, wait_until_consumed,
 };
 use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
@@ -136,47 +136,6 @@ impl Chain {
         .map(str::to_owned);
         ServiceProcess::spawn("sink-writer", &args, &[])
     }
-}
-
-/// The sink's targets: the append table and the versioned table the audit reads, and the
-/// provider charge.
-fn targets_file(provider_name: &str, dedup_url: &str, provider_url: &str) -> String {
-    format!(
-        r#"[[targets]]
-table = "event_sink"
-kind = "append"
-key = "event_id"
-[targets.columns]
-event_id = "event_id"
-entity_id = "entity_id"
-value = "value"
-payload = "payload"
-fingerprint = "fingerprint"
-source_topic = "kafka.topic"
-source_partition = "kafka.partition"
-source_offset = "kafka.offset"
-written_at = "now"
-
-[[targets]]
-table = "entity_state"
-kind = "versioned"
-key = "entity_id"
-[targets.columns]
-entity_id = "entity_id"
-version = "version"
-payload = "payload"
-event_id = "event_id"
-updated_at = "now"
-
-[[targets]]
-kind = "provider"
-name = "{provider_name}"
-dedup_url = "{dedup_url}"
-provider_url = "{provider_url}"
-call_timeout = "1s"
-lease_ttl = "10s"
-"#
-    )
 }
 
 /// One second's reading of one service.
@@ -325,7 +284,7 @@ async fn soak_every_boundary_stays_exact_under_a_fault_every_5_to_15_seconds() -
     let targets = dir.join("targets.toml");
     std::fs::write(
         &targets,
-        targets_file(&provider_name, &format!("http://{dedup_listen}"), &sim.url),
+        tables_and_provider_targets(&provider_name, &format!("http://{dedup_listen}"), &sim.url),
     )?;
     let targets = targets.display().to_string();
     let chain = Chain {
