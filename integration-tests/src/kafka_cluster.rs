@@ -332,7 +332,7 @@ fn new_cluster_id() -> String {
 }
 
 /// `count` ports free on 127.0.0.1 right now (bound together, then released).
-fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+pub(crate) fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
     let listeners = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()?;
@@ -342,7 +342,8 @@ fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
         .collect()
 }
 
-fn repo_root() -> PathBuf {
+/// The workspace root, where `deploy/local/stack` is.
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)

@@ -7,8 +7,7 @@
 //! (transaction markers), the load generator and the test's checks use it. Killed and its
 //! directory removed on drop; the stack's own broker is not touched.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,7 @@ use eos_testkit::{ChildProcess, LogMode};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 
 use crate::fault_proxy::FaultProxy;
+use crate::kafka_cluster::{free_ports, repo_root};
 use crate::service_process::log_dir;
 use crate::{client_config_for, unique_name};
 
@@ -154,22 +154,4 @@ impl Drop for ProxiedKafka {
         let _ = self.process.kill_hard();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// `count` ports free on 127.0.0.1 right now (bound together, then released).
-fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()?;
-    listeners
-        .iter()
-        .map(|listener| Ok(listener.local_addr()?.port()))
-        .collect()
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(".."))
 }
