@@ -54,6 +54,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// A provider target's events in flight at once when its `concurrency` is not set. Each holds an
+/// HTTP/1.1 connection to the provider while it runs, so it also bounds the provider connections
+/// one target keeps open (reqwest's pool keeps them for reuse, and opens them as load comes).
+pub const DEFAULT_PROVIDER_CONCURRENCY: usize = 64;
+
 /// How a target applies a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -415,7 +420,7 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
             ),
         ));
     }
-    let concurrency = raw.concurrency.unwrap_or(64);
+    let concurrency = raw.concurrency.unwrap_or(DEFAULT_PROVIDER_CONCURRENCY);
     if concurrency == 0 {
         return Err(invalid(&name, "concurrency must be at least 1"));
     }
@@ -715,7 +720,7 @@ mod tests {
         assert_eq!(provider.amount, Source::Value);
         assert_eq!(provider.call_timeout, Duration::from_secs(2));
         assert_eq!(provider.lease_ttl, Duration::from_secs(30));
-        assert_eq!(provider.concurrency, 64);
+        assert_eq!(provider.concurrency, DEFAULT_PROVIDER_CONCURRENCY);
         assert_eq!(provider.operation_id("e-1"), "payments:e-1");
         Ok(())
     }

@@ -10,7 +10,8 @@
 //!
 //! At the end every boundary is audited by event_id with `eosctl audit` (topics, tables, the
 //! provider's effects), and the samples must stay within stated bounds: no service above
-//! [`RSS_LIMIT_MIB`] or [`FD_LIMIT`], and no steady growth within a long-lived process.
+//! [`RSS_LIMIT_MIB`] or [`FD_LIMIT`], and no steady growth within a long-lived process beyond
+//! what it opens on demand up to a fixed ceiling ([`fd_growth_allowance`]).
 //!
 //! `make test` runs it for 3 minutes. The long run (README, "Soak"):
 //! `EOS_SOAK_DURATION=30m EOS_SOAK_RATE=600 cargo test --release -p integration-tests --test it -- soak --nocapture`.
@@ -46,6 +47,19 @@ const FD_LIMIT: u64 = 512;
 const RSS_GROWTH_FACTOR: f64 = 1.5;
 const RSS_GROWTH_SLACK_MIB: u64 = 32;
 const FD_GROWTH_SLACK: u64 = 32;
+/// Descriptors a service opens on demand up to a fixed ceiling, on top of [`FD_GROWTH_SLACK`]:
+/// sink-writer's provider target holds one HTTP/1.1 connection per charge in flight, up to its
+/// concurrency, and keeps them pooled. A fresh sink has none until its first charges, so its
+/// first fifth can read 25 descriptors and a later one 61 with nothing leaked (measured: the
+/// provider connections rose and fell between 5 and 38 within one process).
+fn fd_growth_allowance(service: &str) -> u64 {
+    match service {
+        "sink-writer" => {
+            FD_GROWTH_SLACK + sink_writer::targets::DEFAULT_PROVIDER_CONCURRENCY as u64
+        }
+        _ => FD_GROWTH_SLACK,
+    }
+}
 const GROWTH_MIN_SAMPLES: usize = 30;
 
 /// provider-sim applies every charge it receives, then loses some answers: 4% dropped, 2%
@@ -457,7 +471,7 @@ async fn soak_every_boundary_stays_exact_under_a_fault_every_5_to_15_seconds() -
         if let Some((early_mib, late_mib, early_fds, late_fds, _)) = usage.growth
             && (late_mib as f64
                 > early_mib as f64 * RSS_GROWTH_FACTOR + RSS_GROWTH_SLACK_MIB as f64
-                || late_fds > early_fds + FD_GROWTH_SLACK)
+                || late_fds > early_fds + fd_growth_allowance(name))
         {
             over_bounds.push(format!("{name} grew: {usage}"));
         }
@@ -479,7 +493,8 @@ async fn soak_every_boundary_stays_exact_under_a_fault_every_5_to_15_seconds() -
     assert!(
         over_bounds.is_empty(),
         "resource use beyond the bounds (RSS {RSS_LIMIT_MIB} MiB, {FD_LIMIT} fds, growth ×\
-         {RSS_GROWTH_FACTOR} + {RSS_GROWTH_SLACK_MIB} MiB): {over_bounds:?}"
+         {RSS_GROWTH_FACTOR} + {RSS_GROWTH_SLACK_MIB} MiB or the service's descriptor \
+         allowance): {over_bounds:?}"
     );
     assert!(
         !injected.is_empty(),
