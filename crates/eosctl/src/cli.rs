@@ -272,8 +272,10 @@ pub enum BenchTarget {
     /// end-to-end latency (input record timestamp to arrival at a read_committed reader of the
     /// output) while producing at half the exactly-once median rate of the first size for
     /// --latency-seconds; a run in which the pipeline falls behind (its latency is then a queue's)
-    /// is repeated at half the rate, up to twice. Use a release build of eos-processor; a debug
-    /// build is warned about.
+    /// is repeated at half the rate, up to twice. Last, --kill-resume-kills times under a steady
+    /// --kill-resume-rate: SIGKILL of the processor and an immediate restart under the same
+    /// instance id, timed from the kill to the new process's first committed output (median and
+    /// worst). Use a release build of eos-processor; a debug build is warned about.
     #[command(after_help = EXIT_STATUS)]
     Processor(ProcessorBenchArgs),
 }
@@ -326,6 +328,16 @@ pub struct ProcessorBenchArgs {
     /// rate of the first size, halved again while the pipeline falls behind].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub latency_rate: Option<u64>,
+
+    /// SIGKILLs of the kill-to-resume run: under a steady load, the processor is killed and
+    /// started again at once under the same instance id, and the time from the kill to the new
+    /// process's first committed output is taken; 0 skips it.
+    #[arg(long, default_value_t = 10)]
+    pub kill_resume_kills: u32,
+
+    /// Records per second produced during the kill-to-resume run.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kill_resume_rate: u64,
 
     /// The eos-processor binary [default: the eos-processor next to this eosctl].
     #[arg(long, value_name = "PATH")]
@@ -677,6 +689,8 @@ mod tests {
         assert_eq!(args.commit_interval, Duration::from_millis(100));
         assert_eq!(args.max_batch, 5000);
         assert_eq!(args.single_records, 2000);
+        assert_eq!(args.kill_resume_kills, 10);
+        assert_eq!(args.kill_resume_rate, 500);
 
         let cli = Cli::try_parse_from(["eosctl", "bench", "processor", "--value-bytes", "512"])?;
         let Command::Bench(BenchArgs {

@@ -26,9 +26,9 @@ use crate::bench::latency_collector::{
 use crate::bench::options::BenchOptions;
 use crate::bench::processor_process::ProcessorProcess;
 use crate::bench::report::{
-    BenchReport, GuaranteeThroughput, LatencyFigures, LatencyRateBasis, MachineLoad, RATIO_TARGET,
-    RATIO_TARGET_MIN_BYTES, RoundFigures, SINGLE_RECORD_TARGET, SingleRecordFigures,
-    SizeThroughput,
+    BenchReport, GuaranteeThroughput, KillResumeFigures, LatencyFigures, LatencyRateBasis,
+    MachineLoad, RATIO_TARGET, RATIO_TARGET_MIN_BYTES, RoundFigures, SINGLE_RECORD_TARGET,
+    SingleRecordFigures, SizeThroughput,
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::group_offsets::{GroupOffsetReader, watermarks};
@@ -47,6 +47,10 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Records sent through the latency run's processor before measuring, so that its start-up
 /// (joining the group, restoring state, the first transaction) is not counted as latency.
 const WARMUP_RECORDS: u64 = 200;
+/// How long the kill-to-resume run's processor commits steadily before each SIGKILL.
+const KILL_SETTLE: Duration = Duration::from_secs(3);
+/// How often the restarted processor's counters are read during the kill-to-resume run.
+const RESUME_POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// Entities the benchmark's events are spread over.
 const ENTITIES: u32 = 100;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -180,6 +184,11 @@ impl Bench {
         } else {
             Vec::new()
         };
+        let kill_resume = if self.options.kill_resume_kills > 0 {
+            Some(self.kill_resume(first_size)?)
+        } else {
+            None
+        };
         Ok(BenchReport {
             processor_bin: self.options.processor_bin.display().to_string(),
             debug_build: self.options.is_debug_build(),
@@ -190,6 +199,7 @@ impl Bench {
             throughput,
             single_record,
             latency,
+            kill_resume,
             topics_deleted: false,
             machine: MachineLoad {
                 cpus: std::thread::available_parallelism().map_or(0, usize::from),
@@ -449,6 +459,146 @@ impl Bench {
         })
     }
 
+    /// Under a steady load, SIGKILLs the processor and starts the next one at once under the same
+    /// instance id — the same `transactional.id`, `group.instance.id` and state directory, as an
+    /// orchestrator restarting a pod — `--kill-resume-kills` times. Each time: from the kill to
+    /// the new process's first committed output, read from its records-out counter, which moves
+    /// only after a transaction committed (so the output is visible to `read_committed` readers).
+    fn kill_resume(&mut self, size: usize) -> anyhow::Result<KillResumeFigures> {
+        let kills = self.options.kill_resume_kills;
+        let rate = self.options.kill_resume_rate;
+        let input = self.name("kill-resume-in");
+        self.topics.push(input.clone());
+        self.runtime
+            .block_on(ensure_topic(&self.settings, &input, self.layout()))
+            .with_context(|| format!("creating topic {input:?}"))?;
+        let run = self.processor_run(
+            "kill-resume",
+            Guarantee::ExactlyOnce,
+            self.options.max_batch,
+            &input,
+        );
+
+        // Enough records for every kill at its slowest; the producer is stopped once they are done.
+        let per_kill = KILL_SETTLE + self.options.stall_timeout;
+        let budget = rate * per_kill.as_secs() * (u64::from(kills) + 1);
+        let producing_done = Arc::new(AtomicBool::new(false));
+        let producer = {
+            let (settings, runtime) = (self.settings.clone(), self.runtime.clone());
+            let options =
+                self.produce_options(&input, budget, size, rate, self.seed_base + 3_000_000);
+            let done = Arc::clone(&producing_done);
+            std::thread::spawn(move || {
+                runtime.block_on(produce::run(
+                    &settings,
+                    options,
+                    ProgressBar::hidden(),
+                    done,
+                ))
+            })
+        };
+        let measured = self.kill_and_resume_each(&run, kills);
+        producing_done.store(true, Ordering::Relaxed);
+        let produced = producer
+            .join()
+            .map_err(|_| anyhow!("the kill-to-resume producer panicked"))?;
+        let (resume_ms, process) = measured?;
+        match produced {
+            Ok(_) | Err(produce::ProduceError::Interrupted { .. }) => {}
+            Err(error) => return Err(error).context("producing the kill-to-resume load"),
+        }
+        process.stop(STOP_TIMEOUT)?;
+        self.delete_now(&[
+            input,
+            run.output.clone(),
+            run.changelog.clone(),
+            run.dlq.clone(),
+        ])?;
+        let figures = KillResumeFigures::new(kills, rate, size, resume_ms);
+        tracing::info!(
+            median_ms = figures.median_ms,
+            worst_ms = figures.worst_ms,
+            "kill-to-resume run done"
+        );
+        Ok(figures)
+    }
+
+    /// The kills of [`Self::kill_resume`]: each resume time in milliseconds, and the last process.
+    fn kill_and_resume_each(
+        &mut self,
+        run: &ProcessorRun,
+        kills: u32,
+    ) -> anyhow::Result<(Vec<u64>, ProcessorProcess)> {
+        let mut process = self.spawn(run)?;
+        let mut metrics_url = self.metrics_url(&mut process)?;
+        // The first process joins the group, creates its topics and restores nothing: its start is
+        // not a resume.
+        self.first_committed_output(&mut process, &metrics_url, Instant::now())?;
+        let mut resume_ms = Vec::new();
+        for kill in 1..=kills {
+            std::thread::sleep(KILL_SETTLE);
+            self.check_interrupted()?;
+            process.ensure_running()?;
+            process.kill_hard()?;
+            let killed_at = Instant::now();
+            process = self.spawn(run)?;
+            metrics_url = self.metrics_url(&mut process)?;
+            let resumed = self.first_committed_output(&mut process, &metrics_url, killed_at)?;
+            tracing::info!(
+                kill,
+                resume_ms = resumed.as_millis(),
+                "resumed after SIGKILL"
+            );
+            resume_ms.push(resumed.as_millis() as u64);
+        }
+        Ok((resume_ms, process))
+    }
+
+    /// `/metrics` of a processor started with `--metrics-addr 127.0.0.1:0` (it logs the address
+    /// it bound).
+    fn metrics_url(&self, process: &mut ProcessorProcess) -> anyhow::Result<String> {
+        let addr = process.wait_for_log_field("metrics_addr", self.options.stall_timeout)?;
+        Ok(format!("http://{addr}/metrics"))
+    }
+
+    /// How long after `since` the process's records-out counter first moved.
+    fn first_committed_output(
+        &self,
+        process: &mut ProcessorProcess,
+        metrics_url: &str,
+        since: Instant,
+    ) -> anyhow::Result<Duration> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .context("building the metrics client")?;
+        loop {
+            self.check_interrupted()?;
+            process.ensure_running()?;
+            let text = self.runtime.block_on(async {
+                http.get(metrics_url)
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .text()
+                    .await
+            });
+            if let Ok(text) = text
+                && prometheus_value(&text, RECORDS_OUT_METRIC).is_some_and(|out| out > 0.0)
+            {
+                return Ok(since.elapsed());
+            }
+            if since.elapsed() >= self.options.stall_timeout {
+                bail!(
+                    "kill-to-resume: the restarted processor committed no output within {}; log: {}",
+                    humantime::format_duration(self.options.stall_timeout),
+                    process.log().display()
+                );
+            }
+            std::thread::sleep(RESUME_POLL_INTERVAL);
+        }
+    }
+
     /// Runs a processor from the start of `run.input` to its end and measures the rate.
     fn drain(
         &mut self,
@@ -579,6 +729,9 @@ impl Bench {
             self.options.partitions.to_string(),
             "--metrics-addr".into(),
             "127.0.0.1:0".into(),
+            // Inside the log directory, so the stores go with it at the end.
+            "--state-dir".into(),
+            self.log_dir.join("state").display().to_string(),
         ];
         tracing::debug!(label = %run.label, log = %log.display(), ?args, "starting eos-processor");
         ProcessorProcess::spawn(
@@ -602,7 +755,26 @@ impl Bench {
         if !self.topics.iter().any(|t| t == topic) {
             self.topics.push(topic.to_owned());
         }
-        let options = ProduceOptions {
+        let options = self.produce_options(topic, count, value_bytes, rate, seed);
+        self.runtime
+            .block_on(produce::run(
+                &self.settings,
+                options,
+                ProgressBar::hidden(),
+                Arc::clone(&self.stop),
+            ))
+            .with_context(|| format!("producing to topic {topic:?}"))
+    }
+
+    fn produce_options(
+        &self,
+        topic: &str,
+        count: u64,
+        value_bytes: usize,
+        rate: u64,
+        seed: u64,
+    ) -> ProduceOptions {
+        ProduceOptions {
             topic: topic.to_owned(),
             layout: self.layout(),
             rate,
@@ -617,15 +789,7 @@ impl Bench {
                 value_bytes,
                 occurred_at_base: OffsetDateTime::now_utc(),
             },
-        };
-        self.runtime
-            .block_on(produce::run(
-                &self.settings,
-                options,
-                ProgressBar::hidden(),
-                Arc::clone(&self.stop),
-            ))
-            .with_context(|| format!("producing to topic {topic:?}"))
+        }
     }
 
     /// The partitions of a freshly written input and the sum of their ends: the committed total
@@ -750,4 +914,36 @@ fn load_average() -> Option<f64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// eos-processor's counter of committed output records.
+const RECORDS_OUT_METRIC: &str = "eos_processor_records_out_total";
+
+/// The value of an unlabelled sample in Prometheus text format.
+fn prometheus_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (metric, value) = line.split_once(' ')?;
+            (metric == name).then(|| value.trim().parse().ok())?
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_value_reads_the_named_sample_only() {
+        let text = "# HELP eos_processor_records_out_total output records committed\n\
+                    # TYPE eos_processor_records_out_total counter\n\
+                    eos_processor_records_out_total_other 9\n\
+                    eos_processor_records_out_total 1234\n";
+        assert_eq!(prometheus_value(text, RECORDS_OUT_METRIC), Some(1234.0));
+        assert_eq!(prometheus_value("", RECORDS_OUT_METRIC), None);
+        assert_eq!(
+            prometheus_value("eos_processor_records_in_total 5\n", RECORDS_OUT_METRIC),
+            None
+        );
+    }
 }

@@ -11,6 +11,10 @@
 //!    `read_committed` reader of the output takes, for each output record, the time it arrived
 //!    minus the Kafka timestamp of the input record it came from (its `source`). A run in which
 //!    the pipeline falls behind measures a queue, so it is repeated at half the rate.
+//! 4. Kill to resume: under a steady load the processor is SIGKILLed and started again at once
+//!    under the same instance id, ten times; each time from the kill to the new process's first
+//!    committed output (its records-out counter, which moves only after a commit), reported as
+//!    the median and the worst.
 //!
 //! Committed offsets are read with `read_committed` ([`crate::group_offsets`]) every 50 ms.
 //! Everything the benchmark creates (topics, consumer groups) is deleted at the end unless

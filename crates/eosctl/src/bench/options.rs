@@ -21,6 +21,9 @@ pub struct BenchOptions {
     pub latency_seconds: u64,
     /// Overrides half the exactly-once peak.
     pub latency_rate: Option<u64>,
+    /// SIGKILLs of the kill-to-resume run (0 skips it) and its load.
+    pub kill_resume_kills: u32,
+    pub kill_resume_rate: u64,
     pub stall_timeout: Duration,
     pub keep_topics: bool,
     pub keep_logs: bool,
@@ -71,6 +74,8 @@ impl BenchOptions {
             single_records: args.single_records,
             latency_seconds: args.latency_seconds,
             latency_rate: args.latency_rate,
+            kill_resume_kills: args.kill_resume_kills,
+            kill_resume_rate: args.kill_resume_rate,
             stall_timeout: args.stall_timeout,
             keep_topics: args.keep_topics,
             keep_logs: args.keep_logs,
@@ -105,6 +110,8 @@ mod tests {
             single_records: 0,
             latency_seconds: 0,
             latency_rate: None,
+            kill_resume_kills: 0,
+            kill_resume_rate: 1,
             stall_timeout: Duration::from_secs(1),
             keep_topics: false,
             keep_logs: false,

@@ -52,6 +52,22 @@ impl ProcessorProcess {
         }
     }
 
+    /// SIGKILL and reap: the processor finishes nothing, its open transaction is left to its
+    /// successor's `init_transactions`.
+    pub(super) fn kill_hard(&mut self) -> anyhow::Result<()> {
+        self.process.kill_hard()?;
+        Ok(())
+    }
+
+    /// The value of `field=` in the processor's first log line that has it.
+    pub(super) fn wait_for_log_field(
+        &mut self,
+        field: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        Ok(self.process.wait_for_log_field(field, timeout)?)
+    }
+
     /// SIGTERM, then waits for the processor to finish its batch and exit. Returns the CPU
     /// time (user + system) it used over its life, where the platform tells.
     pub(super) fn stop(mut self, timeout: Duration) -> anyhow::Result<Option<Duration>> {

@@ -15,6 +15,8 @@ use crate::report::grouped;
 pub(super) const RATIO_TARGET: f64 = 0.90;
 pub(super) const RATIO_TARGET_MIN_BYTES: usize = 1024;
 pub(super) const SINGLE_RECORD_TARGET: f64 = 100.0;
+/// From a processor's SIGKILL to its successor's first committed output.
+pub(super) const KILL_RESUME_TARGET_MS: u64 = 5_000;
 
 /// Everything the benchmark measured. Serialised as the `--json` output.
 #[derive(Debug, Clone, Serialize)]
@@ -31,6 +33,7 @@ pub struct BenchReport {
     /// `--latency-rate`); when the pipeline did not keep up, again at half that rate, at most
     /// [`LATENCY_RETRIES`](crate::bench::LATENCY_RETRIES) times.
     pub latency: Vec<LatencyFigures>,
+    pub kill_resume: Option<KillResumeFigures>,
     pub topics_deleted: bool,
     pub machine: MachineLoad,
 }
@@ -112,6 +115,35 @@ pub struct SingleRecordFigures {
     /// = records per second: one transaction per record.
     pub transactions_per_second: f64,
     pub target: f64,
+}
+
+/// SIGKILL of the processor under load, restarted at once under the same instance id.
+#[derive(Debug, Clone, Serialize)]
+pub struct KillResumeFigures {
+    pub kills: u32,
+    pub rate_records_per_second: u64,
+    pub value_bytes: usize,
+    /// For each kill in order: milliseconds from the SIGKILL to the restarted process's first
+    /// committed output.
+    pub resume_ms: Vec<u64>,
+    pub median_ms: Option<f64>,
+    pub worst_ms: Option<u64>,
+    pub target_ms: u64,
+}
+
+impl KillResumeFigures {
+    pub(super) fn new(kills: u32, rate: u64, value_bytes: usize, resume_ms: Vec<u64>) -> Self {
+        let as_f64: Vec<f64> = resume_ms.iter().map(|&ms| ms as f64).collect();
+        Self {
+            kills,
+            rate_records_per_second: rate,
+            value_bytes,
+            median_ms: median(&as_f64),
+            worst_ms: resume_ms.iter().copied().max(),
+            resume_ms,
+            target_ms: KILL_RESUME_TARGET_MS,
+        }
+    }
 }
 
 /// Where a latency run's rate came from.
@@ -222,6 +254,33 @@ pub fn bench_text(report: &BenchReport) -> String {
                 latency.trend.first_quarter_p50_ms, latency.trend.last_quarter_p50_ms
             );
         }
+    }
+    if let Some(kill) = &report.kill_resume
+        && let (Some(median_ms), Some(worst_ms)) = (kill.median_ms, kill.worst_ms)
+    {
+        let each = kill
+            .resume_ms
+            .iter()
+            .map(|ms| grouped(*ms))
+            .collect::<Vec<_>>()
+            .join("  ");
+        let _ = writeln!(
+            out,
+            "SIGKILL to the restarted processor's first committed output (same instance id, at \
+             once, {} records/s of {} B): median {} ms, worst {} ms over {} kills (target <= {} \
+             ms: {}); each: {each}",
+            grouped(kill.rate_records_per_second),
+            kill.value_bytes,
+            grouped(median_ms.round() as i64),
+            grouped(worst_ms),
+            kill.kills,
+            grouped(kill.target_ms),
+            if worst_ms <= kill.target_ms {
+                "met"
+            } else {
+                "NOT met"
+            }
+        );
     }
     let machine = &report.machine;
     if let Some(load) = machine.load_average_at_start {
@@ -353,6 +412,12 @@ mod tests {
                 target: SINGLE_RECORD_TARGET,
             }),
             latency: Vec::new(),
+            kill_resume: Some(KillResumeFigures::new(
+                3,
+                500,
+                1024,
+                vec![2_100, 6_400, 1_900],
+            )),
             topics_deleted: true,
             machine: MachineLoad::default(),
         };
@@ -362,6 +427,12 @@ mod tests {
         assert!(text.contains("0.90"), "{text}");
         assert!(text.contains("target >= 0.90: met"), "{text}");
         assert!(text.contains("target >= 100: NOT met"), "{text}");
+        assert!(
+            text.contains(
+                "median 2,100 ms, worst 6,400 ms over 3 kills (target <= 5,000 ms: NOT met)"
+            ),
+            "{text}"
+        );
         let json = serde_json::to_value(&report).expect("serialisable");
         assert_eq!(
             json["throughput"][0]["exactly_once"]["guarantee"],
