@@ -330,7 +330,7 @@ impl<T: Transform> TransactionLoop<T> {
     fn check_fatal(&mut self) -> Result<(), ProcessorError> {
         if self.consumer.client().fatal_error().is_none()
             && let Some((code, _)) = self.producer.fatal_error()
-            && is_producer_fence(code)
+            && lost_its_transaction(code)
         {
             return self.fenced_or_fatal(KafkaError::Global(code));
         }
@@ -806,7 +806,8 @@ impl<T: Transform> TransactionLoop<T> {
     /// A fatal producer error. When it is a fence and this instance's consumer still holds its
     /// static group membership, no newer instance took over: the fence is the transaction
     /// coordinator's, which aborts a transaction left open longer than transaction.timeout.ms
-    /// and bumps the producer epoch — what a network partition longer than the timeout causes.
+    /// and bumps the producer epoch — what a network partition longer than the timeout causes;
+    /// or the transaction was lost to a broker restart (see [`lost_its_transaction`]).
     /// Then, as Kafka Streams does on a producer fence, a new producer (whose
     /// `init_transactions` takes the next epoch) and a recovery from committed state go on,
     /// instead of an exit that needs an orchestrator's restart. A newer instance with this
@@ -815,8 +816,8 @@ impl<T: Transform> TransactionLoop<T> {
     /// (docs/ARCHITECTURE.md).
     fn fenced_or_fatal(&mut self, error: KafkaError) -> Result<(), ProcessorError> {
         let fence = match &error {
-            KafkaError::Transaction(rd) => is_producer_fence(rd.code()),
-            KafkaError::Global(code) => is_producer_fence(*code),
+            KafkaError::Transaction(rd) => lost_its_transaction(rd.code()),
+            KafkaError::Global(code) => lost_its_transaction(*code),
             _ => false,
         };
         if !fence || self.consumer.client().fatal_error().is_some() {
@@ -824,8 +825,9 @@ impl<T: Transform> TransactionLoop<T> {
         }
         warn!(
             %error,
-            "producer fenced while this instance still holds its group membership (its \
-             transaction outlived transaction.timeout.ms, e.g. cut off from the broker)"
+            "producer lost its transaction while this instance still holds its group membership \
+             (the transaction outlived transaction.timeout.ms, e.g. cut off from the broker, or \
+             its coordinator restarted)"
         );
         self.replace_producer_and_recover(&error)
     }
@@ -1037,13 +1039,19 @@ fn dead_letter_record(
     }
 }
 
-/// The producer's epoch was taken away: by a newer producer with the same `transactional.id`,
-/// or by the transaction coordinator after a transaction timed out.
-fn is_producer_fence(code: RDKafkaErrorCode) -> bool {
+/// The producer lost its transaction: its epoch was taken away (by a newer producer with the
+/// same `transactional.id`, or by the transaction coordinator after a transaction timed out), or
+/// the coordinator no longer holds the transaction in the state the producer expects. The last
+/// is what a broker SIGKILLed and restarted answers a retried EndTxn with
+/// (INVALID_TXN_STATE): the reloaded coordinator may have aborted the transaction meanwhile.
+/// Either way the outcome is settled by a new producer's `init_transactions`, as after a commit
+/// whose outcome is unknown.
+fn lost_its_transaction(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::Fenced
             | RDKafkaErrorCode::ProducerFenced
             | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::InvalidTransactionalState
     )
 }

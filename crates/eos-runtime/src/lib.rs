@@ -23,6 +23,7 @@ pub mod secrets;
 pub mod service_flags;
 pub mod service_main;
 pub mod shutdown;
+pub mod stuck_call_watchdog;
 pub mod telemetry;
 pub mod topic_config;
 pub mod trace_context;

@@ -6,7 +6,7 @@
 //! Every call here blocks up to its timeout, so the producer is used only from the loop's
 //! dedicated thread, never on the async reactor.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -19,12 +19,16 @@ use tracing::{info, warn};
 use eos_core::Guarantee;
 
 use crate::backoff::{BlockingRetryable as _, immediate};
+use crate::stuck_call_watchdog::{self, CallWatch};
 
 /// Commit attempts whose outcome is unknown before the producer is replaced.
 const COMMIT_ATTEMPTS: u32 = 5;
 /// Attempts of a retriable call other than commit before giving up on it (sending offsets: the
 /// batch is aborted; aborting: the producer is replaced).
 const CALL_ATTEMPTS: u32 = 5;
+/// How long past its own timeout one call may run before it is taken as hung and the process
+/// stops ([`stuck_call_watchdog`]).
+const STUCK_CALL_GRACE: Duration = Duration::from_secs(20);
 
 /// A record decided in this batch, waiting to be written.
 #[derive(Debug)]
@@ -146,6 +150,8 @@ pub struct TransactionalProducer {
     producer: ThreadedProducer<DeliveryTracker>,
     /// How long one blocking call may take.
     call_timeout: Duration,
+    /// The blocking call in progress, for the watchdog that stops a process whose call hangs.
+    watch: Arc<CallWatch>,
 }
 
 impl std::fmt::Debug for TransactionalProducer {
@@ -184,6 +190,17 @@ impl TransactionalProducer {
         }
         let producer: ThreadedProducer<DeliveryTracker> =
             config.create_with_context(DeliveryTracker::default())?;
+        let watch = Arc::new(CallWatch::default());
+        stuck_call_watchdog::spawn(
+            &watch,
+            call_timeout + STUCK_CALL_GRACE,
+            stuck_call_watchdog::exit_on_stuck_call,
+        )
+        .map_err(|error| {
+            ProducerError::Kafka(KafkaError::ClientCreation(format!(
+                "cannot start the call watchdog thread: {error}"
+            )))
+        })?;
         if guarantee == Guarantee::ExactlyOnce {
             // A timeout while the transaction coordinator moves (its broker died, the
             // `__transaction_state` partition elects a new leader) is retriable: librdkafka
@@ -192,7 +209,10 @@ impl TransactionalProducer {
                 CALL_ATTEMPTS,
                 "init_transactions did not finish; retrying",
                 |error| ErrorKind::of(error) == ErrorKind::Retriable,
-                || producer.init_transactions(call_timeout),
+                || {
+                    let _call = watch.enter("init_transactions");
+                    producer.init_transactions(call_timeout)
+                },
             )
             .map_err(|error| match ErrorKind::of(&error) {
                 ErrorKind::Fatal => ProducerError::Fatal(error),
@@ -205,6 +225,7 @@ impl TransactionalProducer {
         Ok(Self {
             producer,
             call_timeout,
+            watch,
         })
     }
 
@@ -252,6 +273,7 @@ impl TransactionalProducer {
             "send_offsets_to_transaction failed; retrying",
             |error| ErrorKind::of(error) == ErrorKind::Retriable,
             || {
+                let _call = self.watch.enter("send_offsets_to_transaction");
                 self.producer.send_offsets_to_transaction(
                     offsets,
                     group_metadata,
@@ -275,7 +297,10 @@ impl TransactionalProducer {
                     ErrorKind::Retriable | ErrorKind::Other
                 )
             },
-            || self.producer.commit_transaction(self.call_timeout),
+            || {
+                let _call = self.watch.enter("commit_transaction");
+                self.producer.commit_transaction(self.call_timeout)
+            },
         )
         .map_err(|error| match ErrorKind::of(&error) {
             ErrorKind::Fatal => TxnFailure::Fatal(error),
@@ -291,7 +316,10 @@ impl TransactionalProducer {
             CALL_ATTEMPTS,
             "abort failed; retrying",
             |error| ErrorKind::of(error) == ErrorKind::Retriable,
-            || self.producer.abort_transaction(self.call_timeout),
+            || {
+                let _call = self.watch.enter("abort_transaction");
+                self.producer.abort_transaction(self.call_timeout)
+            },
         )
         .map_err(|error| match ErrorKind::of(&error) {
             ErrorKind::Fatal => TxnFailure::Fatal(error),
