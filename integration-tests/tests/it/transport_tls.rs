@@ -837,13 +837,19 @@ async fn demo_and_bench_hand_their_kafka_properties_to_the_services_they_start()
             "50",
             "--latency-seconds",
             "1",
+            "--kill-resume-kills",
+            "2",
             "--json",
         ])
     })?;
     assert_eq!(code, 0, "eosctl bench over SASL_SSL failed:\n{stderr}");
     let bench: serde_json::Value = serde_json::from_str(&stdout)
         .with_context(|| format!("the bench printed no JSON:\n{stderr}"))?;
-    assert!(bench.is_object(), "{bench}");
+    // Both SIGKILLed processors came back over SASL_SSL and committed output again.
+    let resumes = bench["kill_resume"]["resume_ms"]
+        .as_array()
+        .with_context(|| format!("no kill-to-resume figures: {bench}"))?;
+    assert_eq!(resumes.len(), 2, "{bench}");
     assert!(!stderr.contains(&password) && !stdout.contains(&password));
     drop(broker);
     Ok(())

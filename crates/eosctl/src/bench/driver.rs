@@ -72,6 +72,17 @@ struct ProcessorRun {
     group: String,
 }
 
+impl ProcessorRun {
+    /// The topics the run's processor creates (its input is the benchmark's).
+    fn created_topics(&self) -> [String; 3] {
+        [
+            self.output.clone(),
+            self.dlq.clone(),
+            self.changelog.clone(),
+        ]
+    }
+}
+
 pub(super) struct Bench {
     settings: KafkaSettings,
     options: BenchOptions,
@@ -437,12 +448,9 @@ impl Bench {
                 "the pipeline did not keep up with this rate: the latency is a queue's"
             );
         }
-        self.delete_now(&[
-            input,
-            run.output.clone(),
-            run.changelog.clone(),
-            run.dlq.clone(),
-        ])?;
+        let mut topics = vec![input];
+        topics.extend(run.created_topics());
+        self.delete_now(&topics)?;
         tracing::info!(
             p50_ms = summary.p50_ms,
             p99_ms = summary.p99_ms,
@@ -508,12 +516,9 @@ impl Bench {
             Err(error) => return Err(error).context("producing the kill-to-resume load"),
         }
         process.stop(STOP_TIMEOUT)?;
-        self.delete_now(&[
-            input,
-            run.output.clone(),
-            run.changelog.clone(),
-            run.dlq.clone(),
-        ])?;
+        let mut topics = vec![input];
+        topics.extend(run.created_topics());
+        self.delete_now(&topics)?;
         let figures = KillResumeFigures::new(kills, rate, size, resume_ms);
         tracing::info!(
             median_ms = figures.median_ms,
@@ -612,7 +617,7 @@ impl Bench {
         let progress =
             self.follow_commits(&mut process, &offsets, run, partitions, target, started)?;
         let cpu = process.stop(STOP_TIMEOUT)?;
-        self.delete_now(&[run.output.clone(), run.changelog.clone(), run.dlq.clone()])?;
+        self.delete_now(&run.created_topics())?;
         let records_per_second = progress.rate().ok_or_else(|| {
             anyhow!(
                 "{}: the whole input was committed at once, too fast to measure; give more records",
@@ -693,8 +698,7 @@ impl Bench {
             group: self.name(label),
         };
         // Recorded before the processor creates them, so that a failure still cleans them up.
-        self.topics
-            .extend([run.output.clone(), run.dlq.clone(), run.changelog.clone()]);
+        self.topics.extend(run.created_topics());
         self.groups.push(run.group.clone());
         run
     }
