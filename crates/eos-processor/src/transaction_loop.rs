@@ -1,11 +1,19 @@
 //! The read-process-write loop. It runs on a dedicated thread because every transactional call
 //! blocks up to its timeout.
 //!
-//! Invariant: no transaction is open while the consumer polls. A batch is decided in memory
-//! (outputs, dead letters and state changes in an overlay) across polls and written in one go —
-//! begin, produce, send offsets, commit — between two polls. Rebalance callbacks run only inside
-//! `poll`, so they never meet an open transaction: on revoke (or loss) the undecided batch is
-//! simply dropped, and whoever owns the partitions next re-reads them from the committed offsets.
+//! Exactly-once: records flow into the open transaction as they are decided, as Kafka Streams
+//! produces them: the first record decided after a commit begins a transaction, each output and
+//! dead letter is sent at once, and on the commit interval (or a full batch) the changelog
+//! records, the consumed offsets and the commit follow. A `read_committed` reader sees them at the
+//! commit either way; sending as decided takes the write of the whole batch off the time between
+//! the interval's end and the commit (docs/ARCHITECTURE.md, "Latency").
+//!
+//! A transaction is therefore open while the consumer polls, and a rebalance (its callbacks run
+//! inside `poll`) can revoke partitions whose outputs it holds. They are never committed: when
+//! `poll` returns with partitions revoked or lost, the open transaction is aborted before anything
+//! else happens, its undecided state changes are dropped, and whoever owns the partitions next
+//! re-reads them from the committed offsets. A zombie that misses the revoke is still kept out by
+//! the group generation in its offset commit (KIP-447), which fails the transaction.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -156,6 +164,9 @@ struct Batch<S> {
     /// The `process` spans of its first records: the transaction span links to them, since one
     /// transaction has many inputs (and so no single parent).
     links: Vec<SpanContext>,
+    /// Exactly-once: a transaction is open with this batch's records sent so far (`records`
+    /// then holds only what was decided since the last send).
+    transaction_open: bool,
 }
 
 impl<S> Default for Batch<S> {
@@ -167,6 +178,7 @@ impl<S> Default for Batch<S> {
             positions: ConsumedPositions::default(),
             counts: BatchCounts::default(),
             links: Vec::new(),
+            transaction_open: false,
         }
     }
 }
@@ -302,8 +314,9 @@ impl<T: Transform> TransactionLoop<T> {
             match polled {
                 Some(Ok(message)) => {
                     self.decide(&message)?;
-                    if self.settings.guarantee == Guarantee::AtLeastOnce {
-                        self.send_decided_now()?;
+                    match self.settings.guarantee {
+                        Guarantee::ExactlyOnce => self.send_decided_in_transaction()?,
+                        Guarantee::AtLeastOnce => self.send_decided_now()?,
                     }
                 }
                 Some(Err(error)) => self.consumer_error(error)?,
@@ -363,11 +376,15 @@ impl<T: Transform> TransactionLoop<T> {
         for event in self.consumer.context().take() {
             match event {
                 RebalanceEvent::Revoked { partitions, lost } => {
-                    // No transaction is open here (see the module doc); the undecided batch goes.
+                    // The uncommitted batch goes (see the module doc), and with it the open
+                    // transaction holding its outputs.
+                    let transaction_open = self.batch.transaction_open;
                     if !self.batch.is_empty() {
                         info!(
                             records = self.batch.counts.records_in,
-                            lost, "dropping the undecided batch: partitions revoked"
+                            lost,
+                            transaction_open,
+                            "dropping the uncommitted batch: partitions revoked"
                         );
                     }
                     self.batch = Batch::default();
@@ -377,6 +394,15 @@ impl<T: Transform> TransactionLoop<T> {
                         self.states.remove(partition);
                         self.changelog_ends.remove(partition);
                         self.committed_next.remove(partition);
+                    }
+                    if transaction_open {
+                        warn!(
+                            ?partitions,
+                            lost,
+                            "aborting the open transaction: it holds outputs of revoked \
+                             partitions, which their next owner writes"
+                        );
+                        self.abort_open_transaction()?;
                     }
                     info!(?partitions, lost, "partitions revoked");
                     self.readiness.set(false);
@@ -797,10 +823,42 @@ impl<T: Transform> TransactionLoop<T> {
                 );
                 self.apply_committed(batch)
             }
-            Err(TxnFailure::Abortable(error)) => self.abort_and_rewind(&error),
-            Err(TxnFailure::Unknown(error)) => self.replace_producer_and_recover(&error),
-            Err(TxnFailure::Fatal(error)) => self.fenced_or_fatal(error),
+            Err(failure) => self.transaction_failed(failure),
         }
+    }
+
+    /// A transactional call failed: abort and redo, settle an unknown outcome with a new
+    /// producer, or stop (or recover from a lost transaction, see [`Self::fenced_or_fatal`]).
+    fn transaction_failed(&mut self, failure: TxnFailure) -> Result<(), ProcessorError> {
+        match failure {
+            TxnFailure::Abortable(error) => self.abort_and_rewind(&error),
+            TxnFailure::Unknown(error) => self.replace_producer_and_recover(&error),
+            TxnFailure::Fatal(error) => self.fenced_or_fatal(error),
+        }
+    }
+
+    /// Exactly-once: what was just decided goes into the open transaction, which the first
+    /// record after a commit begins (see the module doc). Nothing of it is visible before the
+    /// commit; a failure here ends the transaction as a failed commit would.
+    fn send_decided_in_transaction(&mut self) -> Result<(), ProcessorError> {
+        if self.batch.records.is_empty() {
+            return Ok(());
+        }
+        match self.send_into_transaction() {
+            Ok(()) => Ok(()),
+            Err(failure) => self.transaction_failed(failure),
+        }
+    }
+
+    fn send_into_transaction(&mut self) -> Result<(), TxnFailure> {
+        if !self.batch.transaction_open {
+            self.producer.begin()?;
+            self.batch.transaction_open = true;
+        }
+        for record in self.batch.records.drain(..) {
+            self.producer.send(&record)?;
+        }
+        Ok(())
     }
 
     /// A fatal producer error. When it is a fence and this instance's consumer still holds its
@@ -838,13 +896,16 @@ impl<T: Transform> TransactionLoop<T> {
             .is_some_and(|every| self.transactions_written.is_multiple_of(every))
     }
 
-    /// begin → produce everything → send the consumed offsets. Nothing is committed yet.
+    /// The rest of the transaction: begin (unless records already opened it), whatever is not
+    /// sent yet, the changelog records, then the consumed offsets. Nothing is committed yet.
     fn write_transaction(
         &self,
         batch: &Batch<T::EntityState>,
         changelog: &[PendingRecord],
     ) -> Result<(), TxnFailure> {
-        self.producer.begin()?;
+        if !batch.transaction_open {
+            self.producer.begin()?;
+        }
         for record in batch.records.iter().chain(changelog) {
             self.producer.send(record)?;
         }
@@ -895,6 +956,10 @@ impl<T: Transform> TransactionLoop<T> {
     /// Nothing of the batch became visible: abort, drop its state changes, rewind the consumer.
     fn abort_and_rewind(&mut self, cause: &KafkaError) -> Result<(), ProcessorError> {
         warn!(error = %cause, "aborting transaction");
+        self.abort_open_transaction()
+    }
+
+    fn abort_open_transaction(&mut self) -> Result<(), ProcessorError> {
         counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
         for end in self.changelog_ends.values_mut() {
             end.expected_end = None;
@@ -925,6 +990,10 @@ impl<T: Transform> TransactionLoop<T> {
 
     fn rewind_to_committed(&mut self) -> Result<(), ProcessorError> {
         self.batch = Batch::default();
+        if self.states.is_empty() {
+            // Nothing owned (every partition was just revoked): nothing to rewind.
+            return Ok(());
+        }
         let timeout = self.settings.call_timeout();
         // The group coordinator may be moving (its broker died): ask again until it answers.
         let committed = (|| self.consumer.committed(timeout))
