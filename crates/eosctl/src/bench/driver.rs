@@ -24,11 +24,12 @@ use crate::bench::latency_collector::{
     ArrivalCollector, append_samples, latency_samples, read_timestamps,
 };
 use crate::bench::options::BenchOptions;
+use crate::bench::pass_through;
 use crate::bench::processor_process::ProcessorProcess;
 use crate::bench::report::{
-    BenchReport, GuaranteeThroughput, KillResumeFigures, LatencyFigures, LatencyRateBasis,
-    MachineLoad, RATIO_TARGET, RATIO_TARGET_MIN_BYTES, RoundFigures, SINGLE_RECORD_TARGET,
-    SingleRecordFigures, SizeThroughput,
+    BenchReport, KillResumeFigures, LatencyFigures, LatencyRateBasis, MachineLoad,
+    PASS_THROUGH_RATIO_TARGET, PathThroughput, RATIO_TARGET, RATIO_TARGET_MIN_BYTES, RoundFigures,
+    SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::group_offsets::{GroupOffsetReader, watermarks};
@@ -219,7 +220,8 @@ impl Bench {
         })
     }
 
-    /// Exactly-once and at-least-once rounds, interleaved, over one input of `size`-byte records.
+    /// Exactly-once, at-least-once and pass-through rounds, interleaved, over one input of
+    /// `size`-byte records.
     fn throughput(&mut self, size: usize) -> anyhow::Result<SizeThroughput> {
         let input = self.name(&format!("{size}b-in"));
         tracing::info!(topic = %input, records = self.options.records, value_bytes = size, "writing the input");
@@ -235,6 +237,7 @@ impl Bench {
 
         let mut exactly_once = Vec::new();
         let mut at_least_once = Vec::new();
+        let mut pass_through = Vec::new();
         for round in 1..=self.options.rounds {
             for guarantee in [Guarantee::ExactlyOnce, Guarantee::AtLeastOnce] {
                 let short = match guarantee {
@@ -261,26 +264,75 @@ impl Bench {
                     Guarantee::AtLeastOnce => at_least_once.push(figures),
                 }
             }
+            let figures =
+                self.pass_through(&input, &format!("{size}b-copy-{round}"), &partitions)?;
+            tracing::info!(
+                value_bytes = size,
+                round,
+                records_per_second = figures.records_per_second.round(),
+                measured_seconds = figures.measured_seconds,
+                "pass-through round done"
+            );
+            pass_through.push(figures);
         }
         self.delete_now(&[input])?;
 
         let exactly_once =
-            GuaranteeThroughput::new(Guarantee::ExactlyOnce, exactly_once, bytes_per_record);
+            PathThroughput::new(WritePath::ExactlyOnce, exactly_once, bytes_per_record);
         let at_least_once =
-            GuaranteeThroughput::new(Guarantee::AtLeastOnce, at_least_once, bytes_per_record);
-        let ratio_eo_to_alo = exactly_once
-            .median_records_per_second
-            .zip(at_least_once.median_records_per_second)
-            .and_then(|(eo, alo)| ratio(eo, alo));
+            PathThroughput::new(WritePath::AtLeastOnce, at_least_once, bytes_per_record);
+        let pass_through =
+            PathThroughput::new(WritePath::PassThrough, pass_through, bytes_per_record);
+        let median_ratio = |over: &PathThroughput| {
+            exactly_once
+                .median_records_per_second
+                .zip(over.median_records_per_second)
+                .and_then(|(eo, other)| ratio(eo, other))
+        };
+        let ratio_eo_to_alo = median_ratio(&at_least_once);
+        let ratio_eo_to_pass_through = median_ratio(&pass_through);
+        let targeted = size >= RATIO_TARGET_MIN_BYTES;
         Ok(SizeThroughput {
             value_bytes: size,
             mean_value_bytes: bytes_per_record,
             records: summary.physical_records,
             exactly_once,
             at_least_once,
+            pass_through,
             ratio_eo_to_alo,
-            ratio_target: (size >= RATIO_TARGET_MIN_BYTES).then_some(RATIO_TARGET),
+            ratio_target: targeted.then_some(RATIO_TARGET),
+            ratio_eo_to_pass_through,
+            pass_through_ratio_target: targeted.then_some(PASS_THROUGH_RATIO_TARGET),
         })
+    }
+
+    /// One pass-through round: a plain copy of `input` into a fresh topic of the same layout.
+    fn pass_through(
+        &mut self,
+        input: &str,
+        label: &str,
+        partitions: &[i32],
+    ) -> anyhow::Result<RoundFigures> {
+        let output = self.name(&format!("{label}-out"));
+        self.topics.push(output.clone());
+        self.runtime
+            .block_on(ensure_topic(&self.settings, &output, self.layout()))
+            .with_context(|| format!("creating topic {output:?}"))?;
+        let metadata = self.settings.metadata_client()?;
+        let ends: BTreeMap<i32, i64> = watermarks(&self.settings, &metadata, input, partitions)?
+            .into_iter()
+            .map(|(partition, (_, end))| (partition, end))
+            .collect();
+        let figures = pass_through::copy(
+            &self.settings,
+            input,
+            &output,
+            &ends,
+            self.options.stall_timeout,
+            &self.stop,
+        )?;
+        self.delete_now(&[output])?;
+        Ok(figures)
     }
 
     /// Exactly-once with one record per transaction.
@@ -630,7 +682,7 @@ impl Bench {
             startup_seconds: progress
                 .first_commit_seen_at()
                 .map_or(0.0, |at| at.as_secs_f64()),
-            processor_cpu_ms_per_1000_records: cpu
+            cpu_ms_per_1000_records: cpu
                 .and_then(|cpu| ratio(cpu.as_secs_f64() * 1e6, target as f64)),
         })
     }

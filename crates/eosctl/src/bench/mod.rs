@@ -1,11 +1,13 @@
 //! `eosctl bench processor`: measures the real `eos-processor` binary against the real broker and
 //! prints figures (it is a benchmark, not a test: missing a target does not fail it).
 //!
-//! 1. Throughput, exactly-once vs at-least-once: one input topic per record size is written
-//!    once; then rounds run interleaved (EO, ALO, EO, ALO, …), each a fresh processor process
-//!    with a fresh group (so it reads the input from the beginning), output and changelog topics.
-//!    A round's rate runs from the group's first commit to the commit that reaches the end of the
-//!    input: process start-up, joining the group and restoring state are not throughput.
+//! 1. Throughput, exactly-once vs at-least-once vs a pass-through copy: one input topic per record
+//!    size is written once; then rounds run interleaved (EO, ALO, pass-through, EO, …), each
+//!    processor round a fresh processor process with a fresh group (so it reads the input from the
+//!    beginning), output and changelog topics. A round's rate runs from the group's first commit
+//!    to the commit that reaches the end of the input: process start-up, joining the group and
+//!    restoring state are not throughput. The pass-through round ([`pass_through`]) is a plain
+//!    consumer → producer copy of the same input in this process: the broker's own limit here.
 //! 2. Single-record transactions per second: exactly-once with `--max-batch 1` over a backlog.
 //! 3. End-to-end latency at half the exactly-once peak: records produced at that rate; a
 //!    `read_committed` reader of the output takes, for each output record, the time it arrived
@@ -29,6 +31,7 @@ mod driver;
 pub mod figures;
 mod latency_collector;
 pub mod options;
+mod pass_through;
 mod processor_process;
 pub mod report;
 

@@ -103,10 +103,16 @@ impl ProcessorProcess {
 
 /// User plus system CPU time of this process's terminated and waited-for children.
 fn children_cpu() -> Option<Duration> {
-    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).ok()?;
+    cpu_time(UsageWho::RUSAGE_CHILDREN)
+}
+
+/// User plus system CPU time of `who`, where the platform tells.
+pub(super) fn cpu_time(who: UsageWho) -> Option<Duration> {
+    let usage = getrusage(who).ok()?;
     let micros = |time: nix::sys::time::TimeVal| -> Option<u64> {
         Some(u64::try_from(time.tv_sec()).ok()? * 1_000_000 + u64::try_from(time.tv_usec()).ok()?)
     };
-    let total = micros(usage.user_time())? + micros(usage.system_time())?;
-    Some(Duration::from_micros(total))
+    Some(Duration::from_micros(
+        micros(usage.user_time())? + micros(usage.system_time())?,
+    ))
 }

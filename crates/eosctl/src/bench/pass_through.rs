@@ -1,0 +1,177 @@
+//! The pass-through baseline: a plain consumer → producer copy of the same input, in this
+//! process, with no transaction, no transform and no state — what the broker and librdkafka
+//! manage on this machine in the same run, against which the processor's rate is set.
+//!
+//! The consumer reads `read_committed` from the beginning of every partition (as the processor
+//! does) and each record goes, with its key, value and headers, to the same partition of the
+//! output topic through a producer with librdkafka's defaults plus the processor's `acks=all`
+//! and `linger.ms=5`. The rate runs from the first record read to the last one acknowledged.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use nix::sys::resource::UsageWho;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::bench::processor_process::cpu_time;
+use crate::bench::report::RoundFigures;
+use crate::kafka_client::KafkaSettings;
+
+/// Counts failed deliveries: a copy that lost records measured nothing.
+#[derive(Debug, Default)]
+struct DeliveryFailures(AtomicU64);
+
+impl ClientContext for DeliveryFailures {}
+
+impl ProducerContext for DeliveryFailures {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _opaque: ()) {
+        if result.is_err() {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Copies `input` (up to `ends`, per partition) to `output`, which has the same partitions.
+pub(super) fn copy(
+    settings: &KafkaSettings,
+    input: &str,
+    output: &str,
+    ends: &BTreeMap<i32, i64>,
+    stall_timeout: Duration,
+    interrupted: &AtomicBool,
+) -> anyhow::Result<RoundFigures> {
+    let started = Instant::now();
+    let cpu_before = own_cpu();
+    let consumer: BaseConsumer = settings
+        .client_config()
+        .set("group.id", format!("{output}-copier"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .context("cannot create the pass-through consumer")?;
+    let producer: BaseProducer<DeliveryFailures> = settings
+        .client_config()
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create_with_context(DeliveryFailures::default())
+        .context("cannot create the pass-through producer")?;
+    let mut assignment = TopicPartitionList::new();
+    for &partition in ends.keys() {
+        assignment.add_partition_offset(input, partition, Offset::Beginning)?;
+    }
+    consumer
+        .assign(&assignment)
+        .context("cannot assign the pass-through input")?;
+
+    let total: i64 = ends.values().sum();
+    let mut remaining: BTreeMap<i32, i64> = ends
+        .iter()
+        .filter(|&(_, &end)| end > 0)
+        .map(|(&partition, &end)| (partition, end))
+        .collect();
+    let mut first_read: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    while !remaining.is_empty() {
+        if interrupted.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        producer.poll(Duration::ZERO);
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => {
+                first_read.get_or_insert_with(Instant::now);
+                last_progress = Instant::now();
+                let mut record = BaseRecord::to(output).partition(message.partition());
+                if let Some(key) = message.key() {
+                    record = record.key(key);
+                }
+                if let Some(payload) = message.payload() {
+                    record = record.payload(payload);
+                }
+                if let Some(headers) = message.headers() {
+                    record = record.headers(headers.detach());
+                }
+                send(&producer, record)?;
+                let partition = message.partition();
+                if remaining
+                    .get(&partition)
+                    .is_some_and(|&end| message.offset() + 1 >= end)
+                {
+                    remaining.remove(&partition);
+                }
+            }
+            Some(Err(error)) => tracing::debug!(%error, "pass-through consumer error"),
+            None => {}
+        }
+        if last_progress.elapsed() >= stall_timeout {
+            bail!(
+                "pass-through: no record read for {}; partitions not finished: {:?}",
+                humantime::format_duration(stall_timeout),
+                remaining.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    while producer.in_flight_count() > 0 {
+        producer.poll(Duration::from_millis(1));
+        if last_progress.elapsed() >= stall_timeout {
+            bail!(
+                "pass-through: {} records not acknowledged within {}",
+                producer.in_flight_count(),
+                humantime::format_duration(stall_timeout)
+            );
+        }
+    }
+    let finished = Instant::now();
+    let failed = producer.context().0.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!("pass-through: {failed} deliveries failed");
+    }
+    let first_read = first_read.ok_or_else(|| anyhow!("pass-through: the input is empty"))?;
+    let measured = finished.duration_since(first_read).as_secs_f64();
+    if measured <= 0.0 {
+        bail!("pass-through: the copy was too fast to measure; give more records");
+    }
+    let cpu = own_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    Ok(RoundFigures {
+        records_per_second: total as f64 / measured,
+        measured_seconds: measured,
+        startup_seconds: first_read.duration_since(started).as_secs_f64(),
+        cpu_ms_per_1000_records: cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / total as f64),
+    })
+}
+
+fn send(
+    producer: &BaseProducer<DeliveryFailures>,
+    mut record: BaseRecord<'_, [u8], [u8]>,
+) -> anyhow::Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                r,
+            )) => {
+                record = r;
+                producer.poll(Duration::from_millis(1));
+            }
+            Err((error, _)) => return Err(error).context("pass-through: cannot send"),
+        }
+    }
+}
+
+/// User plus system CPU time of this process so far (the copy is the only work it does
+/// meanwhile).
+fn own_cpu() -> Option<Duration> {
+    cpu_time(UsageWho::RUSAGE_SELF)
+}
