@@ -11,6 +11,7 @@
 //! I/O.
 
 pub mod backoff;
+pub mod bench_figures;
 pub mod kafka_errors;
 pub mod kafka_settings;
 pub mod ops_http;

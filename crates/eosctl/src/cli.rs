@@ -278,6 +278,56 @@ pub enum BenchTarget {
     /// worst). Use a release build of eos-processor; a debug build is warned about.
     #[command(after_help = EXIT_STATUS)]
     Processor(ProcessorBenchArgs),
+    /// sink-writer's idempotent write with its checkpoint against a raw COPY, a duplicate
+    /// replay, and a topic -> table run of the real service
+    ///
+    /// Against a scratch PostgreSQL database (event_sink and bench_raw are truncated): each
+    /// round runs every write path (copy-fresh is the sink's, unnest and staging for contrast)
+    /// on an empty table, the order rotating; each ratio is taken within its round, then the
+    /// median and the spread over the rounds. docs/BENCHMARKS.md explains each ratio.
+    #[command(after_help = EXIT_STATUS)]
+    Sink(SinkBenchArgs),
+    /// outbox-relay's throughput against a plain idempotent producer, and its commit-to-visible
+    /// latency at half its peak
+    ///
+    /// Against a scratch PostgreSQL database (the outbox tables are emptied) and the broker, in
+    /// interleaved rounds (plain, relay, plain, ...).
+    #[command(after_help = EXIT_STATUS)]
+    Relay(RelayBenchArgs),
+    /// dedup-service's Begin+Complete pairs/s through gRPC against the same SQL straight to its
+    /// database, at 1, 16 and 64 clients, single and batched, and the latency at half the peak
+    ///
+    /// Needs a running dedup-service that takes calls without a client token (e.g. on
+    /// loopback) and its database. Intents it creates are named bench-*.
+    #[command(after_help = EXIT_STATUS)]
+    Dedup(DedupBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SinkBenchArgs {
+    #[command(flatten)]
+    pub bench: sink_writer::bench::BenchArgs,
+    /// Print the figures as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RelayBenchArgs {
+    #[command(flatten)]
+    pub bench: outbox_relay::bench::BenchArgs,
+    /// Print the figures as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DedupBenchArgs {
+    #[command(flatten)]
+    pub bench: dedup_service::bench::BenchArgs,
+    /// Print the figures as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

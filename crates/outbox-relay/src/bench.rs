@@ -1,4 +1,4 @@
-//! `outbox-relay-bench`: the relay's figures, printed, not asserted.
+//! `eosctl bench relay`: the relay's figures, printed, not asserted.
 //!
 //! - Throughput: the relay publishing a backlog of 1 KB events (exactly-once, in transactions)
 //!   ÷ a plain idempotent producer sending the same records to the same broker, in interleaved
@@ -13,11 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::Args;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Headers as _;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use rdkafka::{ClientConfig, Message as _};
+use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
@@ -25,25 +26,19 @@ use tokio_util::sync::CancellationToken;
 use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_outbox::relay_positions::relayed_position;
+use eos_runtime::bench_figures::{Figure, load_average, load_text};
+use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::ops_http::Readiness;
 
 use crate::relay_loop::{RelayLoop, RelaySettings};
 
 /// Prints the relay's throughput against a plain producer, and its commit-to-visible latency.
 /// Use a scratch database: the bench empties the outbox tables.
-#[derive(Debug, Clone, Parser)]
-#[command(name = "outbox-relay-bench", version, about)]
+#[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// A scratch PostgreSQL database (the outbox tables are emptied).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
-
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    pub bootstrap_servers: String,
 
     /// Events per throughput run.
     #[arg(long, default_value_t = 20_000)]
@@ -66,23 +61,12 @@ pub struct BenchArgs {
     pub latency_run: Duration,
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
     let rank = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
-}
-
-fn client_config(args: &BenchArgs) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &args.bootstrap_servers);
-    config
 }
 
 fn event(topic: &str, id: &str, n: usize, filler: &str) -> anyhow::Result<OutboxEvent> {
@@ -98,8 +82,14 @@ fn event(topic: &str, id: &str, n: usize, filler: &str) -> anyhow::Result<Outbox
 
 /// A plain idempotent producer sending `count` records of the envelope's size: the broker's own
 /// rate on this machine, for the ratio.
-fn plain_producer_rate(args: &BenchArgs, topic: &str, filler: &str) -> anyhow::Result<f64> {
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = client_config(args)
+fn plain_producer_rate(
+    args: &BenchArgs,
+    kafka: &ClientConfig,
+    topic: &str,
+    filler: &str,
+) -> anyhow::Result<f64> {
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
+        .clone()
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
@@ -139,9 +129,9 @@ async fn reset(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn settings(args: &BenchArgs, relay_name: &str) -> RelaySettings {
+fn settings(args: &BenchArgs, kafka: &ClientConfig, relay_name: &str) -> RelaySettings {
     RelaySettings {
-        client_config: client_config(args),
+        client_config: kafka.clone(),
         guarantee: Guarantee::ExactlyOnce,
         relay_name: relay_name.to_owned(),
         transactional_id: format!("outbox-relay-{relay_name}"),
@@ -155,13 +145,14 @@ fn settings(args: &BenchArgs, relay_name: &str) -> RelaySettings {
 /// A relay of its own, running in this process until the returned token is cancelled.
 async fn start_relay(
     args: &BenchArgs,
+    kafka: &ClientConfig,
     pool: &PgPool,
     relay_name: &str,
 ) -> anyhow::Result<(
     CancellationToken,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 )> {
-    let settings = settings(args, relay_name);
+    let settings = settings(args, kafka, relay_name);
     crate::position_topic::ensure_positions_topic(
         &settings.client_config,
         &settings.positions_topic,
@@ -183,6 +174,7 @@ async fn start_relay(
 /// The relay publishing a backlog of `events` rows, from its first read to its last commit.
 async fn relay_rate(
     args: &BenchArgs,
+    kafka: &ClientConfig,
     pool: &PgPool,
     topic: &str,
     round: usize,
@@ -198,7 +190,7 @@ async fn relay_rate(
         tx.commit().await?;
     }
     let relay_name = format!("bench-{}-{round}", std::process::id());
-    let (shutdown, task) = start_relay(args, pool, &relay_name).await?;
+    let (shutdown, task) = start_relay(args, kafka, pool, &relay_name).await?;
     let started = Instant::now();
     let (order_xid, position): (i64, i64) = sqlx::query_as(
         "SELECT order_xid, position FROM eos_outbox ORDER BY order_xid DESC, position DESC LIMIT 1",
@@ -229,6 +221,7 @@ async fn relay_rate(
 /// Commit-to-visible latencies (seconds, sorted) of one-row transactions written at `rate`.
 async fn latencies(
     args: &BenchArgs,
+    kafka: &ClientConfig,
     pool: &PgPool,
     topic: &str,
     rate: f64,
@@ -238,7 +231,7 @@ async fn latencies(
     // The topic exists before the consumer subscribes, so it is assigned at once and reads from
     // the start of a topic with nothing in it yet.
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        client_config(args).create()?;
+        kafka.clone().create()?;
     let new_topic =
         rdkafka::admin::NewTopic::new(topic, 3, rdkafka::admin::TopicReplication::Fixed(-1));
     for result in admin
@@ -249,7 +242,8 @@ async fn latencies(
     }
     let (sender, receiver) = std::sync::mpsc::channel::<(String, Instant)>();
     let stop = Arc::new(AtomicBool::new(false));
-    let consumer: BaseConsumer = client_config(args)
+    let consumer: BaseConsumer = kafka
+        .clone()
         .set("group.id", format!("outbox-bench-{}", std::process::id()))
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
@@ -276,7 +270,7 @@ async fn latencies(
         }
     });
     let relay_name = format!("bench-{}-latency", std::process::id());
-    let (shutdown, task) = start_relay(args, pool, &relay_name).await?;
+    let (shutdown, task) = start_relay(args, kafka, pool, &relay_name).await?;
     // Let the consumer join its group before the first commit.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -336,7 +330,40 @@ async fn latencies(
     Ok(latencies)
 }
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+/// The relay's throughput target: relayed ÷ plain producer.
+pub const TARGET_VS_PLAIN: f64 = 0.5;
+/// The commit-to-visible p99 target, in milliseconds.
+pub const TARGET_P99_MS: f64 = 100.0;
+
+/// What one run of the bench measured (`--json` prints it as is).
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayBenchReport {
+    pub events: usize,
+    pub record_bytes: usize,
+    pub batch_size: i64,
+    pub rounds: usize,
+    /// `/proc/loadavg` (1, 5, 15 minutes) before the first round, where there is one.
+    pub load_before: Option<[f64; 3]>,
+    pub cores: usize,
+    /// records/s of a plain idempotent producer sending the same records.
+    pub plain: Figure,
+    /// records/s of the relay publishing the same number of outbox rows, exactly-once.
+    pub relayed: Figure,
+    /// relayed ÷ plain, within each round.
+    pub vs_plain: Figure,
+    /// The commit-to-visible run: its rate (half the median relayed rate) and seconds.
+    pub latency_rate: f64,
+    pub latency_seconds: f64,
+    pub latency_events: usize,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+}
+
+/// Runs the interleaved rounds and the latency run against a scratch database.
+pub async fn measure(args: &BenchArgs, kafka: &KafkaSettings) -> anyhow::Result<RelayBenchReport> {
+    anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
+    let kafka = kafka.client_config();
+    let load_before = load_average();
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .connect(&args.database_url)
@@ -351,35 +378,100 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let plain_topic = format!("outbox-bench-plain-{pid}-{round}");
         let relay_topic = format!("outbox-bench-relay-{pid}-{round}");
         let rate = {
-            let (args, topic, filler) = (args.clone(), plain_topic.clone(), filler.clone());
-            tokio::task::spawn_blocking(move || plain_producer_rate(&args, &topic, &filler))
+            let (args, kafka, topic, filler) = (
+                args.clone(),
+                kafka.clone(),
+                plain_topic.clone(),
+                filler.clone(),
+            );
+            tokio::task::spawn_blocking(move || plain_producer_rate(&args, &kafka, &topic, &filler))
                 .await??
         };
         plain.push(rate);
-        relayed.push(relay_rate(&args, &pool, &relay_topic, round, &filler).await?);
+        relayed.push(relay_rate(args, &kafka, &pool, &relay_topic, round, &filler).await?);
     }
-    let (plain, relayed) = (median(plain), median(relayed));
-    let latency_rate = relayed / 2.0;
+    let vs_plain = Figure::ratio(&relayed, &plain);
+    let (plain, relayed) = (Figure::new(plain), Figure::new(relayed));
+    let latency_rate = relayed.median / 2.0;
     let latency_topic = format!("outbox-bench-latency-{pid}");
-    let latencies = latencies(&args, &pool, &latency_topic, latency_rate, &filler).await?;
+    let latencies = latencies(args, &kafka, &pool, &latency_topic, latency_rate, &filler).await?;
     reset(&pool).await?;
     pool.close().await;
+    Ok(RelayBenchReport {
+        events: args.events,
+        record_bytes: args.record_bytes,
+        batch_size: args.batch_size,
+        rounds: args.rounds,
+        load_before,
+        cores: std::thread::available_parallelism().map_or(0, usize::from),
+        plain,
+        relayed,
+        vs_plain,
+        latency_rate,
+        latency_seconds: args.latency_run.as_secs_f64(),
+        latency_events: latencies.len(),
+        latency_p50_ms: percentile(&latencies, 0.5) * 1e3,
+        latency_p99_ms: percentile(&latencies, 0.99) * 1e3,
+    })
+}
 
-    println!(
-        "outbox-relay bench: {} events of ~{} bytes, {} rows per relay transaction, median of {} interleaved rounds",
-        args.events, args.record_bytes, args.batch_size, args.rounds
-    );
-    println!("  plain idempotent producer        {plain:>10.0} records/s");
-    println!(
-        "  relay, exactly-once              {relayed:>10.0} records/s   ÷ plain = {:.2} (target ≥ 0.5)",
-        relayed / plain
-    );
-    println!(
-        "  commit → visible (read_committed) at {latency_rate:.0} events/s for {:?}: p50 {:.1} ms, p99 {:.1} ms over {} events (target p99 ≤ 100 ms)",
-        args.latency_run,
-        percentile(&latencies, 0.5) * 1e3,
-        percentile(&latencies, 0.99) * 1e3,
-        latencies.len()
-    );
-    Ok(())
+impl RelayBenchReport {
+    /// The human table: median, spread and each round, with the targets.
+    pub fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "outbox-relay bench: {} events of ~{} bytes, {} rows per relay transaction, {} \
+             interleaved rounds; {} cores, load before {}",
+            self.events,
+            self.record_bytes,
+            self.batch_size,
+            self.rounds,
+            self.cores,
+            load_text(self.load_before)
+        );
+        let _ = writeln!(
+            out,
+            "  {:<40} {:>10} {:>15}  per round",
+            "figure", "median", "spread"
+        );
+        for (name, figure, digits, target) in [
+            (
+                "plain idempotent producer records/s",
+                &self.plain,
+                0,
+                String::new(),
+            ),
+            (
+                "relay, exactly-once records/s",
+                &self.relayed,
+                0,
+                String::new(),
+            ),
+            (
+                "  ÷ plain",
+                &self.vs_plain,
+                2,
+                format!("   target ≥ {TARGET_VS_PLAIN:.2}"),
+            ),
+        ] {
+            let (median, spread, rounds) = figure.text(digits);
+            let _ = writeln!(
+                out,
+                "  {name:<40} {median:>10} {spread:>15}  [{rounds}]{target}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  commit → visible (read_committed) at {:.0} events/s for {:.0} s: p50 {:.1} ms, \
+             p99 {:.1} ms over {} events (target p99 ≤ {TARGET_P99_MS:.0} ms)",
+            self.latency_rate,
+            self.latency_seconds,
+            self.latency_p50_ms,
+            self.latency_p99_ms,
+            self.latency_events
+        );
+        out
+    }
 }

@@ -1,4 +1,4 @@
-//! `sink-writer-bench`: figures for the sink's write path, printed, not asserted.
+//! `eosctl bench sink`: figures for the sink's write path, printed, not asserted.
 //!
 //! On the same indexed table shape (`event_sink`), in interleaved rounds (the order of the
 //! variants rotates every round) so drift (autovacuum, caches, other load) hits every variant
@@ -14,9 +14,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{Args, Parser as _};
 use eos_core::Checkpoint;
-use rdkafka::ClientConfig;
+use eos_runtime::bench_figures::{Figure, load_average, load_text};
+use eos_runtime::kafka_settings::KafkaSettings;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -32,20 +33,11 @@ use crate::{migrator, targets};
 
 /// Prints throughput figures of the sink's write path against a real PostgreSQL (and Kafka for
 /// the end-to-end figure). Use a scratch database: the bench truncates event_sink.
-#[derive(Debug, Clone, Parser)]
-#[command(name = "sink-writer-bench", version, about)]
+#[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// A scratch PostgreSQL database (event_sink and bench_raw are truncated).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
-
-    /// Kafka bootstrap servers, for the end-to-end figure.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "127.0.0.1:9092"
-    )]
-    pub bootstrap_servers: String,
 
     /// Rows per run of each variant.
     #[arg(long, default_value_t = 20_000)]
@@ -83,40 +75,6 @@ fn records(prefix: &str, count: usize) -> Vec<InputRecord> {
             }
         })
         .collect()
-}
-
-/// A figure over the rounds: each round's value, the median (the mean of the middle two for an
-/// even count) and the spread (lowest, highest).
-#[derive(Debug, Clone, Serialize)]
-pub struct Figure {
-    pub rounds: Vec<f64>,
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Figure {
-    pub fn new(rounds: Vec<f64>) -> Self {
-        let mut sorted = rounds.clone();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let median = match n {
-            0 => 0.0,
-            _ if n % 2 == 1 => sorted[n / 2],
-            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-        };
-        Self {
-            median,
-            min: sorted.first().copied().unwrap_or(0.0),
-            max: sorted.last().copied().unwrap_or(0.0),
-            rounds,
-        }
-    }
-
-    /// Per round `a[i] / b[i]`.
-    fn ratio(a: &[f64], b: &[f64]) -> Self {
-        Self::new(a.iter().zip(b).map(|(a, b)| a / b).collect())
-    }
 }
 
 /// The sink's own statement, batch by batch; with `checkpoint`, each transaction also moves a
@@ -210,10 +168,14 @@ async fn count(pool: &PgPool, table: &str) -> anyhow::Result<i64> {
 
 /// Produces `count` envelopes to a fresh topic, runs the service in-process until its checkpoint
 /// reaches the end, and returns rows/s (including start-up: fence, seek, first fetch).
-async fn end_to_end(args: &BenchArgs, pool: &PgPool) -> anyhow::Result<(f64, Duration)> {
+async fn end_to_end(
+    args: &BenchArgs,
+    kafka: &KafkaSettings,
+    pool: &PgPool,
+) -> anyhow::Result<(f64, Duration)> {
     let topic = format!("sink-bench-{}-{}", std::process::id(), rand_suffix());
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap_servers)
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
+        .client_config()
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .create()?;
@@ -233,21 +195,31 @@ async fn end_to_end(args: &BenchArgs, pool: &PgPool) -> anyhow::Result<(f64, Dur
     }
     producer.flush(Duration::from_secs(60))?;
     let group = format!("{topic}-sink");
-    let config = crate::Config::try_parse_from([
-        "sink-writer",
-        "--database-url",
-        &args.database_url,
-        "--bootstrap-servers",
-        &args.bootstrap_servers,
-        "--topic",
-        &topic,
-        "--group-id",
-        &group,
-        "--instance-id",
-        "bench",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ])?;
+    let properties: Vec<String> = kafka
+        .properties
+        .iter()
+        .flat_map(|(key, value)| ["-X".to_owned(), format!("{key}={value}")])
+        .collect();
+    let config = crate::Config::try_parse_from(
+        [
+            "sink-writer",
+            "--database-url",
+            &args.database_url,
+            "--bootstrap-servers",
+            &kafka.bootstrap_servers,
+            "--topic",
+            &topic,
+            "--group-id",
+            &group,
+            "--instance-id",
+            "bench",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(properties),
+    )?;
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let service = tokio::spawn(crate::run(config, shutdown.clone()));
@@ -316,19 +288,6 @@ pub struct PathFigures {
 /// The sink's target: idempotent insert with the checkpoint ÷ raw COPY (issue #15).
 pub const TARGET_VS_COPY: f64 = 0.6;
 
-fn load_average() -> Option<[f64; 3]> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
-    Some([fields.next()??, fields.next()??, fields.next()??])
-}
-
-/// Runs the bench and prints its table.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let report = measure(&args).await?;
-    print!("{}", report.table());
-    Ok(())
-}
-
 /// One variant of a round.
 #[derive(Debug, Clone, Copy)]
 enum Variant {
@@ -339,7 +298,7 @@ enum Variant {
 }
 
 /// Runs the interleaved rounds (and the end-to-end figure) against a scratch database.
-pub async fn measure(args: &BenchArgs) -> anyhow::Result<SinkBenchReport> {
+pub async fn measure(args: &BenchArgs, kafka: &KafkaSettings) -> anyhow::Result<SinkBenchReport> {
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     anyhow::ensure!(
         args.rows > 0 && args.batch > 0,
@@ -414,7 +373,7 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<SinkBenchReport> {
         sqlx::raw_sql("TRUNCATE event_sink; TRUNCATE entity_state;")
             .execute(&pool)
             .await?;
-        let (rate, elapsed) = end_to_end(args, &pool).await?;
+        let (rate, elapsed) = end_to_end(args, kafka, &pool).await?;
         Some((rate, elapsed.as_secs_f64()))
     } else {
         None
@@ -446,9 +405,7 @@ impl SinkBenchReport {
     pub fn table(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
-        let load = self.load_before.map_or("unknown".to_owned(), |[a, b, c]| {
-            format!("{a:.2} {b:.2} {c:.2}")
-        });
+        let load = load_text(self.load_before);
         let _ = writeln!(
             out,
             "sink-writer bench: {} rows per run, {} rows per batch, {} interleaved rounds; \

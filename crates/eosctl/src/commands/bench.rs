@@ -1,4 +1,5 @@
-//! `eosctl bench`: runs a benchmark and prints its figures.
+//! `eosctl bench processor|sink|relay|dedup`: runs a benchmark and prints its figures, as a
+//! table or `--json`.
 
 use crate::bench::{self, BenchOptions};
 use crate::cli;
@@ -11,10 +12,39 @@ pub(crate) async fn run_processor(
 ) -> anyhow::Result<Status> {
     let options = BenchOptions::from_args(&args)?;
     let report = bench::run(kafka, options).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+    print_report(&report, args.json, || bench::bench_text(&report))
+}
+
+pub(crate) async fn run_sink(
+    kafka: &KafkaSettings,
+    args: cli::SinkBenchArgs,
+) -> anyhow::Result<Status> {
+    let report = sink_writer::bench::measure(&args.bench, kafka).await?;
+    print_report(&report, args.json, || report.table())
+}
+
+pub(crate) async fn run_relay(
+    kafka: &KafkaSettings,
+    args: cli::RelayBenchArgs,
+) -> anyhow::Result<Status> {
+    let report = outbox_relay::bench::measure(&args.bench, kafka).await?;
+    print_report(&report, args.json, || report.table())
+}
+
+pub(crate) async fn run_dedup(args: cli::DedupBenchArgs) -> anyhow::Result<Status> {
+    let report = dedup_service::bench::measure(&args.bench).await?;
+    print_report(&report, args.json, || report.table())
+}
+
+fn print_report(
+    report: &impl serde::Serialize,
+    json: bool,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<Status> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
     } else {
-        print!("{}", bench::bench_text(&report));
+        print!("{}", table());
     }
     Ok(Status::Success)
 }

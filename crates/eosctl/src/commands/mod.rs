@@ -58,9 +58,12 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Produce(args) => produce::run(kafka, args).await,
         Command::Audit(args) => audit::run(kafka, args).await,
         Command::Lag(args) => lag::run(kafka, args).await,
-        Command::Bench(BenchArgs {
-            target: BenchTarget::Processor(args),
-        }) => bench::run_processor(kafka, args).await,
+        Command::Bench(BenchArgs { target }) => match target {
+            BenchTarget::Processor(args) => bench::run_processor(kafka, args).await,
+            BenchTarget::Sink(args) => bench::run_sink(&kafka, args).await,
+            BenchTarget::Relay(args) => bench::run_relay(&kafka, args).await,
+            BenchTarget::Dedup(args) => bench::run_dedup(args).await,
+        },
         Command::Trace(args) => trace::run(args).await,
         Command::Held(command) => held::run(command).await,
         Command::Demo(args) => Ok(if demo::run(kafka, args).await? {
