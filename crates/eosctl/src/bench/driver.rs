@@ -963,13 +963,9 @@ fn mean_value_bytes(summary: &ProduceSummary) -> f64 {
     ratio(summary.bytes as f64, summary.physical_records as f64).unwrap_or(0.0)
 }
 
+/// The 1-minute load average (the report keeps only that one).
 fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    eos_runtime::bench_figures::load_average().map(|[one_minute, _, _]| one_minute)
 }
 
 /// eos-processor's counter of committed output records.
