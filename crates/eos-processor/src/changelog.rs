@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use eos_runtime::backoff::{BlockingRetryable as _, doubling};
 use eos_runtime::kafka_errors::passes_by_itself;
+use eos_runtime::log_end;
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -181,11 +182,20 @@ pub fn restore_partition<S: DeserializeOwned>(
         .set("isolation.level", "read_committed")
         .create()
         .map_err(|e| restore_error(e.to_string()))?;
-    // A changelog created moments ago may not have a leader yet on every broker's metadata
-    // (NotLeaderForPartition, LeaderNotAvailable, UnknownTopicOrPartition): that passes, so ask
-    // again for a while instead of failing the start-up.
-    let (low, high) = (|| consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)))
-        .retry(doubling(Duration::from_millis(100), Duration::from_secs(2)).with_max_times(8))
+    // Read up to the high watermark, not the last stable offset: the previous owner's last
+    // batch may be committed with its markers not yet written, while this owner's consumer
+    // already resumes after its offsets (see `eos_runtime::log_end`).
+    //
+    // A changelog created moments ago may not have a leader yet on every broker's metadata, and
+    // a broker that stalled past its session with the controller leaves its partitions without
+    // one until it is unfenced (NotLeaderForPartition, LeaderNotAvailable, UnknownPartition):
+    // that passes, so ask again for as long as a restore may go without progress.
+    let end = || log_end::watermarks(client_config, topic, partition, Duration::from_secs(10));
+    let (low, high) = end
+        .retry(
+            doubling(Duration::from_millis(100), Duration::from_secs(2))
+                .with_total_delay(Some(timeout)),
+        )
         .when(passes_by_itself)
         .notify(|error, delay| {
             tracing::warn!(topic, partition, %error, ?delay, "changelog leader not reachable yet; asking again");

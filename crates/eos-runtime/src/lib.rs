@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod bench_figures;
 pub mod kafka_errors;
 pub mod kafka_settings;
+pub mod log_end;
 pub mod ops_http;
 pub mod rebalance;
 #[cfg(feature = "postgres")]

@@ -114,7 +114,9 @@ pub fn read_position(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .create()?;
-    let (low, high) = consumer.fetch_watermarks(topic, 0, ADMIN_TIMEOUT)?;
+    // Up to the high watermark: another relay's open transaction holds the last stable offset
+    // below this relay's own last committed position (see `eos_runtime::log_end`).
+    let (low, high) = eos_runtime::log_end::watermarks(client_config, topic, 0, ADMIN_TIMEOUT)?;
     if high <= low {
         return Ok(None);
     }

@@ -1,0 +1,34 @@
+//! Where a partition's log ends, for a `read_committed` reader that must read everything
+//! decided there: the state restore of eos-processor and outbox-relay's read of its last
+//! position.
+//!
+//! librdkafka's watermark query carries the client's isolation level, and a `read_committed`
+//! client is answered the last stable offset instead of the high watermark. Reading up to that
+//! stops short of a transaction still open, or committed with its markers not yet written, which
+//! may be exactly the record being looked for (the previous owner's last batch, a relay's last
+//! position). So the end comes from a `read_uncommitted` client, and the `read_committed` reader
+//! reads until its position passes it: by then every transaction below it is decided, and read
+//! if it committed.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::KafkaResult;
+
+use crate::kafka_errors::ReportingContext;
+
+/// The log start offset and the high watermark of `topic[partition]`.
+pub fn watermarks(
+    client_config: &ClientConfig,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> KafkaResult<(i64, i64)> {
+    let client: BaseConsumer<ReportingContext> = client_config
+        .clone()
+        .set("isolation.level", "read_uncommitted")
+        .set("enable.auto.commit", "false")
+        .create_with_context(ReportingContext)?;
+    client.fetch_watermarks(topic, partition, timeout)
+}
