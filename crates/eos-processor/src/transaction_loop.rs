@@ -884,8 +884,8 @@ impl<T: Transform> TransactionLoop<T> {
         warn!(
             %error,
             "producer lost its transaction while this instance still holds its group membership \
-             (the transaction outlived transaction.timeout.ms, e.g. cut off from the broker, or \
-             its coordinator restarted)"
+             (the transaction outlived transaction.timeout.ms, e.g. cut off from the broker; its \
+             coordinator restarted; or an abort came while the previous commit was completing)"
         );
         self.replace_producer_and_recover(&error)
     }
@@ -1112,7 +1112,11 @@ fn dead_letter_record(
 /// same `transactional.id`, or by the transaction coordinator after a transaction timed out), or
 /// the coordinator no longer holds the transaction in the state the producer expects. The last
 /// is what a broker SIGKILLed and restarted answers a retried EndTxn with
-/// (INVALID_TXN_STATE): the reloaded coordinator may have aborted the transaction meanwhile.
+/// (INVALID_TXN_STATE): the reloaded coordinator may have aborted the transaction meanwhile. It
+/// is also the answer to an abort sent while the previous transaction's commit markers are still
+/// being written: the new transaction's first AddPartitionsToTxn was told CONCURRENT_TRANSACTIONS
+/// and waits to be retried, so nothing of it reached a partition, but librdkafka sends the EndTxn
+/// anyway and takes the refusal as fatal (a rebalance right after a commit does this).
 /// Either way the outcome is settled by a new producer's `init_transactions`, as after a commit
 /// whose outcome is unknown.
 fn lost_its_transaction(code: RDKafkaErrorCode) -> bool {

@@ -20,6 +20,7 @@
 //! any point replays the batch and `Begin` answers what was already done. Giving up (the settle
 //! timeout, shutdown) drops the batch uncommitted; nothing is lost, the replay settles it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedup_client::{
@@ -31,6 +32,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use metrics::counter;
 use serde_json::Value;
 use time::OffsetDateTime;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -168,6 +170,10 @@ pub struct ProviderTarget {
     dedup: DedupClient,
     provider: ProviderClient,
     owner: String,
+    /// `concurrency` slots, shared by the target's clones: one is held while an event's round
+    /// (`Begin`, and the call with its report) runs, never while it waits for an outcome to
+    /// settle.
+    rounds: Arc<Semaphore>,
 }
 
 impl ProviderTarget {
@@ -194,6 +200,7 @@ impl ProviderTarget {
                 source,
             })?;
         Ok(Self {
+            rounds: Arc::new(Semaphore::new(spec.concurrency)),
             spec,
             dedup,
             provider,
@@ -209,16 +216,21 @@ impl ProviderTarget {
         &self.spec.name
     }
 
-    /// Drives every item to a final state, `concurrency` at a time; answers in item order. An
-    /// error means the batch must not be checkpointed (and is retried from the checkpoint).
+    /// Drives every item to a final state; answers in item order. An error means the batch must
+    /// not be checkpointed (and is retried from the checkpoint).
+    ///
+    /// Every item of the batch is under way at once, and at most `concurrency` of them are in a
+    /// round with dedup-service and the provider at any moment. An event waiting for its outcome
+    /// (a lost answer that the reconciler settles after the in-flight window, another holder's
+    /// lease) holds no slot meanwhile: a slot per waiting event made the few slow events of a
+    /// batch hold most of the slots, and the whole batch then waited on them in turn.
     pub async fn settle(
         &self,
         items: Vec<EffectItem>,
         shutdown: &CancellationToken,
     ) -> Result<Vec<Settled>, ProviderTargetError> {
         let give_up_at = Instant::now() + self.spec.settle_timeout;
-        // Unordered: an event waiting for the reconciler must not hold back the slots of the
-        // events behind it (`buffered` frees a slot only when the head of the line is done).
+        let under_way = items.len().max(1);
         let result: Result<Vec<(usize, Settled)>, _> =
             futures::stream::iter(items.into_iter().enumerate())
                 .map(|(index, item)| async move {
@@ -226,7 +238,7 @@ impl ProviderTarget {
                         .await
                         .map(|settled| (index, settled))
                 })
-                .buffer_unordered(self.spec.concurrency)
+                .buffer_unordered(under_way)
                 .try_collect()
                 .await;
         match result {
@@ -273,6 +285,11 @@ impl ProviderTarget {
             let mut waits = doubling(FIRST_WAIT, MAX_WAIT).with_jitter().build();
             let mut calls = 0u32;
             loop {
+                let Ok(round) = self.rounds.acquire().await else {
+                    return Err(ProviderTargetError::Cancelled {
+                        target: self.spec.name.clone(),
+                    });
+                };
                 let outcome = self
                     .dedup
                     .begin(&params)
@@ -307,6 +324,7 @@ impl ProviderTarget {
                     | BeginOutcome::InProgress { .. }
                     | BeginOutcome::Unknown { .. } => Step::Wait,
                 };
+                drop(round);
                 if let Step::Final(settled) = step {
                     let span = tracing::Span::current();
                     span.record("eos.outcome", settled.label());

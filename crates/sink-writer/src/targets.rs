@@ -33,7 +33,7 @@
 //! amount = "value"              # the charge's amount: value or a JSON pointer [default: value]
 //! call_timeout = "2s"           # the provider call's deadline [default: 2s]
 //! lease_ttl = "30s"             # the intent's lease; longer than call_timeout [default: 30s]
-//! concurrency = 64              # events of a batch in flight at once [default: 64]
+//! concurrency = 64              # charges in a round at once; a waiting one holds none [default: 64]
 //! settle_timeout = "60s"        # give a batch up (and retry it) after this [default: 60s]
 //! provider_auth_file = "/run/secrets/provider" # the credential header's value, from a file ...
 //! # provider_auth_env = "PROVIDER_AUTH"      # ... or from this environment variable
@@ -54,9 +54,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-/// A provider target's events in flight at once when its `concurrency` is not set. Each holds an
-/// HTTP/1.1 connection to the provider while it runs, so it also bounds the provider connections
-/// one target keeps open (reqwest's pool keeps them for reuse, and opens them as load comes).
+/// A provider target's events in a round (`Begin`, the call, its report) at once when its
+/// `concurrency` is not set; an event waiting for its outcome to settle holds none. Each round
+/// holds at most one HTTP/1.1 connection to the provider, so this also bounds the provider
+/// connections one target keeps open (reqwest's pool keeps them for reuse, and opens them as load
+/// comes).
 pub const DEFAULT_PROVIDER_CONCURRENCY: usize = 64;
 
 /// How a target applies a record.
