@@ -501,6 +501,21 @@ mod tests {
         Ok(())
     }
 
+    /// The fingerprint is part of the wire format (stored by every sink and by dedup-service):
+    /// this one was computed outside Rust, as SHA-256 of the canonical text in the comment.
+    #[test]
+    fn fingerprint_is_sha256_of_the_canonical_text() -> Result<(), EnvelopeError> {
+        let envelope = parse(
+            r#"{"value":-5,"payload":{"b":[1.5,2.0,"x\"\n\u00e9"],"a":null},"event_id":"e-1","entity_id":"é"}"#,
+        )?;
+        // {"entity_id":"é","payload":{"a":null,"b":[1.5,2,"x\"\né"]},"value":-5}
+        assert_eq!(
+            envelope.fingerprint().to_hex(),
+            "8f57c4b06ec890629f91b5fd3b5ac474a5dfd787233fa0d5218a0351dc83f561"
+        );
+        Ok(())
+    }
+
     #[test]
     fn fingerprint_ignores_event_id_but_not_content() -> Result<(), EnvelopeError> {
         let a = parse(r#"{"event_id":"e-1","entity_id":"a","value":1}"#)?;

@@ -5,7 +5,8 @@
 //! number (`100`, `100.0`, `1e2`) as an integer, any other as the shortest decimal that reads
 //! back as the same `f64`. So two encodings of the same JSON document give the same fingerprint.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
+use std::io::Write as _;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -20,13 +21,15 @@ pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     pub fn of_json_object(object: &Map<String, Value>) -> Self {
-        let mut canonical = String::new();
+        let mut canonical = Vec::with_capacity(256);
         write_object(object, &mut canonical);
-        Self::of_bytes(canonical.as_bytes())
+        Self::of_bytes(&canonical)
     }
 
     pub fn of_json(value: &Value) -> Self {
-        Self::of_bytes(canonical_json(value).as_bytes())
+        let mut canonical = Vec::with_capacity(256);
+        write_value(value, &mut canonical);
+        Self::of_bytes(&canonical)
     }
 
     fn of_bytes(bytes: &[u8]) -> Self {
@@ -44,53 +47,54 @@ impl Fingerprint {
 
 /// The canonical text of a JSON value (the input of the fingerprint).
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_value(value, &mut out);
-    out
+    // Only valid UTF-8 is written: JSON punctuation, numbers and serde_json-escaped strings.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-fn write_value(value: &Value, out: &mut String) {
+fn write_value(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Number(n) => write_number(n, out),
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(object) => write_object(object, out),
     }
 }
 
-fn write_object(object: &Map<String, Value>, out: &mut String) {
+fn write_object(object: &Map<String, Value>, out: &mut Vec<u8>) {
     // Sorted here rather than trusting Map's order: another crate may turn on `preserve_order`.
     let mut entries: Vec<(&String, &Value)> = object.iter().collect();
     entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-    out.push('{');
+    out.push(b'{');
     for (i, (key, value)) in entries.into_iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
         write_string(key, out);
-        out.push(':');
+        out.push(b':');
         write_value(value, out);
     }
-    out.push('}');
+    out.push(b'}');
 }
 
-fn write_string(s: &str, out: &mut String) {
-    // serde_json's escaping is deterministic; encoding a &str cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    // serde_json's escaping is deterministic; encoding a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
-fn write_number(n: &Number, out: &mut String) {
+fn write_number(n: &Number, out: &mut Vec<u8>) {
     if let Some(i) = n.as_i64() {
         let _ = write!(out, "{i}");
     } else if let Some(u) = n.as_u64() {
