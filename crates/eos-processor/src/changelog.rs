@@ -190,7 +190,9 @@ pub fn restore_partition<S: DeserializeOwned>(
     // a broker that stalled past its session with the controller leaves its partitions without
     // one until it is unfenced (NotLeaderForPartition, LeaderNotAvailable, UnknownPartition):
     // that passes, so ask again for as long as a restore may go without progress.
-    let end = || log_end::watermarks(client_config, topic, partition, Duration::from_secs(10));
+    let end_query =
+        log_end::EndQuery::new(client_config).map_err(|e| restore_error(e.to_string()))?;
+    let end = || end_query.watermarks(topic, partition, Duration::from_secs(10));
     let (low, high) = end
         .retry(
             doubling(Duration::from_millis(100), Duration::from_secs(2))

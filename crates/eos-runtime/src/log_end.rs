@@ -18,17 +18,34 @@ use rdkafka::error::KafkaResult;
 
 use crate::kafka_errors::ReportingContext;
 
-/// The log start offset and the high watermark of `topic[partition]`.
-pub fn watermarks(
-    client_config: &ClientConfig,
-    topic: &str,
-    partition: i32,
-    timeout: Duration,
-) -> KafkaResult<(i64, i64)> {
-    let client: BaseConsumer<ReportingContext> = client_config
-        .clone()
-        .set("isolation.level", "read_uncommitted")
-        .set("enable.auto.commit", "false")
-        .create_with_context(ReportingContext)?;
-    client.fetch_watermarks(topic, partition, timeout)
+/// A client that asks for partitions' ends as a `read_uncommitted` reader is told them.
+pub struct EndQuery {
+    client: BaseConsumer<ReportingContext>,
+}
+
+impl std::fmt::Debug for EndQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndQuery").finish_non_exhaustive()
+    }
+}
+
+impl EndQuery {
+    pub fn new(client_config: &ClientConfig) -> KafkaResult<Self> {
+        let client = client_config
+            .clone()
+            .set("isolation.level", "read_uncommitted")
+            .set("enable.auto.commit", "false")
+            .create_with_context(ReportingContext)?;
+        Ok(Self { client })
+    }
+
+    /// The log start offset and the high watermark of `topic[partition]`.
+    pub fn watermarks(
+        &self,
+        topic: &str,
+        partition: i32,
+        timeout: Duration,
+    ) -> KafkaResult<(i64, i64)> {
+        self.client.fetch_watermarks(topic, partition, timeout)
+    }
 }

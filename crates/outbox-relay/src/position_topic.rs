@@ -116,7 +116,8 @@ pub fn read_position(
         .create()?;
     // Up to the high watermark: another relay's open transaction holds the last stable offset
     // below this relay's own last committed position (see `eos_runtime::log_end`).
-    let (low, high) = eos_runtime::log_end::watermarks(client_config, topic, 0, ADMIN_TIMEOUT)?;
+    let (low, high) =
+        eos_runtime::log_end::EndQuery::new(client_config)?.watermarks(topic, 0, ADMIN_TIMEOUT)?;
     if high <= low {
         return Ok(None);
     }

@@ -62,6 +62,27 @@ fn restore_in_background(
     outcome
 }
 
+/// Writes `entity` in a transaction, starts a restore while it is undecided, checks that the
+/// restore waits, then ends the transaction with `decide` and returns what the restore made of it.
+fn restore_across_undecided(
+    producer: &TestProducer,
+    topic: &str,
+    store: &std::sync::Arc<StateStore>,
+    entity: &str,
+    decide: impl FnOnce(&TestProducer) -> anyhow::Result<()>,
+) -> anyhow::Result<(RestoreOutcome, Vec<String>)> {
+    producer.begin_transaction()?;
+    send_entity(producer, topic, entity)?;
+    let restore = restore_in_background(topic, store);
+    std::thread::sleep(UNDECIDED);
+    anyhow::ensure!(
+        restore.try_recv().is_err(),
+        "the restore ended while a transaction in the changelog was undecided"
+    );
+    decide(producer)?;
+    restore.recv_timeout(TIMEOUT)?
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restore_waits_for_an_undecided_transaction_and_keeps_it_only_if_it_commits()
 -> anyhow::Result<()> {
@@ -77,16 +98,9 @@ async fn a_restore_waits_for_an_undecided_transaction_and_keeps_it_only_if_it_co
         producer.commit_transaction(TIMEOUT)?;
 
         // b is in the log, its transaction not decided yet when the restore starts.
-        producer.begin_transaction()?;
-        send_entity(&producer, &topic, "b")?;
-        let restore = restore_in_background(&topic, &store);
-        std::thread::sleep(UNDECIDED);
-        anyhow::ensure!(
-            restore.try_recv().is_err(),
-            "the restore ended while a transaction in the changelog was undecided"
-        );
-        producer.commit_transaction(TIMEOUT)?;
-        let (outcome, held) = restore.recv_timeout(TIMEOUT)??;
+        let (outcome, held) = restore_across_undecided(&producer, &topic, &store, "b", |p| {
+            Ok(p.commit_transaction(TIMEOUT)?)
+        })?;
         assert_eq!(
             held,
             ["a", "b"],
@@ -95,16 +109,9 @@ async fn a_restore_waits_for_an_undecided_transaction_and_keeps_it_only_if_it_co
         assert_eq!(outcome.records, 2);
 
         // c's transaction is aborted while the next (warm) restore waits for it.
-        producer.begin_transaction()?;
-        send_entity(&producer, &topic, "c")?;
-        let restore = restore_in_background(&topic, &store);
-        std::thread::sleep(UNDECIDED);
-        anyhow::ensure!(
-            restore.try_recv().is_err(),
-            "the restore ended while a transaction in the changelog was undecided"
-        );
-        producer.abort_transaction(TIMEOUT)?;
-        let (outcome, held) = restore.recv_timeout(TIMEOUT)??;
+        let (outcome, held) = restore_across_undecided(&producer, &topic, &store, "c", |p| {
+            Ok(p.abort_transaction(TIMEOUT)?)
+        })?;
         assert_eq!(
             held,
             ["a", "b"],
