@@ -301,6 +301,20 @@ pub enum BenchTarget {
     /// loopback) and its database. Intents it creates are named bench-*.
     #[command(after_help = EXIT_STATUS)]
     Dedup(DedupBenchArgs),
+    /// The whole chain: this eosctl's producer -> eos-processor -> sink-writer -> PostgreSQL,
+    /// and sink-writer -> dedup-service -> provider-sim for each event's charge
+    ///
+    /// Runs the four services as child processes of the binaries next to this eosctl, on the
+    /// broker and on a database it creates for the run (dropped at the end unless --keep), with
+    /// no faults. Throughput: --rounds rounds of two chains interleaved, the tables alone and the
+    /// tables with the provider charge, each a fresh processor and sink on fresh topics; a round
+    /// writes --records events as fast as the broker takes them and is timed from the first send
+    /// to the moment the last event's row is committed in PostgreSQL. Latency: the charged chain
+    /// at half its median rate for --latency-seconds; each event from its input record's Kafka
+    /// timestamp to the commit of the sink transaction that wrote it (the sink's checkpoint,
+    /// polled every 20 ms).
+    #[command(after_help = EXIT_STATUS)]
+    Pipeline(PipelineBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +339,66 @@ pub struct RelayBenchArgs {
 pub struct DedupBenchArgs {
     #[command(flatten)]
     pub bench: dedup_service::bench::BenchArgs,
+    /// Print the figures as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PipelineBenchArgs {
+    /// Events each throughput round writes (distinct, valid: one row and one charge each).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub records: u64,
+
+    /// Rounds of each chain (tables alone, tables and charge), interleaved; the median is
+    /// reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+
+    /// Approximate size of each input record's value in bytes.
+    #[arg(long, default_value_t = 200)]
+    pub value_bytes: usize,
+
+    /// Partitions of the input and output topics.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..))]
+    pub partitions: i32,
+
+    /// The processor's --commit-interval (e.g. 100ms).
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub commit_interval: Duration,
+
+    /// How long the latency run produces; 0 skips it.
+    #[arg(long, default_value_t = 20)]
+    pub latency_seconds: u64,
+
+    /// Events per second of the latency run, run once [default: half the charged chain's
+    /// median rate, halved again while the chain falls behind].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub latency_rate: Option<u64>,
+
+    /// PostgreSQL server (and a database on it the role can connect to); the benchmark creates
+    /// its own database there.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://eos:eos@127.0.0.1:5432/eos",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// Where the service binaries are [default: the directory of this eosctl].
+    #[arg(long, env = "EOS_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+
+    /// A round fails when no row is committed for this long.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub stall_timeout: Duration,
+
+    /// Keep the run's database, topics and service logs (they are kept when the benchmark
+    /// fails).
+    #[arg(long)]
+    pub keep: bool,
+
     /// Print the figures as one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

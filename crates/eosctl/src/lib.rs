@@ -22,6 +22,7 @@ pub mod audit;
 pub mod bench;
 pub mod boundary_audit;
 pub mod boundary_reader;
+pub(crate) mod chain;
 pub mod cli;
 pub mod commands;
 pub mod group_offsets;

@@ -32,6 +32,7 @@ pub mod figures;
 mod latency_collector;
 pub mod options;
 mod pass_through;
+pub mod pipeline;
 mod processor_process;
 pub mod report;
 

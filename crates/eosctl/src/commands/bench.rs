@@ -1,4 +1,4 @@
-//! `eosctl bench processor|sink|relay|dedup`: runs a benchmark and prints its figures, as a
+//! `eosctl bench processor|sink|relay|dedup|pipeline`: runs a benchmark and prints its figures, as a
 //! table or `--json`.
 
 use crate::bench::{self, BenchOptions};
@@ -34,6 +34,15 @@ pub(crate) async fn run_relay(
 pub(crate) async fn run_dedup(args: cli::DedupBenchArgs) -> anyhow::Result<Status> {
     let report = dedup_service::bench::measure(&args.bench).await?;
     print_report(&report, args.json, || report.table())
+}
+
+pub(crate) async fn run_pipeline(
+    kafka: KafkaSettings,
+    args: cli::PipelineBenchArgs,
+) -> anyhow::Result<Status> {
+    let json = args.json;
+    let report = bench::pipeline::run(kafka, args).await?;
+    print_report(&report, json, || report.table())
 }
 
 fn print_report(

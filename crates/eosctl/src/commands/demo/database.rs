@@ -1,28 +1,6 @@
-//! The run's own PostgreSQL database, and what dedup-service's history says about it.
+//! What the demo's database says after a run: dedup-service's history, the outbox backlog.
 
 use anyhow::Context as _;
-
-/// Creates `database` on the server of `server_url`; the URL of the new database.
-pub(super) async fn create_database(server_url: &str, database: &str) -> anyhow::Result<String> {
-    use sqlx::Connection as _;
-    let mut conn = sqlx::PgConnection::connect(server_url)
-        .await
-        .context("connecting to PostgreSQL (is the stack up? deploy/local/stack up)")?;
-    sqlx::query(&format!("CREATE DATABASE \"{database}\""))
-        .execute(&mut conn)
-        .await
-        .with_context(|| format!("creating database {database}"))?;
-    conn.close().await.ok();
-    let mut url = reqwest::Url::parse(server_url).context("--database-url is not a URL")?;
-    url.set_path(&format!("/{database}"));
-    Ok(url.to_string())
-}
-
-pub(super) async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
-    eos_runtime::scratch_database::drop_database(server_url, database)
-        .await
-        .with_context(|| format!("dropping database {database}"))
-}
 
 /// (went UNKNOWN, settled out of UNKNOWN) for this run's operations, from dedup-service's history.
 pub(super) async fn unknowns(

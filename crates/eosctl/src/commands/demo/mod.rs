@@ -22,7 +22,6 @@ mod database;
 mod metrics;
 mod payments_workload;
 mod report;
-mod service;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,13 +36,14 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::chain::service::{Service, free_addr, wait_listening};
+use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::{AuditArgs, ProduceArgs, TraceArgs};
-use crate::commands::demo::database::{create_database, drop_database, outbox_backlog, unknowns};
+use crate::commands::demo::database::{outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
-use crate::commands::demo::service::{Service, free_addr, wait_listening};
 use crate::commands::{self, audit, progress_bar};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
 
@@ -172,47 +172,6 @@ pub struct DemoArgs {
 /// Progress for people: plain lines on stderr.
 fn say(line: impl AsRef<str>) {
     eprintln!("{}", line.as_ref());
-}
-
-/// The sink's targets: the default two tables, and the provider charge.
-fn targets_file(provider_name: &str, dedup_url: &str, provider_url: &str) -> String {
-    format!(
-        r#"# Written by `eosctl demo`.
-[[targets]]
-table = "event_sink"
-kind = "append"
-key = "event_id"
-[targets.columns]
-event_id = "event_id"
-entity_id = "entity_id"
-value = "value"
-payload = "payload"
-fingerprint = "fingerprint"
-source_topic = "kafka.topic"
-source_partition = "kafka.partition"
-source_offset = "kafka.offset"
-written_at = "now"
-
-[[targets]]
-table = "entity_state"
-kind = "versioned"
-key = "entity_id"
-[targets.columns]
-entity_id = "entity_id"
-version = "version"
-payload = "payload"
-event_id = "event_id"
-updated_at = "now"
-
-[[targets]]
-kind = "provider"
-name = "{provider_name}"
-dedup_url = "{dedup_url}"
-provider_url = "{provider_url}"
-call_timeout = "1s"
-lease_ttl = "10s"
-"#
-    )
 }
 
 /// A subcommand's arguments from the words a user would type after it: the demo runs `produce`
@@ -357,7 +316,14 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let targets = run_dir.join("sink-targets.toml");
     std::fs::write(
         &targets,
-        targets_file(&provider_name, &dedup_url, &provider_url),
+        sink_targets(
+            "eosctl demo",
+            Some(&ProviderTarget {
+                name: &provider_name,
+                dedup_url: &dedup_url,
+                provider_url: &provider_url,
+            }),
+        ),
     )?;
     let ops = free_addr()?;
     let mut processor = Service::new(

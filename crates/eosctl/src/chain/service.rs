@@ -1,4 +1,4 @@
-//! The demo's services: each a child process of its binary on the shared supervisor, with its
+//! A service of the suite as a child process of its binary on the shared supervisor, with its
 //! log in the run's directory, restarted at once after a SIGKILL.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -16,8 +16,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A service child process with its log file.
-pub(super) struct Service {
-    pub(super) name: &'static str,
+pub(crate) struct Service {
+    pub(crate) name: &'static str,
     binary: PathBuf,
     args: Vec<String>,
     /// Secrets go here rather than in `args`: a command line is visible to every user of the
@@ -26,19 +26,19 @@ pub(super) struct Service {
     /// eosctl's Kafka properties, for a Kafka service (a file named in its environment: they
     /// may hold a SASL password).
     kafka_properties: Option<Arc<ChildKafkaProperties>>,
-    pub(super) log: PathBuf,
+    pub(crate) log: PathBuf,
     process: Option<ChildProcess>,
-    pub(super) restarts: usize,
+    pub(crate) restarts: usize,
     /// The highest resident memory of any of its incarnations, in KiB (the kernel's VmHWM, read
     /// before each kill and stop).
-    pub(super) peak_rss_kib: u64,
+    pub(crate) peak_rss_kib: u64,
     /// Where its /readyz is served.
-    pub(super) ops_addr: SocketAddr,
+    pub(crate) ops_addr: SocketAddr,
 }
 
 impl Service {
     /// `ops_addr`: where it serves /readyz and /metrics (the caller passes it in `args`).
-    pub(super) fn new(
+    pub(crate) fn new(
         name: &'static str,
         bin_dir: &Path,
         run_dir: &Path,
@@ -59,21 +59,28 @@ impl Service {
         }
     }
 
+    /// Logs to `<name>.log` in the run's directory instead of the service's own name (several
+    /// processes of one service in one run).
+    pub(crate) fn with_log_name(mut self, name: &str) -> Self {
+        self.log.set_file_name(format!("{name}.log"));
+        self
+    }
+
     /// Sets an environment variable of the process (a secret such as `DATABASE_URL`).
-    pub(super) fn with_env(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn with_env(mut self, key: &str, value: &str) -> Self {
         self.envs.push((key.to_owned(), value.to_owned()));
         self
     }
 
     /// Makes it a Kafka client with eosctl's own Kafka properties.
-    pub(super) fn with_kafka_properties(mut self, properties: &Arc<ChildKafkaProperties>) -> Self {
+    pub(crate) fn with_kafka_properties(mut self, properties: &Arc<ChildKafkaProperties>) -> Self {
         self.kafka_properties = Some(Arc::clone(properties));
         self
     }
 
     /// Waits until /readyz answers 200 (partitions assigned and positioned), so that a kill
     /// lands on a service at work rather than one still joining its group.
-    pub(super) async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<bool> {
+    pub(crate) async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<bool> {
         let deadline = Instant::now() + timeout;
         let url = format!("http://{}/readyz", self.ops_addr);
         let client = reqwest::Client::builder()
@@ -95,7 +102,7 @@ impl Service {
     }
 
     /// Starts the service; a restart appends to the same log.
-    pub(super) fn start(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn start(&mut self) -> anyhow::Result<()> {
         let mut command = std::process::Command::new(&self.binary);
         command.args(&self.args).envs(self.envs.iter().cloned());
         if let Some(properties) = &self.kafka_properties {
@@ -111,7 +118,7 @@ impl Service {
     }
 
     /// SIGKILL and restart at once, as an orchestrator would.
-    pub(super) async fn kill_and_restart(&mut self) -> anyhow::Result<Pid> {
+    pub(crate) async fn kill_and_restart(&mut self) -> anyhow::Result<Pid> {
         let mut pid = Pid::from_raw(0);
         if let Some(mut process) = self.process.take() {
             pid = process.pid();
@@ -124,7 +131,7 @@ impl Service {
     }
 
     /// SIGTERM, then wait; `Ok(true)` when it exited 0 in time.
-    pub(super) async fn stop(&mut self) -> anyhow::Result<bool> {
+    pub(crate) async fn stop(&mut self) -> anyhow::Result<bool> {
         let Some(mut process) = self.process.take() else {
             return Ok(false);
         };
@@ -150,7 +157,7 @@ impl Service {
     }
 
     /// Fails with the log's tail when the process has exited.
-    pub(super) fn check_running(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check_running(&mut self) -> anyhow::Result<()> {
         if let Some(process) = self.process.as_mut()
             && let Some(status) = process.try_wait()?
         {
@@ -165,11 +172,11 @@ impl Service {
     }
 }
 
-pub(super) fn free_addr() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-pub(super) async fn wait_listening(service: &mut Service, addr: SocketAddr) -> anyhow::Result<()> {
+pub(crate) async fn wait_listening(service: &mut Service, addr: SocketAddr) -> anyhow::Result<()> {
     let deadline = Instant::now() + START_TIMEOUT;
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
         service.check_running()?;
