@@ -19,14 +19,14 @@ use crate::kafka_client::KafkaSettings;
 
 /// The part of a ledger output record the latency run needs: where its input came from.
 #[derive(Debug, Deserialize)]
-struct OutputSource {
-    source: SourceRef,
+pub(super) struct OutputSource {
+    pub(super) source: SourceRef,
 }
 
 #[derive(Debug, Deserialize)]
-struct SourceRef {
-    partition: i32,
-    offset: i64,
+pub(super) struct SourceRef {
+    pub(super) partition: i32,
+    pub(super) offset: i64,
 }
 
 /// An output record as it reached the reader.
@@ -258,7 +258,7 @@ fn reader_group(purpose: &str) -> String {
     )
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| {

@@ -31,13 +31,14 @@ use eos_runtime::kafka_settings::ChildKafkaProperties;
 use indicatif::ProgressBar;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use time::OffsetDateTime;
 use tokio::task::JoinHandle;
 
 use crate::bench::figures::{LatencySummary, LatencyTrend, without_ramp_up};
+use crate::bench::latency_collector::{OutputSource, now_ms};
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::chain::service::{Service, free_addr, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
@@ -838,18 +839,6 @@ impl ProducerTask {
     }
 }
 
-/// The part of an output record that names its input record.
-#[derive(Debug, Deserialize)]
-struct OutputSource {
-    source: SourceRef,
-}
-
-#[derive(Debug, Deserialize)]
-struct SourceRef {
-    partition: i32,
-    offset: i64,
-}
-
 /// When each output partition's checkpoint moved: `(seen at, next offset)` in time order.
 #[derive(Debug, Default)]
 struct CheckpointHistory {
@@ -915,14 +904,6 @@ impl CheckpointPoller {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.context("the checkpoint poller")?
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
-        })
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
