@@ -60,7 +60,9 @@ pub struct Config {
     #[arg(long, env = "EOS_GUARANTEE", default_value = "exactly-once")]
     pub guarantee: Guarantee,
 
-    /// A batch (one transaction) closes after this long.
+    /// A batch (one transaction) closes this long after its first record was written (its
+    /// Kafka timestamp; the whole interval after it was read when that record is older than
+    /// half the interval: a backlog).
     #[arg(long, env = "EOS_COMMIT_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub commit_interval: Duration,
 

@@ -3,8 +3,9 @@
 //!
 //! Exactly-once: records flow into the open transaction as they are decided, as Kafka Streams
 //! produces them: the first record decided after a commit begins a transaction, each output and
-//! dead letter is sent at once, and on the commit interval (or a full batch) the changelog
-//! records, the consumed offsets and the commit follow. A `read_committed` reader sees them at the
+//! dead letter is sent at once, and on the commit interval (counted from when the first record
+//! was written, see [`batch_deadline`]) or a full batch the changelog records, the consumed
+//! offsets and the commit follow. A `read_committed` reader sees them at the
 //! commit either way; sending as decided takes the write of the whole batch off the time between
 //! the interval's end and the commit (docs/ARCHITECTURE.md, "Latency").
 //!
@@ -156,7 +157,9 @@ const MAX_SPAN_LINKS: usize = 128;
 /// The open batch: decided but not yet written.
 #[derive(Debug)]
 struct Batch<S> {
-    started: Option<Instant>,
+    /// When the batch is committed at the latest (see [`batch_deadline`]); set by its first
+    /// record.
+    due: Option<Instant>,
     records: Vec<PendingRecord>,
     overlays: HashMap<i32, Overlay<S>>,
     positions: ConsumedPositions,
@@ -172,7 +175,7 @@ struct Batch<S> {
 impl<S> Default for Batch<S> {
     fn default() -> Self {
         Self {
-            started: None,
+            due: None,
             records: Vec::new(),
             overlays: HashMap::new(),
             positions: ConsumedPositions::default(),
@@ -299,11 +302,8 @@ impl<T: Transform> TransactionLoop<T> {
                 return self.finish_batch();
             }
             self.check_fatal()?;
-            let wait = match self.batch.started {
-                Some(started) => self
-                    .settings
-                    .commit_interval
-                    .saturating_sub(started.elapsed()),
+            let wait = match self.batch.due {
+                Some(due) => due.saturating_duration_since(Instant::now()),
                 None => self.settings.commit_interval,
             };
             let polled = self
@@ -327,10 +327,7 @@ impl<T: Transform> TransactionLoop<T> {
                 self.advance_checkpoints()?;
             }
             let full = self.batch.counts.records_in as usize >= self.settings.max_batch;
-            let due = self
-                .batch
-                .started
-                .is_some_and(|started| started.elapsed() >= self.settings.commit_interval);
+            let due = self.batch.due.is_some_and(|due| Instant::now() >= due);
             if full || due {
                 self.finish_batch()?;
             }
@@ -539,7 +536,13 @@ impl<T: Transform> TransactionLoop<T> {
         };
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let batch = &mut self.batch;
-        batch.started.get_or_insert_with(Instant::now);
+        batch.due.get_or_insert_with(|| {
+            batch_deadline(
+                Instant::now(),
+                record_age(message.timestamp()),
+                self.settings.commit_interval,
+            )
+        });
         let overlay = match batch.overlays.entry(partition) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
@@ -1060,6 +1063,36 @@ struct DeadLetterRecord {
 /// The original bytes and headers plus the reason and the source position, in the
 /// `eos_core::dead_letter` headers — cut to fit `max_bytes` when the original is too big for the
 /// producer, so a dead letter can never fail to be written and stall the partition.
+/// When a batch whose first record is `first_record_age` old is committed at the latest: one
+/// commit interval after that record was written, so that a record that waited behind the
+/// previous commit (or in the producer's linger) does not wait a whole interval more, and the
+/// interval bounds its latency as Kafka Streams' commit cadence does. A first record older than
+/// half the interval is a backlog being read, not a wait behind one commit: its batch gets the
+/// whole interval, which keeps throughput (batch sizes) where a backlog needs it. A record
+/// timestamp from the future (another clock) or absent counts as just written.
+fn batch_deadline(
+    now: Instant,
+    first_record_age: Option<Duration>,
+    commit_interval: Duration,
+) -> Instant {
+    let waited = first_record_age
+        .filter(|age| *age <= commit_interval / 2)
+        .unwrap_or_default();
+    now + (commit_interval - waited)
+}
+
+/// How long ago a record was written, by its Kafka timestamp; `None` without one or when the
+/// timestamp is ahead of this clock.
+fn record_age(timestamp: rdkafka::Timestamp) -> Option<Duration> {
+    let written_ms = timestamp.to_millis()?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis();
+    let age_ms = now_ms.checked_sub(u128::try_from(written_ms).ok()?)?;
+    Some(Duration::from_millis(u64::try_from(age_ms).ok()?))
+}
+
 fn dead_letter_record(
     dlq_topic: &str,
     message: &OwnedMessage,
@@ -1127,4 +1160,52 @@ fn lost_its_transaction(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::InvalidProducerEpoch
             | RDKafkaErrorCode::InvalidTransactionalState
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn a_record_that_waited_behind_a_commit_shortens_its_batch_by_the_wait() {
+        let now = Instant::now();
+        let due = batch_deadline(now, Some(Duration::from_millis(30)), INTERVAL);
+        assert_eq!(due - now, Duration::from_millis(70));
+    }
+
+    #[test]
+    fn a_backlog_or_an_unknown_age_gets_the_whole_interval() {
+        let now = Instant::now();
+        for age in [
+            None,
+            Some(Duration::from_millis(51)),
+            Some(Duration::from_secs(3600)),
+        ] {
+            assert_eq!(
+                batch_deadline(now, age, INTERVAL) - now,
+                INTERVAL,
+                "{age:?}"
+            );
+        }
+        let half = batch_deadline(now, Some(INTERVAL / 2), INTERVAL);
+        assert_eq!(half - now, INTERVAL / 2);
+    }
+
+    #[test]
+    fn record_age_is_none_without_a_timestamp_or_from_the_future() {
+        assert_eq!(record_age(rdkafka::Timestamp::NotAvailable), None);
+        let ahead = std::time::SystemTime::now() + Duration::from_secs(60);
+        let ahead_ms = ahead
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        assert_eq!(record_age(rdkafka::Timestamp::CreateTime(ahead_ms)), None);
+        let age = record_age(rdkafka::Timestamp::LogAppendTime(ahead_ms - 90_000)).unwrap();
+        assert!(
+            (Duration::from_secs(29)..Duration::from_secs(31)).contains(&age),
+            "{age:?}"
+        );
+    }
 }
