@@ -1199,10 +1199,11 @@ mod tests {
         let ahead = std::time::SystemTime::now() + Duration::from_secs(60);
         let ahead_ms = ahead
             .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
+            .expect("the clock is after 1970")
             .as_millis() as i64;
         assert_eq!(record_age(rdkafka::Timestamp::CreateTime(ahead_ms)), None);
-        let age = record_age(rdkafka::Timestamp::LogAppendTime(ahead_ms - 90_000)).unwrap();
+        let age = record_age(rdkafka::Timestamp::LogAppendTime(ahead_ms - 90_000))
+            .expect("a timestamp 30 s in the past has an age");
         assert!(
             (Duration::from_secs(29)..Duration::from_secs(31)).contains(&age),
             "{age:?}"
