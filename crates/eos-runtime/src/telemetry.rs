@@ -9,9 +9,9 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider};
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Layer as _, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, filter};
 
 /// The environment variable that turns the OTLP exporter on (the OpenTelemetry standard name).
 pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -20,6 +20,33 @@ const BSP_MAX_QUEUE_SIZE_ENV: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
 /// The queue when `OTEL_BSP_MAX_QUEUE_SIZE` is not set: about a second of spans at the highest
 /// rates here (roughly 1 KiB each, so tens of MiB at worst, and only during a burst).
 const DEFAULT_SPAN_QUEUE: usize = 65_536;
+
+/// Spans opened once per record (module path prefix, span name) that carry the trace to the
+/// exporter and nothing to the log: they are never entered, and what is logged about a record
+/// carries its own fields (partition, offset, event_id). The log layer would otherwise format
+/// every one's fields into a string nobody reads: 5% of the processor's loop at tens of
+/// thousands of records a second (docs/BENCHMARKS.md). Without an exporter they are not
+/// created at all.
+const EXPORT_ONLY_SPANS: &[(&str, &str)] = &[
+    ("eos_processor", "process"),
+    ("sink_writer", "sink-writer write"),
+];
+
+/// The log layer's own filter: everything the global filter lets through but the export-only
+/// spans.
+fn logged(metadata: &tracing::Metadata<'_>) -> bool {
+    logged_unless(EXPORT_ONLY_SPANS, metadata)
+}
+
+fn logged_unless(export_only: &[(&str, &str)], metadata: &tracing::Metadata<'_>) -> bool {
+    !(metadata.is_span()
+        && export_only.iter().any(|(module, name)| {
+            metadata.name() == *name
+                && metadata
+                    .module_path()
+                    .is_some_and(|path| path.starts_with(module))
+        }))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -102,7 +129,8 @@ pub fn init(
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(std::io::stderr().is_terminal())
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter::filter_fn(logged)),
             )
             .try_init()?,
         LogFormat::Json => registry
@@ -111,7 +139,8 @@ pub fn init(
                     .json()
                     .flatten_event(true)
                     .with_current_span(false)
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter::filter_fn(logged)),
             )
             .try_init()?,
     }
@@ -145,6 +174,38 @@ fn otlp_provider(service_name: &'static str) -> Result<SdkTracerProvider, Teleme
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_layer_skips_export_only_spans_and_keeps_the_rest() {
+        use std::sync::{Arc, Mutex};
+
+        /// Notes the name of every span the layer is told of.
+        struct SpanNames(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanNames {
+            fn on_new_span(
+                &self,
+                attrs: &tracing::span::Attributes<'_>,
+                _: &tracing::span::Id,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0
+                    .lock()
+                    .expect("not poisoned")
+                    .push(attrs.metadata().name().to_owned());
+            }
+        }
+        const EXPORT_ONLY: &[(&str, &str)] = &[("eos_runtime::telemetry", "per record")];
+        let names = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(
+            SpanNames(Arc::clone(&names))
+                .with_filter(filter::filter_fn(|m| logged_unless(EXPORT_ONLY, m))),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            let _record = tracing::info_span!("per record");
+            let _batch = tracing::info_span!("per batch");
+        });
+        assert_eq!(*names.lock().expect("not poisoned"), ["per batch"]);
+    }
 
     #[test]
     fn log_format_parses() {
