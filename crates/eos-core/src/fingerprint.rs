@@ -26,6 +26,13 @@ impl Fingerprint {
         Self::of_bytes(&canonical)
     }
 
+    /// The fingerprint of the object with these fields (each key once), without building it.
+    pub fn of_json_fields(mut fields: Vec<(&str, &Value)>) -> Self {
+        let mut canonical = Vec::with_capacity(256);
+        write_fields(&mut fields, &mut canonical);
+        Self::of_bytes(&canonical)
+    }
+
     pub fn of_json(value: &Value) -> Self {
         let mut canonical = Vec::with_capacity(256);
         write_value(value, &mut canonical);
@@ -74,11 +81,15 @@ fn write_value(value: &Value, out: &mut Vec<u8>) {
 }
 
 fn write_object(object: &Map<String, Value>, out: &mut Vec<u8>) {
+    let mut fields: Vec<(&str, &Value)> = object.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    write_fields(&mut fields, out);
+}
+
+fn write_fields(fields: &mut [(&str, &Value)], out: &mut Vec<u8>) {
     // Sorted here rather than trusting Map's order: another crate may turn on `preserve_order`.
-    let mut entries: Vec<(&String, &Value)> = object.iter().collect();
-    entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    fields.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     out.push(b'{');
-    for (i, (key, value)) in entries.into_iter().enumerate() {
+    for (i, (key, value)) in fields.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
