@@ -102,8 +102,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "retention covers the replay horizon"
     );
 
+    // Before the ops endpoint: on port 0 it could be handed the fixed gRPC port, free since the
+    // process this one replaces died a moment ago.
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for gRPC", config.listen))?;
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
-    let result = serve(config, auth, ops.readiness.clone(), shutdown).await;
+    let result = serve(config, auth, listener, ops.readiness.clone(), shutdown).await;
     ops.stop().await;
     result
 }
@@ -132,6 +137,7 @@ fn provider_access(config: &Config) -> anyhow::Result<ProviderAccess> {
 async fn serve(
     config: Config,
     auth: AuthPolicy,
+    listener: TcpListener,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -157,9 +163,6 @@ async fn serve(
             None
         }
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} for gRPC", config.listen))?;
     let grpc_addr = listener.local_addr()?;
 
     let background = CancellationToken::new();

@@ -59,6 +59,11 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 
 /// Serves until `shutdown` is cancelled; requests in flight finish first.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Before the ops endpoint: on port 0 it could be handed the fixed HTTP port, free since the
+    // process this one replaces died a moment ago.
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.addr))?;
     let ops = OpsEndpoint::start(
         config.metrics_addr,
         boundary(&config),
@@ -79,9 +84,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         )
         .await?;
     }
-    let listener = TcpListener::bind(config.addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.addr))?;
     let http_addr = listener.local_addr()?;
     tracing::info!(%http_addr, topic = %config.topic, "payments-api listening");
     let readiness = tokio::spawn(report_readiness(
