@@ -1060,9 +1060,6 @@ struct DeadLetterRecord {
     truncated: bool,
 }
 
-/// The original bytes and headers plus the reason and the source position, in the
-/// `eos_core::dead_letter` headers — cut to fit `max_bytes` when the original is too big for the
-/// producer, so a dead letter can never fail to be written and stall the partition.
 /// When a batch whose first record is `first_record_age` old is committed at the latest: one
 /// commit interval after that record was written, so that a record that waited behind the
 /// previous commit (or in the producer's linger) does not wait a whole interval more, and the
@@ -1084,15 +1081,17 @@ fn batch_deadline(
 /// How long ago a record was written, by its Kafka timestamp; `None` without one or when the
 /// timestamp is ahead of this clock.
 fn record_age(timestamp: rdkafka::Timestamp) -> Option<Duration> {
-    let written_ms = timestamp.to_millis()?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?
-        .as_millis();
-    let age_ms = now_ms.checked_sub(u128::try_from(written_ms).ok()?)?;
-    Some(Duration::from_millis(u64::try_from(age_ms).ok()?))
+    let written = time::OffsetDateTime::from_unix_timestamp_nanos(
+        i128::from(timestamp.to_millis()?) * 1_000_000,
+    )
+    .ok()?;
+    // A negative age (a timestamp ahead of this clock) does not convert.
+    Duration::try_from(time::OffsetDateTime::now_utc() - written).ok()
 }
 
+/// The original bytes and headers plus the reason and the source position, in the
+/// `eos_core::dead_letter` headers — cut to fit `max_bytes` when the original is too big for the
+/// producer, so a dead letter can never fail to be written and stall the partition.
 fn dead_letter_record(
     dlq_topic: &str,
     message: &OwnedMessage,
