@@ -26,7 +26,8 @@ use std::time::Duration;
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
 use eos_runtime::backoff::{Retryable as _, doubling};
-use eos_runtime::trace_context::inject_grpc;
+use eos_runtime::trace_context::{context_fields, inject_grpc};
+use opentelemetry::Context;
 use time::OffsetDateTime;
 pub use tonic::transport::{Certificate, ClientTlsConfig};
 use tonic::transport::{Channel, Endpoint};
@@ -129,8 +130,22 @@ impl BeginParams {
                 .and_then(|ttl| prost_types::Duration::try_from(ttl).ok()),
             occurred_at: Some(proto_convert::timestamp(self.occurred_at)),
             request_id,
+            // A single Begin's context is the call's metadata.
+            trace_context: Default::default(),
         }
     }
+}
+
+/// One item of a [`DedupClient::complete_batch`].
+#[derive(Debug, Clone)]
+pub struct CompleteItem {
+    pub operation_id: String,
+    pub fencing_token: FencingToken,
+    /// The provider's result, stored and returned to later Begins.
+    pub result: Vec<u8>,
+    /// The trace context of the work this item is for: dedup-service answers the item in a span
+    /// of its own, a child of it. `Context::new()`: the item is in the call's trace.
+    pub trace: Context,
 }
 
 fn new_request_id() -> String {
@@ -266,15 +281,20 @@ impl DedupClient {
         proto_convert::begin_outcome(response).ok_or(ClientError::Protocol)
     }
 
-    /// Begin for many operations in one call; answers in the order of `params`.
+    /// Begin for many operations in one call; answers in the order of `items`. Each item goes
+    /// with the trace context of the work it is for (`Context::new()`: the call's trace), so
+    /// dedup-service answers it in that trace, and a reconciliation of it later joins it too.
     pub async fn begin_batch(
         &self,
-        params: &[BeginParams],
+        items: &[(BeginParams, Context)],
     ) -> Result<Vec<BeginOutcome>, ClientError> {
         let request = pb::BeginBatchRequest {
-            items: params
+            items: items
                 .iter()
-                .map(|p| p.to_request(new_request_id()))
+                .map(|(params, trace)| pb::BeginRequest {
+                    trace_context: context_fields(trace),
+                    ..params.to_request(new_request_id())
+                })
                 .collect(),
         };
         let response = self
@@ -282,7 +302,7 @@ impl DedupClient {
                 client.begin_batch(request).await
             })
             .await?;
-        if response.items.len() != params.len() {
+        if response.items.len() != items.len() {
             return Err(ClientError::Protocol);
         }
         response
@@ -303,6 +323,7 @@ impl DedupClient {
             fencing_token: fencing_token.counter,
             result,
             fencing_secret: fencing_token.secret.as_bytes().to_vec(),
+            trace_context: Default::default(),
         };
         let response = self
             .call(request, |mut client, request| async move {
@@ -316,19 +337,18 @@ impl DedupClient {
     /// token fails only its item, as `FAILED_PRECONDITION`).
     pub async fn complete_batch(
         &self,
-        items: &[(String, FencingToken, Vec<u8>)],
+        items: &[CompleteItem],
     ) -> Result<Vec<Result<pb::Intent, ClientError>>, ClientError> {
         let request = pb::CompleteBatchRequest {
             items: items
                 .iter()
-                .map(
-                    |(operation_id, fencing_token, result)| pb::CompleteRequest {
-                        operation_id: operation_id.clone(),
-                        fencing_token: fencing_token.counter,
-                        result: result.clone(),
-                        fencing_secret: fencing_token.secret.as_bytes().to_vec(),
-                    },
-                )
+                .map(|item| pb::CompleteRequest {
+                    operation_id: item.operation_id.clone(),
+                    fencing_token: item.fencing_token.counter,
+                    result: item.result.clone(),
+                    fencing_secret: item.fencing_token.secret.as_bytes().to_vec(),
+                    trace_context: context_fields(&item.trace),
+                })
                 .collect(),
         };
         let response = self

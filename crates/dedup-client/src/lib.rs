@@ -19,7 +19,8 @@ pub use credentials::{
     BearerToken, ClientCredentials, ClientTlsFiles, CredentialError, DedupTlsFlags,
 };
 pub use grpc_client::{
-    BeginOutcome, BeginParams, Certificate, ClientError, ClientTlsConfig, DedupClient, RetryPolicy,
+    BeginOutcome, BeginParams, Certificate, ClientError, ClientTlsConfig, CompleteItem,
+    DedupClient, RetryPolicy,
 };
 pub use provider_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};
 pub use state_machine::{FencingSecret, FencingToken};

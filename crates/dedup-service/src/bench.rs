@@ -301,18 +301,21 @@ fn item(id: &str) -> BeginItem {
 async fn pairs(target: &Target, ids: Vec<String>) -> anyhow::Result<usize> {
     let acquired: Vec<(String, FencingToken, Vec<u8>)> = match target {
         Target::Grpc(client) => {
-            let params: Vec<BeginParams> = ids
+            let params: Vec<(BeginParams, opentelemetry::Context)> = ids
                 .iter()
-                .map(|id| BeginParams {
-                    operation_id: id.clone(),
-                    fingerprint: vec![7; 32],
-                    owner: "bench".into(),
-                    occurred_at: OffsetDateTime::now_utc(),
-                    lease_ttl: None,
+                .map(|id| {
+                    let params = BeginParams {
+                        operation_id: id.clone(),
+                        fingerprint: vec![7; 32],
+                        owner: "bench".into(),
+                        occurred_at: OffsetDateTime::now_utc(),
+                        lease_ttl: None,
+                    };
+                    (params, opentelemetry::Context::new())
                 })
                 .collect();
-            let outcomes = if params.len() == 1 {
-                vec![client.begin(&params[0]).await?]
+            let outcomes = if let [(params, _)] = params.as_slice() {
+                vec![client.begin(params).await?]
             } else {
                 client.begin_batch(&params).await?
             };
@@ -357,7 +360,16 @@ async fn pairs(target: &Target, ids: Vec<String>) -> anyhow::Result<usize> {
             Ok(1)
         }
         (Target::Grpc(client), many) => {
-            let done = client.complete_batch(many).await?;
+            let items: Vec<dedup_client::CompleteItem> = many
+                .iter()
+                .map(|(id, token, result)| dedup_client::CompleteItem {
+                    operation_id: id.clone(),
+                    fencing_token: *token,
+                    result: result.clone(),
+                    trace: opentelemetry::Context::new(),
+                })
+                .collect();
+            let done = client.complete_batch(&items).await?;
             Ok(done.into_iter().filter(Result::is_ok).count())
         }
         (Target::Sql(store), many) => {

@@ -1,13 +1,17 @@
 //! The `eos.dedup.v1.Dedup` service: validates, calls the store, converts. Every handler runs in
 //! a span whose parent is the trace context of the request's gRPC metadata, and every error
-//! becomes a `tonic::Status` in [`respond`] (via `From<DedupError>`), nowhere else.
+//! becomes a `tonic::Status` in [`respond`] (via `From<DedupError>`), nowhere else. An item of a
+//! batch that carries its own trace context also gets a span of its own in that trace
+//! ([`item_spans`]): a batch's items are different events.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Instant;
 
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_server::Dedup;
-use eos_runtime::trace_context::{event_id_in, extract_grpc, stored_span_context};
+use eos_runtime::trace_context::{event_id_in, extract_fields, extract_grpc, stored_span_context};
+use opentelemetry::trace::TraceContextExt as _;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -37,6 +41,10 @@ impl DedupApi {
 /// `.instrument` (setting the parent inside an entered span would start a new trace). `event_id`
 /// comes from the caller's baggage (absent for callers that send none, e.g. the reconciler's).
 fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
+    method_span(method, extract_grpc(request.metadata()))
+}
+
+fn method_span(method: &'static str, parent: opentelemetry::Context) -> tracing::Span {
     let span = tracing::info_span!(
         "dedup.rpc",
         otel.name = %format_args!("eos.dedup.v1.Dedup/{method}"),
@@ -48,12 +56,34 @@ fn rpc_span<T>(method: &'static str, request: &Request<T>) -> tracing::Span {
         operation_id = tracing::field::Empty,
         items = tracing::field::Empty,
     );
-    let parent = extract_grpc(request.metadata());
     if let Some(event_id) = event_id_in(&parent) {
         span.record("event_id", event_id);
     }
     let _ = span.set_parent(parent);
     span
+}
+
+/// A span for each item of a batch call (`method`) that carries its own trace context, as a
+/// child of it; `None` for an item without one (it is in the call's trace). The spans end when
+/// they are dropped, after the batch is answered.
+fn item_spans<'a>(
+    method: &'static str,
+    items: impl Iterator<Item = (&'a str, &'a HashMap<String, String>)>,
+) -> Vec<Option<(tracing::Span, opentelemetry::Context)>> {
+    items
+        .map(|(operation_id, fields)| {
+            if fields.is_empty() {
+                return None;
+            }
+            let parent = extract_fields(fields);
+            if !parent.span().span_context().is_valid() {
+                return None;
+            }
+            let span = method_span(method, parent.clone());
+            span.record("operation_id", operation_id);
+            Some((span, parent))
+        })
+        .collect()
 }
 
 /// Runs a handler in its span, records its duration, and turns its error into a `Status`.
@@ -185,14 +215,26 @@ impl Dedup for DedupApi {
         span.record("items", request.get_ref().items.len());
         let trace_context = stored_span_context(&span, &extract_grpc(request.metadata()));
         let request = request.into_inner();
+        let spans = item_spans(
+            "BeginBatch",
+            request
+                .items
+                .iter()
+                .map(|item| (item.operation_id.as_str(), &item.trace_context)),
+        );
         respond("BeginBatch", span, async move {
             let mut items = validation::begin_batch(request, self.limits)?;
-            for item in &mut items {
-                item.trace_context.clone_from(&trace_context);
+            // An acquiring item keeps its own span's context, so its reconciliation joins the
+            // trace of its event rather than the batch's.
+            for (item, own) in items.iter_mut().zip(&spans) {
+                item.trace_context = match own {
+                    Some((span, parent)) => stored_span_context(span, parent),
+                    None => trace_context.clone(),
+                };
             }
-            Ok(pb::BeginBatchResponse {
-                items: self.begin_items(items).await?,
-            })
+            let items = self.begin_items(items).await?;
+            drop(spans);
+            Ok(pb::BeginBatchResponse { items })
         })
         .await
     }
@@ -226,9 +268,17 @@ impl Dedup for DedupApi {
         let span = rpc_span("CompleteBatch", &request);
         span.record("items", request.get_ref().items.len());
         let request = request.into_inner();
+        let spans = item_spans(
+            "CompleteBatch",
+            request
+                .items
+                .iter()
+                .map(|item| (item.operation_id.as_str(), &item.trace_context)),
+        );
         respond("CompleteBatch", span, async move {
             let items = validation::complete_batch(request)?;
             let results = self.store.complete_batch(&items).await?;
+            drop(spans);
             let items = results
                 .into_iter()
                 .map(|result| match result {
@@ -418,5 +468,68 @@ mod tests {
         assert_eq!(ended.len(), 2);
         assert_eq!(event_id(&ended[0]).as_deref(), Some("evt-9"));
         assert_eq!(event_id(&ended[1]), None, "no baggage, no event_id");
+    }
+
+    #[test]
+    fn a_batch_item_with_its_own_context_is_answered_in_that_trace() {
+        let ended = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(ended.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let own: HashMap<String, String> = [
+            (
+                "traceparent".to_owned(),
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+            ),
+            ("baggage".to_owned(), "event_id=evt-7".to_owned()),
+        ]
+        .into();
+        let none = HashMap::new();
+        let garbage: HashMap<String, String> =
+            [("traceparent".to_owned(), "not a context".to_owned())].into();
+        tracing::subscriber::with_default(subscriber, || {
+            let spans = item_spans(
+                "BeginBatch",
+                [("op-1", &own), ("op-2", &none), ("op-3", &garbage)].into_iter(),
+            );
+            assert!(
+                spans[1].is_none() && spans[2].is_none(),
+                "no context, no span"
+            );
+            let Some((span, parent)) = &spans[0] else {
+                panic!("the item with a context has a span");
+            };
+            assert_eq!(
+                span.context().span().span_context().trace_id().to_string(),
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+            // What an acquiring item stores for its reconciliation: its own span, in its trace.
+            let stored = stored_span_context(span, parent).expect("a stored context");
+            let restored = eos_runtime::trace_context::context_from_stored(&stored);
+            assert_eq!(
+                restored.span().span_context().span_id(),
+                span.context().span().span_context().span_id()
+            );
+            assert_eq!(event_id_in(&restored).as_deref(), Some("evt-7"));
+        });
+        let ended = ended.get_finished_spans().expect("spans recorded");
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].name, "eos.dedup.v1.Dedup/BeginBatch");
+        assert_eq!(
+            ended[0].parent_span_id.to_string(),
+            "00f067aa0ba902b7",
+            "a child of the item's context"
+        );
+        let attribute = |key: &str| {
+            ended[0]
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(attribute("event_id").as_deref(), Some("evt-7"));
+        assert_eq!(attribute("operation_id").as_deref(), Some("op-1"));
     }
 }

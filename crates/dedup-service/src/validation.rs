@@ -365,6 +365,7 @@ mod tests {
                 nanos: 0,
             }),
             request_id: String::new(),
+            trace_context: Default::default(),
         }
     }
 
@@ -448,6 +449,7 @@ mod tests {
             fencing_token: token,
             result: Vec::new(),
             fencing_secret: vec![9; 32],
+            trace_context: Default::default(),
         };
         let ok = pb::CompleteBatchRequest {
             items: vec![complete("a", 1), complete("b", 2)],
@@ -543,6 +545,7 @@ mod tests {
                             lease_ttl,
                             occurred_at,
                             request_id,
+                            trace_context: Default::default(),
                         }
                     },
                 )

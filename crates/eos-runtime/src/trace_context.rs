@@ -243,15 +243,26 @@ pub fn extract_http(headers: &http::HeaderMap) -> Context {
 /// gives), so work done later on that state — a reconciliation after the request is long gone —
 /// can join the request's trace; `None` when `cx` carries nothing.
 pub fn stored_context(cx: &Context) -> Option<String> {
-    let fields = context_headers(cx);
+    let fields = context_fields(cx);
     if fields.is_empty() {
         return None;
     }
-    let object: serde_json::Map<String, serde_json::Value> = fields
+    serde_json::to_string(&fields).ok()
+}
+
+/// The fields of [`context_headers`] as a map: the trace context of one item of a batched
+/// request (e.g. dedup-service's `BeginRequest.trace_context`), whose items belong to different
+/// traces and so cannot share the request's metadata.
+pub fn context_fields(cx: &Context) -> HashMap<String, String> {
+    context_headers(cx)
         .into_iter()
-        .map(|(key, value)| (key.to_owned(), serde_json::Value::String(value)))
-        .collect();
-    Some(serde_json::Value::Object(object).to_string())
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect()
+}
+
+/// The context [`context_fields`] gave; an empty context for a map without one.
+pub fn extract_fields(fields: &HashMap<String, String>) -> Context {
+    extract(fields)
 }
 
 /// [`stored_context`] of `span`'s context, or of `fallback` (typically the caller's context)
@@ -269,7 +280,7 @@ pub fn stored_span_context(span: &tracing::Span, fallback: &Context) -> Option<S
 /// The context [`stored_context`] wrote; an empty context for text it did not write.
 pub fn context_from_stored(text: &str) -> Context {
     let fields: HashMap<String, String> = serde_json::from_str(text).unwrap_or_default();
-    extract(&fields)
+    extract_fields(&fields)
 }
 
 #[cfg(test)]
@@ -368,6 +379,28 @@ mod tests {
         let garbage = context_from_stored("not json");
         assert!(!garbage.span().span_context().is_valid());
         assert_eq!(event_id_in(&garbage), None);
+    }
+
+    #[test]
+    fn an_items_context_fields_round_trip() {
+        let fields = context_fields(&context_with_event_id(&sample_context(), "e-5"));
+        assert_eq!(
+            fields.get(TRACEPARENT_HEADER).map(String::as_str),
+            Some(TRACEPARENT)
+        );
+        let extracted = extract_fields(&fields);
+        assert_eq!(
+            extracted.span().span_context().span_id(),
+            sample_context().span().span_context().span_id()
+        );
+        assert_eq!(event_id_in(&extracted).as_deref(), Some("e-5"));
+        assert!(context_fields(&Context::new()).is_empty());
+        assert!(
+            !extract_fields(&HashMap::new())
+                .span()
+                .span_context()
+                .is_valid()
+        );
     }
 
     #[test]

@@ -331,6 +331,7 @@ async fn dedup_tokens_roles_and_fencing_secrets_are_enforced() -> anyhow::Result
             fencing_token: held.counter,
             result: b"forged".to_vec(),
             fencing_secret: guess.clone(),
+            trace_context: Default::default(),
         };
         let refused = grpc
             .complete(with_bearer(complete.clone(), Some(CLIENT_TOKEN)))
@@ -386,6 +387,7 @@ async fn dedup_tokens_roles_and_fencing_secrets_are_enforced() -> anyhow::Result
                 fencing_token: held.counter + 1,
                 result: b"forged".to_vec(),
                 fencing_secret: held.secret.as_bytes().to_vec(),
+                trace_context: Default::default(),
             },
             Some(CLIENT_TOKEN),
         ))

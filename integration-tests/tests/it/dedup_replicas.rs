@@ -297,6 +297,7 @@ impl Caller {
             fencing_token: token.counter,
             result,
             fencing_secret: token.secret.as_bytes().to_vec(),
+            trace_context: Default::default(),
         };
         self.call(request, None, |mut grpc, message| async move {
             grpc.complete(message).await
@@ -368,6 +369,7 @@ fn begin_request(
         lease_ttl: prost_types::Duration::try_from(lease).ok(),
         occurred_at: Some(proto_convert::timestamp(occurred_at)),
         request_id: format!("it-{:032x}", rand::random::<u128>()),
+        trace_context: Default::default(),
     }
 }
 

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use dedup_client::{BeginOutcome, BeginParams, DedupClient, FencingToken, RetryPolicy};
+use dedup_client::{
+    BeginOutcome, BeginParams, CompleteItem, DedupClient, FencingToken, RetryPolicy,
+};
 use dedup_client::{ChargeOutcome, ProviderClient};
 use eos_core::Fingerprint;
 use eos_proto::dedup::v1 as pb;
@@ -653,6 +655,7 @@ async fn dedup_bad_input_gets_the_right_status_and_the_service_keeps_serving() -
             nanos: 0,
         }),
         request_id: String::new(),
+        trace_context: Default::default(),
     };
     let expect_invalid = |result: Result<tonic::Response<pb::BeginResponse>, tonic::Status>,
                           field: &str| {
@@ -718,6 +721,7 @@ async fn dedup_bad_input_gets_the_right_status_and_the_service_keeps_serving() -
         fencing_token: token,
         result: Vec::new(),
         fencing_secret: acquired.fencing_secret.clone(),
+        trace_context: Default::default(),
     };
     for token in [0, -5] {
         let status = grpc
@@ -1105,6 +1109,7 @@ async fn dedup_retried_begin_with_its_request_id_gets_the_same_token() -> anyhow
             nanos: 0,
         }),
         request_id: request_id.into(),
+        trace_context: Default::default(),
     };
     let mut answers = Vec::new();
     for (owner, request_id) in [
@@ -1155,8 +1160,53 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     old.occurred_at = OffsetDateTime::now_utc() - Duration::from_secs(60 * 24 * 3600);
     batch.push(old);
 
-    let answers = client.begin_batch(&batch).await?;
+    // The first item carries a trace context of its own, the others none.
+    let item_trace: std::collections::HashMap<String, String> = [
+        (
+            "traceparent".to_owned(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        ),
+        ("baggage".to_owned(), "event_id=b-new-0".to_owned()),
+    ]
+    .into();
+    let traced = |batch: &[BeginParams]| -> Vec<(BeginParams, opentelemetry::Context)> {
+        batch
+            .iter()
+            .enumerate()
+            .map(|(i, params)| {
+                let trace = if i == 0 {
+                    eos_runtime::trace_context::extract_fields(&item_trace)
+                } else {
+                    opentelemetry::Context::new()
+                };
+                (params.clone(), trace)
+            })
+            .collect()
+    };
+    let answers = client.begin_batch(&traced(&batch)).await?;
     assert_eq!(answers.len(), 500);
+    // An acquisition keeps its item's trace (a reconciliation of it joins that trace), not the
+    // call's.
+    let stored: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT operation_id, trace_context FROM dedup_intents \
+         WHERE operation_id IN ('b-new-0', 'b-new-1') ORDER BY operation_id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    assert_eq!(stored.len(), 2);
+    let first = stored[0].1.as_deref().unwrap_or_default();
+    assert!(
+        first.contains("4bf92f3577b34da6a3ce929d0e0e4736") && first.contains("event_id=b-new-0"),
+        "{stored:?}"
+    );
+    assert!(
+        !stored[1]
+            .1
+            .as_deref()
+            .unwrap_or_default()
+            .contains("4bf92f3577b34da6a3ce929d0e0e4736"),
+        "{stored:?}"
+    );
     let labels: Vec<&str> = answers.iter().map(BeginOutcome::label).collect();
     assert!(
         labels[..496].iter().all(|label| *label == "acquired"),
@@ -1168,7 +1218,7 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     );
 
     // The same batch again (new request ids): nothing is acquired twice.
-    let again = client.begin_batch(&batch[..496]).await?;
+    let again = client.begin_batch(&traced(&batch[..496])).await?;
     assert!(
         again
             .iter()
@@ -1176,12 +1226,18 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     );
 
     // Completed in one call; a stale token fails only its own item.
-    let mut completes: Vec<(String, FencingToken, Vec<u8>)> = answers[..496]
+    let complete = |operation_id: &str, fencing_token, result: &[u8]| CompleteItem {
+        operation_id: operation_id.to_owned(),
+        fencing_token,
+        result: result.to_vec(),
+        trace: opentelemetry::Context::new(),
+    };
+    let mut completes: Vec<CompleteItem> = answers[..496]
         .iter()
         .zip(&batch)
         .map(|(answer, params)| match answer {
             BeginOutcome::Acquired { fencing_token, .. } => {
-                (params.operation_id.clone(), *fencing_token, b"ok".to_vec())
+                complete(&params.operation_id, *fencing_token, b"ok")
             }
             other => panic!("{other:?}"),
         })
@@ -1190,7 +1246,7 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
         counter: 7,
         secret: dedup_client::FencingSecret::random(),
     };
-    completes.push(("b-conflict".into(), stale_token, b"stale".to_vec()));
+    completes.push(complete("b-conflict", stale_token, b"stale"));
     let results = client.complete_batch(&completes).await?;
     assert_eq!(results.len(), 497);
     assert!(results[..496].iter().all(Result::is_ok));
