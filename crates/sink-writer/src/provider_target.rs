@@ -16,6 +16,10 @@
 //!    is final. A retryable `FAILED` (the reconciler found no charge) is re-acquired by `Begin`
 //!    and called again with the same key, so the provider applies it at most once.
 //!
+//! A batch's first round is batched: one `BeginBatch` and one `CompleteBatch` per chunk of events
+//! (each item with its event's trace context), the calls in between within each lease; later
+//! rounds are single calls. The steps and their answers are the same.
+//!
 //! The sink checkpoints a batch only after every one of its events is final here, so a crash at
 //! any point replays the batch and `Begin` answers what was already done. Giving up (the settle
 //! timeout, shutdown) drops the batch uncommitted; nothing is lost, the replay settles it.
@@ -24,7 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedup_client::{
-    BeginOutcome, BeginParams, ClientCredentials, ClientError, DedupClient, FencingToken,
+    BeginOutcome, BeginParams, ClientCredentials, ClientError, CompleteItem, DedupClient,
+    FencingToken,
 };
 use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
@@ -46,6 +51,11 @@ pub const MAX_OPERATION_ID_BYTES: usize = 256;
 /// event id the envelope allows, or every event with a long id would be refused by dedup-service.
 pub const MAX_TARGET_NAME_BYTES: usize =
     MAX_OPERATION_ID_BYTES - 1 - eos_core::envelope::MAX_ID_BYTES;
+
+/// dedup-service's limit on the items of a batch call.
+const BATCH_ITEMS: usize = 1000;
+/// Chunks of a batch's first round under way at once.
+const CHUNKS_IN_FLIGHT: usize = 4;
 
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -164,6 +174,59 @@ enum Step {
     Wait,
 }
 
+/// A round's step and the provider calls it made.
+struct Round {
+    step: Step,
+    calls: u32,
+}
+
+impl Round {
+    /// What a `Begin` answer other than `ACQUIRED` leaves to do, `called_before` calls into the
+    /// charge: this round made none.
+    fn answered(outcome: BeginOutcome, called_before: u32) -> Self {
+        let step = match outcome {
+            BeginOutcome::Succeeded { .. } => Step::Final(Settled::Charged {
+                called: called_before > 0,
+            }),
+            BeginOutcome::Failed {
+                reason,
+                retryable: false,
+            } => Step::Final(Settled::Rejected { reason }),
+            BeginOutcome::Conflict { stored_fingerprint } => {
+                Step::Final(Settled::Conflict { stored_fingerprint })
+            }
+            BeginOutcome::Expired { .. } => Step::Final(Settled::Expired),
+            // Waiting would never end: only an operator's Resolve settles it.
+            BeginOutcome::Unknown {
+                stuck_reason: Some(reason),
+                ..
+            } => Step::Final(Settled::Held { reason }),
+            // An acquisition is never answered here: it is called.
+            BeginOutcome::Acquired { .. }
+            | BeginOutcome::Failed {
+                retryable: true, ..
+            }
+            | BeginOutcome::InProgress { .. }
+            | BeginOutcome::Unknown { .. } => Step::Wait,
+        };
+        Self { step, calls: 0 }
+    }
+}
+
+/// One event's charge: its operation, the request, and the span its calls are made in.
+struct Charge {
+    operation_id: String,
+    params: BeginParams,
+    body: Value,
+    span: tracing::Span,
+}
+
+/// A batched round's provider call: applied (to be completed in the batch), or done with.
+enum Called {
+    Applied(FencingToken, Vec<u8>),
+    Done(Round),
+}
+
 #[derive(Debug, Clone)]
 pub struct ProviderTarget {
     spec: ProviderSpec,
@@ -219,49 +282,39 @@ impl ProviderTarget {
     /// Drives every item to a final state; answers in item order. An error means the batch must
     /// not be checkpointed (and is retried from the checkpoint).
     ///
-    /// Every item of the batch is under way at once, and at most `concurrency` of them are in a
-    /// round with dedup-service and the provider at any moment. An event waiting for its outcome
-    /// (a lost answer that the reconciler settles after the in-flight window, another holder's
-    /// lease) holds no slot meanwhile: a slot per waiting event made the few slow events of a
-    /// batch hold most of the slots, and the whole batch then waited on them in turn.
+    /// The first round is batched ([`ProviderTarget::first_round`]): one `BeginBatch` and one
+    /// `CompleteBatch` per chunk of items instead of a call each, the provider calls in between.
+    /// An item that is not final after it goes on by itself ([`ProviderTarget::settle_one`]):
+    /// every one is under way at once, and at most `concurrency` of them are in a round with
+    /// dedup-service and the provider at any moment. An event waiting for its outcome (a lost
+    /// answer that the reconciler settles after the in-flight window, another holder's lease)
+    /// holds no slot meanwhile: a slot per waiting event made the few slow events of a batch
+    /// hold most of the slots, and the whole batch then waited on them in turn.
     pub async fn settle(
         &self,
         items: Vec<EffectItem>,
         shutdown: &CancellationToken,
     ) -> Result<Vec<Settled>, ProviderTargetError> {
         let give_up_at = Instant::now() + self.spec.settle_timeout;
-        let under_way = items.len().max(1);
-        let result: Result<Vec<(usize, Settled)>, _> =
-            futures::stream::iter(items.into_iter().enumerate())
-                .map(|(index, item)| async move {
-                    self.settle_one(item, give_up_at, shutdown)
-                        .await
-                        .map(|settled| (index, settled))
-                })
-                .buffer_unordered(under_way)
-                .try_collect()
-                .await;
-        match result {
-            Ok(mut settled) => {
-                settled.sort_unstable_by_key(|(index, _)| *index);
-                Ok(settled.into_iter().map(|(_, settled)| settled).collect())
-            }
-            Err(error) => {
-                if let ProviderTargetError::Unsettled { .. } = &error {
-                    counter!(m::PROVIDER_UNSETTLED, "target" => self.spec.name.clone())
-                        .increment(1);
-                }
-                Err(error)
-            }
+        let charges: Vec<Charge> = items.into_iter().map(|item| self.charge(item)).collect();
+        let result = async {
+            let firsts = self.first_round(&charges).await?;
+            futures::future::try_join_all(
+                charges
+                    .iter()
+                    .zip(firsts)
+                    .map(|(charge, first)| self.settle_one(charge, first, give_up_at, shutdown)),
+            )
+            .await
         }
+        .await;
+        if let Err(ProviderTargetError::Unsettled { .. }) = &result {
+            counter!(m::PROVIDER_UNSETTLED, "target" => self.spec.name.clone()).increment(1);
+        }
+        result
     }
 
-    async fn settle_one(
-        &self,
-        item: EffectItem,
-        give_up_at: Instant,
-        shutdown: &CancellationToken,
-    ) -> Result<Settled, ProviderTargetError> {
+    fn charge(&self, item: EffectItem) -> Charge {
         let operation_id = self.spec.operation_id(&item.event_id);
         let span = tracing::info_span!(
             "sink-writer provider",
@@ -281,54 +334,160 @@ impl ProviderTarget {
             occurred_at: item.occurred_at,
             lease_ttl: Some(self.spec.lease_ttl),
         };
-        let work = async {
-            let mut waits = doubling(FIRST_WAIT, MAX_WAIT).with_jitter().build();
-            let mut calls = 0u32;
-            loop {
-                let Ok(round) = self.rounds.acquire().await else {
-                    return Err(ProviderTargetError::Cancelled {
-                        target: self.spec.name.clone(),
-                    });
-                };
-                let outcome = self
-                    .dedup
-                    .begin(&params)
-                    .await
-                    .map_err(|source| self.dedup_error(source))?;
+        Charge {
+            operation_id,
+            params,
+            body: item.body,
+            span,
+        }
+    }
+
+    /// Every charge's first round, batched: per chunk of `concurrency` charges (at most
+    /// [`BATCH_ITEMS`]) one `BeginBatch`, the provider calls its acquisitions allow, and one
+    /// `CompleteBatch` for the calls applied; [`CHUNKS_IN_FLIGHT`] chunks at a time, so one
+    /// chunk's calls overlap the next one's Begin. Each item carries its charge span's context,
+    /// so dedup-service answers it in its event's trace. A refused or unknown call is reported
+    /// by itself (`Fail`, `MarkUnknown`: rare, and the single calls say it in the event's
+    /// trace), and a batch item that cannot be completed is completed by itself, as the single
+    /// path would.
+    async fn first_round(&self, charges: &[Charge]) -> Result<Vec<Round>, ProviderTargetError> {
+        let chunk = self.spec.concurrency.clamp(1, BATCH_ITEMS);
+        let rounds: Vec<Vec<Round>> = futures::stream::iter(charges.chunks(chunk))
+            .map(|chunk| self.chunk_round(chunk))
+            .buffered(CHUNKS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        Ok(rounds.into_iter().flatten().collect())
+    }
+
+    async fn chunk_round(&self, charges: &[Charge]) -> Result<Vec<Round>, ProviderTargetError> {
+        let begins: Vec<(BeginParams, opentelemetry::Context)> = charges
+            .iter()
+            .map(|charge| (charge.params.clone(), charge.span.context()))
+            .collect();
+        let begun = Instant::now();
+        let outcomes = self
+            .dedup
+            .begin_batch(&begins)
+            .await
+            .map_err(|source| self.dedup_error(source))?;
+        let calls = charges
+            .iter()
+            .zip(outcomes)
+            .map(|(charge, outcome)| async move {
                 counter!(m::PROVIDER_BEGINS, "target" => self.spec.name.clone(), "answer" => outcome.label())
                     .increment(1);
-                let step = match outcome {
-                    BeginOutcome::Acquired { fencing_token, .. } => {
-                        calls += 1;
-                        self.call(&operation_id, fencing_token, &item.body).await?
-                    }
-                    BeginOutcome::Succeeded { .. } => {
-                        Step::Final(Settled::Charged { called: calls > 0 })
-                    }
-                    BeginOutcome::Failed {
-                        reason,
-                        retryable: false,
-                    } => Step::Final(Settled::Rejected { reason }),
-                    BeginOutcome::Conflict { stored_fingerprint } => {
-                        Step::Final(Settled::Conflict { stored_fingerprint })
-                    }
-                    BeginOutcome::Expired { .. } => Step::Final(Settled::Expired),
-                    // Waiting would never end: only an operator's Resolve settles it.
-                    BeginOutcome::Unknown {
-                        stuck_reason: Some(reason),
-                        ..
-                    } => Step::Final(Settled::Held { reason }),
-                    BeginOutcome::Failed {
-                        retryable: true, ..
-                    }
-                    | BeginOutcome::InProgress { .. }
-                    | BeginOutcome::Unknown { .. } => Step::Wait,
+                let BeginOutcome::Acquired {
+                    fencing_token,
+                    lease_expires_at,
+                } = outcome
+                else {
+                    return Ok(Called::Done(Round::answered(outcome, 0)));
                 };
-                drop(round);
+                let lease_ends = begun + self.lease_left(lease_expires_at);
+                let Ok(_slot) = self.rounds.acquire().await else {
+                    return Err(self.cancelled());
+                };
+                // The protocol calls the provider only within the lease, with its deadline
+                // inside it: a lease that ran out may already be the reconciler's.
+                if Instant::now() + self.spec.call_timeout >= lease_ends {
+                    let step = self
+                        .release(&charge.operation_id, fencing_token)
+                        .instrument(charge.span.clone())
+                        .await?;
+                    return Ok(Called::Done(Round { step, calls: 0 }));
+                }
+                let outcome = self
+                    .call(&charge.operation_id, &charge.body)
+                    .instrument(charge.span.clone())
+                    .await;
+                match outcome {
+                    ChargeOutcome::Applied { body, .. } => Ok(Called::Applied(fencing_token, body)),
+                    other => {
+                        let step = self
+                            .report(&charge.operation_id, fencing_token, other)
+                            .instrument(charge.span.clone())
+                            .await?;
+                        Ok(Called::Done(Round { step, calls: 1 }))
+                    }
+                }
+            });
+        let called: Vec<Called> = futures::future::try_join_all(calls).await?;
+        let applied: Vec<CompleteItem> = charges
+            .iter()
+            .zip(&called)
+            .filter_map(|(charge, called)| match called {
+                Called::Applied(fencing_token, body) => Some(CompleteItem {
+                    operation_id: charge.operation_id.clone(),
+                    fencing_token: *fencing_token,
+                    result: body.clone(),
+                    trace: charge.span.context(),
+                }),
+                Called::Done(_) => None,
+            })
+            .collect();
+        let mut completed = if applied.is_empty() {
+            Vec::new()
+        } else {
+            self.dedup
+                .complete_batch(&applied)
+                .await
+                .map_err(|source| self.dedup_error(source))?
+        }
+        .into_iter();
+        let mut rounds = Vec::with_capacity(charges.len());
+        for (charge, called) in charges.iter().zip(called) {
+            let round = match called {
+                Called::Done(round) => round,
+                Called::Applied(fencing_token, body) => {
+                    let step = match completed.next() {
+                        Some(Ok(_)) => Step::Final(Settled::Charged { called: true }),
+                        Some(Err(error)) if error.is_failed_precondition() => {
+                            self.reported(&charge.operation_id, Err(error))?
+                        }
+                        // Whatever else the item was answered, the single call answers it
+                        // again, with its retries and its errors.
+                        Some(Err(_)) | None => {
+                            self.complete(&charge.operation_id, fencing_token, body)
+                                .instrument(charge.span.clone())
+                                .await?
+                        }
+                    };
+                    Round { step, calls: 1 }
+                }
+            };
+            rounds.push(round);
+        }
+        Ok(rounds)
+    }
+
+    /// How long the lease lasts from the Begin: the one asked for, or less if the service's
+    /// answer says so (it caps leases at its --max-lease-ttl).
+    fn lease_left(&self, lease_expires_at: OffsetDateTime) -> Duration {
+        let answered = (lease_expires_at - OffsetDateTime::now_utc())
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        self.spec.lease_ttl.min(answered)
+    }
+
+    /// Rounds after the first, one at a time, until the outcome is final.
+    async fn settle_one(
+        &self,
+        charge: &Charge,
+        first: Round,
+        give_up_at: Instant,
+        shutdown: &CancellationToken,
+    ) -> Result<Settled, ProviderTargetError> {
+        let work = async {
+            let mut waits = doubling(FIRST_WAIT, MAX_WAIT).with_jitter().build();
+            let Round {
+                mut step,
+                mut calls,
+            } = first;
+            loop {
                 if let Step::Final(settled) = step {
-                    let span = tracing::Span::current();
-                    span.record("eos.outcome", settled.label());
-                    span.record("eos.provider_calls", calls);
+                    charge.span.record("eos.outcome", settled.label());
+                    charge.span.record("eos.provider_calls", calls);
                     counter!(m::PROVIDER_EFFECTS, "target" => self.spec.name.clone(), "outcome" => settled.label())
                         .increment(1);
                     return Ok(settled);
@@ -336,29 +495,52 @@ impl ProviderTarget {
                 if Instant::now() >= give_up_at {
                     return Err(ProviderTargetError::Unsettled {
                         target: self.spec.name.clone(),
-                        operation_id: operation_id.clone(),
+                        operation_id: charge.operation_id.clone(),
                         timeout: self.spec.settle_timeout,
                     });
                 }
                 let wait = waits.next().unwrap_or(MAX_WAIT);
                 tokio::select! {
-                    () = shutdown.cancelled() => {
-                        return Err(ProviderTargetError::Cancelled { target: self.spec.name.clone() });
-                    }
+                    () = shutdown.cancelled() => return Err(self.cancelled()),
                     () = tokio::time::sleep(wait) => {}
                 }
+                let round = self.round(charge, calls).await?;
+                step = round.step;
+                calls += round.calls;
             }
         };
-        work.instrument(span).await
+        work.instrument(charge.span.clone()).await
     }
 
-    /// The one provider call an `ACQUIRED` allows, and its report.
-    async fn call(
+    /// One `Begin` and, if it acquires, the provider call and its report; `called_before` calls
+    /// into the charge.
+    async fn round(
         &self,
-        operation_id: &str,
-        fencing_token: FencingToken,
-        body: &Value,
-    ) -> Result<Step, ProviderTargetError> {
+        charge: &Charge,
+        called_before: u32,
+    ) -> Result<Round, ProviderTargetError> {
+        let Ok(_slot) = self.rounds.acquire().await else {
+            return Err(self.cancelled());
+        };
+        let outcome = self
+            .dedup
+            .begin(&charge.params)
+            .await
+            .map_err(|source| self.dedup_error(source))?;
+        counter!(m::PROVIDER_BEGINS, "target" => self.spec.name.clone(), "answer" => outcome.label())
+            .increment(1);
+        let BeginOutcome::Acquired { fencing_token, .. } = outcome else {
+            return Ok(Round::answered(outcome, called_before));
+        };
+        let outcome = self.call(&charge.operation_id, &charge.body).await;
+        let step = self
+            .report(&charge.operation_id, fencing_token, outcome)
+            .await?;
+        Ok(Round { step, calls: 1 })
+    }
+
+    /// The one provider call an `ACQUIRED` allows.
+    async fn call(&self, operation_id: &str, body: &Value) -> ChargeOutcome {
         let outcome = self
             .provider
             .charge(operation_id, body, self.spec.call_timeout)
@@ -370,12 +552,20 @@ impl ProviderTarget {
         };
         counter!(m::PROVIDER_CALLS, "target" => self.spec.name.clone(), "outcome" => label)
             .increment(1);
+        outcome
+    }
+
+    /// The report of a call's outcome to dedup-service, and what it leaves to do.
+    async fn report(
+        &self,
+        operation_id: &str,
+        fencing_token: FencingToken,
+        outcome: ChargeOutcome,
+    ) -> Result<Step, ProviderTargetError> {
         let reported = match outcome {
-            ChargeOutcome::Applied { body, .. } => self
-                .dedup
-                .complete(operation_id, fencing_token, body)
-                .await
-                .map(|_| Step::Final(Settled::Charged { called: true })),
+            ChargeOutcome::Applied { body, .. } => {
+                return self.complete(operation_id, fencing_token, body).await;
+            }
             ChargeOutcome::Rejected {
                 status,
                 body,
@@ -404,6 +594,48 @@ impl ProviderTarget {
                     .map(|_| Step::Wait)
             }
         };
+        self.reported(operation_id, reported)
+    }
+
+    async fn complete(
+        &self,
+        operation_id: &str,
+        fencing_token: FencingToken,
+        result: Vec<u8>,
+    ) -> Result<Step, ProviderTargetError> {
+        let reported = self
+            .dedup
+            .complete(operation_id, fencing_token, result)
+            .await
+            .map(|_| Step::Final(Settled::Charged { called: true }));
+        self.reported(operation_id, reported)
+    }
+
+    /// Gives back an acquisition that was not called, as a retryable failure: the next Begin
+    /// acquires it again at once instead of after the lease and a reconciliation.
+    async fn release(
+        &self,
+        operation_id: &str,
+        fencing_token: FencingToken,
+    ) -> Result<Step, ProviderTargetError> {
+        let reported = self
+            .dedup
+            .fail(
+                operation_id,
+                fencing_token,
+                "not called: too little of the lease was left for the call",
+                true,
+            )
+            .await
+            .map(|_| Step::Wait);
+        self.reported(operation_id, reported)
+    }
+
+    fn reported(
+        &self,
+        operation_id: &str,
+        reported: Result<Step, ClientError>,
+    ) -> Result<Step, ProviderTargetError> {
         match reported {
             Ok(step) => Ok(step),
             // Our lease ran out and a newer holder (or the reconciler) took over: Begin tells
@@ -413,6 +645,12 @@ impl ProviderTarget {
                 Ok(Step::Wait)
             }
             Err(source) => Err(self.dedup_error(source)),
+        }
+    }
+
+    fn cancelled(&self) -> ProviderTargetError {
+        ProviderTargetError::Cancelled {
+            target: self.spec.name.clone(),
         }
     }
 

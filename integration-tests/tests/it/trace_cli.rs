@@ -240,10 +240,12 @@ fn eosctl_trace_shows_an_events_spans_from_every_service_as_a_tree() -> anyhow::
         !charged.is_empty(),
         "no provider charge under the write: {trace:#}"
     );
+    // The sink's first round of charges is a BeginBatch; each item's span is in its event's
+    // trace.
     let begun = under(
         &spans,
         "dedup-service",
-        "eos.dedup.v1.Dedup/Begin",
+        "eos.dedup.v1.Dedup/BeginBatch",
         &charged,
     );
     assert!(
@@ -276,7 +278,7 @@ fn eosctl_trace_shows_an_events_spans_from_every_service_as_a_tree() -> anyhow::
         "─ eos-processor: eos-processor process",
         "sink-writer: sink-writer write",
         "sink-writer: sink-writer provider charge",
-        "dedup-service: eos.dedup.v1.Dedup/Begin",
+        "dedup-service: eos.dedup.v1.Dedup/BeginBatch",
         "provider-sim: POST /charges",
     ] {
         assert!(text.contains(line), "{line:?} is not in:\n{text}");
