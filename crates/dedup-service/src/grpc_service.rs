@@ -430,14 +430,25 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn the_request_span_continues_the_callers_trace_and_tags_its_event_id() {
+    /// A subscriber whose spans end up in the returned exporter while the returned provider
+    /// lives (dropping it shuts the pipeline down).
+    fn recording_subscriber() -> (
+        InMemorySpanExporter,
+        SdkTracerProvider,
+        impl tracing::Subscriber,
+    ) {
         let ended = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(ended.clone())
             .build();
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        (ended, provider, subscriber)
+    }
+
+    #[test]
+    fn the_request_span_continues_the_callers_trace_and_tags_its_event_id() {
+        let (ended, _provider, subscriber) = recording_subscriber();
         tracing::subscriber::with_default(subscriber, || {
             let mut request = Request::new(pb::GetRequest::default());
             request.metadata_mut().insert(
@@ -472,12 +483,7 @@ mod tests {
 
     #[test]
     fn a_batch_item_with_its_own_context_is_answered_in_that_trace() {
-        let ended = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(ended.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let (ended, _provider, subscriber) = recording_subscriber();
         let own: HashMap<String, String> = [
             (
                 "traceparent".to_owned(),
