@@ -528,6 +528,14 @@ fn database_url_for(url: &str, database: &str) -> String {
     }
 }
 
+/// The profile the workspace's binaries are built and run in: the test binary's own, so a
+/// `cargo test --release` run (the long soak, README "Soak") runs release services, not debug ones.
+const BINARY_PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
 /// The path of one of the workspace's binaries, built once per test run if it is missing or stale.
 pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
@@ -542,6 +550,9 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
             build
                 .args(["build", "--quiet", "--workspace", "--bins"])
                 .current_dir(workspace);
+            if BINARY_PROFILE == "release" {
+                build.arg("--release");
+            }
             // cargo gives a test the variables of its own package (CARGO_MANIFEST_DIR,
             // CARGO_PKG_NAME, ...). Build scripts that watch them (ring's) would see them
             // "changed" against `make test`'s own build and rebuild ring and everything above it
@@ -569,7 +580,9 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
             if status.success() {
                 Ok(())
             } else {
-                Err(format!("cargo build --workspace --bins failed: {status}"))
+                Err(format!(
+                    "cargo build --workspace --bins ({BINARY_PROFILE}) failed: {status}"
+                ))
             }
         })
         .clone()
@@ -577,7 +590,7 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
-    let path = target_dir.join("debug").join(name);
+    let path = target_dir.join(BINARY_PROFILE).join(name);
     if !path.exists() {
         bail!(
             "{} does not exist after building the workspace",
