@@ -19,7 +19,7 @@ struct Args {
     /// Distinct event ids in state.
     #[arg(long, default_value_t = 1_000_000)]
     ids: u64,
-    /// Events per throughput run (empty state, then full state).
+    /// Events per throughput round and store (three interleaved rounds of each).
     #[arg(long, default_value_t = 200_000)]
     throughput_events: u64,
     /// Where the stores go during the run (removed at the end).

@@ -15,6 +15,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, Threa
 use serde::Serialize;
 
 use eos_core::Fingerprint;
+use eos_runtime::bench_figures::{self, Figure};
 use eos_runtime::topic_config::KEYED_STATE_TOPIC_CONFIG;
 
 use crate::changelog::{self, RestoreOutcome};
@@ -27,6 +28,10 @@ const ENTITIES: u64 = 1_000;
 /// Records per batch in the throughput runs: the processor's default --max-batch.
 const BATCH: usize = 2_000;
 const HORIZON_SECS: i64 = 7 * 24 * 3600;
+/// Throughput rounds per store, interleaved (empty then full, then full then empty, ...): the
+/// first run in a process pays for warming it (allocator, page cache), which a single run of
+/// each put entirely on the empty store.
+const THROUGHPUT_ROUNDS: usize = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -47,7 +52,7 @@ pub struct BenchConfig {
     pub ids: u64,
     /// Changelog records written after the checkpoint, for the warm restore.
     pub tail: u64,
-    /// New events decided and written per throughput run.
+    /// New events decided and written per throughput round and store.
     pub throughput_events: u64,
     /// Where the benchmark's stores go (removed at the end).
     pub work_dir: PathBuf,
@@ -67,10 +72,13 @@ pub struct BenchReport {
     pub vm_rss_mib: f64,
     pub vm_hwm_mib: f64,
     pub store_file_mib: f64,
-    pub empty_state_events_per_sec: f64,
-    pub full_state_events_per_sec: f64,
-    /// full / empty: the target is at least 0.9.
-    pub throughput_ratio: f64,
+    /// The machine's load average before the run.
+    pub load_before: Option<[f64; 3]>,
+    /// Events per second through the state path in each interleaved round.
+    pub empty_state_events_per_sec: Figure,
+    pub full_state_events_per_sec: Figure,
+    /// full / empty within each round: the target is a median of at least 0.9.
+    pub throughput_ratio: Figure,
 }
 
 /// A well-spread 64-bit mix (SplitMix64), so ids arrive in no particular key order, as UUIDs do.
@@ -272,6 +280,7 @@ fn measure(
     client: &ClientConfig,
     topic: &str,
 ) -> Result<BenchReport, BenchError> {
+    let load_before = bench_figures::load_average();
     let started = Instant::now();
     let mut changelog_records = produce_state(client, topic, "state", config.ids)?;
     let produce_secs = started.elapsed().as_secs_f64();
@@ -291,8 +300,19 @@ fn measure(
 
     let empty_store = StateStore::open(&config.work_dir.join("empty"))?;
     let empty = PartitionState::<LedgerTotals>::new(empty_store.partition(topic, 0)?);
-    let empty_rate = state_path_rate(&empty, "new", config.throughput_events)?;
-    let full_rate = state_path_rate(&state, "new", config.throughput_events)?;
+    let (mut empty_rates, mut full_rates) = (Vec::new(), Vec::new());
+    for round in 0..THROUGHPUT_ROUNDS {
+        // Fresh ids each round, so every round decides new events against its store.
+        let prefix = format!("new{round}");
+        let events = config.throughput_events;
+        if round % 2 == 0 {
+            empty_rates.push(state_path_rate(&empty, &prefix, events)?);
+            full_rates.push(state_path_rate(&state, &prefix, events)?);
+        } else {
+            full_rates.push(state_path_rate(&state, &prefix, events)?);
+            empty_rates.push(state_path_rate(&empty, &prefix, events)?);
+        }
+    }
     Ok(BenchReport {
         ids: config.ids,
         changelog_records,
@@ -304,9 +324,10 @@ fn measure(
         vm_rss_mib,
         vm_hwm_mib,
         store_file_mib,
-        empty_state_events_per_sec: empty_rate,
-        full_state_events_per_sec: full_rate,
-        throughput_ratio: full_rate / empty_rate,
+        load_before,
+        throughput_ratio: Figure::ratio(&full_rates, &empty_rates),
+        empty_state_events_per_sec: Figure::new(empty_rates),
+        full_state_events_per_sec: Figure::new(full_rates),
     })
 }
 
@@ -344,15 +365,19 @@ impl BenchReport {
             ("store file", format!("{:.0} MiB", self.store_file_mib)),
             (
                 "state path, empty state",
-                format!("{:.0} events/s", self.empty_state_events_per_sec),
+                figure_text(&self.empty_state_events_per_sec, 0, "events/s"),
             ),
             (
                 "state path, full state",
-                format!("{:.0} events/s", self.full_state_events_per_sec),
+                figure_text(&self.full_state_events_per_sec, 0, "events/s"),
             ),
             (
                 "full / empty",
-                format!("{:.2} (target >= 0.90)", self.throughput_ratio),
+                figure_text(&self.throughput_ratio, 2, "(target: median >= 0.90)"),
+            ),
+            (
+                "load before the run",
+                bench_figures::load_text(self.load_before),
             ),
         ];
         let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
@@ -360,4 +385,10 @@ impl BenchReport {
             .map(|(name, value)| format!("{name:<width$}  {value}\n"))
             .collect()
     }
+}
+
+/// `median unit (lowest–highest; each round)`.
+fn figure_text(figure: &Figure, digits: usize, unit: &str) -> String {
+    let (median, spread, rounds) = figure.text(digits);
+    format!("{median} {unit} (spread {spread}; rounds {rounds})")
 }
