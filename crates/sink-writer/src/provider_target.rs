@@ -33,7 +33,6 @@ use dedup_client::{
 };
 use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
-use futures::{StreamExt as _, TryStreamExt as _};
 use metrics::counter;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -54,8 +53,13 @@ pub const MAX_TARGET_NAME_BYTES: usize =
 
 /// dedup-service's limit on the items of a batch call.
 const BATCH_ITEMS: usize = 1000;
-/// Chunks of a batch's first round under way at once.
-const CHUNKS_IN_FLIGHT: usize = 4;
+/// Chunks of a batch in their first round at once. A chunk's round ends only when its slowest
+/// provider call does (up to the call timeout), while the calls themselves are bounded by the
+/// `concurrency` slots: with 4 chunks, a few slow answers per chunk (a provider that delays 2%
+/// of its answers past a 1 s timeout delays 73% of 64-item chunks) left most slots idle and the
+/// first round near 4 chunks a second. More chunks let the quick calls of the next ones use
+/// those slots; the slots still bound the calls (and the connections) in flight.
+const CHUNKS_IN_FLIGHT: usize = 16;
 
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -282,32 +286,46 @@ impl ProviderTarget {
     /// Drives every item to a final state; answers in item order. An error means the batch must
     /// not be checkpointed (and is retried from the checkpoint).
     ///
-    /// The first round is batched ([`ProviderTarget::first_round`]): one `BeginBatch` and one
-    /// `CompleteBatch` per chunk of items instead of a call each, the provider calls in between.
-    /// An item that is not final after it goes on by itself ([`ProviderTarget::settle_one`]):
-    /// every one is under way at once, and at most `concurrency` of them are in a round with
-    /// dedup-service and the provider at any moment. An event waiting for its outcome (a lost
-    /// answer that the reconciler settles after the in-flight window, another holder's lease)
-    /// holds no slot meanwhile: a slot per waiting event made the few slow events of a batch
-    /// hold most of the slots, and the whole batch then waited on them in turn.
+    /// Each chunk of `concurrency` items (at most [`BATCH_ITEMS`]) has a batched first round
+    /// ([`ProviderTarget::chunk_round`]): one `BeginBatch` and one `CompleteBatch` instead of a
+    /// call each, the provider calls in between; [`CHUNKS_IN_FLIGHT`] chunks are in it at once.
+    /// An item that is not final after it goes on by itself ([`ProviderTarget::settle_one`])
+    /// as soon as its chunk's round ends, not after every chunk's: the settle timeout counts from
+    /// there, so a large batch's later chunks do not find it spent before they start. At most
+    /// `concurrency` items are in a round with dedup-service and the provider at any moment. An
+    /// event waiting for its outcome (a lost answer that the reconciler settles after the
+    /// in-flight window, another holder's lease) holds no slot meanwhile: a slot per waiting
+    /// event made the few slow events of a batch hold most of the slots, and the whole batch
+    /// then waited on them in turn.
     pub async fn settle(
         &self,
         items: Vec<EffectItem>,
         shutdown: &CancellationToken,
     ) -> Result<Vec<Settled>, ProviderTargetError> {
-        let give_up_at = Instant::now() + self.spec.settle_timeout;
         let charges: Vec<Charge> = items.into_iter().map(|item| self.charge(item)).collect();
-        let result = async {
-            let firsts = self.first_round(&charges).await?;
-            futures::future::try_join_all(
-                charges
-                    .iter()
-                    .zip(firsts)
-                    .map(|(charge, first)| self.settle_one(charge, first, give_up_at, shutdown)),
-            )
+        let chunk = self.spec.concurrency.clamp(1, BATCH_ITEMS);
+        // FIFO: the chunks enter their first round in batch order.
+        let first_rounds = Semaphore::new(CHUNKS_IN_FLIGHT);
+        let chunks =
+            charges.chunks(chunk).map(|chunk| {
+                let first_rounds = &first_rounds;
+                async move {
+                    let firsts = {
+                        let Ok(_turn) = first_rounds.acquire().await else {
+                            return Err(self.cancelled());
+                        };
+                        self.chunk_round(chunk).await?
+                    };
+                    let give_up_at = Instant::now() + self.spec.settle_timeout;
+                    futures::future::try_join_all(chunk.iter().zip(firsts).map(
+                        |(charge, first)| self.settle_one(charge, first, give_up_at, shutdown),
+                    ))
+                    .await
+                }
+            });
+        let result = futures::future::try_join_all(chunks)
             .await
-        }
-        .await;
+            .map(|settled| settled.into_iter().flatten().collect());
         if let Err(ProviderTargetError::Unsettled { .. }) = &result {
             counter!(m::PROVIDER_UNSETTLED, "target" => self.spec.name.clone()).increment(1);
         }
@@ -342,24 +360,12 @@ impl ProviderTarget {
         }
     }
 
-    /// Every charge's first round, batched: per chunk of `concurrency` charges (at most
-    /// [`BATCH_ITEMS`]) one `BeginBatch`, the provider calls its acquisitions allow, and one
-    /// `CompleteBatch` for the calls applied; [`CHUNKS_IN_FLIGHT`] chunks at a time, so one
-    /// chunk's calls overlap the next one's Begin. Each item carries its charge span's context,
-    /// so dedup-service answers it in its event's trace. A refused or unknown call is reported
-    /// by itself (`Fail`, `MarkUnknown`: rare, and the single calls say it in the event's
-    /// trace), and a batch item that cannot be completed is completed by itself, as the single
-    /// path would.
-    async fn first_round(&self, charges: &[Charge]) -> Result<Vec<Round>, ProviderTargetError> {
-        let chunk = self.spec.concurrency.clamp(1, BATCH_ITEMS);
-        let rounds: Vec<Vec<Round>> = futures::stream::iter(charges.chunks(chunk))
-            .map(|chunk| self.chunk_round(chunk))
-            .buffered(CHUNKS_IN_FLIGHT)
-            .try_collect()
-            .await?;
-        Ok(rounds.into_iter().flatten().collect())
-    }
-
+    /// One chunk's first round, batched: one `BeginBatch`, the provider calls its acquisitions
+    /// allow, and one `CompleteBatch` for the calls applied. Each item carries its charge span's
+    /// context, so dedup-service answers it in its event's trace. A refused or unknown call is
+    /// reported by itself (`Fail`, `MarkUnknown`: rare, and the single calls say it in the
+    /// event's trace), and a batch item that cannot be completed is completed by itself, as the
+    /// single path would.
     async fn chunk_round(&self, charges: &[Charge]) -> Result<Vec<Round>, ProviderTargetError> {
         let begins: Vec<(BeginParams, opentelemetry::Context)> = charges
             .iter()

@@ -34,7 +34,8 @@
 //! call_timeout = "2s"           # the provider call's deadline [default: 2s]
 //! lease_ttl = "30s"             # the intent's lease; longer than call_timeout [default: 30s]
 //! concurrency = 64              # charges in a round at once; a waiting one holds none [default: 64]
-//! settle_timeout = "60s"        # give a batch up (and retry it) after this [default: 60s]
+//! settle_timeout = "60s"        # an event still not final this long after its first round
+//!                               # gives its batch up (retried from the checkpoint) [default: 60s]
 //! provider_auth_file = "/run/secrets/provider" # the credential header's value, from a file ...
 //! # provider_auth_env = "PROVIDER_AUTH"      # ... or from this environment variable
 //! provider_auth_header = "Authorization"     # the header it goes in [default: Authorization]
