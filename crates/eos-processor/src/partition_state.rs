@@ -202,7 +202,7 @@ impl<S: Clone + Default + Serialize + DeserializeOwned> PartitionState<S> {
         }
         let entity_id = envelope.entity_id.to_string();
         let mut entity_state = self.entity(overlay, &entity_id)?;
-        let output = match transform.apply(&mut entity_state, &envelope, source) {
+        let output = match transform.apply(&mut entity_state, envelope, source) {
             Ok(output) => output,
             // Nothing recorded: the state stays as it was and the id is not remembered, so a
             // redelivery is refused the same way.

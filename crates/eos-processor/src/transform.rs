@@ -30,11 +30,12 @@ pub trait Transform: Send + 'static {
     type EntityState: Clone + Default + Serialize + DeserializeOwned + Send + std::fmt::Debug;
 
     /// Applies one new event to its entity's state and returns the output record's JSON value.
-    /// On a refusal `state` may be partly changed: the caller drops it.
+    /// The event is the transform's to move into its output (its id and entity are read
+    /// before). On a refusal `state` may be partly changed: the caller drops it.
     fn apply(
         &self,
         state: &mut Self::EntityState,
-        event: &EventEnvelope,
+        event: EventEnvelope,
         source: &SourcePosition,
     ) -> Result<Map<String, Value>, TransformRefusal>;
 }
@@ -60,7 +61,7 @@ impl Transform for LedgerTransform {
     fn apply(
         &self,
         state: &mut LedgerTotals,
-        event: &EventEnvelope,
+        event: EventEnvelope,
         source: &SourcePosition,
     ) -> Result<Map<String, Value>, TransformRefusal> {
         // A total past i64 cannot be represented; saturating would silently make every later
@@ -81,7 +82,7 @@ impl Transform for LedgerTransform {
         })?;
         state.total = total;
         state.count = count;
-        let mut output = event.to_json();
+        let mut output = event.into_json();
         output.insert("entity_total".into(), Value::from(state.total));
         output.insert("entity_count".into(), Value::from(state.count));
         output.insert(
@@ -112,10 +113,10 @@ mod tests {
         };
         let mut totals = LedgerTotals::default();
         LedgerTransform
-            .apply(&mut totals, &event("e-102", 12500), &source)
+            .apply(&mut totals, event("e-102", 12500), &source)
             .expect("applies");
         let output = LedgerTransform
-            .apply(&mut totals, &event("e-103", 7000), &source)
+            .apply(&mut totals, event("e-103", 7000), &source)
             .expect("applies");
         assert_eq!(
             totals,
@@ -147,7 +148,7 @@ mod tests {
                 count: 3,
             };
             let refusal = LedgerTransform
-                .apply(&mut totals, &event("e-big", value), &source)
+                .apply(&mut totals, event("e-big", value), &source)
                 .expect_err("overflow");
             assert_eq!(refusal.reason, DeadLetterReason::TotalOverflow);
             assert!(refusal.detail.contains("overflows"), "{refusal}");
@@ -166,7 +167,7 @@ mod tests {
         };
         assert!(
             LedgerTransform
-                .apply(&mut totals, &event("e-edge", 5), &source)
+                .apply(&mut totals, event("e-edge", 5), &source)
                 .is_ok()
         );
         assert_eq!(totals.total, i64::MAX);
