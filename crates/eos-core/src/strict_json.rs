@@ -130,10 +130,24 @@ fn check_numbers(text: &str) -> Result<(), StrictJsonError> {
     while i < bytes.len() {
         match bytes[i] {
             b'"' => {
-                // Skip the string, escapes included.
+                // Skip the string, escapes included, a word at a time up to the next quote or
+                // backslash: a record's long strings are most of its bytes.
                 i += 1;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                loop {
+                    match bytes
+                        .get(i..)
+                        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+                    {
+                        Some(found) if bytes[i + found] == b'"' => {
+                            i += found;
+                            break;
+                        }
+                        Some(found) => i += found + 2,
+                        None => {
+                            i = bytes.len();
+                            break;
+                        }
+                    }
                 }
                 i += 1;
             }
@@ -301,6 +315,24 @@ mod tests {
             parse(r#"{"a":"123456789012345678901234567890","b":"\\\"0.1000000000000000000001"}"#)
                 .is_ok()
         );
+    }
+
+    /// The string skip stops at the string's real end, whatever escapes precede it, so the
+    /// numbers after a string are still checked.
+    #[test]
+    fn numbers_after_strings_with_escapes_are_checked() {
+        for text in [
+            r#"{"a":"x\"y","b":123456789012345678901234567890}"#,
+            r#"{"a":"\\","b":123456789012345678901234567890}"#,
+            r#"{"a":"\\\"\u0022","b":123456789012345678901234567890}"#,
+            r#"["","\\",123456789012345678901234567890]"#,
+        ] {
+            assert!(
+                matches!(parse(text), Err(StrictJsonError::IntegerOutOfRange(_))),
+                "{text}: {:?}",
+                parse(text)
+            );
+        }
     }
 
     #[test]
