@@ -5,7 +5,7 @@
 //! directory, so a restarted node rejoins with what it had, as a broker restarted on its disk.
 //! Everything is killed and the directory removed on drop; the stack's own broker is not touched.
 
-use std::net::TcpListener;
+use eos_runtime::loopback_ports::free_loopback_ports;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ impl KafkaCluster {
     /// Starts all three nodes and waits until the cluster answers with all three brokers.
     /// Blocking.
     pub fn start(name: &str) -> anyhow::Result<Self> {
-        let ports = free_ports(2 * NODES)?;
+        let ports = free_loopback_ports(2 * NODES)?;
         let dir = std::env::temp_dir().join(unique_name(&format!("eos-it-cluster-{name}")));
         let nodes = (0..NODES)
             .map(|index| Node {
@@ -329,17 +329,6 @@ fn new_cluster_id() -> String {
         .collect();
     id.push(char::from(LAST[rand::random_range(0..4)]));
     id
-}
-
-/// `count` ports free on 127.0.0.1 right now (bound together, then released).
-pub(crate) fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()?;
-    listeners
-        .iter()
-        .map(|listener| Ok(listener.local_addr()?.port()))
-        .collect()
 }
 
 /// The workspace root, where `deploy/local/stack` is.

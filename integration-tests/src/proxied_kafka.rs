@@ -16,9 +16,10 @@ use eos_testkit::{ChildProcess, LogMode};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 
 use crate::fault_proxy::FaultProxy;
-use crate::kafka_cluster::{free_ports, repo_root};
+use crate::kafka_cluster::repo_root;
 use crate::service_process::log_dir;
 use crate::{client_config_for, unique_name};
+use eos_runtime::loopback_ports::free_loopback_ports;
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(3);
@@ -36,7 +37,7 @@ impl ProxiedKafka {
     /// Starts a proxy per name in `links` and the broker behind them, and waits until the
     /// broker answers directly and through every link. Needs the multi-threaded runtime.
     pub async fn start(name: &str, links: &[&str]) -> anyhow::Result<Self> {
-        let ports = free_ports(2 + links.len())?;
+        let ports = free_loopback_ports(2 + links.len())?;
         let (port, controller_port) = (ports[0], ports[1]);
         let mut proxies = Vec::new();
         for (link, listen) in links.iter().zip(&ports[2..]) {

@@ -15,6 +15,7 @@ pub mod bench_figures;
 pub mod kafka_errors;
 pub mod kafka_settings;
 pub mod log_end;
+pub mod loopback_ports;
 pub mod ops_http;
 pub mod rebalance;
 #[cfg(feature = "postgres")]

@@ -11,7 +11,6 @@
 //! The stack's own broker on 9092 is never touched; PostgreSQL's settings are restored by a
 //! guard, and turning TLS on never refuses the plaintext clients of the tests running alongside.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -110,16 +109,12 @@ impl Drop for TestCa {
     }
 }
 
-/// Ports free on 127.0.0.1 right now (bound together, then released).
+/// Ports free on 127.0.0.1 right now.
 fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut ports = [0; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
-    }
-    Ok(ports)
+    let ports = eos_runtime::loopback_ports::free_loopback_ports(N)?;
+    ports
+        .try_into()
+        .map_err(|ports| anyhow::anyhow!("asked for {N} ports, got {ports:?}"))
 }
 
 fn repo_root() -> PathBuf {

@@ -40,7 +40,7 @@ use tokio::task::JoinHandle;
 use crate::bench::figures::{LatencySummary, LatencyTrend, without_ramp_up};
 use crate::bench::latency_collector::{OutputSource, now_ms};
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
-use crate::chain::service::{Service, free_addr, wait_listening};
+use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::PipelineBenchArgs;
 use crate::kafka_client::{ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic};
@@ -48,6 +48,7 @@ use crate::produce::{self, ProduceOptions, ProduceSummary};
 use crate::report::grouped;
 use crate::topic_reader::read_topics;
 use crate::workload::WorkloadSpec;
+use eos_runtime::loopback_ports::free_loopback_addr;
 
 /// How often the sink's checkpoints are read in the latency run: the latency figures are late by
 /// up to this much.
@@ -298,7 +299,7 @@ impl Bench {
             .await
             .with_context(|| format!("connecting to the benchmark's database {database}"))?;
 
-        let provider_addr = free_addr()?;
+        let provider_addr = free_loopback_addr()?;
         let mut provider = Service::new(
             "provider-sim",
             &bin_dir,
@@ -309,8 +310,8 @@ impl Bench {
         let provider_url = format!("http://{provider_addr}");
         provider.start()?;
         wait_listening(&mut provider, provider_addr).await?;
-        let dedup_addr = free_addr()?;
-        let ops = free_addr()?;
+        let dedup_addr = free_loopback_addr()?;
+        let ops = free_loopback_addr()?;
         let mut dedup = Service::new(
             "dedup-service",
             &bin_dir,
@@ -558,7 +559,7 @@ impl Bench {
             ),
         )?;
         let bootstrap = self.kafka.bootstrap_servers.clone();
-        let ops = free_addr()?;
+        let ops = free_loopback_addr()?;
         let mut processor = Service::new(
             "eos-processor",
             &self.bin_dir,
@@ -591,7 +592,7 @@ impl Bench {
         )
         .with_log_name(&format!("{label}-eos-processor"))
         .with_kafka_properties(&self.kafka_for_services);
-        let ops = free_addr()?;
+        let ops = free_loopback_addr()?;
         let mut sink = Service::new(
             "sink-writer",
             &self.bin_dir,

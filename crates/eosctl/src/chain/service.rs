@@ -1,7 +1,7 @@
 //! A service of the suite as a child process of its binary on the shared supervisor, with its
 //! log in the run's directory, restarted at once after a SIGKILL.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -170,10 +170,6 @@ impl Service {
         }
         Ok(())
     }
-}
-
-pub(crate) fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 pub(crate) async fn wait_listening(service: &mut Service, addr: SocketAddr) -> anyhow::Result<()> {

@@ -36,7 +36,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::chain::service::{Service, free_addr, wait_listening};
+use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::{AuditArgs, ProduceArgs, TraceArgs};
 use crate::commands::demo::database::{outbox_backlog, unknowns};
@@ -46,6 +46,7 @@ use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use crate::commands::{self, audit, progress_bar};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
+use eos_runtime::loopback_ports::free_loopback_addr;
 
 use crate::kafka_client::{KafkaSettings, TopicLayout, ensure_topic};
 use crate::produce;
@@ -238,8 +239,8 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
 
     let database = format!("eos_demo_{}", run_id.replace('-', "_"));
     let database_url = create_database(&args.database_url, &database).await?;
-    let provider_addr = free_addr()?;
-    let dedup_addr = free_addr()?;
+    let provider_addr = free_loopback_addr()?;
+    let dedup_addr = free_loopback_addr()?;
     let provider_url = format!("http://{provider_addr}");
     let dedup_url = format!("http://{dedup_addr}");
     let traces_note = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
@@ -293,7 +294,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         ]),
         provider_addr,
     );
-    let ops = free_addr()?;
+    let ops = free_loopback_addr()?;
     let mut dedup = Service::new(
         "dedup-service",
         &bin_dir,
@@ -325,7 +326,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             }),
         ),
     )?;
-    let ops = free_addr()?;
+    let ops = free_loopback_addr()?;
     let mut processor = Service::new(
         "eos-processor",
         &bin_dir,
@@ -349,7 +350,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         ops,
     )
     .with_kafka_properties(&kafka_for_services);
-    let ops = free_addr()?;
+    let ops = free_loopback_addr()?;
     let mut sink = Service::new(
         "sink-writer",
         &bin_dir,
@@ -562,8 +563,8 @@ impl OutboxServices {
         topic: &str,
         relay_name: String,
     ) -> anyhow::Result<Self> {
-        let api_addr = free_addr()?;
-        let ops = free_addr()?;
+        let api_addr = free_loopback_addr()?;
+        let ops = free_loopback_addr()?;
         let api = Service::new(
             "payments-api",
             bin_dir,
@@ -579,7 +580,7 @@ impl OutboxServices {
             ops,
         )
         .with_env("DATABASE_URL", database_url);
-        let ops = free_addr()?;
+        let ops = free_loopback_addr()?;
         let relay = Service::new(
             "outbox-relay",
             bin_dir,
