@@ -20,6 +20,13 @@ pub fn log_dir() -> PathBuf {
     std::env::temp_dir().join("eos-it-logs")
 }
 
+/// Where the processors the tests start keep their stores (`EOS_STATE_DIR`, unless a test passes
+/// `--state-dir`): `$TMPDIR/eos-it-processor-state/`, apart from the product's default so that
+/// `.ci/run` can remove it after the tests without touching a real processor's state.
+pub fn processor_state_dir() -> PathBuf {
+    std::env::temp_dir().join("eos-it-processor-state")
+}
+
 impl ServiceProcess {
     /// Starts workspace binary `binary` with `args` and extra environment `envs`.
     pub fn spawn(binary: &str, args: &[String], envs: &[(&str, &str)]) -> anyhow::Result<Self> {
@@ -29,10 +36,14 @@ impl ServiceProcess {
         let name = unique_name(binary);
         let log_path = dir.join(format!("{name}.log"));
         let mut command = Command::new(&path);
-        command.args(args).envs(envs.iter().copied()).env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        );
+        command
+            .env("EOS_STATE_DIR", processor_state_dir())
+            .args(args)
+            .envs(envs.iter().copied())
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            );
         Ok(Self(ChildProcess::spawn(
             name,
             command,

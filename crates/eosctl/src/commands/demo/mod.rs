@@ -326,6 +326,8 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             }),
         ),
     )?;
+    // The processor's store, removed at the end: only this run's group uses it.
+    let processor_state = run_dir.join("processor-state");
     let ops = free_loopback_addr()?;
     let mut processor = Service::new(
         "eos-processor",
@@ -346,6 +348,8 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             args.guarantee.as_str(),
             "--metrics-addr",
             &ops.to_string(),
+            "--state-dir",
+            &processor_state.display().to_string(),
         ]),
         ops,
     )
@@ -470,6 +474,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     if args.drop_database {
         drop_database(&args.database_url, &database).await?;
     }
+    std::fs::remove_dir_all(&processor_state).ok();
 
     let kills =
         |n: usize, name: &str| format!("{n} SIGKILL{} of {name}", if n == 1 { "" } else { "s" });
