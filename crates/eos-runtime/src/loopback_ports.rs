@@ -20,20 +20,22 @@ const TRIES: usize = 200;
 /// `count` distinct ports free on 127.0.0.1 right now, below the ephemeral range where it
 /// leaves room (else the kernel's choice).
 pub fn free_loopback_ports(count: usize) -> io::Result<Vec<u16>> {
-    let below = ephemeral_low().unwrap_or(32_768);
+    // Ports from LOWEST on, below the ephemeral range, when that leaves room.
+    let room = ephemeral_low()
+        .unwrap_or(32_768)
+        .checked_sub(LOWEST)
+        .filter(|room| *room > 1_000);
     // Held until all are chosen, so no port is chosen twice.
     let mut held = Vec::with_capacity(count);
     let mut random = RandomState::new().build_hasher();
     for _ in 0..count {
-        let chosen = (below > LOWEST + 1_000)
-            .then(|| {
-                (0..TRIES).find_map(|attempt| {
-                    random.write_usize(attempt);
-                    let port = LOWEST + (random.finish() % u64::from(below - LOWEST)) as u16;
-                    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).ok()
-                })
+        let chosen = room.and_then(|room| {
+            (0..TRIES).find_map(|attempt| {
+                random.write_usize(attempt);
+                let port = LOWEST + (random.finish() % u64::from(room)) as u16;
+                TcpListener::bind((Ipv4Addr::LOCALHOST, port)).ok()
             })
-            .flatten();
+        });
         held.push(match chosen {
             Some(listener) => listener,
             None => TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?,
