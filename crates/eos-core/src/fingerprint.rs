@@ -50,6 +50,18 @@ impl Fingerprint {
     pub fn to_hex(&self) -> String {
         self.to_string()
     }
+
+    /// The 64 lower-case hex digits, on the stack: the processor writes one per record into its
+    /// changelog, where formatting byte by byte through `fmt` showed in the profile.
+    fn hex_digits(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (pair, byte) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        out
+    }
 }
 
 /// The canonical text of a JSON value (the input of the fingerprint).
@@ -123,10 +135,9 @@ fn write_number(n: &Number, out: &mut Vec<u8>) {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        let digits = self.hex_digits();
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&digits).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -157,7 +168,9 @@ impl FromStr for Fingerprint {
 
 impl Serialize for Fingerprint {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let digits = self.hex_digits();
+        // Hex digits are ASCII.
+        serializer.serialize_str(std::str::from_utf8(&digits).map_err(serde::ser::Error::custom)?)
     }
 }
 
@@ -197,6 +210,23 @@ mod tests {
             Some(fingerprint)
         );
         assert!("zz".parse::<Fingerprint>().is_err());
+    }
+
+    #[test]
+    fn hex_and_serde_forms_are_the_two_digits_of_each_byte() {
+        for text in [r#"{"a":1}"#, "null", r#"[0,255]"#] {
+            let fingerprint = fingerprint_of_text(text);
+            let reference: String = fingerprint
+                .as_bytes()
+                .iter()
+                .map(|byte| format!("{byte:02x}"))
+                .collect();
+            assert_eq!(fingerprint.to_string(), reference);
+            assert_eq!(
+                serde_json::to_string(&fingerprint).expect("serialises"),
+                format!("\"{reference}\"")
+            );
+        }
     }
 
     /// Arbitrary JSON with integer and decimal numbers, nested a few levels.

@@ -51,6 +51,16 @@ pub fn propagator() -> TextMapCompositePropagator {
 /// are kept). Parent a span on it, and every request made from that span (or a child of it)
 /// carries the event id to the next service.
 pub fn context_with_event_id(cx: &Context, event_id: &str) -> Context {
+    // The processor calls this per record on a context that usually has the entry already.
+    let already = cx
+        .baggage()
+        .get_with_metadata(EVENT_ID_BAGGAGE_KEY)
+        .is_some_and(|(value, metadata)| {
+            value.as_str() == event_id && metadata.as_str().is_empty()
+        });
+    if already {
+        return cx.clone();
+    }
     let baggage: Baggage = cx
         .baggage()
         .iter()
@@ -426,6 +436,9 @@ mod tests {
         );
         assert_eq!(cx.baggage().len(), 2);
         assert_eq!(event_id_in(&Context::new()), None);
+        let same = context_with_event_id(&cx, "new");
+        assert_eq!(event_id_in(&same).as_deref(), Some("new"));
+        assert_eq!(same.baggage().len(), 2, "the same id again adds nothing");
     }
 
     #[test]
