@@ -440,6 +440,13 @@ pub struct ProcessorBenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..))]
     pub partitions: i32,
 
+    /// eos-processor instances in each throughput round, one process each in the same group
+    /// (each its own instance id, transactional id and state store), as a deployment scales out.
+    /// The rate is the group's; the CPU figure is all of them together. Give at least as many
+    /// --partitions, a multiple for an even share. The other runs use one instance.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub instances: u32,
+
     /// Backlog of the single-record transactions run (exactly-once, --max-batch 1); 0 skips it.
     #[arg(long, default_value_t = 2000)]
     pub single_records: u64,

@@ -25,7 +25,7 @@ use crate::bench::latency_collector::{
 };
 use crate::bench::options::BenchOptions;
 use crate::bench::pass_through;
-use crate::bench::processor_process::ProcessorProcess;
+use crate::bench::processor_process::{ProcessorProcess, children_cpu};
 use crate::bench::report::{
     BenchReport, KillResumeFigures, LatencyFigures, LatencyRateBasis, MachineLoad,
     PASS_THROUGH_RATIO_TARGET, PathThroughput, RATIO_TARGET, RATIO_TARGET_MIN_BYTES, RoundFigures,
@@ -205,6 +205,7 @@ impl Bench {
             processor_bin: self.options.processor_bin.display().to_string(),
             debug_build: self.options.is_debug_build(),
             partitions: self.options.partitions,
+            instances: self.options.instances,
             commit_interval_ms: self.options.commit_interval.as_millis() as u64,
             max_batch: self.options.max_batch,
             rounds: self.options.rounds,
@@ -250,7 +251,7 @@ impl Bench {
                     self.options.max_batch,
                     &input,
                 );
-                let figures = self.drain(&run, &partitions, target)?;
+                let figures = self.drain(&run, self.options.instances, &partitions, target)?;
                 tracing::info!(
                     value_bytes = size,
                     round,
@@ -343,7 +344,7 @@ impl Bench {
         self.produce(&input, records, size, 0, self.seed_base + 1_000_000)?;
         let (partitions, target) = self.input_extent(&input)?;
         let run = self.processor_run("single", Guarantee::ExactlyOnce, 1, &input);
-        let figures = self.drain(&run, &partitions, target)?;
+        let figures = self.drain(&run, 1, &partitions, target)?;
         self.delete_now(&[input])?;
         tracing::info!(
             transactions_per_second = figures.records_per_second.round(),
@@ -428,7 +429,7 @@ impl Bench {
         self.produce(&input, WARMUP_RECORDS, size, 0, seed)?;
         let (partitions, warm_target) = self.input_extent(&input)?;
         self.follow_commits(
-            &mut process,
+            std::slice::from_mut(&mut process),
             &offsets,
             &run,
             &partitions,
@@ -656,19 +657,33 @@ impl Bench {
         }
     }
 
-    /// Runs a processor from the start of `run.input` to its end and measures the rate.
+    /// Runs `instances` processors in one group from the start of `run.input` to its end and
+    /// measures the group's rate and their CPU time together.
     fn drain(
         &mut self,
         run: &ProcessorRun,
+        instances: u32,
         partitions: &[i32],
         target: i64,
     ) -> anyhow::Result<RoundFigures> {
         let offsets = GroupOffsetReader::new(&self.settings, &run.group)?;
-        let mut process = self.spawn(run)?;
+        let cpu_before = children_cpu();
+        let mut processes = Vec::new();
+        for instance in 0..instances {
+            let suffix = (instances > 1).then(|| format!("-{instance}"));
+            processes.push(self.spawn_instance(run, suffix.as_deref())?);
+        }
         let started = Instant::now();
         let progress =
-            self.follow_commits(&mut process, &offsets, run, partitions, target, started)?;
-        let cpu = process.stop(STOP_TIMEOUT)?;
+            self.follow_commits(&mut processes, &offsets, run, partitions, target, started)?;
+        for process in processes {
+            process.stop(STOP_TIMEOUT)?;
+        }
+        // A child's CPU time is counted once it is waited for: after all of them, the growth is
+        // theirs together.
+        let cpu = children_cpu()
+            .zip(cpu_before)
+            .map(|(after, before)| after.saturating_sub(before));
         self.delete_now(&run.created_topics())?;
         let records_per_second = progress.rate().ok_or_else(|| {
             anyhow!(
@@ -690,7 +705,7 @@ impl Bench {
     /// Samples the group's committed offsets until they reach `target` in total.
     fn follow_commits(
         &self,
-        process: &mut ProcessorProcess,
+        processes: &mut [ProcessorProcess],
         offsets: &GroupOffsetReader,
         run: &ProcessorRun,
         partitions: &[i32],
@@ -701,7 +716,9 @@ impl Bench {
         loop {
             let tick = Instant::now();
             self.check_interrupted()?;
-            process.ensure_running()?;
+            for process in processes.iter_mut() {
+                process.ensure_running()?;
+            }
             match offsets.committed(&run.input, partitions, COMMITTED_FETCH_TIMEOUT) {
                 Ok(committed) => {
                     let total: i64 = committed.values().flatten().sum();
@@ -723,7 +740,11 @@ impl Bench {
                     run.label,
                     progress.committed(),
                     humantime::format_duration(self.options.stall_timeout),
-                    process.log().display()
+                    processes
+                        .iter()
+                        .map(|process| process.log().display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
             if let Some(pause) = SAMPLE_INTERVAL.checked_sub(tick.elapsed()) {
@@ -756,10 +777,20 @@ impl Bench {
     }
 
     fn spawn(&mut self, run: &ProcessorRun) -> anyhow::Result<ProcessorProcess> {
+        self.spawn_instance(run, None)
+    }
+
+    /// One processor of `run`; `suffix` tells apart the instances of one group.
+    fn spawn_instance(
+        &mut self,
+        run: &ProcessorRun,
+        suffix: Option<&str>,
+    ) -> anyhow::Result<ProcessorProcess> {
         self.processes_started += 1;
+        let label = format!("{}{}", run.label, suffix.unwrap_or_default());
         let log = self
             .log_dir
-            .join(format!("{:02}-{}.log", self.processes_started, run.label));
+            .join(format!("{:02}-{label}.log", self.processes_started));
         let args: Vec<String> = vec![
             "--bootstrap-servers".into(),
             self.settings.bootstrap_servers.clone(),
@@ -774,7 +805,7 @@ impl Bench {
             "--group-id".into(),
             run.group.clone(),
             "--instance-id".into(),
-            format!("bench-{}", run.label),
+            format!("bench-{label}"),
             "--guarantee".into(),
             run.guarantee.to_string(),
             "--commit-interval".into(),
@@ -789,13 +820,13 @@ impl Bench {
             "--state-dir".into(),
             self.log_dir.join("state").display().to_string(),
         ];
-        tracing::debug!(label = %run.label, log = %log.display(), ?args, "starting eos-processor");
+        tracing::debug!(%label, log = %log.display(), ?args, "starting eos-processor");
         ProcessorProcess::spawn(
             &self.options.processor_bin,
             &args,
             &self.kafka_for_processors,
             log,
-            &run.label,
+            &label,
         )
     }
 

@@ -17,6 +17,8 @@ pub struct BenchOptions {
     pub commit_interval: Duration,
     pub max_batch: u32,
     pub partitions: i32,
+    /// Processor instances in each throughput round.
+    pub instances: u32,
     pub single_records: u64,
     pub latency_seconds: u64,
     /// Overrides half the exactly-once peak.
@@ -63,6 +65,14 @@ impl BenchOptions {
                  --latency-rate or --latency-seconds 0"
             );
         }
+        if i64::from(args.instances) > i64::from(args.partitions) {
+            bail!(
+                "--instances {} with --partitions {}: an instance without a partition measures \
+                 nothing",
+                args.instances,
+                args.partitions
+            );
+        }
         Ok(Self {
             processor_bin,
             records: args.records,
@@ -71,6 +81,7 @@ impl BenchOptions {
             commit_interval: args.commit_interval,
             max_batch: args.max_batch,
             partitions: args.partitions,
+            instances: args.instances,
             single_records: args.single_records,
             latency_seconds: args.latency_seconds,
             latency_rate: args.latency_rate,
@@ -107,6 +118,7 @@ mod tests {
             commit_interval: Duration::from_millis(100),
             max_batch: 1,
             partitions: 1,
+            instances: 1,
             single_records: 0,
             latency_seconds: 0,
             latency_rate: None,
@@ -119,5 +131,40 @@ mod tests {
         };
         assert!(options("/w/target/debug/eos-processor").is_debug_build());
         assert!(!options("/w/target/release/eos-processor").is_debug_build());
+    }
+
+    #[test]
+    fn more_instances_than_partitions_are_refused() {
+        use crate::cli::{BenchArgs, BenchTarget, Cli, Command};
+        use clap::Parser as _;
+        // Any existing file stands in for the processor binary.
+        let bin = std::env::current_exe().expect("the test binary exists");
+        let args = |instances: &str, partitions: &str| {
+            let cli = Cli::try_parse_from([
+                "eosctl",
+                "bench",
+                "processor",
+                "--processor-bin",
+                &bin.display().to_string(),
+                "--instances",
+                instances,
+                "--partitions",
+                partitions,
+            ])
+            .expect("parses");
+            let Command::Bench(BenchArgs {
+                target: BenchTarget::Processor(args),
+            }) = cli.command
+            else {
+                panic!("parsed as another command");
+            };
+            args
+        };
+        let resolved = BenchOptions::from_args(&args("2", "4")).expect("2 instances, 4 partitions");
+        assert_eq!(resolved.instances, 2);
+        let refused =
+            BenchOptions::from_args(&args("4", "3")).expect_err("4 instances, 3 partitions");
+        assert!(refused.to_string().contains("--instances 4"), "{refused}");
+        assert_eq!(args("1", "1").instances, 1);
     }
 }

@@ -102,7 +102,7 @@ impl ProcessorProcess {
 }
 
 /// User plus system CPU time of this process's terminated and waited-for children.
-fn children_cpu() -> Option<Duration> {
+pub(super) fn children_cpu() -> Option<Duration> {
     cpu_time(UsageWho::RUSAGE_CHILDREN)
 }
 

@@ -27,6 +27,8 @@ pub struct BenchReport {
     pub processor_bin: String,
     pub debug_build: bool,
     pub partitions: i32,
+    /// Processor instances (processes in one group) in each throughput round.
+    pub instances: u32,
     pub commit_interval_ms: u64,
     pub max_batch: u32,
     pub rounds: u32,
@@ -227,6 +229,14 @@ pub fn bench_text(report: &BenchReport) -> String {
         let _ = writeln!(
             out,
             "WARNING: a debug build; build with --release for meaningful figures"
+        );
+    }
+    if report.instances > 1 {
+        let _ = writeln!(
+            out,
+            "{} eos-processor instances in each throughput round (one group; its rate, their CPU \
+             together)",
+            report.instances
         );
     }
     let _ = writeln!(
@@ -441,6 +451,7 @@ mod tests {
             processor_bin: "/x/target/release/eos-processor".into(),
             debug_build: false,
             partitions: 3,
+            instances: 1,
             commit_interval_ms: 100,
             max_batch: 5000,
             rounds: 3,
