@@ -13,12 +13,10 @@ use nix::sys::resource::{UsageWho, getrusage};
 /// Lines of a failed processor's log quoted in the error.
 const LOG_TAIL_LINES: usize = 15;
 
-/// One `eos-processor` child process, its output going to a log file.
+/// One `eos-processor` child process, its output going to a log file. Its CPU time shows in
+/// [`children_cpu`] once it is stopped.
 pub(super) struct ProcessorProcess {
     process: ChildProcess,
-    /// CPU time of this process's waited-for children before this one started: one processor
-    /// runs at a time, so the growth after it is waited for is its own.
-    children_cpu_before: Option<Duration>,
 }
 
 impl ProcessorProcess {
@@ -29,16 +27,12 @@ impl ProcessorProcess {
         log: PathBuf,
         label: &str,
     ) -> anyhow::Result<Self> {
-        let children_cpu_before = children_cpu();
         let mut command = Command::new(bin);
         // A fault switch must never leak into a benchmark from the environment.
         command.args(args).env_remove("EOS_FAULT_ABORT_EVERY");
         kafka.apply_to(&mut command);
         let process = ChildProcess::spawn(label, command, &log, LogMode::Truncate)?;
-        Ok(Self {
-            process,
-            children_cpu_before,
-        })
+        Ok(Self { process })
     }
 
     pub(super) fn log(&self) -> &Path {
@@ -68,9 +62,8 @@ impl ProcessorProcess {
         Ok(self.process.wait_for_log_field(field, timeout)?)
     }
 
-    /// SIGTERM, then waits for the processor to finish its batch and exit. Returns the CPU
-    /// time (user + system) it used over its life, where the platform tells.
-    pub(super) fn stop(mut self, timeout: Duration) -> anyhow::Result<Option<Duration>> {
+    /// SIGTERM, then waits for the processor to finish its batch and exit.
+    pub(super) fn stop(mut self, timeout: Duration) -> anyhow::Result<()> {
         match self.process.terminate(timeout) {
             Ok(status) => self.check_exit(status),
             Err(ProcessError::StillRunning { .. }) => Err(self.failure(&format!(
@@ -81,11 +74,9 @@ impl ProcessorProcess {
         }
     }
 
-    fn check_exit(&self, status: ExitStatus) -> anyhow::Result<Option<Duration>> {
+    fn check_exit(&self, status: ExitStatus) -> anyhow::Result<()> {
         if status.success() {
-            Ok(children_cpu()
-                .zip(self.children_cpu_before)
-                .map(|(after, before)| after.saturating_sub(before)))
+            Ok(())
         } else {
             Err(self.failure(&format!("stopped with {status}")))
         }
