@@ -130,6 +130,22 @@ impl Service {
         Ok(pid)
     }
 
+    /// SIGSTOP: the process stays as it is, mid-whatever, until `resume` or a kill.
+    pub(crate) fn pause(&self) -> anyhow::Result<()> {
+        if let Some(process) = &self.process {
+            process.pause()?;
+        }
+        Ok(())
+    }
+
+    /// SIGCONT after `pause`.
+    pub(crate) fn resume(&self) -> anyhow::Result<()> {
+        if let Some(process) = &self.process {
+            process.resume()?;
+        }
+        Ok(())
+    }
+
     /// SIGTERM, then wait; `Ok(true)` when it exited 0 in time.
     pub(crate) async fn stop(&mut self) -> anyhow::Result<bool> {
         let Some(mut process) = self.process.take() else {

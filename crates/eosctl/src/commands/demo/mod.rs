@@ -18,6 +18,7 @@
 //! targets file and the reports stay in the run's directory. The clients, the producer, the lag
 //! waits and the audit are this eosctl's own code, run in-process.
 
+mod aimed_kill;
 mod database;
 mod metrics;
 mod payments_workload;
@@ -39,6 +40,7 @@ use serde_json::Value;
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::{AuditArgs, ProduceArgs, TraceArgs};
+use crate::commands::demo::aimed_kill::{AimedKill, KillAim};
 use crate::commands::demo::database::{outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
@@ -106,7 +108,9 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 2)]
     pub relay_kills: usize,
 
-    /// SIGKILLs of eos-processor while the producer writes (each restarted at once).
+    /// SIGKILLs of eos-processor while the producer writes (each restarted at once). With
+    /// at-least-once each is aimed: it lands while the processor has sent outputs that its
+    /// restart will send again (see the report's faults).
     #[arg(long, default_value_t = 3)]
     pub processor_kills: usize,
 
@@ -328,29 +332,39 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     )?;
     // The processor's store, removed at the end: only this run's group uses it.
     let processor_state = run_dir.join("processor-state");
+    let processor_state_dir = processor_state.display().to_string();
     let ops = free_loopback_addr()?;
+    let processor_ops = ops.to_string();
+    let mut processor_args = vec![
+        "--bootstrap-servers",
+        bootstrap_servers,
+        "--input-topic",
+        &input,
+        "--output-topic",
+        &output,
+        "--group-id",
+        &processor_group,
+        "--instance-id",
+        "demo-processor",
+        "--guarantee",
+        args.guarantee.as_str(),
+        "--metrics-addr",
+        &processor_ops,
+        "--state-dir",
+        &processor_state_dir,
+    ];
+    // Without transactions a kill repeats only the outputs sent since the last offset commit.
+    // A long commit interval keeps such outputs in flight for a while after each (re)start,
+    // which re-reads and re-sends them, so every aimed kill (`aimed_kill`) finds some even once
+    // the payments have stopped coming; the mechanism shown is the same at any interval.
+    if args.guarantee == DemoGuarantee::AtLeastOnce {
+        processor_args.extend(["--commit-interval", "10s"]);
+    }
     let mut processor = Service::new(
         "eos-processor",
         &bin_dir,
         &run_dir,
-        strings(&[
-            "--bootstrap-servers",
-            bootstrap_servers,
-            "--input-topic",
-            &input,
-            "--output-topic",
-            &output,
-            "--group-id",
-            &processor_group,
-            "--instance-id",
-            "demo-processor",
-            "--guarantee",
-            args.guarantee.as_str(),
-            "--metrics-addr",
-            &ops.to_string(),
-            "--state-dir",
-            &processor_state.display().to_string(),
-        ]),
+        strings(&processor_args),
         ops,
     )
     .with_kafka_properties(&kafka_for_services);
@@ -431,7 +445,11 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         }
         stopped_cleanly &= clean;
     }
-    let (drained, payments) = outcome?;
+    let Driven {
+        drained,
+        payments,
+        aimed_processor_kills,
+    } = outcome?;
     say(
         "== audit: the logical set by event_id at every boundary (outbox, topics, tables, \
          provider)",
@@ -482,8 +500,14 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     if let Some(outbox) = &outbox {
         faults.push(kills(outbox.relay.restarts, "outbox-relay"));
     }
+    let processor_kills = kills(processor.restarts, "eos-processor");
     faults.extend([
-        kills(processor.restarts, "eos-processor"),
+        match args.guarantee {
+            DemoGuarantee::ExactlyOnce => processor_kills,
+            DemoGuarantee::AtLeastOnce => format!(
+                "{processor_kills}, {aimed_processor_kills} aimed at outputs its restart repeats"
+            ),
+        },
         kills(sink.restarts, "sink-writer"),
     ]);
     faults.push(format!(
@@ -722,6 +746,19 @@ async fn start_workload(
     ))))
 }
 
+/// What driving the pipeline came to.
+struct Driven {
+    /// Every service caught up (the outbox relayed, both groups at the end of their topics).
+    drained: bool,
+    payments: Option<PaymentsSummary>,
+    /// At-least-once processor kills that landed with outputs its restart repeats.
+    aimed_processor_kills: usize,
+}
+
+/// How long an at-least-once processor kill waits for outputs its restart repeats before it
+/// lands anyway (and is reported as not aimed).
+const AIM_WITHIN: Duration = Duration::from_secs(60);
+
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     args: &DemoArgs,
@@ -732,7 +769,7 @@ async fn drive(
     mut outbox: Option<&mut OutboxServices>,
     (input, output, processor_group, sink_group): (&str, &str, &str, &str),
     (provider_addr, dedup_addr): (SocketAddr, SocketAddr),
-) -> anyhow::Result<(bool, Option<PaymentsSummary>)> {
+) -> anyhow::Result<Driven> {
     provider.start()?;
     wait_listening(provider, provider_addr).await?;
     dedup.start()?;
@@ -754,6 +791,15 @@ async fn drive(
     // Round robin over the services with kills left: relay, processor, sink.
     let mut left = [relay_kills, args.processor_kills, args.sink_kills];
     let mut turn = 0;
+    let mut aimed_processor_kills = 0;
+    let changelog = format!("{processor_group}-{input}-changelog");
+    let aimed_kill = AimedKill {
+        kafka,
+        input,
+        output,
+        changelog: &changelog,
+        group: processor_group,
+    };
     for _ in 0..kills {
         let gap = workload_seconds / (kills + 1) as f64;
         let jitter = rng.random_range(0.7..1.3);
@@ -762,6 +808,7 @@ async fn drive(
             turn += 1;
         }
         left[turn % 3] -= 1;
+        let aim = turn % 3 == 1 && args.guarantee == DemoGuarantee::AtLeastOnce;
         let service = match turn % 3 {
             0 => match outbox.as_deref_mut() {
                 Some(outbox) => &mut outbox.relay,
@@ -774,9 +821,26 @@ async fn drive(
         // A kill should land on a service at work, not one still joining its group.
         service.wait_ready(Duration::from_secs(30)).await?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
-        let pid = service.kill_and_restart().await?;
+        if !aim {
+            let pid = service.kill_and_restart().await?;
+            say(format!(
+                "   SIGKILL #{} of {} (pid {pid}), restarted",
+                service.restarts, service.name
+            ));
+            continue;
+        }
+        let aimed = match aimed_kill.kill(service, AIM_WITHIN).await? {
+            KillAim::Aimed { repeated_outputs } => {
+                aimed_processor_kills += 1;
+                format!("with {repeated_outputs} outputs its restart repeats")
+            }
+            KillAim::Missed => format!(
+                "not aimed: no outputs its restart repeats within {}",
+                humantime::format_duration(AIM_WITHIN)
+            ),
+        };
         say(format!(
-            "   SIGKILL #{} of {} (pid {pid}), restarted",
+            "   SIGKILL #{} of {} ({aimed}), restarted",
             service.restarts, service.name
         ));
     }
@@ -849,7 +913,11 @@ async fn drive(
             say(format!("   {} caught up with {topic}", service.name));
         }
     }
-    Ok((drained, payments))
+    Ok(Driven {
+        drained,
+        payments,
+        aimed_processor_kills,
+    })
 }
 
 #[cfg(test)]
