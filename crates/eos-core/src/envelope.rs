@@ -90,6 +90,38 @@ fn validate_id(field: &'static str, id: &str) -> Result<(), EnvelopeError> {
     Ok(())
 }
 
+/// A record value as a JSON object: at most `max_record_bytes`, UTF-8, and parsed strictly
+/// (duplicate keys and numbers that would round are refused, not guessed at).
+pub(crate) fn parse_object(
+    bytes: &[u8],
+    max_record_bytes: usize,
+) -> Result<Map<String, Value>, EnvelopeError> {
+    if bytes.is_empty() {
+        return Err(EnvelopeError::Empty);
+    }
+    if bytes.len() > max_record_bytes {
+        return Err(EnvelopeError::Oversized {
+            size: bytes.len(),
+            limit: max_record_bytes,
+        });
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| EnvelopeError::InvalidUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    let value = strict_json::parse(text).map_err(|error| match error {
+        StrictJsonError::Malformed(detail) => EnvelopeError::MalformedJson(detail),
+        StrictJsonError::DuplicateKey(detail) => {
+            EnvelopeError::DuplicateKey(format!("duplicate key {detail}"))
+        }
+        StrictJsonError::IntegerOutOfRange(detail) => EnvelopeError::IntegerOutOfRange(detail),
+        StrictJsonError::InexactNumber(detail) => EnvelopeError::InexactNumber(detail),
+    })?;
+    match value {
+        Value::Object(object) => Ok(object),
+        _ => Err(EnvelopeError::NotAnObject),
+    }
+}
+
 macro_rules! id_newtype {
     ($name:ident, $field:literal, $doc:literal) => {
         #[doc = $doc]
@@ -171,31 +203,7 @@ impl EventEnvelope {
     }
 
     pub fn parse_with_limit(bytes: &[u8], max_record_bytes: usize) -> Result<Self, EnvelopeError> {
-        if bytes.is_empty() {
-            return Err(EnvelopeError::Empty);
-        }
-        if bytes.len() > max_record_bytes {
-            return Err(EnvelopeError::Oversized {
-                size: bytes.len(),
-                limit: max_record_bytes,
-            });
-        }
-        let text = std::str::from_utf8(bytes).map_err(|e| EnvelopeError::InvalidUtf8 {
-            valid_up_to: e.valid_up_to(),
-        })?;
-        // Strict: duplicate keys and numbers that would round are refused, not guessed at.
-        let value = strict_json::parse(text).map_err(|error| match error {
-            StrictJsonError::Malformed(detail) => EnvelopeError::MalformedJson(detail),
-            StrictJsonError::DuplicateKey(detail) => {
-                EnvelopeError::DuplicateKey(format!("duplicate key {detail}"))
-            }
-            StrictJsonError::IntegerOutOfRange(detail) => EnvelopeError::IntegerOutOfRange(detail),
-            StrictJsonError::InexactNumber(detail) => EnvelopeError::InexactNumber(detail),
-        })?;
-        match value {
-            Value::Object(object) => Self::from_object(object),
-            _ => Err(EnvelopeError::NotAnObject),
-        }
+        Self::from_object(parse_object(bytes, max_record_bytes)?)
     }
 
     /// Validates an already-decoded JSON object.

@@ -1,4 +1,5 @@
-//! The pure core of eos-suite: the event envelope and its validation, the canonical fingerprint,
+//! The pure core of eos-suite: the general event contract (any JSON object; where its id,
+//! entity and time are is configured), the demo ledger's envelope and its validation, the canonical fingerprint,
 //! the `Boundary` every service states its guarantee with, `Checkpoint`, and dead-letter reason
 //! codes. Service plumbing (ops endpoint, telemetry, shutdown, Kafka consumer set-up, trace
 //! context) is in `eos-runtime`.
@@ -9,10 +10,12 @@
 pub mod boundary;
 pub mod dead_letter;
 pub mod envelope;
+pub mod event;
 pub mod fingerprint;
 pub mod strict_json;
 
 pub use boundary::{Boundary, Checkpoint, Guarantee};
 pub use dead_letter::DeadLetterReason;
 pub use envelope::{EntityId, EnvelopeError, EventEnvelope, EventId};
+pub use event::{Event, EventContract, EventError, FieldLocation, RecordParts};
 pub use fingerprint::Fingerprint;
