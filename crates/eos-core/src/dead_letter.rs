@@ -18,6 +18,8 @@ use sha2::{Digest, Sha256};
 
 /// Header naming the [`DeadLetterReason`] of a dead-lettered record.
 pub const REASON_HEADER: &str = "eos-dlq-reason";
+/// Header with a transform's own reason code, on a `transform_refused` dead letter.
+pub const TRANSFORM_REASON_HEADER: &str = "eos-dlq-transform-reason";
 /// Header with a human-readable detail (which field, what was wrong).
 pub const DETAIL_HEADER: &str = "eos-dlq-detail";
 /// Headers with the position the dead-lettered record was read from.
@@ -85,10 +87,15 @@ pub enum DeadLetterReason {
     InexactNumber,
     /// Applying the event would overflow a running total: refused rather than saturated.
     TotalOverflow,
+    /// A user's transform refused the event; its own reason code is in the
+    /// `eos-dlq-transform-reason` header.
+    TransformRefused,
+    /// A user's transform panicked on the event: the event is set aside, the loop goes on.
+    TransformPanic,
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 14] = [
+    pub const ALL: [DeadLetterReason; 16] = [
         Self::InvalidUtf8,
         Self::MalformedJson,
         Self::MissingField,
@@ -103,6 +110,8 @@ impl DeadLetterReason {
         Self::IntegerOutOfRange,
         Self::InexactNumber,
         Self::TotalOverflow,
+        Self::TransformRefused,
+        Self::TransformPanic,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -121,6 +130,8 @@ impl DeadLetterReason {
             Self::IntegerOutOfRange => "integer_out_of_range",
             Self::InexactNumber => "inexact_number",
             Self::TotalOverflow => "total_overflow",
+            Self::TransformRefused => "transform_refused",
+            Self::TransformPanic => "transform_panic",
         }
     }
 
@@ -132,6 +143,8 @@ impl DeadLetterReason {
                 | Self::BeyondDedupHorizon
                 | Self::ProviderRejected
                 | Self::TotalOverflow
+                | Self::TransformRefused
+                | Self::TransformPanic
         )
     }
 }
@@ -185,6 +198,8 @@ pub struct DeadLetterInput<'a> {
     pub source_partition: i32,
     pub source_offset: i64,
     pub reason: DeadLetterReason,
+    /// A transform's own reason code, for a `transform_refused` letter.
+    pub transform_reason: Option<&'a str>,
     pub detail: &'a str,
 }
 
@@ -252,13 +267,16 @@ pub fn build(input: &DeadLetterInput<'_>, max_message_bytes: usize) -> DeadLette
     let detail = truncate_with_marker(input.detail, MAX_DETAIL_BYTES);
     let partition = input.source_partition.to_string();
     let offset = input.source_offset.to_string();
-    let position: [(&str, &str); 5] = [
-        (REASON_HEADER, input.reason.as_str()),
-        (DETAIL_HEADER, &detail),
+    let mut position: Vec<(&str, &str)> = vec![(REASON_HEADER, input.reason.as_str())];
+    if let Some(code) = input.transform_reason {
+        position.push((TRANSFORM_REASON_HEADER, code));
+    }
+    position.extend([
+        (DETAIL_HEADER, &*detail),
         (SOURCE_TOPIC_HEADER, input.source_topic),
         (SOURCE_PARTITION_HEADER, &partition),
         (SOURCE_OFFSET_HEADER, &offset),
-    ];
+    ]);
     let owned = |headers: &[(&str, Option<&[u8]>)]| -> Vec<(String, Option<Vec<u8>>)> {
         headers
             .iter()
@@ -384,6 +402,7 @@ mod tests {
             source_partition: 2,
             source_offset: 41,
             reason: DeadLetterReason::OversizedRecord,
+            transform_reason: None,
             detail: "record is too big",
         }
     }
@@ -404,8 +423,26 @@ mod tests {
             Some(b"oversized_record".as_slice())
         );
         assert_eq!(letter.header(TRUNCATED_HEADER), Some(b"false".as_slice()));
+        assert_eq!(letter.header(TRANSFORM_REASON_HEADER), None);
         assert!(stands_for(b"{bad", |h| letter.header(h), b"{bad"));
         assert!(!stands_for(b"{ba", |h| letter.header(h), b"{bad"));
+        // A transform's refusal carries its own reason code next to the suite's.
+        let refused = build(
+            &DeadLetterInput {
+                reason: DeadLetterReason::TransformRefused,
+                transform_reason: Some("over_limit"),
+                ..input(b"17", b"{}", Vec::new())
+            },
+            LIMIT,
+        );
+        assert_eq!(
+            refused.header(REASON_HEADER),
+            Some(b"transform_refused".as_slice())
+        );
+        assert_eq!(
+            refused.header(TRANSFORM_REASON_HEADER),
+            Some(b"over_limit".as_slice())
+        );
         // An input's own header of that name does not make a whole copy pass for a cut one.
         let sha = sha256_hex(b"{bad");
         let forged = vec![
@@ -555,6 +592,8 @@ mod tests {
                 "integer_out_of_range",
                 "inexact_number",
                 "total_overflow",
+                "transform_refused",
+                "transform_panic",
             ]
         );
     }

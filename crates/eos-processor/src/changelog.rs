@@ -10,6 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::error::ProcessorError;
+use crate::partition_state::{Overlay, SeenEvent};
+use crate::state_format;
+use crate::state_store::{Checkpoint, PartitionStore, StateChanges, now_unix_ms};
+use crate::transform::Transform;
 use eos_runtime::backoff::{BlockingRetryable as _, doubling};
 use eos_runtime::kafka_errors::passes_by_itself;
 use eos_runtime::log_end;
@@ -17,12 +22,6 @@ use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
-use crate::error::ProcessorError;
-use crate::partition_state::{Overlay, SeenEvent};
-use crate::state_store::{Checkpoint, PartitionStore, StateChanges, now_unix_ms};
 
 /// Changelog records written to the store per store transaction during a restore.
 const RESTORE_CHUNK: usize = 20_000;
@@ -39,10 +38,11 @@ pub struct ChangelogRecord {
 }
 
 /// The changelog records that carry `overlay` (last value per key only: the topic is compacted).
-pub fn records_for<S: Serialize>(overlay: &Overlay<S>) -> Vec<ChangelogRecord> {
+/// Entity state is stored in the transform's versioned format (`state_format`).
+pub fn records_for<T: Transform>(overlay: &Overlay<T::State>) -> Vec<ChangelogRecord> {
     let entities = overlay.entities.iter().map(|(id, state)| ChangelogRecord {
         key: format!("{ENTITY_PREFIX}{id}"),
-        value: serde_json::to_vec(state).ok(),
+        value: state_format::encode::<T>(state).ok(),
     });
     let seen = overlay.seen.iter().map(|(id, seen)| ChangelogRecord {
         key: format!("{SEEN_PREFIX}{id}"),
@@ -56,18 +56,20 @@ pub fn records_for<S: Serialize>(overlay: &Overlay<S>) -> Vec<ChangelogRecord> {
 }
 
 /// Decodes one changelog record into `changes` during a restore.
-pub fn decode_record<S: DeserializeOwned>(
+pub fn decode_record<T: Transform>(
+    transform: &T,
     changes: &mut StateChanges,
     key: &[u8],
     value: Option<&[u8]>,
 ) -> Result<(), String> {
     let key = std::str::from_utf8(key).map_err(|_| "changelog key is not UTF-8".to_owned())?;
     if let Some(entity_id) = key.strip_prefix(ENTITY_PREFIX) {
-        // Checked to decode now, so a corrupt changelog stops the restore instead of the first
-        // event of that entity; stored as the JSON it is.
-        if let Some(json) = value {
-            serde_json::from_slice::<S>(json)
-                .map_err(|e| format!("entity state for {entity_id:?} does not decode: {e}"))?;
+        // Checked to decode now, so a corrupt changelog, or one written by a transform with
+        // another state format and no upgrade, stops the restore instead of the first event of
+        // that entity; stored as it is (an upgrade is applied again when it is read).
+        if let Some(stored) = value {
+            state_format::decode(transform, stored)
+                .map_err(|e| format!("entity state for {entity_id:?}: {e}"))?;
         }
         changes
             .entities
@@ -160,7 +162,8 @@ pub fn restore_start(
 /// (an open transaction of a crashed owner that never resolves, or a partition that stays
 /// unreachable): a large changelog takes as long as it takes, and a broker that is restarting
 /// (its partitions moving to another replica) is waited for, as the processing loop waits.
-pub fn restore_partition<S: DeserializeOwned>(
+pub fn restore_partition<T: Transform>(
+    transform: &T,
     client_config: &ClientConfig,
     topic: &str,
     partition: i32,
@@ -254,7 +257,8 @@ pub fn restore_partition<S: DeserializeOwned>(
                     continue;
                 }
             };
-            decode_record::<S>(
+            decode_record(
+                transform,
                 &mut changes,
                 message.key().unwrap_or_default(),
                 message.payload(),
@@ -307,7 +311,7 @@ mod tests {
     use super::*;
     use crate::partition_state::PartitionState;
     use crate::state_store::StateStore;
-    use crate::transform::LedgerTotals;
+    use crate::transform::{LedgerTotals, LedgerTransform};
     use eos_core::Fingerprint;
 
     #[test]
@@ -328,7 +332,7 @@ mod tests {
             },
         );
         overlay.expired.insert("e-001".into());
-        let records = records_for(&overlay);
+        let records = records_for::<LedgerTransform>(&overlay);
         assert_eq!(records.len(), 3);
 
         let store = StateStore::in_memory().expect("store");
@@ -353,7 +357,8 @@ mod tests {
         for _ in 0..2 {
             let mut changes = StateChanges::default();
             for record in &records {
-                decode_record::<LedgerTotals>(
+                decode_record(
+                    &LedgerTransform,
                     &mut changes,
                     record.key.as_bytes(),
                     record.value.as_deref(),
@@ -388,10 +393,18 @@ mod tests {
     #[test]
     fn a_corrupt_changelog_is_an_error_not_a_silent_reset() {
         let mut changes = StateChanges::default();
-        assert!(
-            decode_record::<LedgerTotals>(&mut changes, b"entity/17", Some(b"not json")).is_err()
-        );
-        assert!(decode_record::<LedgerTotals>(&mut changes, b"mystery/17", Some(b"{}")).is_err());
+        let mut decode = |key: &[u8], value: &[u8]| {
+            decode_record(&LedgerTransform, &mut changes, key, Some(value))
+        };
+        assert!(decode(b"entity/17", b"not json").is_err());
+        assert!(decode(b"mystery/17", b"{}").is_err());
+        // State of another format version, which the ledger cannot upgrade, stops the restore.
+        let refused = decode(
+            b"entity/17",
+            br#"{"eos_state_version":2,"state":{"total":1,"count":1}}"#,
+        )
+        .expect_err("another version");
+        assert!(refused.contains("version 2"), "{refused}");
     }
 
     #[test]

@@ -4,9 +4,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
-use eos_core::Guarantee;
+use std::collections::BTreeMap;
+
+use clap::{Parser, ValueEnum};
 use eos_core::envelope::MAX_ID_BYTES;
+use eos_core::{EventContract, FieldLocation, Guarantee};
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 
@@ -14,37 +16,82 @@ use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 /// letter (input + headers) must still fit the broker's default 1 MiB message limit.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
 
+/// The transforms built into the binary (`--transform`); a library user runs their own with
+/// [`crate::Processor`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BuiltinTransform {
+    /// The demo's ledger: checks the ledger envelope and keeps per-entity running totals.
+    Ledger,
+    /// Each new event's value to the default output as it came, or only those whose value at
+    /// --filter-pointer equals --filter-equals.
+    PassThrough,
+}
+
 /// Kafka → Kafka exactly-once read-process-write.
 ///
-/// Reads envelopes from the input topic with read_committed, applies the "ledger" transform
-/// (per-entity running totals), drops duplicate deliveries by event_id, and writes the outputs,
-/// the state changelog, the dead letters and the consumed offsets in one Kafka transaction per
-/// batch. Idempotence, read_committed and manual offset commits are not configurable: exactly-once
-/// depends on them.
+/// Reads events (JSON objects) from the input topic with read_committed, drops duplicate
+/// deliveries by event id, applies the transform (--transform) with each entity's state, and
+/// writes the outputs, the state changelog, the dead letters and the consumed offsets in one
+/// Kafka transaction per batch. Idempotence, read_committed and manual offset commits are not
+/// configurable: exactly-once depends on them.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "eos-processor", version, about, long_about)]
 pub struct Config {
-    // Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
+    /// Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
     #[command(flatten)]
     pub kafka: KafkaFlags,
 
+    /// Replication of the topics this service creates.
     #[command(flatten)]
     pub topics: TopicReplicationFlags,
 
-    /// Topic to read envelopes from.
+    /// Topic to read events from.
     #[arg(long, env = "EOS_INPUT_TOPIC", default_value = "payments")]
     pub input_topic: String,
 
-    /// Topic to write ledger records to.
+    /// Topic of the default output (named "default").
     #[arg(long, env = "EOS_OUTPUT_TOPIC", default_value = "ledger")]
     pub output_topic: String,
 
-    /// Dead-letter topic [default: <input-topic>.dlq].
+    /// A further output the transform writes to, as NAME=TOPIC (repeat the flag, or separate
+    /// them with commas in the environment variable).
+    #[arg(long = "output", env = "EOS_OUTPUTS", value_name = "NAME=TOPIC", value_delimiter = ',', value_parser = parse_named_output)]
+    pub outputs: Vec<(String, String)>,
+
+    /// The built-in transform to run (ignored by a library user's `Processor`).
+    #[arg(long, env = "EOS_TRANSFORM", value_enum, default_value = "ledger")]
+    pub transform: BuiltinTransform,
+
+    /// Where the event id is: `header:<name>`, `key` or a JSON pointer such as `/id`
+    /// [default: the transform's; ledger: /event_id, others: header:event_id].
+    #[arg(long, env = "EOS_EVENT_ID", value_name = "LOCATION")]
+    pub event_id: Option<FieldLocation>,
+
+    /// Where the entity is (orders its events and keys its state): `key`, `header:<name>` or a
+    /// JSON pointer [default: the transform's; ledger: /entity_id, others: key].
+    #[arg(long, env = "EOS_ENTITY", value_name = "LOCATION")]
+    pub entity: Option<FieldLocation>,
+
+    /// JSON pointer to the event time (RFC 3339) used for the dedup horizon; without one the
+    /// record's timestamp is used [default: the transform's; ledger: /occurred_at].
+    #[arg(long, env = "EOS_OCCURRED_AT", value_name = "POINTER")]
+    pub occurred_at: Option<String>,
+
+    /// pass-through: pass only events whose value at this JSON pointer equals --filter-equals.
+    #[arg(long, env = "EOS_FILTER_POINTER", requires = "filter_equals")]
+    pub filter_pointer: Option<String>,
+
+    /// pass-through: the value to compare with, as JSON (`true`, `3`, `"EUR"`) or a plain
+    /// string (`EUR`).
+    #[arg(long, env = "EOS_FILTER_EQUALS", requires = "filter_pointer")]
+    pub filter_equals: Option<String>,
+
+    /// Dead-letter topic (default: `<input-topic>.dlq`).
     #[arg(long, env = "EOS_DLQ_TOPIC")]
     pub dlq_topic: Option<String>,
 
     /// Compacted state changelog topic, co-partitioned with the input
-    /// [default: <group-id>-<input-topic>-changelog].
+    /// (default: `<group-id>-<input-topic>-changelog`).
     #[arg(long, env = "EOS_CHANGELOG_TOPIC")]
     pub changelog_topic: Option<String>,
 
@@ -52,6 +99,7 @@ pub struct Config {
     #[arg(long, env = "EOS_GROUP_ID", default_value = "eos-processor")]
     pub group_id: String,
 
+    /// This instance's id (static group membership, transactional.id, state directory).
     #[command(flatten)]
     pub instance: InstanceFlags,
 
@@ -90,7 +138,7 @@ pub struct Config {
 
     /// Where the state store lives: a directory `<group-id>.<instance-id>` under this one holds
     /// this instance's store (state larger than memory, restored at a restart from its local
-    /// checkpoint) [default: <system temp dir>/eos-processor-state].
+    /// checkpoint) (default: `<system temp dir>/eos-processor-state`).
     #[arg(long, env = "EOS_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
@@ -98,6 +146,7 @@ pub struct Config {
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
 
+    /// Log format.
     #[command(flatten)]
     pub log: LogFlags,
 
@@ -107,17 +156,29 @@ pub struct Config {
     pub fault_abort_every: Option<u64>,
 }
 
+fn parse_named_output(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, topic)) if !name.is_empty() && !topic.is_empty() => {
+            Ok((name.to_owned(), topic.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not NAME=TOPIC")),
+    }
+}
+
 /// Kafka properties the processor takes from its own flags (--transaction-timeout), refused in the
 /// passthrough on top of eos-runtime's list of what exactly-once depends on.
 pub const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
 
 impl Config {
+    /// The dead-letter topic: `--dlq-topic`, else `<input-topic>.dlq`.
     pub fn dlq_topic(&self) -> String {
         self.dlq_topic
             .clone()
             .unwrap_or_else(|| format!("{}.dlq", self.input_topic))
     }
 
+    /// The state changelog topic: `--changelog-topic`, else
+    /// `<group-id>-<input-topic>-changelog`.
     pub fn changelog_topic(&self) -> String {
         self.changelog_topic
             .clone()
@@ -134,18 +195,48 @@ impl Config {
         crate::state_store::instance_dir(&base, &self.group_id, &self.instance.instance_id())
     }
 
+    /// Every output by name, the default one (`--output-topic`) included.
+    pub fn output_topics(&self) -> BTreeMap<String, String> {
+        std::iter::once((
+            crate::transform::DEFAULT_OUTPUT.to_owned(),
+            self.output_topic.clone(),
+        ))
+        .chain(self.outputs.iter().cloned())
+        .collect()
+    }
+
+    /// `base` (the transform's own contract) with what the flags say instead.
+    pub fn event_contract(&self, base: EventContract) -> EventContract {
+        EventContract {
+            event_id: self.event_id.clone().unwrap_or(base.event_id),
+            entity: self.entity.clone().unwrap_or(base.entity),
+            occurred_at: self.occurred_at.clone().or(base.occurred_at),
+            max_record_bytes: self.max_record_bytes,
+        }
+    }
+
+    /// The transactional.id of this instance: group id and instance id.
     pub fn transactional_id(&self) -> String {
         format!("{}-{}", self.group_id, self.instance.instance_id())
     }
 
     /// Checks what clap cannot: values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), String> {
-        let topics = [
+        let mut topics = vec![
             ("--input-topic", self.input_topic.clone()),
             ("--output-topic", self.output_topic.clone()),
             ("--dlq-topic", self.dlq_topic()),
             ("--changelog-topic", self.changelog_topic()),
         ];
+        let mut names = std::collections::BTreeSet::from([crate::transform::DEFAULT_OUTPUT]);
+        for (name, topic) in &self.outputs {
+            if !names.insert(name) {
+                return Err(format!(
+                    "--output {name}= is given twice (or names the default)"
+                ));
+            }
+            topics.push(("--output", topic.clone()));
+        }
         for (i, (flag, topic)) in topics.iter().enumerate() {
             if topic.is_empty() {
                 return Err(format!("{flag} must not be empty"));
@@ -174,6 +265,16 @@ impl Config {
         }
         if self.instance.instance_id().is_empty() {
             return Err("--instance-id must not be empty".into());
+        }
+        if let Some(pointer) = &self.occurred_at
+            && !matches!(pointer.parse(), Ok(FieldLocation::Pointer(_)))
+        {
+            return Err(format!(
+                "--occurred-at {pointer:?} is not a JSON pointer (such as /occurred_at)"
+            ));
+        }
+        if self.filter_pointer.is_some() && self.transform != BuiltinTransform::PassThrough {
+            return Err("--filter-pointer is for --transform pass-through".into());
         }
         if self.fault_abort_every == Some(0) {
             return Err("EOS_FAULT_ABORT_EVERY must be at least 1".into());
@@ -211,6 +312,59 @@ mod tests {
             std::path::Path::new("/var/lib/eos/eos-processor.a_b")
         );
         assert!(config.validate().is_ok());
+        assert_eq!(config.transform, BuiltinTransform::Ledger);
+        assert_eq!(
+            config.output_topics(),
+            BTreeMap::from([("default".to_owned(), "ledger".to_owned())])
+        );
+        // No location flags: the transform's own contract.
+        assert_eq!(
+            config.event_contract(EventContract::ledger()).event_id,
+            FieldLocation::Pointer("/event_id".into())
+        );
+    }
+
+    #[test]
+    fn event_locations_and_outputs_come_from_flags() {
+        let config = parse(&[
+            "--transform",
+            "pass-through",
+            "--event-id",
+            "/id",
+            "--entity",
+            "header:card",
+            "--occurred-at",
+            "/at",
+            "--output",
+            "flagged=card-flagged",
+            "--output",
+            "approved=card-approved",
+        ]);
+        assert!(config.validate().is_ok(), "{:?}", config.validate());
+        let contract = config.event_contract(EventContract::default());
+        assert_eq!(contract.event_id, FieldLocation::Pointer("/id".into()));
+        assert_eq!(contract.entity, FieldLocation::Header("card".into()));
+        assert_eq!(contract.occurred_at.as_deref(), Some("/at"));
+        assert_eq!(config.output_topics().len(), 3);
+        assert_eq!(config.output_topics()["flagged"], "card-flagged");
+        for bad in [
+            &["--event-id", "id"][..],
+            &["--transform", "wasm"],
+            &["--output", "flagged"],
+            &["--filter-pointer", "/a"],
+        ] {
+            assert!(
+                Config::try_parse_from(std::iter::once("eos-processor").chain(bad.iter().copied()))
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        let twice = parse(&["--output", "a=t1", "--output", "a=t2"]);
+        assert!(twice.validate().expect_err("twice").contains("--output a="));
+        let same_topic = parse(&["--output", "a=ledger"]);
+        assert!(same_topic.validate().is_err());
+        let not_a_pointer = parse(&["--occurred-at", "at"]);
+        assert!(not_a_pointer.validate().is_err());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use rdkafka::error::KafkaError;
 
+/// Why the processor stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessorError {
     /// Bad flags or topics that do not fit together: fix the configuration.
@@ -9,12 +10,20 @@ pub enum ProcessorError {
     Config(String),
     /// A topic is missing and cannot be created, or exists with the wrong shape.
     #[error("topic {topic}: {detail}")]
-    Topic { topic: String, detail: String },
+    Topic {
+        /// The topic.
+        topic: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// State could not be rebuilt from the changelog: never process without it.
     #[error("restoring state of {topic}[{partition}]: {detail}")]
     Restore {
+        /// The changelog topic.
         topic: String,
+        /// Its partition.
         partition: i32,
+        /// What went wrong.
         detail: String,
     },
     /// The local state store failed: never process without it. A restart restores it from the

@@ -1,34 +1,83 @@
-//! eos-processor: Kafka → Kafka read-process-write with exactly-once effects.
+//! eos-processor: Kafka → Kafka read-process-write with exactly-once effects, for any
+//! deterministic transform.
 //!
-//! Guarantee (exactly-once mode): for `read_committed` readers of the output topic, every input
-//! event has exactly one visible effect — one output record and one state change, or one dead
-//! letter — through crashes, restarts, rebalances and broker restarts. Outputs, state changelog
-//! records, dead letters and the consumed offsets of a batch are written in one Kafka transaction;
-//! a restarted instance with the same `transactional.id` fences its zombie, and consumer-group
-//! metadata fences a stale member of the group.
+//! Guarantee (exactly-once mode): for `read_committed` readers of the outputs, every input
+//! event has exactly one visible effect — its outputs (zero or more) and one state change, or one
+//! dead letter — through crashes, restarts, rebalances and broker restarts. Outputs, state
+//! changelog records, dead letters and the consumed offsets of a batch are written in one Kafka
+//! transaction; a restarted instance with the same `transactional.id` fences its zombie, and
+//! consumer-group metadata fences a stale member of the group.
+//!
+//! As a library it runs a user's own [`Transform`] (docs/TRANSFORMS.md):
+//!
+//! ```no_run
+//! use clap::Parser as _;
+//! use eos_processor::{Config, Output, Processor, Refusal, SourcePosition, Transform};
+//!
+//! /// Counts each card's authorisations.
+//! struct CountPerCard;
+//!
+//! impl Transform for CountPerCard {
+//!     type State = u64;
+//!
+//!     fn apply(
+//!         &self,
+//!         count: &mut u64,
+//!         event: eos_core::Event,
+//!         _source: &SourcePosition,
+//!     ) -> Result<Vec<Output>, Refusal> {
+//!         *count += 1;
+//!         let mut value = event.value;
+//!         value.insert("count".into(), (*count).into());
+//!         Ok(vec![Output::to_default(value)])
+//!     }
+//! }
+//!
+//! # async fn example() -> anyhow::Result<()> {
+//! let config = Config::parse();
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! Processor::new(config, CountPerCard).run(shutdown).await
+//! # }
+//! ```
+#![warn(missing_docs)]
 
+#[doc(hidden)]
 pub mod changelog;
 pub mod config;
+#[doc(hidden)]
 pub mod consumed_positions;
 pub mod error;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod partition_state;
+#[doc(hidden)]
 pub mod state_bench;
+#[doc(hidden)]
+pub mod state_format;
+#[doc(hidden)]
 pub mod state_store;
+#[doc(hidden)]
 pub mod topics;
+#[doc(hidden)]
 pub mod transaction_loop;
 pub mod transform;
+
+use std::collections::BTreeSet;
 
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
 use tokio_util::sync::CancellationToken;
 
-pub use config::Config;
+pub use config::{BuiltinTransform, Config};
 pub use error::ProcessorError;
-use partition_state::DedupPolicy;
+use partition_state::DecisionPolicy;
 use transaction_loop::{LoopSettings, TransactionLoop};
-use transform::LedgerTransform;
+pub use transform::{
+    DEFAULT_OUTPUT, LedgerTransform, Output, PassThroughTransform, Refusal, SourcePosition,
+    StateUpgradeError, Transform,
+};
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
@@ -36,9 +85,14 @@ pub fn boundary(config: &Config) -> Boundary {
         "kafka topic={} group={}",
         config.input_topic, config.group_id
     );
+    let outputs: Vec<String> = config
+        .output_topics()
+        .into_iter()
+        .map(|(name, topic)| format!("{topic} (output {name})"))
+        .collect();
     let result = format!(
-        "kafka topics={} (output), {} (dead letters), {} (state)",
-        config.output_topic,
+        "kafka topics={}, {} (dead letters), {} (state)",
+        outputs.join(", "),
         config.dlq_topic(),
         config.changelog_topic()
     );
@@ -68,10 +122,69 @@ pub fn boundary(config: &Config) -> Boundary {
     }
 }
 
-/// Runs the processor until `shutdown` is cancelled (exit 0 after committing the open batch) or a
-/// fatal error (fenced, unrecoverable Kafka state, bad topics).
+/// Runs the binary's built-in transform (`--transform`) until `shutdown` is cancelled (exit 0
+/// after committing the open batch) or a fatal error (fenced, unrecoverable Kafka state, bad
+/// topics).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    match config.transform {
+        BuiltinTransform::Ledger => Processor::new(config, LedgerTransform).run(shutdown).await,
+        BuiltinTransform::PassThrough => {
+            let filter = config
+                .filter_pointer
+                .clone()
+                .zip(config.filter_equals.as_deref().map(transform::filter_value));
+            Processor::new(config, PassThroughTransform { filter })
+                .run(shutdown)
+                .await
+        }
+    }
+}
+
+/// The processor with a transform: what a library user runs (see the crate's example).
+#[derive(Debug)]
+pub struct Processor<T> {
+    config: Config,
+    transform: T,
+}
+
+impl<T: Transform> Processor<T> {
+    /// The processor configured by `config` (topics, group, guarantee, the event contract's
+    /// flags), running `transform`. `config.transform` is not read.
+    pub fn new(config: Config, transform: T) -> Self {
+        Self { config, transform }
+    }
+
+    /// Runs until `shutdown` is cancelled (then commits the open batch and returns `Ok`) or a
+    /// fatal error (fenced by a newer instance, unrecoverable Kafka state, bad topics, a state
+    /// the transform cannot read).
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        run_transform(self.config, self.transform, shutdown).await
+    }
+}
+
+async fn run_transform<T: Transform>(
+    config: Config,
+    transform: T,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     config.validate().map_err(ProcessorError::Config)?;
+    let outputs = config.output_topics();
+    if let Some(missing) = transform
+        .outputs()
+        .into_iter()
+        .find(|name| !outputs.contains_key(name))
+    {
+        return Err(ProcessorError::Config(format!(
+            "the transform writes to output {missing:?}: configure it with --output {missing}=TOPIC"
+        ))
+        .into());
+    }
+    let contract = config.event_contract(transform.contract());
+    tracing::info!(
+        contract = transform::describe(&contract),
+        state_version = T::STATE_VERSION,
+        "event contract"
+    );
     let kafka = config
         .kafka
         .settings(config::OWN_KAFKA_PROPERTIES)
@@ -84,7 +197,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let client_config = kafka.client_config();
     let plan = topics::TopicPlan {
         input: config.input_topic.clone(),
-        output: config.output_topic.clone(),
+        outputs: outputs.values().cloned().collect(),
         dlq: config.dlq_topic(),
         changelog: config.changelog_topic(),
         partitions: config.partitions,
@@ -114,7 +227,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let settings = LoopSettings {
         guarantee: config.guarantee,
         input_topic: config.input_topic.clone(),
-        output_topic: config.output_topic.clone(),
+        outputs: outputs.clone(),
         dlq_topic: config.dlq_topic(),
         changelog_topic: config.changelog_topic(),
         group_id: config.group_id.clone(),
@@ -122,9 +235,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         transactional_id: config.transactional_id(),
         commit_interval: config.commit_interval,
         max_batch: config.max_batch,
-        policy: DedupPolicy {
+        policy: DecisionPolicy {
             horizon_secs: config.dedup_horizon.as_secs() as i64,
-            max_record_bytes: config.max_record_bytes,
+            contract,
+            outputs: outputs.keys().cloned().collect::<BTreeSet<_>>(),
         },
         transaction_timeout: config.transaction_timeout,
         fault_abort_every: config.fault_abort_every,
@@ -136,7 +250,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     let loop_shutdown = shutdown.clone();
     let result = tokio::task::spawn_blocking(move || {
-        TransactionLoop::new(settings, LedgerTransform, readiness)?.run(&loop_shutdown)
+        TransactionLoop::new(settings, transform, readiness)?.run(&loop_shutdown)
     })
     .await
     .context("the transaction loop panicked");

@@ -15,17 +15,17 @@
 //! dead-lettered, never counted again. The same event re-sent as a new record without
 //! `occurred_at` gets a new record timestamp: after the id expired it is a new event.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
-use eos_core::{DeadLetterReason, EventEnvelope, Fingerprint};
+use eos_core::{DeadLetterReason, Event, EventContract, Fingerprint, RecordParts};
 
+use crate::state_format;
 use crate::state_store::{PartitionStore, StateChanges, StoreError};
-use crate::transform::{SourcePosition, Transform};
+use crate::transform::{Output, SourcePosition, Transform};
 
 /// The most ids one sweep tombstones in a partition; the rest wait for the next batch, so a
 /// burst of expiries never makes one huge transaction.
@@ -80,39 +80,58 @@ impl<S> Overlay<S> {
 /// What to do with one input record.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// A new event: write this output value, keyed by the entity.
+    /// A new event: write these records (none: consumed on purpose); an output without a key of
+    /// its own is keyed by the entity.
     Emit {
         event_id: String,
         entity_id: String,
-        output: Map<String, Value>,
+        outputs: Vec<Output>,
     },
     /// The same event again (same id, same fingerprint): drop it, count it.
     Duplicate { event_id: String },
     /// Quarantine the original bytes with this reason.
     DeadLetter {
         reason: DeadLetterReason,
+        /// A transform's own reason code (`transform_refused`).
+        code: Option<String>,
         detail: String,
         event_id: Option<String>,
     },
 }
 
-/// The limits the decision needs.
-#[derive(Debug, Clone, Copy)]
-pub struct DedupPolicy {
+impl Decision {
+    fn dead_letter(reason: DeadLetterReason, detail: String, event_id: Option<String>) -> Self {
+        Self::DeadLetter {
+            reason,
+            code: None,
+            detail,
+            event_id,
+        }
+    }
+}
+
+/// What the decision needs to know: where the events' parts are, the dedup horizon, and the
+/// outputs a transform may write to.
+#[derive(Debug, Clone)]
+pub struct DecisionPolicy {
     pub horizon_secs: i64,
-    pub max_record_bytes: usize,
+    pub contract: EventContract,
+    /// The configured output names (`--output NAME=TOPIC` and the default output).
+    pub outputs: BTreeSet<String>,
 }
 
 /// One input record as the decision sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct InputRecord<'a> {
+    pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
-    /// The record's timestamp (unix seconds), the event time when the envelope has no
-    /// `occurred_at`.
+    pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+    /// The record's timestamp (unix seconds), the event time when the contract finds none in
+    /// the event.
     pub timestamp_secs: i64,
 }
 
-impl<S: Clone + Default + Serialize + DeserializeOwned> PartitionState<S> {
+impl<S: Clone + Default> PartitionState<S> {
     pub fn new(store: PartitionStore) -> Self {
         Self {
             store,
@@ -134,84 +153,126 @@ impl<S: Clone + Default + Serialize + DeserializeOwned> PartitionState<S> {
         self.store.seen(event_id)
     }
 
-    fn entity(&self, overlay: &Overlay<S>, entity_id: &str) -> Result<S, StoreError> {
+    fn entity<T: Transform<State = S>>(
+        &self,
+        overlay: &Overlay<S>,
+        transform: &T,
+        entity_id: &str,
+    ) -> Result<S, StoreError> {
         if let Some(state) = overlay.entities.get(entity_id) {
             return Ok(state.clone());
         }
         match self.store.entity(entity_id)? {
-            Some(json) => serde_json::from_slice(&json).map_err(|e| {
-                StoreError::Corrupt(format!("entity {entity_id:?} does not decode: {e}"))
-            }),
+            Some(stored) => state_format::decode(transform, &stored)
+                .map_err(|e| StoreError::Corrupt(format!("entity {entity_id:?}: {e}"))),
             None => Ok(S::default()),
         }
     }
 
     /// Decides what `record` becomes, recording a new event's effects in `overlay`.
-    pub fn decide<T: Transform<EntityState = S>>(
+    pub fn decide<T: Transform<State = S>>(
         &self,
         overlay: &mut Overlay<S>,
         transform: &T,
         record: InputRecord<'_>,
         source: &SourcePosition,
         now_secs: i64,
-        policy: DedupPolicy,
+        policy: &DecisionPolicy,
     ) -> Result<Decision, StoreError> {
-        let envelope = match record.value {
-            None => Err(eos_core::EnvelopeError::Empty),
-            Some(bytes) => EventEnvelope::parse_with_limit(bytes, policy.max_record_bytes),
+        let parts = RecordParts {
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
         };
-        let envelope = match envelope {
-            Ok(envelope) => envelope,
+        let event = match Event::parse(&policy.contract, parts) {
+            Ok(event) => event,
             Err(error) => {
-                return Ok(Decision::DeadLetter {
-                    reason: error.reason(),
-                    detail: error.to_string(),
-                    event_id: None,
-                });
+                return Ok(Decision::dead_letter(
+                    error.reason(),
+                    error.to_string(),
+                    None,
+                ));
             }
         };
-        let event_id = envelope.event_id.to_string();
-        let event_time = envelope
+        let event_id = event.id.to_string();
+        let event_time = event
             .occurred_at
             .map(|t| t.unix_timestamp())
             .unwrap_or(record.timestamp_secs);
         // Fail closed: past the horizon a duplicate could no longer be recognised.
         if event_time < now_secs.saturating_sub(policy.horizon_secs) {
-            return Ok(Decision::DeadLetter {
-                reason: DeadLetterReason::BeyondDedupHorizon,
-                detail: format!(
+            return Ok(Decision::dead_letter(
+                DeadLetterReason::BeyondDedupHorizon,
+                format!(
                     "event time {event_time} is older than the dedup horizon of {} s",
                     policy.horizon_secs
                 ),
-                event_id: Some(event_id),
-            });
+                Some(event_id),
+            ));
         }
-        let fingerprint = envelope.fingerprint();
+        let fingerprint = event.fingerprint;
         if let Some(seen) = self.seen(overlay, &event_id)? {
             if seen.fingerprint == fingerprint {
                 return Ok(Decision::Duplicate { event_id });
             }
-            return Ok(Decision::DeadLetter {
-                reason: DeadLetterReason::EventIdConflict,
-                detail: format!(
+            return Ok(Decision::dead_letter(
+                DeadLetterReason::EventIdConflict,
+                format!(
                     "event_id already applied with fingerprint {}, this record has {fingerprint}",
                     seen.fingerprint
                 ),
-                event_id: Some(event_id),
-            });
+                Some(event_id),
+            ));
         }
-        let entity_id = envelope.entity_id.to_string();
-        let mut entity_state = self.entity(overlay, &entity_id)?;
-        let output = match transform.apply(&mut entity_state, envelope, source) {
-            Ok(output) => output,
+        let entity_id = event.entity.to_string();
+        let mut entity_state = self.entity(overlay, transform, &entity_id)?;
+        // A panic in the transform is the transform's bug on this one event: the event is set
+        // aside as a dead letter and the loop goes on (docs/TRANSFORMS.md "Failures"). The state
+        // it may have half changed is this call's copy, dropped with it.
+        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            transform.apply(&mut entity_state, event, source)
+        }));
+        let outputs = match applied {
+            Ok(Ok(outputs)) => match outputs
+                .iter()
+                .find(|output| !policy.outputs.contains(&output.output))
+            {
+                // The transform's bug, like a panic: nothing of the event is written.
+                Some(unknown) => {
+                    return Ok(Decision::DeadLetter {
+                        reason: DeadLetterReason::TransformRefused,
+                        code: Some("unknown_output".to_owned()),
+                        detail: format!(
+                            "the transform wrote to output {:?}, which is not configured \
+                             (--output NAME=TOPIC)",
+                            unknown.output
+                        ),
+                        event_id: Some(event_id),
+                    });
+                }
+                None => outputs,
+            },
             // Nothing recorded: the state stays as it was and the id is not remembered, so a
             // redelivery is refused the same way.
-            Err(refusal) => {
+            Ok(Err(refusal)) => {
                 return Ok(Decision::DeadLetter {
                     reason: refusal.reason,
+                    code: refusal.code,
                     detail: refusal.detail,
                     event_id: Some(event_id),
                 });
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                return Ok(Decision::dead_letter(
+                    DeadLetterReason::TransformPanic,
+                    format!("the transform panicked: {message}"),
+                    Some(event_id),
+                ));
             }
         };
         overlay.entities.insert(entity_id.clone(), entity_state);
@@ -228,7 +289,7 @@ impl<S: Clone + Default + Serialize + DeserializeOwned> PartitionState<S> {
         Ok(Decision::Emit {
             event_id,
             entity_id,
-            output,
+            outputs,
         })
     }
 
@@ -246,13 +307,13 @@ impl<S: Clone + Default + Serialize + DeserializeOwned> PartitionState<S> {
     }
 
     /// Writes a committed batch's changes to the store.
-    pub fn apply(&self, overlay: Overlay<S>) -> Result<(), StoreError> {
+    pub fn apply<T: Transform<State = S>>(&self, overlay: Overlay<S>) -> Result<(), StoreError> {
         if overlay.is_empty() {
             return Ok(());
         }
         let mut changes = StateChanges::default();
         for (entity_id, state) in overlay.entities {
-            let json = serde_json::to_vec(&state)
+            let json = state_format::encode::<T>(&state)
                 .map_err(|e| StoreError::Corrupt(format!("entity {entity_id:?}: {e}")))?;
             changes.entities.push((entity_id, Some(json)));
         }
@@ -276,10 +337,18 @@ mod tests {
     use crate::transform::{LedgerTotals, LedgerTransform};
 
     const NOW: i64 = 1_800_000_000;
-    const POLICY: DedupPolicy = DedupPolicy {
-        horizon_secs: 7 * 24 * 3600,
-        max_record_bytes: 4096,
-    };
+    const HORIZON_SECS: i64 = 7 * 24 * 3600;
+
+    fn policy() -> DecisionPolicy {
+        DecisionPolicy {
+            horizon_secs: HORIZON_SECS,
+            contract: EventContract {
+                max_record_bytes: 4096,
+                ..EventContract::ledger()
+            },
+            outputs: BTreeSet::from([crate::transform::DEFAULT_OUTPUT.to_owned()]),
+        }
+    }
 
     fn source(offset: i64) -> SourcePosition {
         SourcePosition {
@@ -314,12 +383,14 @@ mod tests {
                 overlay,
                 &LedgerTransform,
                 InputRecord {
+                    key: None,
+                    headers: &[],
                     value: Some(value.as_bytes()),
                     timestamp_secs: record_timestamp,
                 },
                 &source(0),
                 now,
-                POLICY,
+                &policy(),
             )
             .expect("store reads")
     }
@@ -335,12 +406,14 @@ mod tests {
                 overlay,
                 &LedgerTransform,
                 InputRecord {
+                    key: None,
+                    headers: &[],
                     value: Some(value.as_bytes()),
                     timestamp_secs: NOW,
                 },
                 &source(offset),
                 NOW,
-                POLICY,
+                &policy(),
             )
             .expect("store reads")
     }
@@ -364,7 +437,7 @@ mod tests {
             decide(&state, &mut overlay, e103, 2),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         assert_eq!(
             entity(&state, "17"),
             Some(LedgerTotals {
@@ -411,7 +484,7 @@ mod tests {
             r#"{"event_id":"e-102","entity_id":"17","value":12500}"#,
             0,
         );
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         let decision = decide(
             &state,
@@ -469,12 +542,14 @@ mod tests {
                 &mut overlay,
                 &LedgerTransform,
                 InputRecord {
+                    key: None,
+                    headers: &[],
                     value: None,
                     timestamp_secs: NOW,
                 },
                 &source(0),
                 NOW,
-                POLICY,
+                &policy(),
             )
             .expect("store reads");
         assert!(matches!(
@@ -499,7 +574,7 @@ mod tests {
             decide(&state, &mut overlay, &max, 0),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         let one_more = r#"{"event_id":"e-2","entity_id":"a","value":1}"#;
         let decision = decide(&state, &mut overlay, one_more, 1);
@@ -577,7 +652,7 @@ mod tests {
     #[test]
     fn expired_ids_are_tombstoned_and_forgotten() {
         let state = fresh();
-        let null = Fingerprint::of_json(&Value::Null);
+        let null = Fingerprint::of_json(&serde_json::Value::Null);
         state
             .store()
             .write(
@@ -606,7 +681,7 @@ mod tests {
         let mut overlay = Overlay::default();
         assert_eq!(state.expire(&mut overlay, NOW).expect("sweeps"), 1);
         assert!(overlay.expired.contains("e-old"));
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         assert_eq!(state.store().counts().expect("counts"), (0, 1));
         // Nothing else is due: a second sweep finds nothing.
         let mut overlay = Overlay::default();
@@ -620,12 +695,12 @@ mod tests {
         let state = fresh();
         let e = r#"{"event_id":"e-1","entity_id":"a","value":5}"#;
         let mut overlay = Overlay::default();
-        let first_time = NOW - POLICY.horizon_secs;
+        let first_time = NOW - HORIZON_SECS;
         assert!(matches!(
             decide_at(&state, &mut overlay, e, first_time, first_time),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         assert_eq!(state.expire(&mut overlay, NOW + 1).expect("sweeps"), 1);
         assert!(matches!(
@@ -633,7 +708,7 @@ mod tests {
             Decision::Emit { .. }
         ));
         assert!(overlay.expired.is_empty(), "no tombstone for a live id");
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         assert_eq!(state.store().counts().expect("counts"), (1, 1));
     }
 
@@ -650,11 +725,11 @@ mod tests {
             decide_at(&state, &mut overlay, e, record_time, NOW),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
-        let later = NOW + POLICY.horizon_secs + 1;
+        state.apply::<LedgerTransform>(overlay).expect("applies");
+        let later = NOW + HORIZON_SECS + 1;
         let mut overlay = Overlay::default();
         assert_eq!(state.expire(&mut overlay, later).expect("sweeps"), 1);
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         let decision = decide_at(&state, &mut overlay, e, record_time, later);
         assert!(
@@ -684,22 +759,22 @@ mod tests {
             decide_at(&state, &mut overlay, e, NOW, NOW),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         assert!(matches!(
             decide_at(&state, &mut overlay, e, NOW + 60, NOW + 60),
             Decision::Duplicate { .. }
         ));
-        let later = NOW + POLICY.horizon_secs + 1;
+        let later = NOW + HORIZON_SECS + 1;
         let mut overlay = Overlay::default();
         assert_eq!(state.expire(&mut overlay, later).expect("sweeps"), 1);
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         assert!(matches!(
             decide_at(&state, &mut overlay, e, later, later),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         assert_eq!(entity(&state, "a").map(|t| t.count), Some(2));
     }
 
@@ -721,11 +796,11 @@ mod tests {
             decide_at(&state, &mut overlay, e, event_time, event_time),
             Decision::Emit { .. }
         ));
-        state.apply(overlay).expect("applies");
-        let later = event_time + POLICY.horizon_secs + 1;
+        state.apply::<LedgerTransform>(overlay).expect("applies");
+        let later = event_time + HORIZON_SECS + 1;
         let mut overlay = Overlay::default();
         assert_eq!(state.expire(&mut overlay, later).expect("sweeps"), 1);
-        state.apply(overlay).expect("applies");
+        state.apply::<LedgerTransform>(overlay).expect("applies");
         let mut overlay = Overlay::default();
         assert!(matches!(
             decide_at(&state, &mut overlay, e, later, later),
@@ -734,5 +809,122 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Splits each event by its `n`: even to two outputs with keys of their own, a multiple of 5
+    /// nowhere (dropped on purpose), 13 panics, 7 goes to an output nobody configured.
+    struct Splitter;
+
+    impl Transform for Splitter {
+        type State = u64;
+
+        fn contract(&self) -> EventContract {
+            EventContract::default()
+        }
+
+        fn apply(
+            &self,
+            seen: &mut u64,
+            event: Event,
+            _source: &SourcePosition,
+        ) -> Result<Vec<Output>, crate::transform::Refusal> {
+            *seen += 1;
+            let n = event.value["n"].as_i64().unwrap_or_default();
+            match n {
+                13 => panic!("unlucky {n}"),
+                7 => Ok(vec![Output::new("nowhere", n)]),
+                n if n % 5 == 0 => Ok(Vec::new()),
+                n if n % 2 == 0 => Ok(vec![
+                    Output::to_default(n).with_key("even"),
+                    Output::new("audit", n).with_header("kind", "even"),
+                ]),
+                n => Err(crate::transform::Refusal::new("odd", format!("{n} is odd"))),
+            }
+        }
+    }
+
+    fn split(
+        state: &PartitionState<u64>,
+        overlay: &mut Overlay<u64>,
+        id: &str,
+        n: i64,
+    ) -> Decision {
+        let value = format!(r#"{{"n":{n}}}"#);
+        let headers: [(&str, Option<&[u8]>); 1] = [("event_id", Some(id.as_bytes()))];
+        let policy = DecisionPolicy {
+            outputs: BTreeSet::from(["default".to_owned(), "audit".to_owned()]),
+            contract: EventContract::default(),
+            ..policy()
+        };
+        state
+            .decide(
+                overlay,
+                &Splitter,
+                InputRecord {
+                    key: Some(b"card-1"),
+                    value: Some(value.as_bytes()),
+                    headers: &headers,
+                    timestamp_secs: NOW,
+                },
+                &source(0),
+                NOW,
+                &policy,
+            )
+            .expect("store reads")
+    }
+
+    #[test]
+    fn a_transform_writes_any_outputs_or_none_and_its_failures_change_nothing() {
+        let store = StateStore::in_memory().expect("in-memory store");
+        let state = PartitionState::<u64>::new(store.partition("changelog", 0).expect("tables"));
+        let mut overlay = Overlay::default();
+        let Decision::Emit {
+            entity_id, outputs, ..
+        } = split(&state, &mut overlay, "a-2", 2)
+        else {
+            panic!("an even n is emitted");
+        };
+        assert_eq!(entity_id, "card-1");
+        assert_eq!(outputs.len(), 2);
+        assert_eq!(outputs[0].key.as_deref(), Some(&b"even"[..]));
+        assert_eq!(outputs[1].output, "audit");
+        assert_eq!(outputs[1].headers, [("kind".to_owned(), b"even".to_vec())]);
+        // Dropped on purpose: applied (state and id kept) with nothing written.
+        assert!(matches!(
+            split(&state, &mut overlay, "a-5", 5),
+            Decision::Emit { outputs, .. } if outputs.is_empty()
+        ));
+        assert_eq!(overlay.entities["card-1"], 2);
+        assert!(overlay.seen.contains_key("a-5"));
+        // A refusal, a panic and an unknown output: dead letters, the state and ids untouched.
+        for (id, n, reason, code) in [
+            ("a-3", 3, DeadLetterReason::TransformRefused, Some("odd")),
+            ("a-13", 13, DeadLetterReason::TransformPanic, None),
+            (
+                "a-7",
+                7,
+                DeadLetterReason::TransformRefused,
+                Some("unknown_output"),
+            ),
+        ] {
+            let decision = split(&state, &mut overlay, id, n);
+            let Decision::DeadLetter {
+                reason: r,
+                code: c,
+                detail,
+                ..
+            } = decision
+            else {
+                panic!("{id}: {decision:?}");
+            };
+            assert_eq!((r, c.as_deref()), (reason, code), "{id}: {detail}");
+            assert!(!overlay.seen.contains_key(id), "{id}");
+            assert_eq!(overlay.entities["card-1"], 2, "{id}");
+        }
+        let panicked = split(&state, &mut overlay, "a-13", 13);
+        assert!(
+            matches!(&panicked, Decision::DeadLetter { detail, .. } if detail.contains("unlucky 13")),
+            "{panicked:?}"
+        );
     }
 }

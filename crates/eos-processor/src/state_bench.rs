@@ -19,7 +19,7 @@ use eos_runtime::bench_figures::{self, Figure};
 use eos_runtime::topic_config::KEYED_STATE_TOPIC_CONFIG;
 
 use crate::changelog::{self, RestoreOutcome};
-use crate::partition_state::{DedupPolicy, InputRecord, Overlay, PartitionState, SeenEvent};
+use crate::partition_state::{DecisionPolicy, InputRecord, Overlay, PartitionState, SeenEvent};
 use crate::state_store::{StateStore, StoreError};
 use crate::transform::{LedgerTotals, LedgerTransform, SourcePosition};
 
@@ -194,9 +194,13 @@ fn state_path_rate(
     events: u64,
 ) -> Result<f64, BenchError> {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let policy = DedupPolicy {
+    let policy = DecisionPolicy {
         horizon_secs: HORIZON_SECS,
-        max_record_bytes: 1 << 20,
+        contract: eos_core::EventContract {
+            max_record_bytes: 1 << 20,
+            ..eos_core::EventContract::ledger()
+        },
+        outputs: [crate::transform::DEFAULT_OUTPUT.to_owned()].into(),
     };
     let source = SourcePosition {
         topic: "bench".into(),
@@ -217,20 +221,22 @@ fn state_path_rate(
             &mut overlay,
             &LedgerTransform,
             InputRecord {
+                key: None,
                 value: Some(value.as_bytes()),
+                headers: &[],
                 timestamp_secs: now,
             },
             &source,
             now,
-            policy,
+            &policy,
         )?;
         in_batch += 1;
         if in_batch == BATCH {
-            state.apply(std::mem::take(&mut overlay))?;
+            state.apply::<LedgerTransform>(std::mem::take(&mut overlay))?;
             in_batch = 0;
         }
     }
-    state.apply(overlay)?;
+    state.apply::<LedgerTransform>(overlay)?;
     Ok(events as f64 / started.elapsed().as_secs_f64())
 }
 
@@ -240,7 +246,8 @@ fn restore(
     state: &PartitionState<LedgerTotals>,
 ) -> Result<(RestoreOutcome, f64), BenchError> {
     let started = Instant::now();
-    let outcome = changelog::restore_partition::<LedgerTotals>(
+    let outcome = changelog::restore_partition(
+        &LedgerTransform,
         client,
         topic,
         0,

@@ -23,7 +23,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct TopicPlan {
     pub input: String,
-    pub output: String,
+    pub outputs: Vec<String>,
     pub dlq: String,
     pub changelog: String,
     pub partitions: i32,
@@ -78,12 +78,11 @@ pub async fn ensure_topics(
     plan: &TopicPlan,
     replication: &TopicReplicationFlags,
 ) -> Result<TopicsReady, ProcessorError> {
-    let all = [
-        plan.input.as_str(),
-        plan.output.as_str(),
-        plan.dlq.as_str(),
-        plan.changelog.as_str(),
-    ];
+    let all: Vec<&str> = [plan.input.as_str()]
+        .into_iter()
+        .chain(plan.outputs.iter().map(String::as_str))
+        .chain([plan.dlq.as_str(), plan.changelog.as_str()])
+        .collect();
     let existing = partition_counts(client_config, &all)?;
     let input_partitions = existing
         .get(&plan.input)

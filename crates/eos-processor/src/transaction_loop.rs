@@ -4,7 +4,7 @@
 //! Exactly-once: records flow into the open transaction as they are decided, as Kafka Streams
 //! produces them: the first record decided after a commit begins a transaction, each output and
 //! dead letter is sent at once, and on the commit interval (counted from when the first record
-//! was written, see [`batch_deadline`]) or a full batch the changelog records, the consumed
+//! was written, see `batch_deadline`) or a full batch the changelog records, the consumed
 //! offsets and the commit follow. A `read_committed` reader sees them at the
 //! commit either way; sending as decided takes the write of the whole batch off the time between
 //! the interval's end and the commit (docs/ARCHITECTURE.md, "Latency").
@@ -16,7 +16,7 @@
 //! re-reads them from the committed offsets. A zombie that misses the revoke is still kept out by
 //! the group generation in its offset commit (KIP-447), which fails the transaction.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,10 +43,10 @@ use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
 use crate::partition_state::{
-    Decision, DedupPolicy, EXPIRY_SWEEP_MAX, InputRecord, Overlay, PartitionState,
+    Decision, DecisionPolicy, EXPIRY_SWEEP_MAX, InputRecord, Overlay, PartitionState,
 };
 use crate::state_store::{StateChanges, StateStore};
-use crate::transform::{SourcePosition, Transform};
+use crate::transform::{DEFAULT_OUTPUT, SourcePosition, Transform};
 use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 
 /// How often committed ids past the horizon are swept into tombstones, per partition. A sweep
@@ -80,7 +80,8 @@ struct ChangelogEnd {
 pub struct LoopSettings {
     pub guarantee: Guarantee,
     pub input_topic: String,
-    pub output_topic: String,
+    /// Output name → topic; always holds [`crate::transform::DEFAULT_OUTPUT`].
+    pub outputs: BTreeMap<String, String>,
     pub dlq_topic: String,
     pub changelog_topic: String,
     pub group_id: String,
@@ -90,7 +91,7 @@ pub struct LoopSettings {
     pub transactional_id: String,
     pub commit_interval: Duration,
     pub max_batch: usize,
-    pub policy: DedupPolicy,
+    pub policy: DecisionPolicy,
     pub transaction_timeout: Duration,
     pub fault_abort_every: Option<u64>,
     /// The largest dead letter the producer can write: its `message.max.bytes`, or the dead-letter
@@ -198,11 +199,11 @@ pub struct TransactionLoop<T: Transform> {
     consumer: LoopConsumer,
     producer: TransactionalProducer,
     store: Arc<StateStore>,
-    states: HashMap<i32, PartitionState<T::EntityState>>,
+    states: HashMap<i32, PartitionState<T::State>>,
     changelog_ends: HashMap<i32, ChangelogEnd>,
     last_checkpoint: Instant,
     last_sweep: HashMap<i32, Instant>,
-    batch: Batch<T::EntityState>,
+    batch: Batch<T::State>,
     /// Per owned partition, the offset this instance last committed (unknown after assignment).
     committed_next: HashMap<i32, i64>,
     transactions_written: u64,
@@ -424,7 +425,8 @@ impl<T: Transform> TransactionLoop<T> {
         let store = self
             .store
             .partition(&self.settings.changelog_topic, partition)?;
-        let outcome = changelog::restore_partition::<T::EntityState>(
+        let outcome = changelog::restore_partition(
+            &self.transform,
             &self.settings.client_config,
             &self.settings.changelog_topic,
             partition,
@@ -602,8 +604,19 @@ impl<T: Transform> TransactionLoop<T> {
             eos.decision = tracing::field::Empty,
         );
         let _ = span.set_parent(parent.clone());
+        let headers: Vec<(&str, Option<&[u8]>)> = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|header| (header.key, header.value))
+                    .collect()
+            })
+            .unwrap_or_default();
         let record = InputRecord {
+            key: message.key(),
             value: message.payload(),
+            headers: &headers,
             timestamp_secs: message.timestamp().to_millis().unwrap_or(0) / 1000,
         };
         let decision = state.decide(
@@ -612,7 +625,7 @@ impl<T: Transform> TransactionLoop<T> {
             record,
             &source,
             now,
-            self.settings.policy,
+            &self.settings.policy,
         )?;
         batch.counts.records_in += 1;
         batch.positions.read(partition, message.offset());
@@ -626,7 +639,7 @@ impl<T: Transform> TransactionLoop<T> {
             Decision::Emit {
                 event_id,
                 entity_id,
-                output,
+                outputs,
             } => {
                 span.record("eos.decision", "emit");
                 // Without an exporter the span has no context of its own: pass the input's on.
@@ -637,18 +650,28 @@ impl<T: Transform> TransactionLoop<T> {
                     parent
                 };
                 let cx = trace_context::context_with_event_id(&cx, &event_id);
-                let headers = trace_context::with_event_id(
-                    trace_context::inject_kafka(&cx, OwnedHeaders::new()),
-                    &event_id,
-                );
-                batch.counts.outputs += 1;
-                batch.records.push(PendingRecord {
-                    topic: self.settings.output_topic.clone(),
-                    partition: None,
-                    key: Some(entity_id.into_bytes()),
-                    payload: serde_json::to_vec(&output).ok(),
-                    headers,
-                });
+                for output in outputs {
+                    let mut headers = OwnedHeaders::new_with_capacity(output.headers.len() + 4);
+                    for (key, value) in &output.headers {
+                        headers = headers.insert(Header {
+                            key,
+                            value: Some(value),
+                        });
+                    }
+                    let headers = trace_context::with_event_id(
+                        trace_context::inject_kafka(&cx, headers),
+                        &event_id,
+                    );
+                    let topic = self.settings.outputs[&output.output].clone();
+                    batch.counts.outputs += 1;
+                    batch.records.push(PendingRecord {
+                        topic,
+                        partition: None,
+                        key: Some(output.key.unwrap_or_else(|| entity_id.clone().into_bytes())),
+                        payload: serde_json::to_vec(&output.value).ok(),
+                        headers,
+                    });
+                }
             }
             Decision::Duplicate { event_id } => {
                 span.record("eos.decision", "duplicate");
@@ -662,6 +685,7 @@ impl<T: Transform> TransactionLoop<T> {
             }
             Decision::DeadLetter {
                 reason,
+                code,
                 detail,
                 event_id,
             } => {
@@ -678,7 +702,7 @@ impl<T: Transform> TransactionLoop<T> {
                 let record = dead_letter_record(
                     &self.settings.dlq_topic,
                     message,
-                    reason,
+                    (reason, code.as_deref()),
                     &detail,
                     self.settings.dead_letter_max_bytes,
                 );
@@ -754,17 +778,17 @@ impl<T: Transform> TransactionLoop<T> {
         self.commit(batch)
     }
 
-    fn commit(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+    fn commit(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         match self.settings.guarantee {
             Guarantee::ExactlyOnce => self.commit_transactional(batch),
             Guarantee::AtLeastOnce => self.commit_at_least_once(batch),
         }
     }
 
-    fn changelog_records(&self, batch: &Batch<T::EntityState>) -> Vec<PendingRecord> {
+    fn changelog_records(&self, batch: &Batch<T::State>) -> Vec<PendingRecord> {
         let mut records = Vec::new();
         for (&partition, overlay) in &batch.overlays {
-            for record in changelog::records_for(overlay) {
+            for record in changelog::records_for::<T>(overlay) {
                 records.push(PendingRecord {
                     topic: self.settings.changelog_topic.clone(),
                     partition: Some(partition),
@@ -777,14 +801,14 @@ impl<T: Transform> TransactionLoop<T> {
         records
     }
 
-    fn commit_transactional(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+    fn commit_transactional(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         let span = info_span!(
             "transaction",
             otel.name = "eos-processor transaction",
             otel.kind = "producer",
             messaging.system = "kafka",
             messaging.operation.type = "send",
-            messaging.destination.name = %self.settings.output_topic,
+            messaging.destination.name = %self.settings.outputs[DEFAULT_OUTPUT],
             eos.records = batch.counts.records_in,
             eos.outcome = tracing::field::Empty,
         );
@@ -903,7 +927,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// sent yet, the changelog records, then the consumed offsets. Nothing is committed yet.
     fn write_transaction(
         &self,
-        batch: &Batch<T::EntityState>,
+        batch: &Batch<T::State>,
         changelog: &[PendingRecord],
     ) -> Result<(), TxnFailure> {
         if !batch.transaction_open {
@@ -922,7 +946,7 @@ impl<T: Transform> TransactionLoop<T> {
 
     /// The batch is committed in Kafka: its state changes go to the store. A store that
     /// cannot take them is fatal; the restart restores from the changelog, which has them.
-    fn apply_committed(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+    fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         self.committed_next.extend(batch.positions.next_offsets());
         let counts = batch.counts;
         let markers = match self.settings.guarantee {
@@ -932,7 +956,7 @@ impl<T: Transform> TransactionLoop<T> {
         for (partition, overlay) in batch.overlays {
             let written = overlay.changelog_record_count() as i64;
             if let Some(state) = self.states.get(&partition) {
-                state.apply(overlay)?;
+                state.apply::<T>(overlay)?;
             }
             if written > 0
                 && let Some(end) = self.changelog_ends.get_mut(&partition)
@@ -1040,7 +1064,7 @@ impl<T: Transform> TransactionLoop<T> {
 
     /// At-least-once commit: outputs (already sent), then state, then offsets, each after the
     /// previous is delivered. A crash before the offsets are committed repeats effects on restart.
-    fn commit_at_least_once(&mut self, batch: Batch<T::EntityState>) -> Result<(), ProcessorError> {
+    fn commit_at_least_once(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         let started = Instant::now();
         self.producer.flush_delivered()?;
         for record in &self.changelog_records(&batch) {
@@ -1095,7 +1119,7 @@ fn record_age(timestamp: rdkafka::Timestamp) -> Option<Duration> {
 fn dead_letter_record(
     dlq_topic: &str,
     message: &OwnedMessage,
-    reason: DeadLetterReason,
+    (reason, transform_reason): (DeadLetterReason, Option<&str>),
     detail: &str,
     max_bytes: usize,
 ) -> DeadLetterRecord {
@@ -1117,6 +1141,7 @@ fn dead_letter_record(
             source_partition: message.partition(),
             source_offset: message.offset(),
             reason,
+            transform_reason,
             detail,
         },
         max_bytes,

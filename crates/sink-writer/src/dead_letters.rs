@@ -147,6 +147,7 @@ pub fn build(
             source_partition: record.partition,
             source_offset: record.offset,
             reason,
+            transform_reason: None,
             detail,
         },
         max_bytes,

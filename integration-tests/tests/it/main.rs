@@ -7,6 +7,7 @@ mod dedup_replicas;
 mod dedup_service;
 mod demo;
 mod eosctl_audit;
+mod generic_events;
 mod held_operations;
 mod kafka_cluster;
 mod kafka_transactions;
