@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint sqlx-check helm-check compose-check compose-test stack-up stack-down stack-status
+.PHONY: demo test lint doc sqlx-check helm-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -23,14 +23,18 @@ demo: stack-up
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
 ## test: bring the stack up, then the offline query data, the Helm chart, the compose file,
-## formatting, lints, and every test against the real stack
-test: stack-up sqlx-check helm-check compose-check lint
+## formatting, lints, the API docs, and every test against the real stack
+test: stack-up sqlx-check helm-check compose-check lint doc
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## doc: the API docs build without a warning (the processor library is what users program against)
+doc:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --exclude integration-tests
 
 ## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
 sqlx-check: stack-up

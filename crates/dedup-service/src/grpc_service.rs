@@ -1,8 +1,8 @@
 //! The `eos.dedup.v1.Dedup` service: validates, calls the store, converts. Every handler runs in
 //! a span whose parent is the trace context of the request's gRPC metadata, and every error
-//! becomes a `tonic::Status` in [`respond`] (via `From<DedupError>`), nowhere else. An item of a
+//! becomes a `tonic::Status` in `respond` (via `From<DedupError>`), nowhere else. An item of a
 //! batch that carries its own trace context also gets a span of its own in that trace
-//! ([`item_spans`]): a batch's items are different events.
+//! (`item_spans`): a batch's items are different events.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -500,7 +500,7 @@ impl IntentStore {
     /// sha256(presented)`: PostgreSQL compares bytea with an early exit, so it compares digests,
     /// whose timing says nothing usable about the secret (finding a presented value whose digest
     /// shares a prefix with the stored digest does not bring a caller closer to the secret).
-    /// Why a statement changed nothing is then told in Rust, in constant time ([`unchanged`]).
+    /// Why a statement changed nothing is then told in Rust, in constant time (`unchanged`).
     pub async fn report(
         &self,
         operation_id: &str,

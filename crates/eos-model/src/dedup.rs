@@ -11,7 +11,7 @@
 //!   guard: the transition's [`Transition::from_states`] (via [`next_state`]) and, when
 //!   [`Transition::needs_token`], an equal fencing token and its secret — the `WHERE state =
 //!   ANY(..) AND fencing_token = .. AND <secret matches>` of the SQL statement. The secret is
-//!   modelled as a value bound to each acquisition ([`secret_of`]): a holder has only the
+//!   modelled as a value bound to each acquisition (`secret_of`): a holder has only the
 //!   secret its own Begin answered, so a stale holder never has the current one;
 //! - the reconciler asks the provider by key and settles with [`decide`], then resolves through
 //!   the same guard with the token it read (`expected_fencing_token`), or, on `Stuck`, marks

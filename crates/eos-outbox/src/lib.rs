@@ -1,5 +1,5 @@
 //! The transactional outbox (docs/ARCHITECTURE.md "Outbox"): a service enqueues an event in the
-//! same PostgreSQL transaction as its domain change ([`enqueue`]), so the event exists if and
+//! same PostgreSQL transaction as its domain change ([`enqueue()`]), so the event exists if and
 //! only if the change committed; `outbox-relay` reads the rows back ([`reader`]) and publishes
 //! them to Kafka.
 //!
@@ -7,7 +7,7 @@
 //! one has none, because both are one transaction. The read order never skips a committed row
 //! and keeps each entity's events in commit order (see [`reader`] and the migration's comment on
 //! `eos_outbox_enqueue`). Services in other languages call the SQL function
-//! `eos_outbox_enqueue(...)` in their own transactions; [`enqueue`] is a thin wrapper over it.
+//! `eos_outbox_enqueue(...)` in their own transactions; [`enqueue()`] is a thin wrapper over it.
 
 pub mod enqueue;
 pub mod reader;

@@ -1,4 +1,4 @@
-//! What every eos-suite binary runs on, apart from its own work: [`service_main`] (telemetry,
+//! What every eos-suite binary runs on, apart from its own work: [`service_main()`] (telemetry,
 //! the shutdown signal, the exit code), the flag groups the services share, the operations
 //! endpoint (`/metrics`, `/healthz`, `/readyz`, `/boundary`, with the boundary logged at
 //! start-up), the consumer set-up and rebalance recording of the Kafka services, and W3C trace

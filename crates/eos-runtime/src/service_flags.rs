@@ -11,7 +11,7 @@ use crate::telemetry::LogFormat;
 pub struct InstanceFlags {
     /// Stable identity of this instance [default: the host name]. It is the static group
     /// membership id (group.instance.id), so a restarted instance takes its partitions back at
-    /// once; eos-processor's transactional.id is <group-id>-<instance-id>, so a restarted
+    /// once; eos-processor's transactional.id is `<group-id>-<instance-id>`, so a restarted
     /// instance with the same id fences its zombie. Keep it stable across restarts (e.g. the pod
     /// name) and unique per running instance.
     #[arg(long = "instance-id", env = "EOS_INSTANCE_ID")]

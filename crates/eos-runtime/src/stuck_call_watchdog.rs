@@ -79,7 +79,7 @@ pub fn spawn(
 }
 
 /// What a service does about a hung call: says so, then exits non-zero. The line has the shape
-/// of `service_main`'s own "<program> stopped" error, so supervisors and log searches find it.
+/// of `service_main`'s own "`<program> stopped`" error, so supervisors and log searches find it.
 pub fn exit_on_stuck_call(name: &'static str, running: Duration) {
     let program = std::env::args()
         .next()

@@ -113,15 +113,15 @@ pub enum Command {
     Demo(crate::commands::demo::DemoArgs),
     /// Show an event's trace from Jaeger as a tree of spans
     ///
-    /// Asks Jaeger's query API for the traces in which a span carries the tag event_id=<ID> (every
-    /// service tags its spans of an event so; it searches each service Jaeger knows) and prints
-    /// each trace as a tree: every span under its parent, with its service, name, duration,
-    /// attempt number and status (ok/error), and what the step decided (eos.decision,
-    /// eos.outcome). Attempt numbers count a step done again under the same parent (a record
-    /// processed again after a SIGKILL or a re-delivery, a second dedup Begin). Spans reach Jaeger
-    /// in batches, a few seconds after they end: --wait looks again until the trace is there and
-    /// has stopped growing. A span whose parent Jaeger does not have (lost with a SIGKILLed
-    /// process before it was exported) is shown as a root and says so.
+    /// Asks Jaeger's query API for the traces in which a span carries the tag `event_id=<ID>`
+    /// (every service tags its spans of an event so; it searches each service Jaeger knows) and
+    /// prints each trace as a tree: every span under its parent, with its service, name, duration,
+    /// attempt number and status (ok/error), and what the step decided (eos.decision, eos.outcome).
+    /// Attempt numbers count a step done again under the same parent (a record processed again
+    /// after a SIGKILL or a re-delivery, a second dedup Begin). Spans reach Jaeger in batches, a
+    /// few seconds after they end: --wait looks again until the trace is there and has stopped
+    /// growing. A span whose parent Jaeger does not have (lost with a SIGKILLed process before it
+    /// was exported) is shown as a root and says so.
     #[command(after_help = TRACE_EXIT_STATUS)]
     Trace(TraceArgs),
     /// List or settle events the sink-writer held because their provider operation is stuck
@@ -508,7 +508,7 @@ pub struct ProduceArgs {
     #[arg(long)]
     pub count: u64,
 
-    /// Number of entities (ent-0 ... ent-<N-1>) the events are spread over; the record key.
+    /// Number of entities (`ent-0` ... `ent-<N-1>`) the events are spread over; the record key.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub entities: u32,
 
@@ -535,7 +535,7 @@ pub struct ProduceArgs {
     pub rate: u64,
 
     /// Seed of the workload: the same seed and --occurred-at-base write byte-identical records in
-    /// the same order. Event ids are evt-<seed>-<n>. Random (and printed) when not given.
+    /// the same order. Event ids are `evt-<seed>-<n>`. Random (and printed) when not given.
     #[arg(long)]
     pub seed: Option<u64>,
 
@@ -639,7 +639,7 @@ pub struct AuditArgs {
     pub provider_url: Option<String>,
 
     /// Effects of this pipeline are those whose idempotency key starts with this prefix; the
-    /// rest of the key is the event_id (the sink's operation id is <name>:<event_id>). Effects
+    /// rest of the key is the event_id (the sink's operation id is `<name>:<event_id>`). Effects
     /// with other keys are not audited.
     #[arg(
         long,

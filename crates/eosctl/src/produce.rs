@@ -245,7 +245,7 @@ pub async fn run(
     Ok(summary)
 }
 
-/// Where and how fast [`send_all`] writes.
+/// Where and how fast `send_all` writes.
 #[derive(Debug, Clone)]
 pub struct SendOptions {
     pub topic: String,

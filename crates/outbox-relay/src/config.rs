@@ -39,7 +39,7 @@ pub struct Config {
     pub skip_migrations: bool,
 
     /// The relay's name: the key of its position, and its transactional.id is
-    /// outbox-relay-<name>, so a second relay with the same name fences the first. Run one relay
+    /// `outbox-relay-<name>`, so a second relay with the same name fences the first. Run one relay
     /// per outbox.
     #[arg(long, env = "OUTBOX_RELAY_NAME", default_value = "default")]
     pub relay_name: String,

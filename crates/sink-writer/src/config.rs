@@ -97,7 +97,7 @@ pub struct Config {
     #[arg(long, env = "EOS_SINK_OFFSETS", default_value = "postgres")]
     pub offsets: OffsetsMode,
 
-    /// Dead-letter topic [default: <topic>.sink-dlq].
+    /// Dead-letter topic [default: the --topic name with .sink-dlq appended].
     #[arg(long, env = "EOS_SINK_DLQ_TOPIC")]
     pub dlq_topic: Option<String>,
 

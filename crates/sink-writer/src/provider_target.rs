@@ -286,10 +286,10 @@ impl ProviderTarget {
     /// Drives every item to a final state; answers in item order. An error means the batch must
     /// not be checkpointed (and is retried from the checkpoint).
     ///
-    /// Each chunk of `concurrency` items (at most [`BATCH_ITEMS`]) has a batched first round
-    /// ([`ProviderTarget::chunk_round`]): one `BeginBatch` and one `CompleteBatch` instead of a
-    /// call each, the provider calls in between; [`CHUNKS_IN_FLIGHT`] chunks are in it at once.
-    /// An item that is not final after it goes on by itself ([`ProviderTarget::settle_one`])
+    /// Each chunk of `concurrency` items (at most `BATCH_ITEMS`) has a batched first round
+    /// (`ProviderTarget::chunk_round`): one `BeginBatch` and one `CompleteBatch` instead of a
+    /// call each, the provider calls in between; `CHUNKS_IN_FLIGHT` chunks are in it at once.
+    /// An item that is not final after it goes on by itself (`ProviderTarget::settle_one`)
     /// as soon as its chunk's round ends, not after every chunk's: the settle timeout counts from
     /// there, so a large batch's later chunks do not find it spent before they start. At most
     /// `concurrency` items are in a round with dedup-service and the provider at any moment. An

@@ -6,7 +6,7 @@
 //!    processor round a fresh processor process with a fresh group (so it reads the input from the
 //!    beginning), output and changelog topics. A round's rate runs from the group's first commit
 //!    to the commit that reaches the end of the input: process start-up, joining the group and
-//!    restoring state are not throughput. The pass-through round ([`pass_through`]) is a plain
+//!    restoring state are not throughput. The pass-through round (`pass_through`) is a plain
 //!    consumer → producer copy of the same input in this process: the broker's own limit here.
 //! 2. Single-record transactions per second: exactly-once with `--max-batch 1` over a backlog.
 //! 3. End-to-end latency at half the exactly-once peak: records produced at that rate; a

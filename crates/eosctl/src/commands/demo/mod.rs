@@ -153,7 +153,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
 
-    /// Seed of the workload (its event ids are evt-<seed>-<n>) and of the fault schedule
+    /// Seed of the workload (its event ids are `evt-<seed>-<n>`) and of the fault schedule
     /// [default: the run's start time, so the tables and dedup-service, which outlive a run,
     /// see new event ids].
     #[arg(long)]
