@@ -51,6 +51,7 @@ pub mod error;
 pub mod metrics;
 #[doc(hidden)]
 pub mod partition_state;
+pub mod replay;
 #[doc(hidden)]
 pub mod state_bench;
 #[doc(hidden)]

@@ -1,6 +1,7 @@
 //! The integration tests: one binary, real Kafka and real PostgreSQL from `deploy/local/stack`.
 
 mod audit_boundaries;
+mod card_authorisations;
 mod changelog_restore;
 mod dedup_auth;
 mod dedup_replicas;

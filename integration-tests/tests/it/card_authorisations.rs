@@ -1,0 +1,243 @@
+//! The example of your own events and logic (`examples/card-authorisations`) under the same chaos
+//! as the ledger: card authorisations with re-deliveries are produced while the example's binary
+//! is SIGKILLed and restarted at random moments, and the replay proof (`eos_processor::replay`,
+//! the example's own transform run again over the committed input) must find every approved and
+//! flagged output and every refusal exactly once, as computed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
+use eos_core::{DeadLetterReason, dead_letter};
+use eos_processor::replay::{self, ReplayInput, ReplayOutput};
+use eos_processor::{DEFAULT_OUTPUT, Transform as _};
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{
+    Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
+    wait_until_consumed,
+};
+use rand::{Rng as _, SeedableRng as _};
+use rdkafka::Message as _;
+use rdkafka::message::{Headers as _, OwnedMessage};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+use serde_json::json;
+
+const AUTHORISATIONS: usize = 4_000;
+const CARDS: usize = 400;
+const KILLS: usize = 6;
+/// About ten authorisations of about 200.00 per card and day: the later ones of a card pass its
+/// limit of 2,000.00, and about a quarter are flagged.
+const TRANSFORM: CardAuthorisations = CardAuthorisations {
+    daily_limit: 200_000,
+    flag_at: 30_000,
+};
+
+/// The workload: each card's authorisations over one UTC day, 5% sent twice.
+fn authorisations(seed: u64) -> Vec<(String, Vec<u8>)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let day = time::OffsetDateTime::now_utc().date();
+    let mut records = Vec::with_capacity(AUTHORISATIONS * 21 / 20);
+    for n in 0..AUTHORISATIONS {
+        let card = format!("card-{}", rng.random_range(0..CARDS));
+        let at = day
+            .with_hms(0, 0, 0)
+            .map(|midnight| midnight.assume_utc() + time::Duration::seconds(n as i64))
+            .unwrap_or_else(|_| time::OffsetDateTime::now_utc());
+        let value = json!({
+            "auth_id": format!("auth-{seed}-{n}"),
+            "card": card,
+            "amount": card_authorisations::decimal(rng.random_range(100..40_000)),
+            "currency": if rng.random_bool(0.8) { "EUR" } else { "USD" },
+            "merchant": format!("m-{}", rng.random_range(0..500)),
+            "at": at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+        })
+        .to_string()
+        .into_bytes();
+        records.push((card.clone(), value.clone()));
+        if rng.random_bool(0.05) {
+            records.push((card, value));
+        }
+    }
+    records
+}
+
+/// Writes `records` at about `rate` per second, idempotently.
+fn produce(topic: &str, records: &[(String, Vec<u8>)], rate: u64) -> anyhow::Result<()> {
+    let producer: BaseProducer = client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()?;
+    let started = std::time::Instant::now();
+    for (sent, (key, value)) in records.iter().enumerate() {
+        loop {
+            match producer.send(BaseRecord::to(topic).key(key).payload(value)) {
+                Ok(()) => break,
+                Err((error, _)) if error.rdkafka_error_code().is_some() => {
+                    producer.poll(Duration::from_millis(50));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+        producer.poll(Duration::ZERO);
+        let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a str> {
+    message
+        .headers()?
+        .iter()
+        .filter(|h| h.key == name)
+        .last()
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+#[test]
+fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::Result<()> {
+    let bootstrap = bootstrap_servers();
+    let input = unique_name("card-auths");
+    let approved = unique_name("card-approved");
+    let flagged = unique_name("card-flagged");
+    let group = unique_name("card-authorisations");
+    let dlq = format!("{input}.dlq");
+    tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 3))?;
+    let seed = 20_261_204;
+    let records = authorisations(seed);
+    let producer = {
+        let (input, records) = (input.clone(), records.clone());
+        std::thread::spawn(move || produce(&input, &records, 700))
+    };
+    let spawn = || {
+        let args = [
+            "--bootstrap-servers",
+            &bootstrap,
+            "--input-topic",
+            &input,
+            "--output-topic",
+            &approved,
+            "--output",
+            &format!("{FLAGGED_OUTPUT}={flagged}"),
+            "--group-id",
+            &group,
+            "--instance-id",
+            "cards",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--transaction-timeout",
+            "10s",
+            "--daily-limit",
+            "2000.00",
+            "--flag-at",
+            "300.00",
+        ]
+        .map(|arg| arg.to_owned());
+        ServiceProcess::spawn("card-authorisations", &args, &[])
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..KILLS {
+        let mut processor = spawn()?;
+        std::thread::sleep(Duration::from_millis(rng.random_range(700..2_200)));
+        let status = processor.kill_hard()?;
+        assert!(
+            status.code().is_none(),
+            "killed by a signal, not exited: {status}\n{}",
+            processor.log_tail(30)
+        );
+    }
+    let mut last = spawn()?;
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(180))
+        .with_context(|| last.log_tail(40))?;
+    last.stop_gracefully()?;
+
+    let inputs: Vec<ReplayInput> = read_topic(&input, Isolation::ReadCommitted)?
+        .iter()
+        .map(|message| ReplayInput {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers: Vec::new(),
+            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
+        })
+        .collect();
+    assert_eq!(inputs.len(), records.len(), "every record produced is read");
+    let mut committed = Vec::new();
+    for (topic, output) in [(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED_OUTPUT)] {
+        for message in read_topic(topic, Isolation::ReadCommitted)? {
+            committed.push(ReplayOutput::committed(
+                header(&message, "event_id").unwrap_or_default(),
+                output,
+                message.key(),
+                message.payload().unwrap_or_default(),
+            ));
+        }
+    }
+    let letters: BTreeMap<(i32, i64), DeadLetterReason> =
+        read_topic(&dlq, Isolation::ReadCommitted)?
+            .iter()
+            .filter_map(|letter| {
+                Some((
+                    (
+                        header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
+                            .parse()
+                            .ok()?,
+                        header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
+                            .parse()
+                            .ok()?,
+                    ),
+                    header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
+                ))
+            })
+            .collect();
+
+    let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
+    let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
+    // Every record has one outcome, and the workload takes every path: approvals, flags,
+    // refusals (a refused id is not remembered, so its re-delivery is refused again) and
+    // re-deliveries of approved ones, dropped.
+    assert_eq!(
+        expected.applied as usize + expected.duplicates as usize + expected.dead_letters.len(),
+        records.len()
+    );
+    let flags = expected
+        .outputs
+        .iter()
+        .filter(|output| output.output == FLAGGED_OUTPUT)
+        .count();
+    let paths = (
+        expected.applied,
+        flags,
+        expected.dead_letters.len(),
+        expected.duplicates,
+    );
+    assert!(
+        paths.0 > 1_000 && paths.1 > 200 && paths.2 > 200 && paths.3 > 50,
+        "(applied, flagged, refused, duplicates) = {paths:?}"
+    );
+    eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
+    let report = replay::compare(&expected, &committed, &letters);
+    assert!(
+        report.exact(),
+        "the committed outputs are not the transform's: {} missing, {} unexpected, {} dead \
+         letters differ; first: {:?} / {:?} / {:?}",
+        report.missing.len(),
+        report.unexpected.len(),
+        report.dead_letter_differences.len(),
+        report.missing.first(),
+        report.unexpected.first(),
+        report.dead_letter_differences.first(),
+    );
+    assert_eq!(report.matched as usize, committed.len());
+    Ok(())
+}
