@@ -108,6 +108,27 @@ impl Default for EventContract {
 }
 
 impl EventContract {
+    /// The fingerprint [`Event::parse`] gives `value`, computed as if the top-level fields
+    /// `leave_out` were not there: a service that reads another service's output leaves out what
+    /// that service added (the sink, the processor ledger's running totals), so an event keeps
+    /// the fingerprint it had at the first boundary. The fields are put back.
+    pub fn fingerprint_leaving_out(
+        &self,
+        value: &mut Map<String, Value>,
+        leave_out: &[&str],
+    ) -> Fingerprint {
+        let taken: Vec<(String, Value)> = leave_out
+            .iter()
+            .filter_map(|field| value.remove_entry(*field))
+            .collect();
+        let fingerprint = match &self.event_id {
+            FieldLocation::Pointer(pointer) => fingerprint_without(value, pointer),
+            FieldLocation::Header(_) | FieldLocation::Key => Fingerprint::of_json_object(value),
+        };
+        value.extend(taken);
+        fingerprint
+    }
+
     /// The demo ledger's schema: id, entity and time in the JSON object itself.
     pub fn ledger() -> Self {
         Self {
@@ -195,10 +216,7 @@ impl Event {
             Some(pointer) => occurred_at(pointer, &value)?,
         };
         let mut value = value;
-        let fingerprint = match &contract.event_id {
-            FieldLocation::Pointer(pointer) => fingerprint_without(&mut value, pointer),
-            FieldLocation::Header(_) | FieldLocation::Key => Fingerprint::of_json_object(&value),
-        };
+        let fingerprint = contract.fingerprint_leaving_out(&mut value, &[]);
         Ok(Self {
             id,
             entity,
@@ -513,6 +531,16 @@ mod tests {
             by_header.fingerprint,
             Fingerprint::of_json(&serde_json::json!({"n": 1}))
         );
+        // Fields another service added can be left out, and are put back.
+        let mut added = serde_json::json!({"id": "a", "n": 1, "total": 9})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            contract.fingerprint_leaving_out(&mut added, &["total"]),
+            one.fingerprint
+        );
+        assert_eq!(added["total"], 9);
         Ok(())
     }
 

@@ -666,6 +666,83 @@ pub struct AuditArgs {
         help_heading = "Outbox"
     )]
     pub outbox_domain_query: String,
+
+    /// Prove the outputs instead of counting ids: run --transform again over the input, with
+    /// the processor's own dedup and state code, and compare every committed output (as
+    /// canonical JSON) and dead letter with what it computes (docs/TRANSFORMS.md "Prove it").
+    /// Reads the topics only. Exit status 1 when any output or dead letter differs.
+    #[arg(
+        long,
+        conflicts_with_all = ["database_url", "provider_url", "outbox_database_url"],
+        help_heading = "Replay proof"
+    )]
+    pub replay: bool,
+
+    /// The processor's built-in transform to replay.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "ledger",
+        requires = "replay",
+        help_heading = "Replay proof"
+    )]
+    pub transform: eos_processor::BuiltinTransform,
+
+    /// Where the event id is, as the processor was told (`header:<name>`, `key` or a JSON
+    /// pointer; default: the transform's).
+    #[arg(
+        long,
+        value_name = "LOCATION",
+        requires = "replay",
+        help_heading = "Replay proof"
+    )]
+    pub event_id: Option<eos_core::FieldLocation>,
+
+    /// Where the entity is, as the processor was told (default: the transform's).
+    #[arg(
+        long,
+        value_name = "LOCATION",
+        requires = "replay",
+        help_heading = "Replay proof"
+    )]
+    pub entity: Option<eos_core::FieldLocation>,
+
+    /// JSON pointer to the event time, as the processor was told (default: the transform's).
+    #[arg(
+        long,
+        value_name = "POINTER",
+        requires = "replay",
+        help_heading = "Replay proof"
+    )]
+    pub occurred_at: Option<String>,
+
+    /// A further output of the processor, as NAME=TOPIC (its --output); --output is the default
+    /// output's topic.
+    #[arg(
+        long = "named-output",
+        value_name = "NAME=TOPIC",
+        value_parser = parse_named_output,
+        requires = "replay",
+        help_heading = "Replay proof"
+    )]
+    pub named_outputs: Vec<(String, String)>,
+
+    /// pass-through: the processor's --filter-pointer.
+    #[arg(long, requires = "filter_equals", help_heading = "Replay proof")]
+    pub filter_pointer: Option<String>,
+
+    /// pass-through: the processor's --filter-equals.
+    #[arg(long, requires = "filter_pointer", help_heading = "Replay proof")]
+    pub filter_equals: Option<String>,
+}
+
+fn parse_named_output(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, topic)) if !name.is_empty() && !topic.is_empty() => {
+            Ok((name.to_owned(), topic.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not NAME=TOPIC")),
+    }
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {

@@ -31,6 +31,7 @@ pub mod jaeger;
 pub mod kafka_client;
 pub mod lag;
 pub mod produce;
+pub mod replay_audit;
 pub mod report;
 pub mod source_record;
 pub mod topic_reader;

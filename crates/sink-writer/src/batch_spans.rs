@@ -22,7 +22,7 @@ pub(crate) fn record_spans(
         .zip(&decision.events)
         .map(|(record, event)| {
             let event = event.as_ref()?;
-            let event_id = event.envelope.event_id.as_str();
+            let event_id = event.event_id.as_str();
             let span = tracing::info_span!(
                 "sink-writer write",
                 otel.name = "sink-writer write",

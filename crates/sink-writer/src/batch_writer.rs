@@ -86,7 +86,7 @@ impl BatchWriter<'_> {
         moves: &[Move],
     ) -> Result<BatchReport, SinkError> {
         let views = views(self.targets);
-        let decision = decision::decide(records, &views, self.settings.max_record_bytes);
+        let decision = decision::decide(records, &views, &self.settings.events);
         let spans = record_spans(records, &decision, &self.settings.group_id);
         let provider =
             provider_settlement::settle(self.providers, self.shutdown, records, &decision, &spans)
@@ -201,7 +201,7 @@ impl BatchWriter<'_> {
                 continue;
             }
             let single = std::slice::from_ref(&records[index]);
-            let one = decision::decide(single, views, self.settings.max_record_bytes);
+            let one = decision::decide(single, views, &self.settings.events);
             let mut savepoint = sqlx::Connection::begin(&mut *tx)
                 .await
                 .map_err(SinkError::from_db)?;

@@ -93,7 +93,7 @@ async fn idempotent(
     }];
     let started = Instant::now();
     for chunk in rows.chunks(batch) {
-        let decided = decision::decide(chunk, &views, 1 << 20);
+        let decided = decision::decide(chunk, &views, &crate::mapping::EventFormat::ledger());
         let mut tx = pool.begin().await?;
         if let Some(epoch) = checkpoint {
             let next_offset = chunk.last().map(|r| r.offset + 1).unwrap_or(0);
@@ -127,19 +127,22 @@ async fn raw_copy(pool: &PgPool, rows: &[InputRecord], batch: usize) -> anyhow::
     for chunk in rows.chunks(batch) {
         let mut text = String::new();
         for record in chunk {
-            let event = crate::mapping::decode(record.payload.as_deref(), 1 << 20)
+            let event = crate::mapping::decode(record, &crate::mapping::EventFormat::ledger())
                 .map_err(|r| anyhow::anyhow!("{r:?}"))?;
             let payload = event
-                .envelope
-                .payload
-                .as_ref()
+                .raw
+                .get("payload")
                 .map(eos_core::fingerprint::canonical_json)
                 .unwrap_or_default();
             text.push_str(&format!(
                 "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
-                event.envelope.event_id,
-                event.envelope.entity_id,
-                event.envelope.value,
+                event.event_id,
+                event.entity_id,
+                event
+                    .raw
+                    .get("value")
+                    .and_then(serde_json::Value::as_i64)
+                    .unwrap_or_default(),
                 payload,
                 event.fingerprint,
                 record.topic,

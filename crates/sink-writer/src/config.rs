@@ -9,6 +9,9 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::envelope::{DEFAULT_MAX_RECORD_BYTES, MAX_ID_BYTES};
+use eos_core::{EventContract, FieldLocation};
+
+use crate::mapping::{EventFormat, EventSchema};
 use eos_runtime::secrets::DatabaseUrlFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
@@ -48,7 +51,8 @@ impl fmt::Display for OffsetsMode {
 
 /// Kafka → PostgreSQL with exactly-once effects on the tables.
 ///
-/// Reads a topic with read_committed (default `ledger`; plain event envelopes work too) and writes
+/// Reads JSON events from a topic with read_committed (default `ledger`; --event-id, --entity and
+/// --occurred-at say where any event keeps its id, entity and time) and writes
 /// each batch in one PostgreSQL transaction: idempotent inserts (append targets, keyed by a unique
 /// column), versioned upserts (only a higher version replaces a row), conflicts into
 /// `sink_conflicts`, and — with `--offsets postgres` — the input checkpoint in
@@ -65,7 +69,7 @@ pub struct Config {
     #[command(flatten)]
     pub topics: TopicReplicationFlags,
 
-    /// Topic to read (the processor's output, or any topic of event envelopes).
+    /// Topic to read (the processor's output, or any topic of JSON events).
     #[arg(long, env = "EOS_SINK_TOPIC", default_value = "ledger")]
     pub topic: String,
 
@@ -117,6 +121,43 @@ pub struct Config {
     /// Records larger than this many bytes are dead-lettered as oversized_record.
     #[arg(long, env = "EOS_MAX_RECORD_BYTES", default_value_t = DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
+
+    /// Where the event id is: `header:<name>`, `key` or a JSON pointer such as `/auth_id`
+    /// (default: `/event_id`, the demo ledger's; eos-processor also writes it as the `event_id`
+    /// header of every output).
+    #[arg(
+        long,
+        env = "EOS_EVENT_ID",
+        value_name = "LOCATION",
+        default_value = "/event_id"
+    )]
+    pub event_id: FieldLocation,
+
+    /// Where the entity is: `key`, `header:<name>` or a JSON pointer (default: `/entity_id`,
+    /// the ledger's; eos-processor keys its outputs by entity, so `key` reads any of them).
+    #[arg(
+        long,
+        env = "EOS_ENTITY",
+        value_name = "LOCATION",
+        default_value = "/entity_id"
+    )]
+    pub entity: FieldLocation,
+
+    /// What else each event must be: `ledger`, the demo's envelope (`value` a signed 64-bit
+    /// integer, `version` unsigned, field by field), or `any` JSON object, whose fields only the
+    /// targets' columns ask for.
+    #[arg(long, env = "EOS_EVENT_SCHEMA", value_enum, default_value = "ledger")]
+    pub event_schema: EventSchema,
+
+    /// JSON pointer to the event time (RFC 3339), for `occurred_at` columns and the provider
+    /// targets' replay horizon; without it, or when absent, the record's timestamp is used.
+    #[arg(
+        long,
+        env = "EOS_OCCURRED_AT",
+        value_name = "POINTER",
+        default_value = "/occurred_at"
+    )]
+    pub occurred_at: String,
 
     /// How far back the input can be replayed (broker retention, backup restores, client retry
     /// horizon). A target that purges rows must keep them longer than this plus
@@ -205,6 +246,19 @@ pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
 pub use eos_runtime::service_flags::MigrateArgs;
 
 impl Config {
+    /// How the sink reads records as events, from the flags.
+    pub fn event_format(&self) -> EventFormat {
+        EventFormat {
+            contract: EventContract {
+                event_id: self.event_id.clone(),
+                entity: self.entity.clone(),
+                occurred_at: Some(self.occurred_at.clone()),
+                max_record_bytes: self.max_record_bytes,
+            },
+            schema: self.event_schema,
+        }
+    }
+
     pub fn dlq_topic(&self) -> String {
         self.dlq_topic
             .clone()
@@ -238,6 +292,12 @@ impl Config {
         }
         if self.batch_interval.is_zero() {
             return Err("--batch-interval must be positive".into());
+        }
+        if !matches!(self.occurred_at.parse(), Ok(FieldLocation::Pointer(_))) {
+            return Err(format!(
+                "--occurred-at {:?} is not a JSON pointer (such as /occurred_at)",
+                self.occurred_at
+            ));
         }
         if self.max_record_bytes < 2 * MAX_ID_BYTES {
             return Err(format!(

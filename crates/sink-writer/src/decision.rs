@@ -36,14 +36,14 @@ pub struct BatchDecision {
 pub fn decide(
     records: &[InputRecord],
     targets: &[TargetView<'_>],
-    max_record_bytes: usize,
+    format: &mapping::EventFormat,
 ) -> BatchDecision {
     let mut events = Vec::with_capacity(records.len());
     let mut dead_letters = Vec::new();
     let mut candidates: Vec<Vec<Candidate>> = vec![Vec::new(); targets.len()];
     let mut skipped = vec![0; targets.len()];
     for (index, record) in records.iter().enumerate() {
-        let event = match mapping::decode(record.payload.as_deref(), max_record_bytes) {
+        let event = match mapping::decode(record, format) {
             Ok(event) => event,
             Err(refusal) => {
                 dead_letters.push((index, refusal));
@@ -218,7 +218,7 @@ pub fn resolve(
                 conflicts.push(ConflictRow {
                     target: target.shape.table.clone(),
                     key: candidate.row.key.clone(),
-                    event_id: event.envelope.event_id.to_string(),
+                    event_id: event.event_id.to_string(),
                     reason: match target.kind {
                         TargetKind::Append => "event_id_conflict".into(),
                         TargetKind::Versioned => "version_conflict".into(),
@@ -314,13 +314,13 @@ mod tests {
             kind: TargetKind::Append,
         };
         let records = [
-            record(0, r#"{"event_id":"e-102","entity_id":17,"value":12500}"#),
-            record(1, r#"{"event_id":"e-102","entity_id":17,"value":12500}"#),
-            record(2, r#"{"event_id":"e-103","entity_id":28,"value":7000}"#),
-            record(3, r#"{"event_id":"e-102","entity_id":17,"value":99999}"#),
+            record(0, r#"{"event_id":"e-102","entity_id":"17","value":12500}"#),
+            record(1, r#"{"event_id":"e-102","entity_id":"17","value":12500}"#),
+            record(2, r#"{"event_id":"e-103","entity_id":"28","value":7000}"#),
+            record(3, r#"{"event_id":"e-102","entity_id":"17","value":99999}"#),
             record(4, "not json"),
         ];
-        let decision = decide(&records, &[view], 1 << 20);
+        let decision = decide(&records, &[view], &mapping::EventFormat::ledger());
         assert_eq!(decision.dead_letters.len(), 1);
         assert_eq!(decision.dead_letters[0].0, 4);
         let candidates = &decision.candidates[0];

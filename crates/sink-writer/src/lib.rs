@@ -278,7 +278,7 @@ async fn serve(
         max_batch: config.max_batch,
         max_batch_bytes: config.max_batch_bytes,
         batch_interval: config.batch_interval,
-        max_record_bytes: config.max_record_bytes,
+        events: config.event_format(),
         max_backoff: config.max_backoff,
         shutdown_timeout: config.shutdown_timeout,
         fault_stall_before_commit: config.fault_stall_before_commit,

@@ -1,12 +1,18 @@
-//! From a Kafka record to the rows it becomes: decode the envelope, then map it into each target's
-//! columns. Pure: no I/O, so every way a record can be refused is unit-tested.
+//! From a Kafka record to the rows it becomes: decode the event under the configured contract
+//! (docs/ARCHITECTURE.md "Wire format": any JSON object, its id and entity where the operator
+//! says), then map it into each target's columns. Pure: no I/O, so every way a record can be
+//! refused is unit-tested.
 //!
 //! A record that cannot be decoded, or whose value does not fit some target's column, is refused
 //! as a whole (dead-lettered): one input has exactly one outcome, never a row in one table and a
 //! dead letter for another.
 
-use eos_core::{DeadLetterReason, EnvelopeError, EventEnvelope, Fingerprint};
+use eos_core::{
+    DeadLetterReason, EntityId, Event, EventContract, EventEnvelope, EventError, EventId,
+    Fingerprint, RecordParts,
+};
 use serde_json::{Map, Value};
+use time::OffsetDateTime;
 
 use crate::column_type::ColumnType;
 use crate::targets::Source;
@@ -38,8 +44,8 @@ pub struct Refusal {
     pub detail: String,
 }
 
-impl From<EnvelopeError> for Refusal {
-    fn from(error: EnvelopeError) -> Self {
+impl From<EventError> for Refusal {
+    fn from(error: EventError) -> Self {
         Self {
             reason: error.reason(),
             detail: error.to_string(),
@@ -47,42 +53,101 @@ impl From<EnvelopeError> for Refusal {
     }
 }
 
-/// A record that decoded into a valid envelope.
+/// The schema a sink checks its events against, besides the contract's id and entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EventSchema {
+    /// The demo's ledger envelope (docs/ARCHITECTURE.md "Wire format"): `value` a signed 64-bit
+    /// integer, `version` unsigned, `occurred_at` RFC 3339, field by field.
+    Ledger,
+    /// Any JSON object: the targets' columns say what they need of it.
+    Any,
+}
+
+/// How a sink reads records as events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventFormat {
+    /// Where each event keeps its id, entity and time, and the record size limit.
+    pub contract: EventContract,
+    pub schema: EventSchema,
+}
+
+impl EventFormat {
+    /// The demo ledger's records, as the sink reads them by default.
+    pub fn ledger() -> Self {
+        Self {
+            contract: EventContract::ledger(),
+            schema: EventSchema::Ledger,
+        }
+    }
+}
+
+/// A record that is an event under the contract.
 #[derive(Debug, Clone)]
 pub struct DecodedEvent {
-    pub envelope: EventEnvelope,
+    pub event_id: EventId,
+    pub entity_id: EntityId,
+    /// From the contract's event-time pointer, when it has one and the event carries it.
+    pub occurred_at: Option<OffsetDateTime>,
     pub fingerprint: Fingerprint,
-    /// The record value as JSON, for `record` and JSON-pointer sources.
+    /// The record value as JSON, for named fields, `record` and JSON-pointer sources.
     pub raw: Value,
 }
 
-/// Parses and validates a record value (docs/ARCHITECTURE.md "Wire format"), with the size limit.
-pub fn decode(payload: Option<&[u8]>, max_record_bytes: usize) -> Result<DecodedEvent, Refusal> {
-    let bytes = payload.unwrap_or_default();
-    let envelope = EventEnvelope::parse_with_limit(bytes, max_record_bytes)?;
-    // parse_with_limit has accepted the bytes as a JSON object, so this cannot fail.
-    let raw: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
-    let fingerprint = event_fingerprint(&envelope);
-    Ok(DecodedEvent {
-        envelope,
-        fingerprint,
-        raw,
-    })
+/// [`decode`] of a bare value (no key, no headers): what the audit and the benchmarks read the
+/// ledger's records with.
+pub fn decode_value(value: Option<&[u8]>, format: &EventFormat) -> Result<DecodedEvent, Refusal> {
+    decode(
+        &InputRecord {
+            topic: String::new(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            payload: value.map(<[u8]>::to_vec),
+            headers: Vec::new(),
+            timestamp_ms: None,
+        },
+        format,
+    )
 }
 
-/// The event's fingerprint, without the fields eos-processor adds when all of them are present.
-pub fn event_fingerprint(envelope: &EventEnvelope) -> Fingerprint {
-    let is_ledger_record = LEDGER_ADDED_FIELDS
+/// Parses a record under the format's contract (docs/ARCHITECTURE.md "Wire format"), with its size
+/// limit, and checks the format's schema.
+pub fn decode(record: &InputRecord, format: &EventFormat) -> Result<DecodedEvent, Refusal> {
+    let contract = &format.contract;
+    let headers: Vec<(&str, Option<&[u8]>)> = record
+        .headers
         .iter()
-        .all(|field| envelope.extra.contains_key(*field));
-    if !is_ledger_record {
-        return envelope.fingerprint();
+        .map(|(key, value)| (key.as_str(), value.as_deref()))
+        .collect();
+    let mut event = Event::parse(
+        contract,
+        RecordParts {
+            key: record.key.as_deref(),
+            value: record.payload.as_deref(),
+            headers: &headers,
+        },
+    )?;
+    if format.schema == EventSchema::Ledger {
+        EventEnvelope::check_object(&event.value).map_err(|error| Refusal {
+            reason: error.reason(),
+            detail: error.to_string(),
+        })?;
     }
-    let mut event = envelope.clone();
-    for field in LEDGER_ADDED_FIELDS {
-        event.extra.remove(field);
+    // A ledger record keeps the fingerprint of the event the processor read.
+    if LEDGER_ADDED_FIELDS
+        .iter()
+        .all(|field| event.value.contains_key(*field))
+    {
+        event.fingerprint =
+            contract.fingerprint_leaving_out(&mut event.value, &LEDGER_ADDED_FIELDS);
     }
-    event.fingerprint()
+    Ok(DecodedEvent {
+        event_id: event.id,
+        entity_id: event.entity,
+        occurred_at: event.occurred_at,
+        fingerprint: event.fingerprint,
+        raw: Value::Object(event.value),
+    })
 }
 
 /// One column the sink binds a value to.
@@ -144,14 +209,15 @@ fn source_value(
     event: &DecodedEvent,
     position: Position<'_>,
 ) -> Result<Value, String> {
-    let envelope = &event.envelope;
+    let field = |name: &str| event.raw.get(name).cloned().unwrap_or(Value::Null);
     Ok(match source {
-        Source::EventId => Value::String(envelope.event_id.to_string()),
-        Source::EntityId => Value::String(envelope.entity_id.to_string()),
-        Source::Value => Value::from(envelope.value),
-        Source::Version => envelope.version.map(Value::from).unwrap_or(Value::Null),
-        Source::Payload => envelope.payload.clone().unwrap_or(Value::Null),
-        Source::OccurredAt => match envelope.occurred_at {
+        Source::EventId => Value::String(event.event_id.to_string()),
+        Source::EntityId => Value::String(event.entity_id.to_string()),
+        // The ledger envelope's other fields by name: any event may carry them.
+        Source::Value => field("value"),
+        Source::Version => field("version"),
+        Source::Payload => field("payload"),
+        Source::OccurredAt => match event.occurred_at {
             Some(at) => Value::String(
                 at.format(&time::format_description::well_known::Rfc3339)
                     .map_err(|e| format!("occurred_at cannot be formatted: {e}"))?,
@@ -224,9 +290,9 @@ pub fn map_row(
     }))
 }
 
-/// The normalised envelope, stored with a conflict so the incoming content can be inspected.
+/// The incoming event's value, stored with a conflict so its content can be inspected.
 pub fn incoming_json(event: &DecodedEvent) -> Map<String, Value> {
-    event.envelope.to_json()
+    event.raw.as_object().cloned().unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -277,14 +343,26 @@ mod tests {
         }
     }
 
+    fn record(payload: Option<&[u8]>) -> InputRecord {
+        InputRecord {
+            topic: "t".into(),
+            partition: 0,
+            offset: 7,
+            key: None,
+            payload: payload.map(<[u8]>::to_vec),
+            headers: Vec::new(),
+            timestamp_ms: None,
+        }
+    }
+
     fn decoded(text: &str) -> DecodedEvent {
-        decode(Some(text.as_bytes()), 1 << 20).expect("valid")
+        decode(&record(Some(text.as_bytes())), &EventFormat::ledger()).expect("valid")
     }
 
     #[test]
     fn maps_fields_and_pointers() -> Result<(), Refusal> {
         let event = decoded(
-            r#"{"event_id":"e-1","entity_id":17,"value":5,"version":3,"payload":{"note":"c"}}"#,
+            r#"{"event_id":"e-1","entity_id":"17","value":5,"version":3,"payload":{"note":"c"}}"#,
         );
         let row = map_row(&state_shape(), &event, position())?.expect("versioned");
         assert_eq!(row.key, "17");
@@ -296,7 +374,7 @@ mod tests {
 
     #[test]
     fn an_event_without_a_version_is_not_a_state_update() -> Result<(), Refusal> {
-        let event = decoded(r#"{"event_id":"e-102","entity_id":17,"value":12500}"#);
+        let event = decoded(r#"{"event_id":"e-102","entity_id":"17","value":12500}"#);
         assert_eq!(map_row(&state_shape(), &event, position())?, None);
         Ok(())
     }
@@ -321,10 +399,53 @@ mod tests {
 
     #[test]
     fn bad_bytes_are_refused_with_the_envelope_reason() {
-        let refusal = decode(Some(b"{\"event_id\":"), 1 << 20).expect_err("truncated");
+        let ledger = EventFormat::ledger();
+        let refusal = decode(&record(Some(b"{\"event_id\":")), &ledger).expect_err("truncated");
         assert_eq!(refusal.reason, DeadLetterReason::MalformedJson);
-        let refusal = decode(None, 1 << 20).expect_err("tombstone");
+        let refusal = decode(&record(None), &ledger).expect_err("tombstone");
         assert_eq!(refusal.reason, DeadLetterReason::EmptyRecord);
+        let refusal = decode(&record(Some(br#"{"event_id":"e"}"#)), &ledger).expect_err("entity");
+        assert_eq!(refusal.reason, DeadLetterReason::MissingField);
+        assert!(refusal.detail.contains("/entity_id"), "{refusal:?}");
+    }
+
+    #[test]
+    fn any_event_maps_by_its_configured_id_and_pointers() -> Result<(), Refusal> {
+        let contract = EventFormat {
+            contract: EventContract {
+                event_id: eos_core::FieldLocation::Pointer("/auth_id".into()),
+                entity: eos_core::FieldLocation::Key,
+                occurred_at: Some("/at".into()),
+                ..EventContract::default()
+            },
+            schema: EventSchema::Any,
+        };
+        let mut input = record(Some(
+            br#"{"auth_id":"a-1","amount":"12.50","at":"2026-12-04T10:00:00Z"}"#,
+        ));
+        input.key = Some(b"card-7".to_vec());
+        let event = decode(&input, &contract)?;
+        let shape = RowShape {
+            table: "card_approvals".into(),
+            columns: vec![
+                column("event_id", Source::EventId, "text", true),
+                column("card", Source::EntityId, "text", true),
+                column("amount", Source::Pointer("/amount".into()), "text", true),
+                column("at", Source::OccurredAt, "timestamptz", true),
+            ],
+            key_index: 0,
+            version_index: None,
+            content_indices: vec![1, 2, 3],
+        };
+        let row = map_row(&shape, &event, position())?.expect("a row");
+        assert_eq!(row.key, "a-1");
+        assert_eq!(row.values[1].as_deref(), Some("card-7"));
+        assert_eq!(row.values[2].as_deref(), Some("12.50"));
+        // Without the key the event has no entity: refused, naming where it was looked for.
+        input.key = None;
+        let refusal = decode(&input, &contract).expect_err("no entity");
+        assert!(refusal.detail.contains("at key"), "{refusal:?}");
+        Ok(())
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub(crate) async fn settle(
         let mut followers = Vec::new();
         for (index, event) in decision.events.iter().enumerate() {
             let Some(event) = event else { continue };
-            let event_id = event.envelope.event_id.as_str();
+            let event_id = event.event_id.as_str();
             if let Some(&leader) = leaders.get(event_id) {
                 followers.push((index, leader));
                 continue;
@@ -102,7 +102,7 @@ pub(crate) async fn settle(
                 Settled::Rejected { reason } => {
                     warn!(
                         target = target.name(),
-                        event_id = %event.envelope.event_id,
+                        event_id = %event.event_id,
                         reason,
                         "provider rejected the charge; dead-lettered, FAILED at dedup-service"
                     );
@@ -113,7 +113,7 @@ pub(crate) async fn settle(
                 }
                 Settled::Conflict { stored_fingerprint } => {
                     results.conflicts.push(provider_conflict(
-                        spec.operation_id(event.envelope.event_id.as_str()),
+                        spec.operation_id(event.event_id.as_str()),
                         target.name(),
                         record,
                         event,
@@ -123,7 +123,7 @@ pub(crate) async fn settle(
                 }
                 Settled::Held { reason } => {
                     results.held.push(held_row(
-                        spec.operation_id(event.envelope.event_id.as_str()),
+                        spec.operation_id(event.event_id.as_str()),
                         target.name(),
                         record,
                         event,
@@ -162,7 +162,7 @@ pub(crate) async fn settle(
                 }
                 if let Some(reason) = &held_reasons[leader] {
                     results.held.push(held_row(
-                        spec.operation_id(event.envelope.event_id.as_str()),
+                        spec.operation_id(event.event_id.as_str()),
                         target.name(),
                         &records[index],
                         event,
@@ -174,7 +174,7 @@ pub(crate) async fn settle(
                     .increment(1);
             } else {
                 results.conflicts.push(provider_conflict(
-                    spec.operation_id(event.envelope.event_id.as_str()),
+                    spec.operation_id(event.event_id.as_str()),
                     target.name(),
                     &records[index],
                     event,
@@ -189,7 +189,6 @@ pub(crate) async fn settle(
 
 fn occurred_at(event: &DecodedEvent, record: &InputRecord) -> OffsetDateTime {
     event
-        .envelope
         .occurred_at
         .or_else(|| {
             record.timestamp_ms.and_then(|ms| {
@@ -214,7 +213,7 @@ fn held_row(
     HeldRow {
         target: target.to_owned(),
         operation_id,
-        event_id: event.envelope.event_id.as_str().to_owned(),
+        event_id: event.event_id.as_str().to_owned(),
         topic: record.topic.clone(),
         partition: record.partition,
         offset: record.offset,
@@ -233,7 +232,7 @@ fn provider_conflict(
     ConflictRow {
         target: target.to_owned(),
         key: operation_id,
-        event_id: event.envelope.event_id.as_str().to_owned(),
+        event_id: event.event_id.as_str().to_owned(),
         reason: "operation_conflict".into(),
         stored_fingerprint: Some(stored_fingerprint),
         incoming_fingerprint: event.fingerprint.to_hex(),

@@ -696,12 +696,17 @@ pub fn request_body(
                     spec.name
                 )
             })?,
-        _ => event.envelope.value,
+        // The ledger's `value`, by name: any event may carry one.
+        _ => event
+            .raw
+            .get("value")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| format!("provider target {}: no integer amount at /value", spec.name))?,
     };
     Ok(serde_json::json!({
         "amount": amount,
-        "event_id": event.envelope.event_id.as_str(),
-        "entity_id": event.envelope.entity_id.as_str(),
+        "event_id": event.event_id.as_str(),
+        "entity_id": event.entity_id.as_str(),
     }))
 }
 
@@ -753,7 +758,19 @@ mod tests {
     }
 
     fn event(json: &str) -> crate::mapping::DecodedEvent {
-        crate::mapping::decode(Some(json.as_bytes()), 1 << 20).expect("a valid envelope")
+        crate::mapping::decode(
+            &crate::mapping::InputRecord {
+                topic: "t".into(),
+                partition: 0,
+                offset: 0,
+                key: None,
+                payload: Some(json.as_bytes().to_vec()),
+                headers: Vec::new(),
+                timestamp_ms: None,
+            },
+            &crate::mapping::EventFormat::ledger(),
+        )
+        .expect("a valid envelope")
     }
 
     #[test]

@@ -70,7 +70,8 @@ pub struct LoopSettings {
     pub max_batch: usize,
     pub max_batch_bytes: usize,
     pub batch_interval: Duration,
-    pub max_record_bytes: usize,
+    /// How records are read as events: the contract and the schema checked.
+    pub events: crate::mapping::EventFormat,
     pub max_backoff: Duration,
     pub shutdown_timeout: Duration,
     pub fault_stall_before_commit: Option<Duration>,

@@ -107,7 +107,6 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
     let approved = unique_name("card-approved");
     let flagged = unique_name("card-flagged");
     let group = unique_name("card-authorisations");
-    let dlq = format!("{input}.dlq");
     tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 3))?;
     let seed = 20_261_204;
     let records = authorisations(seed);
@@ -160,47 +159,11 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         .with_context(|| last.log_tail(40))?;
     last.stop_gracefully()?;
 
-    let inputs: Vec<ReplayInput> = read_topic(&input, Isolation::ReadCommitted)?
-        .iter()
-        .map(|message| ReplayInput {
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            value: message.payload().map(<[u8]>::to_vec),
-            headers: Vec::new(),
-            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
-        })
-        .collect();
+    let (inputs, committed, letters) = committed_run(
+        &input,
+        &[(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED_OUTPUT)],
+    )?;
     assert_eq!(inputs.len(), records.len(), "every record produced is read");
-    let mut committed = Vec::new();
-    for (topic, output) in [(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED_OUTPUT)] {
-        for message in read_topic(topic, Isolation::ReadCommitted)? {
-            committed.push(ReplayOutput::committed(
-                header(&message, "event_id").unwrap_or_default(),
-                output,
-                message.key(),
-                message.payload().unwrap_or_default(),
-            ));
-        }
-    }
-    let letters: BTreeMap<(i32, i64), DeadLetterReason> =
-        read_topic(&dlq, Isolation::ReadCommitted)?
-            .iter()
-            .filter_map(|letter| {
-                Some((
-                    (
-                        header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
-                            .parse()
-                            .ok()?,
-                        header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
-                            .parse()
-                            .ok()?,
-                    ),
-                    header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
-                ))
-            })
-            .collect();
-
     let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
     let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
     // Every record has one outcome, and the workload takes every path: approvals, flags,
@@ -240,4 +203,206 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
     );
     assert_eq!(report.matched as usize, committed.len());
     Ok(())
+}
+
+/// The whole chain with no ledger field anywhere: card authorisations → the example's processor
+/// (approved and flagged outputs) → sink-writer with a TOML target over the approved output,
+/// reading the id from the `event_id` header the processor writes and the card from the key.
+/// Each is SIGKILLed once mid-run. The Kafka boundary is proven by the replay, the PostgreSQL one
+/// by one row per approved authorisation, by event id, with the output's content.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::Result<()> {
+    let db = integration_tests::TestDatabase::create().await?;
+    sqlx::query(
+        "CREATE TABLE card_approvals (
+             auth_id TEXT PRIMARY KEY,
+             card TEXT NOT NULL,
+             amount TEXT NOT NULL,
+             currency TEXT NOT NULL,
+             day_spent TEXT NOT NULL,
+             fingerprint TEXT NOT NULL,
+             source_offset BIGINT NOT NULL
+         )",
+    )
+    .execute(&db.pool)
+    .await?;
+    let targets = std::env::temp_dir().join(format!("{}.toml", unique_name("card-targets")));
+    std::fs::write(
+        &targets,
+        r#"
+[[targets]]
+table = "card_approvals"
+kind = "append"
+key = "auth_id"
+[targets.columns]
+auth_id = "event_id"
+card = "entity_id"
+amount = "/amount"
+currency = "/currency"
+day_spent = "/day_spent"
+fingerprint = "fingerprint"
+source_offset = "kafka.offset"
+"#,
+    )?;
+    let bootstrap = bootstrap_servers();
+    let input = unique_name("chain-auths");
+    let approved = unique_name("chain-approved");
+    let flagged = unique_name("chain-flagged");
+    let group = unique_name("chain-cards");
+    create_topic(&input, 3).await?;
+    let records: Vec<_> = authorisations(7).into_iter().take(1_500).collect();
+    let producer = {
+        let (input, records) = (input.clone(), records.clone());
+        std::thread::spawn(move || produce(&input, &records, 500))
+    };
+    let processor_args = [
+        "--bootstrap-servers",
+        &bootstrap,
+        "--input-topic",
+        &input,
+        "--output-topic",
+        &approved,
+        "--output",
+        &format!("{FLAGGED_OUTPUT}={flagged}"),
+        "--group-id",
+        &group,
+        "--instance-id",
+        "chain",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--daily-limit",
+        "2000.00",
+        "--flag-at",
+        "300.00",
+    ]
+    .map(str::to_owned);
+    let sink = crate::sink_writer::Sink::new(&approved, &db.url);
+    let targets_arg = targets.display().to_string();
+    let sink_args = [
+        "--config",
+        &targets_arg,
+        "--event-id",
+        "header:event_id",
+        "--entity",
+        "key",
+        "--occurred-at",
+        "/at",
+        "--event-schema",
+        "any",
+    ];
+    let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &[])?;
+    let mut sink_process = sink.spawn("chain", &sink_args, &[])?;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    processor.kill_hard()?;
+    let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &[])?;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    sink_process.kill_hard()?;
+    let mut sink_process = sink.spawn("chain", &sink_args, &[])?;
+    tokio::task::block_in_place(|| {
+        producer
+            .join()
+            .map_err(|_| anyhow::anyhow!("producer thread panicked"))?
+    })?;
+    tokio::task::block_in_place(|| {
+        wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(180))
+    })
+    .with_context(|| processor.log_tail(40))?;
+    processor.stop_gracefully()?;
+    sink.wait_drained(&db.pool, &mut sink_process).await?;
+    sink_process.stop_gracefully()?;
+    let _ = std::fs::remove_file(&targets);
+
+    // Kafka → Kafka: the replay.
+    let (inputs, committed, letters) = tokio::task::block_in_place(|| {
+        committed_run(
+            &input,
+            &[(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED_OUTPUT)],
+        )
+    })?;
+    let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
+    let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
+    let report = replay::compare(&expected, &committed, &letters);
+    assert!(report.exact(), "{report:?}");
+
+    // Kafka → PostgreSQL: one row per approved authorisation, with its content.
+    let mut want: Vec<(String, String, String)> = committed
+        .iter()
+        .filter(|output| output.output == DEFAULT_OUTPUT)
+        .map(|output| {
+            let value: serde_json::Value = serde_json::from_str(&output.value).unwrap_or_default();
+            (
+                output.event_id.clone(),
+                output.key.clone(),
+                value["day_spent"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    want.sort();
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT auth_id, card, day_spent FROM card_approvals ORDER BY auth_id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert!(want.len() > 300, "{} approved", want.len());
+    assert_eq!(
+        rows, want,
+        "one row per approved authorisation, as approved"
+    );
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM sink_dead_letters")
+        .fetch_one(&db.pool)
+        .await?;
+    let conflicts: i64 = sqlx::query_scalar("SELECT count(*) FROM sink_conflicts")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!((dead, conflicts), (0, 0));
+    db.drop_database().await
+}
+
+/// The input, the committed outputs (by output name) and the dead letters of a run.
+fn committed_run(
+    input: &str,
+    outputs: &[(&str, &str)],
+) -> anyhow::Result<(
+    Vec<ReplayInput>,
+    Vec<ReplayOutput>,
+    BTreeMap<(i32, i64), DeadLetterReason>,
+)> {
+    let inputs = read_topic(input, Isolation::ReadCommitted)?
+        .iter()
+        .map(|message| ReplayInput {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers: Vec::new(),
+            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
+        })
+        .collect();
+    let mut committed = Vec::new();
+    for (topic, output) in outputs {
+        for message in read_topic(topic, Isolation::ReadCommitted)? {
+            committed.push(ReplayOutput::committed(
+                header(&message, "event_id").unwrap_or_default(),
+                output,
+                message.key(),
+                message.payload().unwrap_or_default(),
+            ));
+        }
+    }
+    let letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?
+        .iter()
+        .filter_map(|letter| {
+            Some((
+                (
+                    header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
+                        .parse()
+                        .ok()?,
+                    header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
+                        .parse()
+                        .ok()?,
+                ),
+                header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    Ok((inputs, committed, letters))
 }

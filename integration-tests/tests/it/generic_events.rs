@@ -159,9 +159,10 @@ async fn pass_through_reads_any_event_shape_from_the_configured_locations() -> a
         processor.log_tail(40)
     );
 
+    let output_topic = output.clone();
     let (outputs, letters) = tokio::task::spawn_blocking(move || {
         anyhow::Ok((
-            read_topic(&output, Isolation::ReadCommitted)?,
+            read_topic(&output_topic, Isolation::ReadCommitted)?,
             read_topic(&dlq, Isolation::ReadCommitted)?,
         ))
     })
@@ -213,6 +214,45 @@ async fn pass_through_reads_any_event_shape_from_the_configured_locations() -> a
         assert_eq!((*offset, *reason), (want_offset, want_reason), "{detail}");
         assert!(detail.contains(names), "{reason}: {detail}");
     }
+
+    // The replay proof through eosctl: the same transform with the processor's flags finds every
+    // output and dead letter as committed; told another filter, it is another transform, and the
+    // same outputs are no longer its own.
+    let replay = |filter_equals: &str| -> anyhow::Result<(Option<i32>, serde_json::Value)> {
+        let run = std::process::Command::new(workspace_binary("eosctl")?)
+            .args(["audit", "--bootstrap-servers", &bootstrap, "--json"])
+            .args(["--input", &input, "--output", &output, "--replay"])
+            .args(["--transform", "pass-through", "--event-id", "/auth/id"])
+            .args([
+                "--filter-pointer",
+                "/currency",
+                "--filter-equals",
+                filter_equals,
+            ])
+            .output()?;
+        let report = serde_json::from_slice(&run.stdout)
+            .with_context(|| format!("no JSON report: {}", String::from_utf8_lossy(&run.stderr)))?;
+        Ok((run.status.code(), report))
+    };
+    let (code, report) = tokio::task::block_in_place(|| replay("EUR"))?;
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(
+        (
+            &report["matched"],
+            &report["applied"],
+            &report["duplicates"],
+            &report["dead_letters"]
+        ),
+        (&json!(2), &json!(3), &json!(2), &json!(4)),
+        "{report:#}"
+    );
+    let (code, report) = tokio::task::block_in_place(|| replay("USD"))?;
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(
+        (&report["missing"], &report["unexpected"]),
+        (&json!(1), &json!(2)),
+        "{report:#}"
+    );
     Ok(())
 }
 

@@ -275,17 +275,18 @@ async fn sink_provider_declined_charges_are_dead_lettered_never_applied() -> any
     let mut first_fingerprint: BTreeMap<String, (i64, String)> = BTreeMap::new();
     let mut records: Vec<((i32, i64), String, String)> = Vec::new();
     for message in read_topic(&topic, Isolation::ReadCommitted)? {
-        let Ok(event) = sink_writer::mapping::decode(
+        let Ok(event) = sink_writer::mapping::decode_value(
             message.payload(),
-            eos_core::envelope::DEFAULT_MAX_RECORD_BYTES,
+            &sink_writer::mapping::EventFormat::ledger(),
         ) else {
             continue;
         };
-        let event_id = event.envelope.event_id.to_string();
+        let event_id = event.event_id.to_string();
         let fingerprint = event.fingerprint.to_hex();
-        first_fingerprint
-            .entry(event_id.clone())
-            .or_insert((event.envelope.value, fingerprint.clone()));
+        first_fingerprint.entry(event_id.clone()).or_insert((
+            event.raw["value"].as_i64().unwrap_or_default(),
+            fingerprint.clone(),
+        ));
         records.push((
             (message.partition(), message.offset()),
             event_id,

@@ -146,14 +146,18 @@ impl TopicTruth {
         for message in read_topic(topic, Isolation::ReadCommitted)? {
             truth.physical += 1;
             let position = (message.partition(), message.offset());
-            let Ok(event) = sink_writer::mapping::decode(
-                message.payload(),
-                eos_core::envelope::DEFAULT_MAX_RECORD_BYTES,
+            // What the sink must accept: a ledger envelope under the sink's default contract.
+            let (Ok(envelope), Ok(event)) = (
+                eos_core::EventEnvelope::parse(message.payload().unwrap_or_default()),
+                sink_writer::mapping::decode_value(
+                    message.payload(),
+                    &sink_writer::mapping::EventFormat::ledger(),
+                ),
             ) else {
                 truth.malformed.insert(position);
                 continue;
             };
-            let envelope = &event.envelope;
+            let envelope = &envelope;
             truth.physical_sum += envelope.value;
             let fingerprint = event.fingerprint.to_hex();
             match truth.logical.get(envelope.event_id.as_str()) {
@@ -326,14 +330,14 @@ fn assert_workload(summary: &Value, truth: &TopicTruth, logical: i64) {
 }
 
 fn envelope(event_id: &str, entity: i64, value: i64) -> (Option<String>, Vec<u8>) {
-    let body = json!({"event_id": event_id, "entity_id": entity, "value": value});
+    let body = json!({"event_id": event_id, "entity_id": entity.to_string(), "value": value});
     (Some(entity.to_string()), body.to_string().into_bytes())
 }
 
 fn versioned(entity: i64, version: u64, payload: &str) -> (Option<String>, Vec<u8>) {
     let body = json!({
         "event_id": format!("v-{entity}-{version}"),
-        "entity_id": entity,
+        "entity_id": entity.to_string(),
         "value": 0,
         "version": version,
         "payload": payload,
@@ -345,8 +349,11 @@ fn versioned(entity: i64, version: u64, payload: &str) -> (Option<String>, Vec<u
 async fn preload_e102(pool: &PgPool) -> anyhow::Result<String> {
     sink_writer::migrator().run(pool).await?;
     let (_, bytes) = envelope("e-102", 17, 12500);
-    let event = sink_writer::mapping::decode(Some(&bytes), 1 << 20)
-        .map_err(|r| anyhow::anyhow!("{r:?}"))?;
+    let event = sink_writer::mapping::decode_value(
+        Some(&bytes),
+        &sink_writer::mapping::EventFormat::ledger(),
+    )
+    .map_err(|r| anyhow::anyhow!("{r:?}"))?;
     let fingerprint = event.fingerprint.to_hex();
     sqlx::query(
         "INSERT INTO event_sink (event_id, entity_id, value, fingerprint, written_at)

@@ -13,11 +13,41 @@ use crate::boundary_reader::{self, PostgresScope};
 use crate::cli::AuditArgs;
 use crate::commands::{Status, progress_bar};
 use crate::kafka_client::KafkaSettings;
+use crate::replay_audit;
 use crate::report::{self, AuditOutcome};
 use crate::topic_reader::{self, TopicSnapshot};
 
 pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result<Status> {
     let json = args.json;
+    if args.replay {
+        let dlq = args
+            .dlq
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", args.input));
+        let config = replay_audit::ReplayAuditConfig {
+            transform: args.transform,
+            event_id: args.event_id,
+            entity: args.entity,
+            occurred_at: args.occurred_at,
+            max_record_bytes: args.max_record_bytes,
+            filter: args.filter_pointer.zip(args.filter_equals),
+            outputs: replay_audit::output_topics(&args.output, &args.named_outputs),
+            input: args.input,
+            dlq,
+            end_timeout: args.end_timeout,
+        };
+        let outcome = replay_audit::run(kafka, config).await?;
+        if json {
+            println!("{}", serde_json::to_string(&outcome)?);
+        } else {
+            print!("{}", replay_audit::text(&outcome));
+        }
+        return Ok(if outcome.passed {
+            Status::Success
+        } else {
+            Status::ViolationsFound
+        });
+    }
     let outcome = audit(kafka, args, progress_bar(0, "records read")).await?;
     if json {
         println!("{}", serde_json::to_string(&outcome)?);
