@@ -88,11 +88,59 @@ pub async fn enqueue(conn: &mut PgConnection, event: &OutboxEvent) -> Result<i64
     )
     .fetch_one(conn)
     .await;
-    enqueued.map_err(|error| classify(error, event))
+    enqueued.map_err(|error| classify(error, event.event_id.as_str()))
 }
 
-fn classify(error: sqlx::Error, event: &OutboxEvent) -> OutboxError {
-    let event_id = event.event_id.to_string();
+/// Any JSON event to publish as it is (`eos_outbox_enqueue_event`): where it goes, its record
+/// key (which also orders it), its id (the `event_id` header) and extra headers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxMessage {
+    pub topic: String,
+    /// The Kafka record key; the events of one key keep their commit order. 1..=128 bytes.
+    pub key: String,
+    pub event_id: EventId,
+    /// The record value.
+    pub record: serde_json::Map<String, Value>,
+    /// Extra headers, besides `event_id` and the trace context the relay writes.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Enqueues any JSON event in the transaction open on `conn` and returns its outbox position;
+/// the relay publishes `message.record` as it is. Otherwise as [`enqueue`].
+pub async fn enqueue_message(
+    conn: &mut PgConnection,
+    message: &OutboxMessage,
+) -> Result<i64, OutboxError> {
+    let trace_context = eos_runtime::trace_context::stored_span_context(
+        &tracing::Span::current(),
+        &opentelemetry::Context::current(),
+    );
+    let record = Value::Object(message.record.clone());
+    let headers = (!message.headers.is_empty()).then(|| {
+        Value::Object(
+            message
+                .headers
+                .iter()
+                .map(|(name, value)| (name.clone(), Value::String(value.clone())))
+                .collect(),
+        )
+    });
+    let enqueued = sqlx::query_scalar!(
+        r#"SELECT eos_outbox_enqueue_event($1, $2, $3, $4, $5, $6) AS "position!""#,
+        message.topic,
+        message.key,
+        message.event_id.as_str(),
+        record,
+        headers,
+        trace_context,
+    )
+    .fetch_one(conn)
+    .await;
+    enqueued.map_err(|error| classify(error, message.event_id.as_str()))
+}
+
+fn classify(error: sqlx::Error, event_id: &str) -> OutboxError {
+    let event_id = event_id.to_owned();
     match error.as_database_error() {
         Some(db) if db.is_unique_violation() => OutboxError::DuplicateEvent(event_id),
         Some(db) if db.is_check_violation() => OutboxError::Invalid {

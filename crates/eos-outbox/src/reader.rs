@@ -33,7 +33,12 @@ pub struct OutboxRow {
     pub key: String,
     pub event_id: String,
     pub entity_id: String,
-    pub value: i64,
+    /// The ledger envelope's value; `None` on a general row, which has `record` instead.
+    pub value: Option<i64>,
+    /// A general row's record value (`eos_outbox_enqueue_event`), published as it is.
+    pub record: Option<Value>,
+    /// A general row's extra headers: an object of string values.
+    pub headers: Option<Value>,
     pub version: Option<i64>,
     pub payload: Option<Value>,
     pub occurred_at: Option<OffsetDateTime>,
@@ -42,14 +47,18 @@ pub struct OutboxRow {
 }
 
 impl OutboxRow {
-    /// The record value: the envelope as every service parses it (docs/ARCHITECTURE.md "Wire
-    /// format"). The table's CHECKs keep the fields valid; an error here means a row was written
-    /// around them.
-    pub fn envelope_bytes(&self) -> Result<Vec<u8>, EnvelopeError> {
+    /// The record value: a general row's JSON as it was enqueued, else the ledger envelope as
+    /// every service parses it (docs/ARCHITECTURE.md "Wire format"). The table's CHECKs keep the
+    /// fields valid; an error here means a row was written around them.
+    pub fn value_bytes(&self) -> Result<Vec<u8>, EnvelopeError> {
+        if let Some(record) = &self.record {
+            return serde_json::to_vec(record)
+                .map_err(|e| EnvelopeError::MalformedJson(e.to_string()));
+        }
         let envelope = EventEnvelope {
             event_id: EventId::new(self.event_id.clone())?,
             entity_id: EntityId::new(self.entity_id.clone())?,
-            value: self.value,
+            value: self.value.ok_or(EnvelopeError::MissingField("value"))?,
             version: self.version.map(u64::try_from).transpose().map_err(|_| {
                 EnvelopeError::InvalidField {
                     field: "version",
@@ -61,6 +70,20 @@ impl OutboxRow {
             extra: Map::new(),
         };
         Ok(envelope.to_bytes())
+    }
+
+    /// A general row's own headers, in the order the object holds them.
+    pub fn extra_headers(&self) -> Vec<(&str, &str)> {
+        self.headers
+            .as_ref()
+            .and_then(Value::as_object)
+            .map(|headers| {
+                headers
+                    .iter()
+                    .filter_map(|(name, value)| Some((name.as_str(), value.as_str()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// `occurred_at` as the envelope writes it, for logs.
@@ -77,7 +100,7 @@ pub async fn read_after<'c>(
 ) -> Result<Vec<OutboxRow>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"SELECT position, order_xid, topic, message_key, event_id, entity_id, value, version,
-                  payload, occurred_at, trace_context, enqueued_at
+                  payload, occurred_at, trace_context, enqueued_at, record, headers
              FROM eos_outbox
             WHERE (order_xid, position) > ($1, $2)
               AND order_xid < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT
@@ -101,6 +124,8 @@ pub async fn read_after<'c>(
             event_id: row.event_id,
             entity_id: row.entity_id,
             value: row.value,
+            record: row.record,
+            headers: row.headers,
             version: row.version,
             payload: row.payload,
             occurred_at: row.occurred_at,

@@ -401,7 +401,7 @@ async fn recover_cursor(
 /// from the domain change.
 fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
     let payload = row
-        .envelope_bytes()
+        .value_bytes()
         .map_err(|error| RelayError::InvalidRow {
             position: row.cursor.position,
             event_id: row.event_id.clone(),
@@ -431,10 +431,16 @@ fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
     } else {
         parent
     };
-    let headers = trace_context::with_event_id(
-        trace_context::inject_kafka(&cx, OwnedHeaders::new()),
-        &row.event_id,
-    );
+    // A general row's own headers first; the trace context and event_id are the relay's.
+    let mut own = OwnedHeaders::new();
+    for (name, value) in row.extra_headers() {
+        own = own.insert(rdkafka::message::Header {
+            key: name,
+            value: Some(value),
+        });
+    }
+    let headers =
+        trace_context::with_event_id(trace_context::inject_kafka(&cx, own), &row.event_id);
     Ok(PendingRecord {
         topic: row.topic.clone(),
         partition: None,
@@ -478,7 +484,9 @@ mod tests {
             key: "acct-1".into(),
             event_id: "ev-1".into(),
             entity_id: "acct-1".into(),
-            value: 1250,
+            value: Some(1250),
+            record: None,
+            headers: None,
             version: Some(2),
             payload: None,
             occurred_at: None,

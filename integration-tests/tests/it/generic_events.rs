@@ -274,3 +274,126 @@ fn an_unknown_transform_or_location_is_refused_at_start_up() -> anyhow::Result<(
     }
     Ok(())
 }
+
+/// The general outbox: any JSON event enqueued with its own key and headers in the domain
+/// transaction (`eos_outbox::enqueue_message`, i.e. `eos_outbox_enqueue_event`) is published by
+/// the real outbox-relay as it is, once, next to a ledger-shaped row of the old function; a rolled
+/// back transaction's event is never published.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_outbox_publishes_any_json_event_as_it_is() -> anyhow::Result<()> {
+    let db = integration_tests::TestDatabase::create().await?;
+    eos_outbox::migrator().run(&db.pool).await?;
+    let topic = unique_name("outbox-orders");
+    create_topic(&topic, 3).await?;
+    let order = |id: &str, key: &str, total: &str| eos_outbox::OutboxMessage {
+        topic: topic.clone(),
+        key: key.to_owned(),
+        event_id: eos_core::EventId::new(id).expect("a valid id"),
+        record: json!({"order_id": id, "customer": key, "total": total, "lines": [{"sku": "s-1"}]})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        headers: vec![("schema".to_owned(), "orders.v1".to_owned())],
+    };
+    let mut tx = db.pool.begin().await?;
+    for (id, key, total) in [("o-1", "cust-1", "12.50"), ("o-2", "cust-2", "3.00")] {
+        eos_outbox::enqueue_message(&mut tx, &order(id, key, total)).await?;
+    }
+    // The ledger-shaped function keeps working beside it.
+    eos_outbox::enqueue(
+        &mut tx,
+        &eos_outbox::OutboxEvent::new(
+            &topic,
+            eos_core::EventId::new("l-1")?,
+            eos_core::EntityId::new("acct-1")?,
+            500,
+        ),
+    )
+    .await?;
+    tx.commit().await?;
+    let mut rolled_back = db.pool.begin().await?;
+    eos_outbox::enqueue_message(&mut rolled_back, &order("o-3", "cust-3", "1.00")).await?;
+    rolled_back.rollback().await?;
+    // The same event id twice is refused, whatever its shape.
+    let mut again = db.pool.begin().await?;
+    let duplicate = eos_outbox::enqueue_message(&mut again, &order("o-1", "cust-1", "12.50")).await;
+    assert!(
+        matches!(duplicate, Err(eos_outbox::OutboxError::DuplicateEvent(_))),
+        "{duplicate:?}"
+    );
+    again.rollback().await?;
+
+    let relay_name = unique_name("orders-relay");
+    let bootstrap = bootstrap_servers();
+    let args = [
+        "--bootstrap-servers",
+        &bootstrap,
+        "--database-url",
+        &db.url,
+        "--relay-name",
+        &relay_name,
+        "--positions-topic",
+        &unique_name("orders-positions"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "200ms",
+    ]
+    .map(str::to_owned);
+    let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let last = loop {
+        let position = eos_outbox::relay_positions::relayed_position(&db.pool, &relay_name).await?;
+        if position.is_some_and(|cursor| cursor.position >= 3) {
+            break position;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline && relay.is_running(),
+            "the relay did not publish the three rows\n{}",
+            relay.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    relay.stop_gracefully()?;
+
+    let records = tokio::task::block_in_place(|| read_topic(&topic, Isolation::ReadCommitted))?;
+    let mut published: Vec<(String, String, String, Value)> = records
+        .iter()
+        .map(|message| {
+            (
+                header(message, "event_id").to_owned(),
+                String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                header(message, "schema").to_owned(),
+                serde_json::from_slice(message.payload().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    published.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(published.len(), 3, "{published:?} (relayed up to {last:?})");
+    assert_eq!(
+        published[0].3,
+        Value::Object(
+            eos_core::EventEnvelope::parse(
+                br#"{"event_id":"l-1","entity_id":"acct-1","value":500}"#
+            )?
+            .to_json()
+        ),
+        "the ledger row is still its envelope"
+    );
+    for (index, (id, key, total)) in [
+        (1, ("o-1", "cust-1", "12.50")),
+        (2, ("o-2", "cust-2", "3.00")),
+    ] {
+        assert_eq!(
+            published[index],
+            (
+                id.to_owned(),
+                key.to_owned(),
+                "orders.v1".to_owned(),
+                Value::Object(order(id, key, total).record)
+            )
+        );
+    }
+    db.drop_database().await
+}
