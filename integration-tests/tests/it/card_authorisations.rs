@@ -357,15 +357,16 @@ source_offset = "kafka.offset"
     db.drop_database().await
 }
 
-/// The input, the committed outputs (by output name) and the dead letters of a run.
-fn committed_run(
-    input: &str,
-    outputs: &[(&str, &str)],
-) -> anyhow::Result<(
+/// What a run committed: its input, its outputs (by output name) and its dead letters by source
+/// position.
+type CommittedRun = (
     Vec<ReplayInput>,
     Vec<ReplayOutput>,
     BTreeMap<(i32, i64), DeadLetterReason>,
-)> {
+);
+
+/// Reads what a run committed, as a `read_committed` consumer sees it.
+fn committed_run(input: &str, outputs: &[(&str, &str)]) -> anyhow::Result<CommittedRun> {
     let inputs = read_topic(input, Isolation::ReadCommitted)?
         .iter()
         .map(|message| ReplayInput {
