@@ -41,21 +41,30 @@
 //! ```
 #![warn(missing_docs)]
 
+mod at_least_once;
+mod batch_commit;
+mod batch_recovery;
 #[doc(hidden)]
 pub mod changelog;
 pub mod config;
 #[doc(hidden)]
 pub mod consumed_positions;
+mod dead_letter_record;
 pub mod error;
+mod local_checkpoint;
 #[doc(hidden)]
 pub mod metrics;
+mod open_batch;
 #[doc(hidden)]
 pub mod partition_state;
+mod rebalance_handling;
+mod record_decision;
 pub mod replay;
 #[doc(hidden)]
 pub mod state_bench;
 #[doc(hidden)]
 pub mod state_format;
+mod state_restore;
 #[doc(hidden)]
 pub mod state_store;
 #[doc(hidden)]

@@ -30,6 +30,7 @@ pub mod stuck_call_watchdog;
 pub mod telemetry;
 pub mod topic_config;
 pub mod trace_context;
+pub mod transaction_recovery;
 pub mod transactional_producer;
 
 pub use kafka_settings::{KafkaFlags, KafkaSettings};

@@ -2,11 +2,13 @@
 //! notification (or the poll interval) when there is nothing to read.
 //!
 //! Exactly-once mode: the batch's records and the position record are one Kafka transaction
-//! (`eos_runtime::transactional_producer` classifies its failures). Aborted: nothing of it is
-//! visible, and the same rows are read again. Outcome unknown: the producer is replaced (its
-//! `init_transactions` settles the transaction) and the position is read back from Kafka, which
-//! says whether the batch is in. At-least-once mode: the position is stored in PostgreSQL after
-//! Kafka acknowledged the batch, so a crash in between publishes the batch again.
+//! (`eos_runtime::transactional_producer` classifies its failures, and
+//! `eos_runtime::transaction_recovery` says what follows each, docs/ARCHITECTURE.md "Pitfalls").
+//! Aborted: nothing of it is visible, and the same rows are read again. Outcome unknown: the
+//! producer is replaced (its `init_transactions` settles the transaction) and the position is read
+//! back from Kafka, which says whether the batch is in. Fenced or fatal: stop. At-least-once mode:
+//! the position is stored in PostgreSQL after Kafka acknowledged the batch, so a crash in between
+//! publishes the batch again.
 //!
 //! The producer's calls block, so they run under `block_in_place`. Two things overlap with a
 //! batch's Kafka transaction, since they do not depend on its outcome: reading (and building) the
@@ -33,6 +35,7 @@ use eos_outbox::relay_positions::{record_relayed, relayed_position};
 use eos_outbox::{OutboxCursor, OutboxRow, read_after};
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::trace_context;
+use eos_runtime::transaction_recovery::{LostTransaction, Recovery, cause};
 use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 use opentelemetry::trace::TraceContextExt as _;
 
@@ -263,25 +266,44 @@ impl RelayLoop {
                 self.published(rows, last).await;
                 Ok(())
             }
-            Err(TxnFailure::Abortable(error)) => {
+            Err(failure) => self.batch_failed(failure, rows.len()).await,
+        }
+    }
+
+    /// The batch's transaction did not commit. A lost transaction stops the relay like any
+    /// fence: its identity is only its `transactional.id`, so nothing tells the coordinator's
+    /// fence from a newer relay's.
+    async fn batch_failed(&mut self, failure: TxnFailure, rows: usize) -> Result<(), RelayError> {
+        match Recovery::after_failure(&failure, LostTransaction::Stop) {
+            Recovery::AbortAndRedo => {
+                let error = cause(failure);
                 counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
-                warn!(%error, rows = rows.len(), "batch aborted; publishing it again");
+                warn!(%error, rows, "batch aborted; publishing it again");
                 match block_in_place(|| self.producer.abort()) {
                     Ok(()) => Ok(()),
-                    Err(TxnFailure::Fatal(error)) => Err(RelayError::Fatal(error)),
-                    Err(TxnFailure::Abortable(error) | TxnFailure::Unknown(error)) => {
-                        warn!(%error, "abort failed; replacing the producer");
-                        self.recover().await
-                    }
+                    Err(failure) => self.abort_failed(failure).await,
                 }
             }
-            Err(TxnFailure::Unknown(error)) => {
+            Recovery::ReplaceProducer => {
+                let error = cause(failure);
                 counter!(m::TRANSACTIONS, "outcome" => "recovered").increment(1);
-                warn!(%error, rows = rows.len(), "commit outcome unknown; replacing the producer and reading the position back");
+                warn!(%error, rows, "commit outcome unknown; replacing the producer and reading the position back");
                 self.recover().await
             }
-            Err(TxnFailure::Fatal(error)) => Err(RelayError::Fatal(error)),
+            Recovery::Stop => Err(RelayError::Fatal(cause(failure))),
         }
+    }
+
+    /// The abort of a failed batch failed too: a new producer's `init_transactions` aborts
+    /// whatever is still open, unless the producer is fenced or broken.
+    async fn abort_failed(&mut self, failure: TxnFailure) -> Result<(), RelayError> {
+        let recovery = Recovery::after_failed_abort(&failure, LostTransaction::Stop);
+        let error = cause(failure);
+        if recovery == Recovery::Stop {
+            return Err(RelayError::Fatal(error));
+        }
+        warn!(%error, "abort failed; replacing the producer");
+        self.recover().await
     }
 
     async fn publish_then_record(
@@ -400,13 +422,11 @@ async fn recover_cursor(
 /// context of a span whose parent is the context stored at enqueue, so the event's trace goes on
 /// from the domain change.
 fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
-    let payload = row
-        .value_bytes()
-        .map_err(|error| RelayError::InvalidRow {
-            position: row.cursor.position,
-            event_id: row.event_id.clone(),
-            detail: error.to_string(),
-        })?;
+    let payload = row.value_bytes().map_err(|error| RelayError::InvalidRow {
+        position: row.cursor.position,
+        event_id: row.event_id.clone(),
+        detail: error.to_string(),
+    })?;
     let parent = row
         .trace_context
         .as_deref()
@@ -517,7 +537,9 @@ mod tests {
             key: "k".into(),
             event_id: String::new(),
             entity_id: "e".into(),
-            value: 1,
+            value: Some(1),
+            record: None,
+            headers: None,
             version: None,
             payload: None,
             occurred_at: None,

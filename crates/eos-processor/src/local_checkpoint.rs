@@ -1,0 +1,100 @@
+//! The local checkpoint of each owned changelog partition: how far the state store is known to
+//! equal the changelog, so that a restart on the same disk reads only the changelog's tail
+//! (docs/ARCHITECTURE.md, "Processor state on disk").
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use tracing::{debug, warn};
+
+use crate::error::ProcessorError;
+use crate::state_store::StateChanges;
+use crate::transaction_loop::TransactionLoop;
+use crate::transform::Transform;
+
+/// How often the local checkpoint of each changelog partition is moved up to what the store
+/// holds (an fsync of the store each): what a restart on the same disk reads of the changelog is
+/// about this much of its tail.
+pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A checkpoint with nothing written after it is rewritten this often, so its age (checked
+/// against the changelog's `delete.retention.ms`) stays that of the last time it was true.
+const CHECKPOINT_REFRESH: Duration = Duration::from_secs(3600);
+
+/// What this instance knows of the end of one changelog partition it owns.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChangelogEnd {
+    /// The store's checkpoint: it equals the changelog below this offset.
+    pub(crate) checkpointed: i64,
+    pub(crate) checkpointed_at: Instant,
+    /// Where the changelog ends if only this instance wrote to it since the restore: each
+    /// committed batch adds its records plus a commit marker (exactly-once). `None` after an
+    /// abort (how much of an aborted batch reached the log is unknown): the checkpoint then
+    /// stays until the next restore.
+    pub(crate) expected_end: Option<i64>,
+}
+
+impl<T: Transform> TransactionLoop<T> {
+    /// Moves each owned partition's local checkpoint up to the changelog's end, when that end is
+    /// exactly where this instance's own committed batches put it: then every record below it
+    /// is in the store. Any other end (a commit marker not written yet, or records of another
+    /// writer, such as a zombie's or a former owner's late abort marker) leaves the checkpoint
+    /// where it is: too low is only more to read at a restart, too high would skip state.
+    pub(crate) fn advance_checkpoints(&mut self) -> Result<(), ProcessorError> {
+        self.last_checkpoint = Instant::now();
+        for (&partition, end) in &mut self.changelog_ends {
+            let Some(expected_end) = end.expected_end else {
+                continue;
+            };
+            if expected_end == end.checkpointed
+                && end.checkpointed_at.elapsed() < CHECKPOINT_REFRESH
+            {
+                continue;
+            }
+            let Some(state) = self.states.get(&partition) else {
+                continue;
+            };
+            let high = match self.consumer.fetch_watermarks(
+                &self.settings.changelog_topic,
+                partition,
+                Duration::from_secs(5),
+            ) {
+                Ok((_, high)) => high,
+                Err(error) => {
+                    debug!(partition, %error, "changelog end not readable; checkpoint later");
+                    continue;
+                }
+            };
+            if high != expected_end {
+                debug!(
+                    partition,
+                    high, expected_end, "changelog end not (yet) where this instance left it"
+                );
+                continue;
+            }
+            state.store().write(&StateChanges::default(), Some(high))?;
+            end.checkpointed = high;
+            end.checkpointed_at = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// After the last commit: the commit markers are written a moment after the commit returns,
+    /// so a few tries to leave checkpoints at the very end.
+    pub(crate) fn checkpoint_on_shutdown(&mut self) {
+        for _ in 0..10 {
+            if let Err(error) = self.advance_checkpoints() {
+                warn!(%error, "cannot write the local checkpoint at shutdown");
+                return;
+            }
+            let behind = self
+                .changelog_ends
+                .values()
+                .any(|end| end.expected_end.is_some_and(|e| e != end.checkpointed));
+            if !behind {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The open batch: the records decided since the last commit with their state changes, consumed
+//! positions, counts and span links; when it is finished (full, due, or the loop idle past
+//! transaction markers), and what its commit does to the store (docs/ARCHITECTURE.md, "Loop
+//! invariants"). How it is written is the guarantee's: `batch_commit.rs` (exactly-once) or
+//! `at_least_once.rs`.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use metrics::counter;
+use opentelemetry::trace::SpanContext;
+use rdkafka::consumer::Consumer;
+use rdkafka::message::OwnedHeaders;
+use tracing::debug;
+
+use eos_core::{DeadLetterReason, Guarantee};
+use eos_runtime::transactional_producer::PendingRecord;
+
+use crate::changelog;
+use crate::consumed_positions::ConsumedPositions;
+use crate::error::ProcessorError;
+use crate::metrics as m;
+use crate::partition_state::Overlay;
+use crate::transaction_loop::TransactionLoop;
+use crate::transform::Transform;
+
+#[derive(Debug, Default)]
+pub(crate) struct BatchCounts {
+    pub(crate) records_in: u64,
+    pub(crate) outputs: u64,
+    pub(crate) duplicates: u64,
+    pub(crate) dead_letters: HashMap<DeadLetterReason, u64>,
+}
+
+/// The open batch: decided but not yet written.
+#[derive(Debug)]
+pub(crate) struct Batch<S> {
+    /// When the batch is committed at the latest (see `record_decision::batch_deadline`); set by
+    /// its first record.
+    pub(crate) due: Option<Instant>,
+    pub(crate) records: Vec<PendingRecord>,
+    pub(crate) overlays: HashMap<i32, Overlay<S>>,
+    pub(crate) positions: ConsumedPositions,
+    pub(crate) counts: BatchCounts,
+    /// The `process` spans of its first records: the transaction span links to them, since one
+    /// transaction has many inputs (and so no single parent).
+    pub(crate) links: Vec<SpanContext>,
+    /// Exactly-once: a transaction is open with this batch's records sent so far (`records`
+    /// then holds only what was decided since the last send).
+    pub(crate) transaction_open: bool,
+}
+
+impl<S> Default for Batch<S> {
+    fn default() -> Self {
+        Self {
+            due: None,
+            records: Vec::new(),
+            overlays: HashMap::new(),
+            positions: ConsumedPositions::default(),
+            counts: BatchCounts::default(),
+            links: Vec::new(),
+            transaction_open: false,
+        }
+    }
+}
+
+impl<S> Batch<S> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.counts.records_in == 0
+    }
+}
+
+impl<T: Transform> TransactionLoop<T> {
+    /// Writes the open batch with the configured guarantee.
+    pub(crate) fn finish_batch(&mut self) -> Result<(), ProcessorError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        for (partition, next) in self.owned_positions() {
+            batch.positions.advance_to(partition, next);
+        }
+        self.commit(batch)
+    }
+
+    /// Idle, with the consumer past transaction markers it has not committed yet: an
+    /// offsets-only transaction moves the group there.
+    pub(crate) fn commit_markers_passed(&mut self) -> Result<(), ProcessorError> {
+        let mut positions = ConsumedPositions::default();
+        for (partition, next) in self.owned_positions() {
+            if self
+                .committed_next
+                .get(&partition)
+                .is_none_or(|&committed| next > committed)
+            {
+                positions.advance_to(partition, next);
+            }
+        }
+        if positions.is_empty() {
+            return Ok(());
+        }
+        debug!(
+            ?positions,
+            "committing the offsets past transaction markers"
+        );
+        let batch = Batch {
+            positions,
+            ..Batch::default()
+        };
+        self.commit(batch)
+    }
+
+    /// The consumer's position on each owned partition. Past the last record returned it also
+    /// counts what `read_committed` skipped (commit markers, aborted records), so committing it
+    /// lets the group's lag reach zero on a transactional input (outbox-relay's or another
+    /// processor's output). Every record before it was returned by `poll` and decided, since
+    /// nothing is polled between deciding and committing.
+    fn owned_positions(&self) -> Vec<(i32, i64)> {
+        let Ok(list) = self.consumer.position() else {
+            return Vec::new();
+        };
+        list.elements_for_topic(&self.settings.input_topic)
+            .iter()
+            .filter(|elem| self.states.contains_key(&elem.partition()))
+            .filter_map(|elem| Some((elem.partition(), elem.offset().to_raw()?)))
+            .filter(|&(_, next)| next >= 0)
+            .collect()
+    }
+
+    /// Writes `batch` by the configured guarantee (`batch_commit.rs` or `at_least_once.rs`).
+    fn commit(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
+        match self.settings.guarantee {
+            Guarantee::ExactlyOnce => self.commit_transactional(batch),
+            Guarantee::AtLeastOnce => self.commit_at_least_once(batch),
+        }
+    }
+
+    /// The changelog records of the batch's state changes, each to its input partition's
+    /// changelog partition.
+    pub(crate) fn changelog_records(&self, batch: &Batch<T::State>) -> Vec<PendingRecord> {
+        let mut records = Vec::new();
+        for (&partition, overlay) in &batch.overlays {
+            for record in changelog::records_for::<T>(overlay) {
+                records.push(PendingRecord {
+                    topic: self.settings.changelog_topic.clone(),
+                    partition: Some(partition),
+                    key: Some(record.key.into_bytes()),
+                    payload: record.value,
+                    headers: OwnedHeaders::new(),
+                });
+            }
+        }
+        records
+    }
+
+    /// The batch is committed in Kafka: its state changes go to the store. A store that
+    /// cannot take them is fatal; the restart restores from the changelog, which has them.
+    pub(crate) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
+        self.committed_next.extend(batch.positions.next_offsets());
+        let counts = batch.counts;
+        let markers = match self.settings.guarantee {
+            Guarantee::ExactlyOnce => 1,
+            Guarantee::AtLeastOnce => 0,
+        };
+        for (partition, overlay) in batch.overlays {
+            let written = overlay.changelog_record_count() as i64;
+            if let Some(state) = self.states.get(&partition) {
+                state.apply::<T>(overlay)?;
+            }
+            if written > 0
+                && let Some(end) = self.changelog_ends.get_mut(&partition)
+            {
+                end.expected_end = end.expected_end.map(|e| e + written + markers);
+            }
+        }
+        counter!(m::RECORDS_IN).increment(counts.records_in);
+        counter!(m::RECORDS_OUT).increment(counts.outputs);
+        counter!(m::DUPLICATES_DROPPED).increment(counts.duplicates);
+        for (reason, n) in counts.dead_letters {
+            counter!(m::DEAD_LETTERS, "reason" => reason.as_str()).increment(n);
+        }
+        counter!(m::TRANSACTIONS, "outcome" => "committed").increment(1);
+        debug!(
+            records_in = counts.records_in,
+            outputs = counts.outputs,
+            duplicates = counts.duplicates,
+            "batch committed"
+        );
+        Ok(())
+    }
+}

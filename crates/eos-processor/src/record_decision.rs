@@ -1,0 +1,306 @@
+//! The decision on one polled record, into the open batch: its `process` span (a child of the
+//! trace context its headers carry, docs/ARCHITECTURE.md "The path of one event"), the sweep of
+//! dedup ids past the horizon, the batch's commit deadline ("Latency"), and the outputs or the
+//! dead letter the decision makes. The decision itself is `partition_state.rs`'s, pure.
+
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::TraceContextExt as _;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use tracing::{debug, info, info_span, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use eos_runtime::trace_context;
+use eos_runtime::transactional_producer::PendingRecord;
+
+use crate::dead_letter_record::dead_letter_record;
+use crate::error::ProcessorError;
+use crate::partition_state::{Decision, EXPIRY_SWEEP_MAX, InputRecord, Overlay};
+use crate::transaction_loop::TransactionLoop;
+use crate::transform::{SourcePosition, Transform};
+
+/// How often committed ids past the horizon are swept into tombstones, per partition. A sweep
+/// reads only the expired end of the store's expiry index, so it can be frequent.
+const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Span links a transaction span keeps: OpenTelemetry's default limit per span.
+const MAX_SPAN_LINKS: usize = 128;
+
+impl<T: Transform> TransactionLoop<T> {
+    /// Decides one polled record into the open batch: its outputs or its dead letter join the
+    /// batch's records, its state change the partition's overlay, its offset the positions.
+    pub(crate) fn decide(&mut self, message: &OwnedMessage) -> Result<(), ProcessorError> {
+        let partition = message.partition();
+        let Some(state) = self.states.get(&partition) else {
+            // Only possible for a partition revoked in the same poll; its new owner reads it.
+            debug!(
+                partition,
+                offset = message.offset(),
+                "record of an unowned partition skipped"
+            );
+            return Ok(());
+        };
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let batch = &mut self.batch;
+        batch.due.get_or_insert_with(|| {
+            batch_deadline(
+                Instant::now(),
+                record_age(message.timestamp()),
+                self.settings.commit_interval,
+            )
+        });
+        let overlay = match batch.overlays.entry(partition) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let mut overlay = Overlay::default();
+                let last = self
+                    .last_sweep
+                    .entry(partition)
+                    .or_insert_with(Instant::now);
+                if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
+                    *last = Instant::now();
+                    let expired = state.expire(&mut overlay, now)?;
+                    if expired > 0 {
+                        info!(partition, expired, "dedup ids past the horizon tombstoned");
+                    }
+                    if expired >= EXPIRY_SWEEP_MAX {
+                        // More are due: sweep again in the next batch.
+                        if let Some(earlier) = last.checked_sub(EXPIRY_SWEEP_INTERVAL) {
+                            *last = earlier;
+                        }
+                    }
+                }
+                entry.insert(overlay)
+            }
+        };
+        let source = SourcePosition {
+            topic: message.topic().to_owned(),
+            partition,
+            offset: message.offset(),
+        };
+        let event_id_header = message
+            .headers()
+            .and_then(trace_context::event_id_header)
+            .unwrap_or_default()
+            .to_owned();
+        // The event id as baggage too, so the output's headers carry it to the next service even
+        // when the producer sent no baggage.
+        let parent = message
+            .headers()
+            .map(trace_context::extract_kafka)
+            .unwrap_or_default();
+        let parent = if event_id_header.is_empty() {
+            parent
+        } else {
+            trace_context::context_with_event_id(&parent, &event_id_header)
+        };
+        let span = info_span!(
+            "process",
+            otel.name = "eos-processor process",
+            otel.kind = "consumer",
+            event_id = %event_id_header,
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.destination.name = %source.topic,
+            messaging.destination.partition.id = %partition,
+            messaging.consumer.group.name = %self.settings.group_id,
+            messaging.kafka.offset = source.offset,
+            eos.decision = tracing::field::Empty,
+        );
+        let _ = span.set_parent(parent.clone());
+        let headers: Vec<(&str, Option<&[u8]>)> = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|header| (header.key, header.value))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let record = InputRecord {
+            key: message.key(),
+            value: message.payload(),
+            headers: &headers,
+            timestamp_secs: message.timestamp().to_millis().unwrap_or(0) / 1000,
+        };
+        let decision = state.decide(
+            overlay,
+            &self.transform,
+            record,
+            &source,
+            now,
+            &self.settings.policy,
+        )?;
+        batch.counts.records_in += 1;
+        batch.positions.read(partition, message.offset());
+        if batch.links.len() < MAX_SPAN_LINKS {
+            let span_context = span.context().span().span_context().clone();
+            if span_context.is_valid() {
+                batch.links.push(span_context);
+            }
+        }
+        match decision {
+            Decision::Emit {
+                event_id,
+                entity_id,
+                outputs,
+            } => {
+                span.record("eos.decision", "emit");
+                // Without an exporter the span has no context of its own: pass the input's on.
+                let span_cx = span.context();
+                let cx = if span_cx.span().span_context().is_valid() {
+                    span_cx
+                } else {
+                    parent
+                };
+                let cx = trace_context::context_with_event_id(&cx, &event_id);
+                for output in outputs {
+                    let mut headers = OwnedHeaders::new_with_capacity(output.headers.len() + 4);
+                    for (key, value) in &output.headers {
+                        headers = headers.insert(Header {
+                            key,
+                            value: Some(value),
+                        });
+                    }
+                    let headers = trace_context::with_event_id(
+                        trace_context::inject_kafka(&cx, headers),
+                        &event_id,
+                    );
+                    let topic = self.settings.outputs[&output.output].clone();
+                    batch.counts.outputs += 1;
+                    batch.records.push(PendingRecord {
+                        topic,
+                        partition: None,
+                        key: Some(output.key.unwrap_or_else(|| entity_id.clone().into_bytes())),
+                        payload: serde_json::to_vec(&output.value).ok(),
+                        headers,
+                    });
+                }
+            }
+            Decision::Duplicate { event_id } => {
+                span.record("eos.decision", "duplicate");
+                debug!(
+                    event_id,
+                    partition,
+                    offset = source.offset,
+                    "duplicate delivery dropped"
+                );
+                batch.counts.duplicates += 1;
+            }
+            Decision::DeadLetter {
+                reason,
+                code,
+                detail,
+                event_id,
+            } => {
+                span.record("eos.decision", "dead_letter");
+                warn!(
+                    partition,
+                    offset = source.offset,
+                    event_id = event_id.as_deref().unwrap_or(""),
+                    %reason,
+                    detail,
+                    "record dead-lettered"
+                );
+                *batch.counts.dead_letters.entry(reason).or_default() += 1;
+                let record = dead_letter_record(
+                    &self.settings.dlq_topic,
+                    message,
+                    (reason, code.as_deref()),
+                    &detail,
+                    self.settings.dead_letter_max_bytes,
+                );
+                if record.truncated {
+                    warn!(
+                        partition,
+                        offset = source.offset,
+                        size = message.payload().map_or(0, <[u8]>::len),
+                        limit = self.settings.dead_letter_max_bytes,
+                        "dead letter too big for the producer: a prefix is kept, with the \
+                         original's size and SHA-256"
+                    );
+                }
+                batch.records.push(record.record);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// When a batch whose first record is `first_record_age` old is committed at the latest: one
+/// commit interval after that record was written, so that a record that waited behind the
+/// previous commit (or in the producer's linger) does not wait a whole interval more, and the
+/// interval bounds its latency as Kafka Streams' commit cadence does. A first record older than
+/// half the interval is a backlog being read, not a wait behind one commit: its batch gets the
+/// whole interval, which keeps throughput (batch sizes) where a backlog needs it. A record
+/// timestamp from the future (another clock) or absent counts as just written.
+fn batch_deadline(
+    now: Instant,
+    first_record_age: Option<Duration>,
+    commit_interval: Duration,
+) -> Instant {
+    let waited = first_record_age
+        .filter(|age| *age <= commit_interval / 2)
+        .unwrap_or_default();
+    now + (commit_interval - waited)
+}
+
+/// How long ago a record was written, by its Kafka timestamp; `None` without one or when the
+/// timestamp is ahead of this clock.
+fn record_age(timestamp: rdkafka::Timestamp) -> Option<Duration> {
+    let written = time::OffsetDateTime::from_unix_timestamp_nanos(
+        i128::from(timestamp.to_millis()?) * 1_000_000,
+    )
+    .ok()?;
+    // A negative age (a timestamp ahead of this clock) does not convert.
+    Duration::try_from(time::OffsetDateTime::now_utc() - written).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn a_record_that_waited_behind_a_commit_shortens_its_batch_by_the_wait() {
+        let now = Instant::now();
+        let due = batch_deadline(now, Some(Duration::from_millis(30)), INTERVAL);
+        assert_eq!(due - now, Duration::from_millis(70));
+    }
+
+    #[test]
+    fn a_backlog_or_an_unknown_age_gets_the_whole_interval() {
+        let now = Instant::now();
+        for age in [
+            None,
+            Some(Duration::from_millis(51)),
+            Some(Duration::from_secs(3600)),
+        ] {
+            assert_eq!(
+                batch_deadline(now, age, INTERVAL) - now,
+                INTERVAL,
+                "{age:?}"
+            );
+        }
+        let half = batch_deadline(now, Some(INTERVAL / 2), INTERVAL);
+        assert_eq!(half - now, INTERVAL / 2);
+    }
+
+    #[test]
+    fn record_age_is_none_without_a_timestamp_or_from_the_future() {
+        assert_eq!(record_age(rdkafka::Timestamp::NotAvailable), None);
+        let ahead = std::time::SystemTime::now() + Duration::from_secs(60);
+        let ahead_ms = ahead
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the clock is after 1970")
+            .as_millis() as i64;
+        assert_eq!(record_age(rdkafka::Timestamp::CreateTime(ahead_ms)), None);
+        let age = record_age(rdkafka::Timestamp::LogAppendTime(ahead_ms - 90_000))
+            .expect("a timestamp 30 s in the past has an age");
+        assert!(
+            (Duration::from_secs(29)..Duration::from_secs(31)).contains(&age),
+            "{age:?}"
+        );
+    }
+}
