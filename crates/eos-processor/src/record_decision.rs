@@ -98,7 +98,9 @@ impl<T: Transform> TransactionLoop<T> {
             "process",
             otel.name = "eos-processor process",
             otel.kind = "consumer",
-            event_id = %event_id_header,
+            // Recorded once decided: the event id is where the contract says, which may be the
+            // value rather than the `event_id` header (docs/ARCHITECTURE.md "Wire format").
+            event_id = tracing::field::Empty,
             messaging.system = "kafka",
             messaging.operation.type = "process",
             messaging.destination.name = %source.topic,
@@ -138,6 +140,15 @@ impl<T: Transform> TransactionLoop<T> {
             if span_context.is_valid() {
                 batch.links.push(span_context);
             }
+        }
+        let decided_id = match &decision {
+            Decision::Emit { event_id, .. } | Decision::Duplicate { event_id } => Some(event_id),
+            Decision::DeadLetter { event_id, .. } => event_id.as_ref(),
+        };
+        if let Some(event_id) = decided_id.filter(|id| !id.is_empty()) {
+            span.record("event_id", event_id.as_str());
+        } else if !event_id_header.is_empty() {
+            span.record("event_id", event_id_header.as_str());
         }
         match decision {
             Decision::Emit {
