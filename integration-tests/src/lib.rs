@@ -3,6 +3,7 @@
 //! real broker and server that `deploy/local/stack up` starts. Nothing here is a fake: a test that
 //! cannot reach the stack fails with a message saying how to start it.
 
+pub mod aimed_kill;
 pub mod answer_dropping_proxy;
 pub mod eosctl;
 pub mod fault_proxy;
@@ -314,6 +315,16 @@ fn postgres_lock_file() -> anyhow::Result<File> {
         .write(true)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))
+}
+
+/// Holds the shared PostgreSQL lock (as a [`TestDatabase`] does) for a test that uses the server
+/// through a child process of its own — `eosctl demo`, which creates its database itself — so a
+/// test that restarts the server waits for it instead of cutting its connections mid-run.
+pub fn postgres_in_use() -> anyhow::Result<File> {
+    let file = postgres_lock_file()?;
+    file.lock_shared()
+        .context("cannot take the shared PostgreSQL lock")?;
+    Ok(file)
 }
 
 impl TestDatabase {

@@ -333,36 +333,59 @@ async fn dedup_concurrent_begins_acquire_exactly_once_per_id() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow::Result<()> {
+    // A's lease, and how long after it the reconciler may settle A's attempt as failed. B's
+    // first Begin must come between the two to be told UNKNOWN: a window several seconds wide,
+    // so a loaded machine's stalls do not close it.
+    const LEASE: Duration = Duration::from_secs(1);
+    const IN_FLIGHT_WINDOW: Duration = Duration::from_secs(5);
     let db = TestDatabase::create().await?;
     let sim = ProviderSim::spawn(&[])?;
+    let window = humantime::format_duration(IN_FLIGHT_WINDOW).to_string();
     let service = Dedup::spawn(
         &db,
         &[
             "--provider-url",
             &sim.url,
             "--in-flight-window",
-            "1s",
+            &window,
             "--reconcile-interval",
             "200ms",
         ],
     )?;
     let client = service.client()?;
     let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
-    let op = "fence-1";
 
-    // Holder A acquires and stalls past its lease without calling the provider.
-    let a = acquire(
-        &client,
-        &with_lease(params(op, 5, "worker-a"), Duration::from_secs(1)),
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-
-    // B is told UNKNOWN (A may have called) until the reconciler finds no charge after the
-    // in-flight window and settles a retryable failure; then B acquires a newer token.
+    // Holder A acquires and stalls past its lease without calling the provider. B is told
+    // UNKNOWN (A may have called) until the reconciler finds no charge after the in-flight
+    // window and settles a retryable failure; then B acquires a newer token.
+    let mut attempt = 0;
+    let (op, a) = loop {
+        attempt += 1;
+        let op = format!("fence-{attempt}");
+        let sent = Instant::now();
+        let a = acquire(&client, &with_lease(params(&op, 5, "worker-a"), LEASE)).await?;
+        tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+        let first = client.begin(&params(&op, 5, "worker-b")).await?;
+        if matches!(first, BeginOutcome::Unknown { .. }) {
+            break (op, a);
+        }
+        // Answered before the window could close: only UNKNOWN is right. Answered after a
+        // stall longer than the window, the reconciler may rightly have settled A's attempt:
+        // the precondition did not hold, so the scenario starts again on a new operation.
+        ensure!(
+            sent.elapsed() >= LEASE + IN_FLIGHT_WINDOW,
+            "B's first Begin {:?} after A's acquire: expected UNKNOWN, got {first:?}",
+            sent.elapsed()
+        );
+        ensure!(
+            attempt < 3,
+            "B's first Begin came after the in-flight window {attempt} times: the machine stalls \
+             longer than {IN_FLIGHT_WINDOW:?}"
+        );
+        eprintln!("{op}: B's first Begin came after the in-flight window; starting again");
+    };
+    let op = op.as_str();
     let b_params = params(op, 5, "worker-b");
-    let first = client.begin(&b_params).await?;
-    assert!(matches!(first, BeginOutcome::Unknown { .. }), "{first:?}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let b = loop {
         match client.begin(&b_params).await? {

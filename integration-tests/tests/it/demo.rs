@@ -15,6 +15,8 @@ fn demo(
     [relay_kills, processor_kills, sink_kills]: [&str; 3],
 ) -> anyhow::Result<(i32, Value)> {
     let runs_dir = std::env::temp_dir().join("eos-demo-runs");
+    // The demo's database is on the shared server: no PostgreSQL restart while it runs.
+    let _postgres = integration_tests::postgres_in_use()?;
     let output = Command::new(workspace_binary("eosctl")?)
         .args([
             "--bootstrap-servers",

@@ -3,15 +3,16 @@
 //! SIGKILLed, paused as a zombie, and cut off from PostgreSQL; the purge under load. Every run is
 //! audited by `event_id` against the committed domain rows.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use eos_core::{EntityId, EventEnvelope, EventId};
 use eos_outbox::relay_positions::{purge_relayed, record_relayed, relayed_position};
 use eos_outbox::{OutboxCursor, OutboxEvent, read_after};
+use integration_tests::aimed_kill::kill_when;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, PostgresRestartGuard, TestDatabase, bootstrap_servers, create_topic_on,
@@ -22,6 +23,20 @@ use rdkafka::Message as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
 
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// What outbox-relay logs once its producer is initialised (`init_transactions` done, fencing
+/// any earlier relay of its name) and it knows where to resume.
+const RESUMING_LOG_LINE: &str = "resuming after this outbox position";
+
+/// The integer value of `name=` in a log line.
+fn log_field(line: &str, name: &str) -> anyhow::Result<i64> {
+    let needle = format!(" {name}=");
+    line.split(&needle)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.trim_matches('"').parse().ok())
+        .with_context(|| format!("no integer {name} in {line:?}"))
+}
 
 /// The domain of the tests: an account whose version each payment bumps, and the payment rows.
 const DOMAIN_SCHEMA: &str = "
@@ -84,7 +99,8 @@ impl Outbox {
         .map(str::to_owned)
         .to_vec();
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
-        ServiceProcess::spawn("outbox-relay", &args, &[])
+        // Its database sessions carry its name, so a test can find those of a killed relay.
+        ServiceProcess::spawn("outbox-relay", &args, &[("PGAPPNAME", &self.relay_name)])
     }
 
     fn writer(&self, plan: WritePlan) -> DomainWriter {
@@ -93,7 +109,113 @@ impl Outbox {
             admin_url: self.db.url.clone(),
             topic: self.topic.clone(),
             plan,
+            keep_writing: None,
         }
+    }
+
+    /// A writer that goes on past `plan.events` until `keep_writing` is cleared.
+    fn writer_while(&self, plan: WritePlan, keep_writing: &Arc<AtomicBool>) -> DomainWriter {
+        DomainWriter {
+            keep_writing: Some(Arc::clone(keep_writing)),
+            ..self.writer(plan)
+        }
+    }
+
+    /// Waits until `relay` has logged where it resumes — after `init_transactions`, so its
+    /// producer has its epoch — and has then recorded a later position in PostgreSQL: it is in
+    /// its loop, publishing. `idle` says when there may be nothing more to publish (the writer
+    /// finished): then the log line alone is waited for.
+    async fn wait_publishing(
+        &self,
+        relay: &mut ServiceProcess,
+        idle: impl Fn() -> bool,
+    ) -> anyhow::Result<()> {
+        let line = tokio::task::block_in_place(|| {
+            relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
+        })?;
+        let resumed = OutboxCursor {
+            order_xid: log_field(&line, "order_xid")?,
+            position: log_field(&line, "position")?,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let relayed = relayed_position(&self.db.pool, &self.relay_name).await?;
+            if relayed.is_some_and(|relayed| relayed > resumed) || idle() {
+                return Ok(());
+            }
+            if !relay.is_running() || Instant::now() > deadline {
+                bail!(
+                    "{} resumed after {resumed:?} but recorded no later position (at \
+                     {relayed:?})\n{}",
+                    relay.name(),
+                    relay.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Ends the database sessions a killed relay left behind: one may still be running a write
+    /// the relay sent before it died (a commit waiting on a slow disk). Once they are gone, the
+    /// recorded position is the one the next relay resumes after.
+    async fn end_sessions_of_a_killed_relay(&self) -> anyhow::Result<()> {
+        const SESSIONS: &str = "FROM pg_stat_activity \
+                                WHERE datname = current_database() AND application_name = $1";
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) {SESSIONS}"))
+                .bind(&self.relay_name)
+                .fetch_one(&self.db.pool)
+                .await?;
+            if left == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{left} sessions of the killed relay are still open after 30 s");
+            }
+            sqlx::query(&format!("SELECT pg_terminate_backend(pid) {SESSIONS}"))
+                .bind(&self.relay_name)
+                .execute(&self.db.pool)
+                .await?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// With an at-least-once relay frozen: the event ids in the topic whose rows come after the
+    /// position recorded in PostgreSQL. A relay started now resumes after that position and
+    /// publishes them again. `None` when the position moved during the look (a write still in
+    /// flight): the answer would not be what a restart finds.
+    async fn published_past_the_recorded_position(
+        &self,
+    ) -> anyhow::Result<Option<BTreeSet<String>>> {
+        let recorded = relayed_position(&self.db.pool, &self.relay_name).await?;
+        let (bootstrap, topic) = (self.bootstrap.clone(), self.topic.clone());
+        // No transactions in this mode: uncommitted is everything the broker has.
+        let records = tokio::task::spawn_blocking(move || {
+            read_topic_on(&bootstrap, &topic, Isolation::ReadUncommitted)
+        })
+        .await??;
+        if relayed_position(&self.db.pool, &self.relay_name).await? != recorded {
+            return Ok(None);
+        }
+        let recorded = recorded.unwrap_or_default();
+        let unrecorded: HashSet<String> = sqlx::query_scalar(
+            "SELECT event_id FROM eos_outbox WHERE (order_xid, position) > ($1, $2)",
+        )
+        .bind(recorded.order_xid)
+        .bind(recorded.position)
+        .fetch_all(&self.db.pool)
+        .await?
+        .into_iter()
+        .collect();
+        Ok(Some(
+            records
+                .iter()
+                .filter_map(|record| EventEnvelope::parse(record.payload()?).ok())
+                .map(|envelope| envelope.event_id.to_string())
+                .filter(|event_id| unrecorded.contains(event_id))
+                .collect(),
+        ))
     }
 
     /// Waits until the relay records, in PostgreSQL, the last row of the outbox as published.
@@ -305,6 +427,8 @@ struct DomainWriter {
     admin_url: String,
     topic: String,
     plan: WritePlan,
+    /// While set, the writer goes on past `plan.events`: input for as long as a test needs it.
+    keep_writing: Option<Arc<AtomicBool>>,
 }
 
 enum Ending {
@@ -340,7 +464,12 @@ impl DomainWriter {
         let started = Instant::now();
         let mut admin = PgConnection::connect(&self.admin_url).await?;
         let mut n = 0u64;
-        while summary.committed.load(Ordering::Relaxed) < plan.events {
+        let keep_writing = || {
+            self.keep_writing
+                .as_ref()
+                .is_some_and(|keep| keep.load(Ordering::Relaxed))
+        };
+        while summary.committed.load(Ordering::Relaxed) < plan.events || keep_writing() {
             if plan.rate > 0 {
                 let allowed = started.elapsed().as_secs_f64() * plan.rate as f64;
                 if summary.committed.load(Ordering::Relaxed) as f64 > allowed {
@@ -709,7 +838,11 @@ async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() 
         );
     }
     let mut zombie = outbox.spawn_relay("exactly-once", &[])?;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Frozen before its init_transactions, the zombie would take the successor's epoch when
+    // resumed and fence the successor instead: so it is frozen only once it publishes.
+    outbox
+        .wait_publishing(&mut zombie, || writer.is_finished())
+        .await?;
     zombie.pause()?;
     let mut successor = outbox.spawn_relay("exactly-once", &[])?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -744,28 +877,96 @@ async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() 
 #[tokio::test(flavor = "multi_thread")]
 async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_them()
 -> anyhow::Result<()> {
+    const KILLS: usize = 8;
+    // How long one kill may wait for its state before the test gives up on the precondition.
+    const AIM_WITHIN: Duration = Duration::from_secs(30);
     let outbox = Outbox::create().await?;
     integration_tests::workspace_binary("outbox-relay")?;
+    // Rows keep coming until the last kill: a kill repeats records only while the relay has
+    // published some that it has not recorded yet, which an idle relay never has.
+    let keep_writing = Arc::new(AtomicBool::new(true));
     let writer = outbox
-        .writer(WritePlan {
-            rate: 3_000,
-            ..WritePlan::commits_only(20_000, 3)
-        })
+        .writer_while(
+            WritePlan {
+                rate: 1_000,
+                ..WritePlan::commits_only(20_000, 3)
+            },
+            &keep_writing,
+        )
         .spawn();
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for _ in 0..8 {
+    // The event ids each kill left published past the recorded position.
+    let mut republished: BTreeSet<String> = BTreeSet::new();
+    let (mut kills, mut aimed) = (0, 0);
+    while aimed < KILLS {
+        kills += 1;
+        ensure!(
+            kills <= 2 * KILLS,
+            "only {aimed} of {} kills left records that the next relay publishes again",
+            kills - 1
+        );
         let mut relay = outbox.spawn_relay("at-least-once", &["--batch-size", "2000"])?;
+        tokio::task::block_in_place(|| {
+            relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
+        })?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(700..1_500))).await;
-        relay.kill_hard()?;
+        // A timer can land while the relay waits for rows or between recording a batch and
+        // sending the next: then nothing would be published again. So the relay is killed only
+        // when the topic holds records past its recorded position.
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| {
+            kill_when(&mut relay, AIM_WITHIN, || {
+                Ok(handle
+                    .block_on(outbox.published_past_the_recorded_position())?
+                    .filter(|found| !found.is_empty()))
+            })
+        })?
+        .with_context(|| {
+            format!(
+                "kill {kills}: no moment in {AIM_WITHIN:?} with records past the recorded \
+                 position\n{}",
+                relay.log_tail(30)
+            )
+        })?;
+        // A position write the relay sent before the freeze may still land: what counts is
+        // where the next relay resumes, known once the killed relay's sessions are gone.
+        outbox.end_sessions_of_a_killed_relay().await?;
+        let found = outbox
+            .published_past_the_recorded_position()
+            .await?
+            .context("the recorded position moved with no relay running")?;
+        if found.is_empty() {
+            eprintln!(
+                "kill {kills}: a late position write covered what the look found; not counted"
+            );
+            continue;
+        }
+        aimed += 1;
+        republished.extend(found);
     }
+    keep_writing.store(false, Ordering::Relaxed);
     let mut relay = outbox.spawn_relay("at-least-once", &[])?;
     join_writer(writer).await?;
     outbox.wait_relayed(&relay).await?;
     relay.stop_gracefully()?;
     let audit = outbox.audit().await?;
+    eprintln!(
+        "at-least-once relay: {kills} kills, {KILLS} of them aimed, left {} records to publish \
+         again; {}",
+        republished.len(),
+        audit.summary()
+    );
     assert!(
-        audit.duplicates > 0 && audit.missing.is_empty() && audit.without_row.is_empty(),
-        "at-least-once under kills repeats records and loses none: {}",
+        audit.missing.is_empty() && audit.without_row.is_empty(),
+        "at-least-once under kills loses no record: {}",
+        audit.summary()
+    );
+    // Each record a kill left past the recorded position was published again by the next relay.
+    assert!(
+        audit.duplicates >= republished.len(),
+        "the {KILLS} aimed kills left {} records to publish again, the topic repeats {}: {}",
+        republished.len(),
+        audit.duplicates,
         audit.summary()
     );
 
@@ -816,7 +1017,9 @@ async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<(
     let outbox = Outbox::on(server.create_database().await?).await?;
     let writer = outbox.writer(WritePlan::commits_only(8_000, 4)).spawn();
     let mut relay = outbox.spawn_relay("exactly-once", &[])?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its start-up gives up on a database error (an orchestrator restarts it); only its loop
+    // waits for PostgreSQL, so the server stops once the relay is publishing.
+    outbox.wait_publishing(&mut relay, || false).await?;
     server.stop()?;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(

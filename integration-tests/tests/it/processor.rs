@@ -1,15 +1,23 @@
 //! eos-processor against the real broker, as a real child process: SIGKILLed, paused, rebalanced
 //! and cut off from a killed broker — then audited by event_id with `eosctl audit`.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use integration_tests::aimed_kill::{
+    ProcessorTopics, kill_when, outputs_a_restart_repeats_after_the_kill,
+    outputs_an_at_least_once_restart_repeats,
+};
 use integration_tests::eosctl::{self, AuditOutcome, Workload};
 use integration_tests::service_process::ServiceProcess;
-use integration_tests::{bootstrap_servers, create_topic, unique_name, wait_until_consumed};
+use integration_tests::{
+    Isolation, bootstrap_servers, create_topic, read_topic_on, unique_name, wait_until_consumed,
+};
 use rand::{Rng as _, SeedableRng as _};
+use rdkafka::Message as _;
 
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -124,16 +132,114 @@ fn exactly_once_survives_repeated_sigkill() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The same workload and number of kills without transactions: the audit must catch the
+/// repeated outputs. A kill repeats outputs only when it lands after they reached the broker and
+/// before the changelog knew their event ids (see `integration_tests::aimed_kill`), which a timer
+/// can miss (an instance still restoring, or idle once the input is drained); so every kill is
+/// aimed at that state, and the outputs it found must each be in the output topic at least twice.
 #[test]
 fn at_least_once_under_the_same_kills_is_caught_by_the_audit() -> anyhow::Result<()> {
-    let outcome = hard_kill_run("at-least-once", 12, 11)?;
+    const KILLS: usize = 12;
+    // How long one kill may wait for its state before the test gives up on the precondition.
+    const AIM_WITHIN: Duration = Duration::from_secs(30);
+    let pipeline = Pipeline::new(bootstrap_servers());
+    let changelog = format!("{}-{}-changelog", pipeline.group, pipeline.input);
+    let topics = ProcessorTopics {
+        bootstrap: &pipeline.bootstrap,
+        input: &pipeline.input,
+        output: &pipeline.output,
+        changelog: &changelog,
+        group: &pipeline.group,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let producer = pipeline.produce_in_background(Workload {
+        rate: 1_500,
+        ..Workload::chaos(20_000, 11)
+    });
+    // A batch's outputs stay uncovered by the changelog until its commit. Once the producer has
+    // finished, that state comes only after a restart, which reads the uncommitted input again:
+    // a commit interval longer than the default 100 ms (and than the wait before the first look
+    // below) keeps it open until the look.
+    let envs = [("EOS_COMMIT_INTERVAL", "5s")];
+    let mut repeated: BTreeSet<String> = BTreeSet::new();
+    let (mut kills, mut aimed) = (0, 0);
+    while aimed < KILLS {
+        kills += 1;
+        anyhow::ensure!(
+            kills <= 2 * KILLS,
+            "only {aimed} of {} kills left outputs that their restart repeats",
+            kills - 1
+        );
+        let mut processor = pipeline.spawn("chaos", "at-least-once", &envs)?;
+        std::thread::sleep(Duration::from_millis(rng.random_range(700..2_200)));
+        // Its topics exist and its state is restored: a look can read what a restart finds.
+        processor.wait_for_log_line("state restored", Duration::from_secs(60))?;
+        kill_when(&mut processor, AIM_WITHIN, || {
+            Ok(outputs_an_at_least_once_restart_repeats(topics)?.filter(|found| !found.is_empty()))
+        })?
+        .with_context(|| {
+            format!(
+                "kill {kills}: no moment in {AIM_WITHIN:?} with outputs a restart repeats\n{}",
+                processor.log_tail(30)
+            )
+        })?;
+        // An offset commit sent just before the freeze can still land: what counts is what the
+        // restart finds, looked at with the process dead.
+        let found = outputs_a_restart_repeats_after_the_kill(topics)?;
+        if found.is_empty() {
+            eprintln!("kill {kills}: a late commit covered what the look found; not counted");
+            continue;
+        }
+        aimed += 1;
+        repeated.extend(found.into_iter().map(|output| output.event_id));
+    }
+    let mut last = pipeline.spawn("chaos", "at-least-once", &envs)?;
+    let summary = producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    assert_eq!(summary["logical_events"], 20_000);
+    pipeline.wait_drained().with_context(|| last.log_tail(40))?;
+    last.stop_gracefully()?;
+    let outcome = pipeline.audit()?;
+    eprintln!(
+        "at-least-once: {kills} kills, {KILLS} of them aimed, left {} outputs to repeat; the \
+         audit counts {} duplicated outputs",
+        repeated.len(),
+        outcome.violations("duplicated_output")
+    );
+
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for record in read_topic_on(
+        &pipeline.bootstrap,
+        &pipeline.output,
+        Isolation::ReadUncommitted,
+    )? {
+        let output: serde_json::Value =
+            serde_json::from_slice(record.payload().unwrap_or_default()).unwrap_or_default();
+        if let Some(event_id) = output["event_id"].as_str() {
+            *copies.entry(event_id.to_owned()).or_default() += 1;
+        }
+    }
+    let written_once: Vec<&String> = repeated
+        .iter()
+        .filter(|event_id| copies.get(*event_id).copied().unwrap_or(0) < 2)
+        .collect();
+    assert!(
+        written_once.is_empty(),
+        "outputs on the broker at a kill, past the committed offset and unknown to the \
+         changelog, must be written again by the restart: {} of {} were not ({:?})",
+        written_once.len(),
+        repeated.len(),
+        written_once.iter().take(5).collect::<Vec<_>>()
+    );
     assert_eq!(
         outcome.exit_code, 1,
         "the audit must fail without transactions"
     );
     assert!(
-        outcome.violations("duplicated_output") > 0,
-        "expected repeated outputs after kills:\n{}",
+        outcome.violations("duplicated_output") >= repeated.len() as i64,
+        "the audit must count the {} outputs the {KILLS} aimed kills repeated:\n{}",
+        repeated.len(),
         outcome.failures()
     );
     Ok(())
@@ -234,9 +340,15 @@ fn rebalances_with_a_graceful_stop_and_a_kill_stay_exact() -> anyhow::Result<()>
         rate: 1_500,
         ..Workload::chaos(15_000, 41)
     });
+    const ASSIGNED_WITHIN: Duration = Duration::from_secs(60);
     let mut first = pipeline.spawn("member-a", "exactly-once", &[])?;
     let mut second = pipeline.spawn("member-b", "exactly-once", &[])?;
-    std::thread::sleep(Duration::from_secs(4));
+    // Both members own partitions before one stops and the other is killed, so both are
+    // rebalances away from a working member, however long the start-up takes; then they work
+    // a moment, so the stop lands mid-stream.
+    first.wait_for_log_line("partitions assigned", ASSIGNED_WITHIN)?;
+    second.wait_for_log_line("partitions assigned", ASSIGNED_WITHIN)?;
+    std::thread::sleep(Duration::from_secs(2));
     first.stop_gracefully()?;
     std::thread::sleep(Duration::from_secs(3));
     second.kill_hard()?;

@@ -98,6 +98,35 @@ impl Sink {
         }
     }
 
+    /// Waits until the sink has committed a checkpoint for every partition of the topic: it is
+    /// past start-up, every partition is positioned, and batches are being written.
+    async fn wait_writing_every_partition(
+        &self,
+        pool: &PgPool,
+        process: &mut ServiceProcess,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (ends, stored) = self.checkpoints(pool).await?;
+            if !ends.is_empty()
+                && ends
+                    .iter()
+                    .all(|(p, _)| stored.get(p).is_some_and(|&n| n > 0))
+            {
+                return Ok(());
+            }
+            if !process.is_running() || Instant::now() > deadline {
+                anyhow::bail!(
+                    "sink {} not writing every partition: ends {ends:?}, checkpoints \
+                     {stored:?}\n{}",
+                    self.group,
+                    process.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// (topic end offsets, stored checkpoints) by partition.
     async fn checkpoints(
         &self,
@@ -661,8 +690,9 @@ async fn sink_postgres_restart_mid_run_resumes_exactly() -> anyhow::Result<()> {
     let db = server.create_database().await?;
     let topic = unique_name("sink-pg-restart");
     let sink = Sink::new(&topic, &db.url);
+    // Ten seconds of input: the sink is writing well before the producer finishes.
     let workload = Workload {
-        rate: 1_500,
+        rate: 1_000,
         ..Workload::chaos(10_000, 71)
     };
     let producer = {
@@ -671,7 +701,18 @@ async fn sink_postgres_restart_mid_run_resumes_exactly() -> anyhow::Result<()> {
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut process = sink.spawn("pg-restart", &[], &[])?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The stop must cut off a sink that is writing: started (its own start-up retries say
+    // "at start" and need no re-fencing), every partition positioned and checkpointed, and input
+    // still arriving, so batches fail while the server is down and the partitions are fenced
+    // again after it.
+    sink.wait_writing_every_partition(&db.pool, &mut process)
+        .await?;
+    anyhow::ensure!(
+        !producer.is_finished(),
+        "the producer finished before the sink was writing: the stop would cut off an idle \
+         sink\n{}",
+        process.log_tail(30)
+    );
     server.stop()?;
     // Longer than the sink's 5 s connection-acquire timeout, so it sees errors and retries
     // rather than merely waiting for a connection.

@@ -66,6 +66,8 @@ fn fresh_seed() -> u64 {
 
 fn run_demo(seed: u64) -> anyhow::Result<()> {
     let runs_dir = std::env::temp_dir().join("eos-demo-runs");
+    // The demo's database is on the shared server: no PostgreSQL restart while it runs.
+    let _postgres = integration_tests::postgres_in_use()?;
     let output = Command::new(workspace_binary("eosctl")?)
         .args([
             "--bootstrap-servers",

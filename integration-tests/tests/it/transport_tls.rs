@@ -753,6 +753,8 @@ async fn demo_and_bench_hand_their_kafka_properties_to_the_services_they_start()
     let password = format!("scram-{:016x}", rand::random::<u64>());
     let broker = block_in_place(|| TlsBroker::start(&ca, &password))?;
     let properties = scram_properties(&ca, "eosctl", &password)?;
+    // The demo's database is on the shared server: no PostgreSQL restart while it runs.
+    let _postgres = tokio::task::block_in_place(integration_tests::postgres_in_use)?;
     let runs_dir = ca.dir.join("demo-runs");
     let runs = runs_dir.display().to_string();
 
