@@ -156,7 +156,9 @@ pub struct Config {
     pub fault_abort_every: Option<u64>,
 }
 
-fn parse_named_output(text: &str) -> Result<(String, String), String> {
+/// `NAME=TOPIC` (the `--output` flag), as clap's value parser: the name and the topic, both
+/// non-empty.
+pub fn parse_named_output(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((name, topic)) if !name.is_empty() && !topic.is_empty() => {
             Ok((name.to_owned(), topic.to_owned()))

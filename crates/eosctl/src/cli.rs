@@ -721,7 +721,7 @@ pub struct AuditArgs {
     #[arg(
         long = "named-output",
         value_name = "NAME=TOPIC",
-        value_parser = parse_named_output,
+        value_parser = eos_processor::config::parse_named_output,
         requires = "replay",
         help_heading = "Replay proof"
     )]
@@ -734,15 +734,6 @@ pub struct AuditArgs {
     /// pass-through: the processor's --filter-equals.
     #[arg(long, requires = "filter_pointer", help_heading = "Replay proof")]
     pub filter_equals: Option<String>,
-}
-
-fn parse_named_output(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((name, topic)) if !name.is_empty() && !topic.is_empty() => {
-            Ok((name.to_owned(), topic.to_owned()))
-        }
-        _ => Err(format!("{text:?} is not NAME=TOPIC")),
-    }
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {

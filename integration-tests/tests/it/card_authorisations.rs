@@ -62,6 +62,38 @@ fn authorisations(seed: u64) -> Vec<(String, Vec<u8>)> {
     records
 }
 
+/// The example binary's command line: its topics (input, approved, flagged), group and instance,
+/// with the workload's limit of 2,000.00 a day and flags from 300.00.
+fn processor_args(
+    bootstrap: &str,
+    (input, approved, flagged): (&str, &str, &str),
+    group: &str,
+    instance: &str,
+) -> Vec<String> {
+    [
+        "--bootstrap-servers",
+        bootstrap,
+        "--input-topic",
+        input,
+        "--output-topic",
+        approved,
+        "--output",
+        &format!("{FLAGGED_OUTPUT}={flagged}"),
+        "--group-id",
+        group,
+        "--instance-id",
+        instance,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--daily-limit",
+        "2000.00",
+        "--flag-at",
+        "300.00",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// Writes `records` at about `rate` per second, idempotently.
 fn produce(topic: &str, records: &[(String, Vec<u8>)], rate: u64) -> anyhow::Result<()> {
     let producer: BaseProducer = client_config()
@@ -115,29 +147,7 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         std::thread::spawn(move || produce(&input, &records, 700))
     };
     let spawn = || {
-        let args = [
-            "--bootstrap-servers",
-            &bootstrap,
-            "--input-topic",
-            &input,
-            "--output-topic",
-            &approved,
-            "--output",
-            &format!("{FLAGGED_OUTPUT}={flagged}"),
-            "--group-id",
-            &group,
-            "--instance-id",
-            "cards",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--transaction-timeout",
-            "10s",
-            "--daily-limit",
-            "2000.00",
-            "--flag-at",
-            "300.00",
-        ]
-        .map(|arg| arg.to_owned());
+        let args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "cards");
         ServiceProcess::spawn("card-authorisations", &args, &[])
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -255,27 +265,7 @@ source_offset = "kafka.offset"
         let (input, records) = (input.clone(), records.clone());
         std::thread::spawn(move || produce(&input, &records, 500))
     };
-    let processor_args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &approved,
-        "--output",
-        &format!("{FLAGGED_OUTPUT}={flagged}"),
-        "--group-id",
-        &group,
-        "--instance-id",
-        "chain",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--daily-limit",
-        "2000.00",
-        "--flag-at",
-        "300.00",
-    ]
-    .map(str::to_owned);
+    let processor_args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "chain");
     let sink = crate::sink_writer::Sink::new(&approved, &db.url);
     let targets_arg = targets.display().to_string();
     let sink_args = [
