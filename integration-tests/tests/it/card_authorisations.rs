@@ -4,7 +4,7 @@
 //! the example's own transform run again over the committed input) must find every approved and
 //! flagged output and every refusal exactly once, as computed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -12,6 +12,7 @@ use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
 use eos_core::{DeadLetterReason, dead_letter};
 use eos_processor::replay::{self, ReplayInput, ReplayOutput};
 use eos_processor::{DEFAULT_OUTPUT, Transform as _};
+use integration_tests::otlp_collector::OtlpCollector;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
@@ -19,7 +20,7 @@ use integration_tests::{
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
-use rdkafka::message::{Headers as _, OwnedMessage};
+use rdkafka::message::{Header, Headers as _, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::json;
 
@@ -33,8 +34,35 @@ const TRANSFORM: CardAuthorisations = CardAuthorisations {
     flag_at: 30_000,
 };
 
+/// One record of the workload: the card as its key, the authorisation, and the W3C
+/// `traceparent` its upstream sent it with (a re-delivery carries the same one).
+#[derive(Clone)]
+struct Authorisation {
+    auth_id: String,
+    card: String,
+    value: Vec<u8>,
+    trace_id: String,
+}
+
+impl Authorisation {
+    fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{:016x}-01",
+            self.trace_id,
+            1 + fnv(self.auth_id.as_bytes()) % (u64::MAX - 1)
+        )
+    }
+}
+
+/// A fixed, non-zero hash for the parent span id of a record's traceparent.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The workload: each card's authorisations over one UTC day, 5% sent twice.
-fn authorisations(seed: u64) -> Vec<(String, Vec<u8>)> {
+fn authorisations(seed: u64) -> Vec<Authorisation> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let day = time::OffsetDateTime::now_utc().date();
     let mut records = Vec::with_capacity(AUTHORISATIONS * 21 / 20);
@@ -44,8 +72,9 @@ fn authorisations(seed: u64) -> Vec<(String, Vec<u8>)> {
             .with_hms(0, 0, 0)
             .map(|midnight| midnight.assume_utc() + time::Duration::seconds(n as i64))
             .unwrap_or_else(|_| time::OffsetDateTime::now_utc());
+        let auth_id = format!("auth-{seed}-{n}");
         let value = json!({
-            "auth_id": format!("auth-{seed}-{n}"),
+            "auth_id": auth_id,
             "card": card,
             "amount": card_authorisations::decimal(rng.random_range(100..40_000)),
             "currency": if rng.random_bool(0.8) { "EUR" } else { "USD" },
@@ -54,10 +83,16 @@ fn authorisations(seed: u64) -> Vec<(String, Vec<u8>)> {
         })
         .to_string()
         .into_bytes();
-        records.push((card.clone(), value.clone()));
+        let authorisation = Authorisation {
+            auth_id,
+            card,
+            value,
+            trace_id: format!("{:032x}", rng.random::<u128>().max(1)),
+        };
         if rng.random_bool(0.05) {
-            records.push((card, value));
+            records.push(authorisation.clone());
         }
+        records.push(authorisation);
     }
     records
 }
@@ -95,16 +130,25 @@ fn processor_args(
 }
 
 /// Writes `records` at about `rate` per second, idempotently.
-fn produce(topic: &str, records: &[(String, Vec<u8>)], rate: u64) -> anyhow::Result<()> {
+fn produce(topic: &str, records: &[Authorisation], rate: u64) -> anyhow::Result<()> {
     let producer: BaseProducer = client_config()
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
         .create()?;
     let started = std::time::Instant::now();
-    for (sent, (key, value)) in records.iter().enumerate() {
+    for (sent, record) in records.iter().enumerate() {
+        let traceparent = record.traceparent();
         loop {
-            match producer.send(BaseRecord::to(topic).key(key).payload(value)) {
+            let headers = OwnedHeaders::new().insert(Header {
+                key: "traceparent",
+                value: Some(&traceparent),
+            });
+            let message = BaseRecord::to(topic)
+                .key(&record.card)
+                .payload(&record.value)
+                .headers(headers);
+            match producer.send(message) {
                 Ok(()) => break,
                 Err((error, _)) if error.rdkafka_error_code().is_some() => {
                     producer.poll(Duration::from_millis(50));
@@ -219,7 +263,8 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
 /// (approved and flagged outputs) → sink-writer with a TOML target over the approved output,
 /// reading the id from the `event_id` header the processor writes and the card from the key.
 /// Each is SIGKILLed once mid-run. The Kafka boundary is proven by the replay, the PostgreSQL one
-/// by one row per approved authorisation, by event id, with the output's content.
+/// by one row per approved authorisation, by event id, with the output's content. The traces, by
+/// one trace per event: the one the producer's `traceparent` began.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::Result<()> {
     let db = integration_tests::TestDatabase::create().await?;
@@ -261,10 +306,19 @@ source_offset = "kafka.offset"
     let group = unique_name("chain-cards");
     create_topic(&input, 3).await?;
     let records: Vec<_> = authorisations(7).into_iter().take(1_500).collect();
+    // The first half is produced while each service is SIGKILLed once; the second after both
+    // restarts, so only instances that stop gracefully (and so flush their spans) handle it.
+    let (during_kills, after_kills) = records.split_at(records.len() / 2);
     let producer = {
-        let (input, records) = (input.clone(), records.clone());
-        std::thread::spawn(move || produce(&input, &records, 500))
+        let (input, during_kills) = (input.clone(), during_kills.to_vec());
+        std::thread::spawn(move || produce(&input, &during_kills, 500))
     };
+    let collector = OtlpCollector::start()?;
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+    ];
+    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let processor_args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "chain");
     let sink = crate::sink_writer::Sink::new(&approved, &db.url);
     let targets_arg = targets.display().to_string();
@@ -280,19 +334,20 @@ source_offset = "kafka.offset"
         "--event-schema",
         "any",
     ];
-    let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &[])?;
-    let mut sink_process = sink.spawn("chain", &sink_args, &[])?;
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &otel)?;
+    let mut sink_process = sink.spawn("chain", &sink_args, &otel)?;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     processor.kill_hard()?;
-    let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &[])?;
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &otel)?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     sink_process.kill_hard()?;
-    let mut sink_process = sink.spawn("chain", &sink_args, &[])?;
+    let mut sink_process = sink.spawn("chain", &sink_args, &otel)?;
     tokio::task::block_in_place(|| {
         producer
             .join()
             .map_err(|_| anyhow::anyhow!("producer thread panicked"))?
     })?;
+    tokio::task::block_in_place(|| produce(&input, after_kills, 1_000))?;
     tokio::task::block_in_place(|| {
         wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(180))
     })
@@ -344,6 +399,44 @@ source_offset = "kafka.offset"
         .fetch_one(&db.pool)
         .await?;
     assert_eq!((dead, conflicts), (0, 0));
+
+    // Each event has one trace: the one its upstream began. Every span about it, from any
+    // instance, killed or not, lies in it; and the events produced after the kills have the spans
+    // of every service they reached.
+    let trace_of: BTreeMap<&str, &str> = records
+        .iter()
+        .map(|record| (record.auth_id.as_str(), record.trace_id.as_str()))
+        .collect();
+    let spans = collector.spans_by_event_id();
+    for (event_id, event_spans) in &spans {
+        if let Some(trace_id) = trace_of.get(event_id.as_str()) {
+            for span in event_spans {
+                assert_eq!(
+                    &span.trace_id, trace_id,
+                    "{event_id}: a span outside its trace: {span}"
+                );
+            }
+        }
+    }
+    let approved_ids: BTreeSet<&str> = want.iter().map(|(id, _, _)| id.as_str()).collect();
+    for record in after_kills {
+        let services: BTreeSet<&str> = spans
+            .get(&record.auth_id)
+            .into_iter()
+            .flatten()
+            .map(|span| span.service_name.as_str())
+            .collect();
+        let expected: BTreeSet<&str> = if approved_ids.contains(record.auth_id.as_str()) {
+            ["card-authorisations", "sink-writer"].into()
+        } else {
+            ["card-authorisations"].into()
+        };
+        assert!(
+            expected.is_subset(&services),
+            "{}: spans from {services:?}, expected {expected:?}",
+            record.auth_id
+        );
+    }
     db.drop_database().await
 }
 
