@@ -26,6 +26,7 @@ pub mod secrets;
 pub mod service_flags;
 pub mod service_main;
 pub mod shutdown;
+pub mod span_export;
 pub mod stuck_call_watchdog;
 pub mod telemetry;
 pub mod topic_config;

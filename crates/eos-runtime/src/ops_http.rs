@@ -19,9 +19,11 @@ use eos_core::Boundary;
 
 /// Installs the process-wide Prometheus recorder. Call once, before any metric is recorded.
 pub fn install_prometheus_recorder() -> Result<PrometheusHandle, OpsError> {
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .install_recorder()
-        .map_err(|e| OpsError::Recorder(e.to_string()))
+        .map_err(|e| OpsError::Recorder(e.to_string()))?;
+    crate::span_export::register_metrics();
+    Ok(handle)
 }
 
 #[derive(Debug, thiserror::Error)]

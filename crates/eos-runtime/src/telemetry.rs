@@ -4,6 +4,8 @@
 use std::fmt;
 use std::io::IsTerminal as _;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
@@ -13,6 +15,8 @@ use tracing_subscriber::layer::{Layer as _, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, filter};
 
+use crate::span_export::{CountedSpanExporter, CountedSpanProcessor, SpanAccounting};
+
 /// The environment variable that turns the OTLP exporter on (the OpenTelemetry standard name).
 pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// Spans waiting for export beyond this many are dropped (the OpenTelemetry standard name).
@@ -20,6 +24,12 @@ const BSP_MAX_QUEUE_SIZE_ENV: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
 /// The queue when `OTEL_BSP_MAX_QUEUE_SIZE` is not set: about a second of spans at the highest
 /// rates here (roughly 1 KiB each, so tens of MiB at worst, and only during a burst).
 const DEFAULT_SPAN_QUEUE: usize = 65_536;
+/// How long an ended span may wait for export (the OpenTelemetry standard name, in ms).
+const BSP_SCHEDULE_DELAY_ENV: &str = "OTEL_BSP_SCHEDULE_DELAY";
+/// The export interval when `OTEL_BSP_SCHEDULE_DELAY` is not set, instead of the SDK's 5 s: a
+/// SIGKILL loses the spans of at most the last interval, and exporting five times as often
+/// costs no CPU that can be measured (docs/OBSERVABILITY.md has the trade-off as measured).
+const DEFAULT_SCHEDULE_DELAY: Duration = Duration::from_secs(1);
 
 /// Spans opened once per record (module path prefix, span name) that carry the trace to the
 /// exporter and nothing to the log: they are never entered, and what is logged about a record
@@ -90,18 +100,28 @@ pub enum TelemetryError {
 #[derive(Debug)]
 #[must_use = "spans are only flushed when the guard is shut down"]
 pub struct TelemetryGuard {
-    provider: Option<SdkTracerProvider>,
+    provider: Option<(SdkTracerProvider, Arc<SpanAccounting>)>,
 }
 
 impl TelemetryGuard {
     /// Flushes pending spans. Runs the blocking flush off the async reactor.
     pub async fn shutdown(self) {
-        let Some(provider) = self.provider else {
+        let Some((provider, accounting)) = self.provider else {
             return;
         };
         let flushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
         if let Ok(Err(error)) = flushed {
             eprintln!("telemetry: flushing spans failed: {error}");
+        }
+        // The metrics endpoint is gone by now; the log is the last word on what was lost.
+        let (queue_full, export_failed) = accounting.dropped();
+        if queue_full + export_failed > 0 {
+            tracing::warn!(
+                exported = accounting.exported(),
+                dropped_queue_full = queue_full,
+                dropped_export_failed = export_failed,
+                "spans were dropped in this process's life"
+            );
         }
     }
 }
@@ -119,9 +139,9 @@ pub fn init(
         Ok(endpoint) if !endpoint.trim().is_empty() => Some(otlp_provider(service_name)?),
         _ => None,
     };
-    let otel_layer = provider
-        .as_ref()
-        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name)));
+    let otel_layer = provider.as_ref().map(|(provider, _)| {
+        tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name))
+    });
 
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
     match log_format {
@@ -147,28 +167,44 @@ pub fn init(
     Ok(TelemetryGuard { provider })
 }
 
-fn otlp_provider(service_name: &'static str) -> Result<SdkTracerProvider, TelemetryError> {
+fn otlp_provider(
+    service_name: &'static str,
+) -> Result<(SdkTracerProvider, Arc<SpanAccounting>), TelemetryError> {
     // The exporter reads OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_* variables) itself.
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .build()?;
     // The SDK's default queue (2,048 spans) overflows within milliseconds of a burst — `eosctl
     // produce` ends ~75,000 spans a second — and a full queue drops spans silently.
-    let mut batch = BatchConfigBuilder::default();
-    if std::env::var_os(BSP_MAX_QUEUE_SIZE_ENV).is_none() {
-        batch = batch.with_max_queue_size(DEFAULT_SPAN_QUEUE);
+    // The SDK reads the other OTEL_BSP_* variables itself; the queue size is read here too, since
+    // the accounting needs it and the SDK's config does not tell it.
+    let queue = std::env::var(BSP_MAX_QUEUE_SIZE_ENV)
+        .ok()
+        .and_then(|size| size.trim().parse().ok())
+        .unwrap_or(DEFAULT_SPAN_QUEUE);
+    let mut batch = BatchConfigBuilder::default().with_max_queue_size(queue);
+    if std::env::var_os(BSP_SCHEDULE_DELAY_ENV).is_none() {
+        batch = batch.with_scheduled_delay(DEFAULT_SCHEDULE_DELAY);
     }
+    let batch = batch.build();
+    let accounting = SpanAccounting::new(queue);
+    let exporter = CountedSpanExporter::new(exporter, Arc::clone(&accounting));
     // Exports on the application's Tokio runtime: tonic needs a reactor, which the SDK's default
     // batch thread does not have.
     let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
-        .with_batch_config(batch.build())
+        .with_batch_config(batch)
         .build();
+    // The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER and
+    // OTEL_TRACES_SAMPLER_ARG (parent-based, always on when unset).
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(processor)
+        .with_span_processor(CountedSpanProcessor::new(
+            processor,
+            Arc::clone(&accounting),
+        ))
         .with_resource(Resource::builder().with_service_name(service_name).build())
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    Ok(provider)
+    Ok((provider, accounting))
 }
 
 #[cfg(test)]
