@@ -27,9 +27,9 @@ const DEFAULT_SPAN_QUEUE: usize = 65_536;
 /// How long an ended span may wait for export (the OpenTelemetry standard name, in ms).
 const BSP_SCHEDULE_DELAY_ENV: &str = "OTEL_BSP_SCHEDULE_DELAY";
 /// The export interval when `OTEL_BSP_SCHEDULE_DELAY` is not set, instead of the SDK's 5 s: a
-/// SIGKILL loses the spans of at most the last interval, and exporting five times as often
-/// costs no CPU that can be measured (docs/OBSERVABILITY.md has the trade-off as measured).
-const DEFAULT_SCHEDULE_DELAY: Duration = Duration::from_secs(1);
+/// SIGKILL loses the spans of about the last interval, and exporting 25 times as often costs no
+/// CPU that could be measured; 100 ms could (docs/OBSERVABILITY.md has the trade-off).
+const DEFAULT_SCHEDULE_DELAY: Duration = Duration::from_millis(200);
 
 /// Spans opened once per record (module path prefix, span name) that carry the trace to the
 /// exporter and nothing to the log: they are never entered, and what is logged about a record
