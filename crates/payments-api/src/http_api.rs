@@ -1,6 +1,7 @@
-//! The HTTP API: `POST /payments`. Each request runs in a span parented on its `traceparent`,
-//! carrying the payment's event id as baggage, and the outbox row keeps that span's context: the
-//! event's trace starts at the request.
+//! The HTTP API: `POST /payments`. A request that creates a payment runs in a span parented on
+//! its `traceparent`, and the outbox row keeps that span's context: the event's trace starts at
+//! the request. A resend or a refused reuse of the payment's key joins that trace
+//! (`request_span`). Every such span names the payment it is about.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -12,12 +13,12 @@ use metrics::counter;
 use serde_json::json;
 use sqlx::PgPool;
 use tracing::Instrument as _;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use eos_runtime::trace_context;
 
 use crate::payment_request::{IDEMPOTENCY_KEY_HEADER, PaymentRequest, idempotency_key};
-use crate::payment_store::{Recorded, record_payment};
+use crate::payment_store::{Begun, Recorded, begin_payment};
+use crate::request_span::{RequestTags, SpanPlan, request_span};
 
 /// Set on an answer that repeats an earlier request's.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -66,27 +67,33 @@ async fn create_payment(
         Err(reason) => return refusal(StatusCode::BAD_REQUEST, "invalid", reason),
     };
     let payment_id = format!("pay-{:032x}", rand::random::<u128>());
-    let parent =
-        trace_context::context_with_event_id(&trace_context::extract_http(&headers), &payment_id);
-    let span = tracing::info_span!(
-        "request",
-        otel.name = "payments-api POST /payments",
-        otel.kind = "server",
-        http.request.method = "POST",
-        http.route = "/payments",
-        event_id = %payment_id,
-        account_id = %request.account_id,
-    );
-    let _ = span.set_parent(parent);
-    let recorded = record_payment(&state.pool, &state.topic, &key, &request, &payment_id)
-        .instrument(span)
-        .await;
+    let caller = trace_context::extract_http(&headers);
+    // Started here, so it times the whole request, but entered only once the key was looked at:
+    // that decides which trace it joins (see `request_span`).
+    let span = request_span(request.account_id.as_str());
+    let begun = begin_payment(&state.pool, &key, &request, &payment_id).await;
+    let plan = match &begun {
+        Ok(Begun::New(new)) => SpanPlan::new(&caller, Some(new.payment_id()), None),
+        Ok(Begun::Seen(recorded)) => SpanPlan::new(
+            &caller,
+            Some(recorded.payment_id()),
+            recorded.original_trace(),
+        ),
+        Err(_) => SpanPlan::new(&caller, None, None),
+    };
+    plan.apply(&span);
+    let recorded = match begun {
+        Ok(Begun::New(new)) => new.commit(&state.topic).instrument(span.clone()).await,
+        Ok(Begun::Seen(recorded)) => Ok(recorded),
+        Err(error) => Err(error),
+    };
+    RequestTags::of(&recorded).record(&span);
     match recorded {
         Ok(Recorded::Created(payment)) => {
             counter!(REQUESTS, "outcome" => "created").increment(1);
             (StatusCode::CREATED, Json(payment)).into_response()
         }
-        Ok(Recorded::Replayed(payment)) => {
+        Ok(Recorded::Replayed { payment, .. }) => {
             counter!(REQUESTS, "outcome" => "replayed").increment(1);
             (
                 StatusCode::CREATED,
@@ -95,13 +102,21 @@ async fn create_payment(
             )
                 .into_response()
         }
-        Ok(Recorded::KeyReused) => refusal(
-            StatusCode::CONFLICT,
-            "key_reused",
-            "this Idempotency-Key was used with a different request; nothing was written",
-        ),
+        Ok(Recorded::KeyReused { payment_id, .. }) => {
+            tracing::info!(
+                parent: &span,
+                event_id = %payment_id,
+                idempotency_key = %key,
+                "idempotency key reused with another request, refused"
+            );
+            refusal(
+                StatusCode::CONFLICT,
+                "key_reused",
+                "this Idempotency-Key was used with a different request; nothing was written",
+            )
+        }
         Err(error) => {
-            tracing::warn!(%error, idempotency_key = %key, "payment not recorded");
+            tracing::warn!(parent: &span, %error, idempotency_key = %key, "payment not recorded");
             refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",

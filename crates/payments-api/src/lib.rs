@@ -9,6 +9,7 @@ pub mod config;
 pub mod http_api;
 pub mod payment_request;
 pub mod payment_store;
+pub mod request_span;
 
 use std::time::Duration;
 

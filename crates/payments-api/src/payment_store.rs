@@ -1,12 +1,17 @@
 //! The one transaction of a payment: bump the account, insert the payment, enqueue its event.
-//! A key seen before rolls it all back and answers from the stored payment instead.
+//! A key seen before rolls it all back and answers from the stored payment instead, naming that
+//! payment and the trace context of the request that created it, so the resend's span can join
+//! that payment's trace (docs/ARCHITECTURE.md "The path of one event"). The transaction is begun
+//! ([`begin_payment`]) before the request's span is started and committed
+//! ([`NewPayment::commit`]) inside it, since which trace the span belongs to depends on whether
+//! the key is new.
 
 use serde::Serialize;
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 
-use eos_core::EventId;
+use eos_core::{EntityId, EventId};
 use eos_outbox::{OutboxError, OutboxEvent};
 
 use crate::payment_request::PaymentRequest;
@@ -31,9 +36,39 @@ pub enum Recorded {
     /// A new payment and its event, committed together.
     Created(Payment),
     /// The key was used before by the same request: its payment, nothing written.
-    Replayed(Payment),
-    /// The key was used before by another request: nothing written.
-    KeyReused,
+    Replayed {
+        payment: Payment,
+        original_trace: Option<String>,
+    },
+    /// The key was used before by another request: the payment the key belongs to, nothing
+    /// written.
+    KeyReused {
+        payment_id: String,
+        original_trace: Option<String>,
+    },
+}
+
+impl Recorded {
+    /// The payment the request is about — the one it created or the one its key belongs to —
+    /// whose id is also its event's id.
+    pub fn payment_id(&self) -> &str {
+        match self {
+            Self::Created(payment) | Self::Replayed { payment, .. } => &payment.payment_id,
+            Self::KeyReused { payment_id, .. } => payment_id,
+        }
+    }
+
+    /// For a request that did not create its payment: the trace context stored with that
+    /// payment's event by the request that did (`trace_context::stored_context` text). `None`
+    /// once the relay purged the outbox row (`OUTBOX_RETENTION` after publishing it).
+    pub fn original_trace(&self) -> Option<&str> {
+        match self {
+            Self::Created(_) => None,
+            Self::Replayed { original_trace, .. } | Self::KeyReused { original_trace, .. } => {
+                original_trace.as_deref()
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,14 +81,31 @@ pub enum StoreError {
     PaymentId(String),
 }
 
-/// Records `request` under `key` as payment `payment_id`, publishing to `topic`.
-pub async fn record_payment(
+/// A payment whose key was new: its account bumped and its row inserted in a transaction still
+/// open; [`NewPayment::commit`] enqueues its event and commits. Dropped, it rolls back.
+#[derive(Debug)]
+pub struct NewPayment {
+    tx: Transaction<'static, Postgres>,
+    payment: Payment,
+    account_id: EntityId,
+}
+
+/// How far [`begin_payment`] got: it tells a new key from one seen before, which decides the
+/// trace the request's span joins (`request_span`) before anything is enqueued under it.
+#[derive(Debug)]
+pub enum Begun {
+    New(NewPayment),
+    /// The key was seen before; the transaction is rolled back and nothing was written.
+    Seen(Recorded),
+}
+
+/// Begins recording `request` under `key` as payment `payment_id`.
+pub async fn begin_payment(
     pool: &PgPool,
-    topic: &str,
     key: &str,
     request: &PaymentRequest,
     payment_id: &str,
-) -> Result<Recorded, StoreError> {
+) -> Result<Begun, StoreError> {
     let fingerprint = request.fingerprint();
     let mut tx = pool.begin().await?;
     let account_version = sqlx::query_scalar!(
@@ -86,25 +138,43 @@ pub async fn record_payment(
     .await?;
     let Some(created_at) = created_at else {
         tx.rollback().await?;
-        return earlier_answer(pool, key, &fingerprint).await;
+        return Ok(Begun::Seen(earlier_answer(pool, key, &fingerprint).await?));
     };
-    let event_id =
-        EventId::new(payment_id).map_err(|_| StoreError::PaymentId(payment_id.to_owned()))?;
-    let mut event = OutboxEvent::new(topic, event_id, request.account_id.clone(), request.amount);
-    event.version = Some(account_version as u64);
-    event.payload = Some(json!({ "payment_id": payment_id, "currency": request.currency }));
-    event.occurred_at = Some(created_at);
-    eos_outbox::enqueue(&mut tx, &event).await?;
-    tx.commit().await?;
-    Ok(Recorded::Created(Payment {
-        payment_id: payment_id.to_owned(),
-        event_id: payment_id.to_owned(),
-        account_id: request.account_id.to_string(),
-        amount: request.amount,
-        currency: request.currency.clone(),
-        account_version,
-        created_at,
+    Ok(Begun::New(NewPayment {
+        tx,
+        payment: Payment {
+            payment_id: payment_id.to_owned(),
+            event_id: payment_id.to_owned(),
+            account_id: request.account_id.to_string(),
+            amount: request.amount,
+            currency: request.currency.clone(),
+            account_version,
+            created_at,
+        },
+        account_id: request.account_id.clone(),
     }))
+}
+
+impl NewPayment {
+    pub fn payment_id(&self) -> &str {
+        &self.payment.payment_id
+    }
+
+    /// Enqueues the payment's event for `topic` and commits it with the payment. The event keeps
+    /// the current span's trace context (`eos_outbox::enqueue`): run it inside the request's span.
+    pub async fn commit(mut self, topic: &str) -> Result<Recorded, StoreError> {
+        let payment = &self.payment;
+        let event_id = EventId::new(payment.payment_id.as_str())
+            .map_err(|_| StoreError::PaymentId(payment.payment_id.clone()))?;
+        let mut event = OutboxEvent::new(topic, event_id, self.account_id, payment.amount);
+        event.version = Some(payment.account_version as u64);
+        event.payload =
+            Some(json!({ "payment_id": payment.payment_id, "currency": payment.currency }));
+        event.occurred_at = Some(payment.created_at);
+        eos_outbox::enqueue(&mut self.tx, &event).await?;
+        self.tx.commit().await?;
+        Ok(Recorded::Created(self.payment))
+    }
 }
 
 async fn earlier_answer(
@@ -120,10 +190,14 @@ async fn earlier_answer(
     )
     .fetch_one(pool)
     .await?;
+    let original_trace = original_trace(pool, &row.payment_id).await;
     if row.request_fingerprint != fingerprint {
-        return Ok(Recorded::KeyReused);
+        return Ok(Recorded::KeyReused {
+            payment_id: row.payment_id,
+            original_trace,
+        });
     }
-    Ok(Recorded::Replayed(Payment {
+    let payment = Payment {
         event_id: row.payment_id.clone(),
         payment_id: row.payment_id,
         account_id: row.account_id,
@@ -131,5 +205,31 @@ async fn earlier_answer(
         currency: row.currency,
         account_version: row.account_version,
         created_at: row.created_at,
-    }))
+    };
+    Ok(Recorded::Replayed {
+        payment,
+        original_trace,
+    })
+}
+
+/// The trace context `eos_outbox::enqueue` stored with the payment's event: the context of the
+/// request span that created the payment. It is kept only in the outbox row, which the relay
+/// purges once published and older than its retention; then there is none.
+///
+/// Only the trace the resend's span joins depends on it, so a failed read is logged and answered
+/// with `None` rather than failing a request whose answer is already known.
+async fn original_trace(pool: &PgPool, payment_id: &str) -> Option<String> {
+    let stored = sqlx::query_scalar!(
+        "SELECT trace_context FROM eos_outbox WHERE event_id = $1",
+        payment_id
+    )
+    .fetch_optional(pool)
+    .await;
+    match stored {
+        Ok(stored) => stored.flatten(),
+        Err(error) => {
+            tracing::warn!(event_id = %payment_id, %error, "cannot read the payment's trace context");
+            None
+        }
+    }
 }

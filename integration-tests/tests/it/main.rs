@@ -22,6 +22,7 @@ mod processor;
 mod processor_state;
 mod provider_sim;
 mod provider_tls;
+mod resend_spans;
 mod scale_out;
 mod secrets;
 mod sink_provider;
