@@ -9,10 +9,17 @@ use integration_tests::{bootstrap_servers, workspace_binary};
 use serde_json::Value;
 
 /// Runs the demo; (exit code, its JSON report). `kills`: of the relay, the processor, the sink.
-fn demo(
+fn demo(guarantee: &str, source: &str, kills: [&str; 3]) -> anyhow::Result<(i32, Value)> {
+    demo_with(guarantee, source, kills, ["3000", "600"], &[])
+}
+
+/// [`demo`] with `[events, rate]` and more environment for every service (e.g. OTEL_*).
+pub(crate) fn demo_with(
     guarantee: &str,
     source: &str,
     [relay_kills, processor_kills, sink_kills]: [&str; 3],
+    [events, rate]: [&str; 2],
+    envs: &[(&str, &str)],
 ) -> anyhow::Result<(i32, Value)> {
     let runs_dir = std::env::temp_dir().join("eos-demo-runs");
     // The demo's database is on the shared server: no PostgreSQL restart while it runs.
@@ -29,9 +36,9 @@ fn demo(
             "--relay-kills",
             relay_kills,
             "--events",
-            "3000",
+            events,
             "--rate",
-            "600",
+            rate,
             "--processor-kills",
             processor_kills,
             "--sink-kills",
@@ -41,6 +48,7 @@ fn demo(
             "--drop-database",
             "--json",
         ])
+        .envs(envs.iter().copied())
         .output()?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     let report: Value = serde_json::from_slice(&output.stdout).map_err(|e| {

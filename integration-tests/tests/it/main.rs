@@ -7,6 +7,7 @@ mod dedup_auth;
 mod dedup_replicas;
 mod dedup_service;
 mod demo;
+mod demo_traces;
 mod eosctl_audit;
 mod generic_events;
 mod held_operations;
