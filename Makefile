@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint doc sqlx-check helm-check compose-check compose-test stack-up stack-down stack-status
+.PHONY: demo test lint doc sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -22,9 +22,9 @@ demo: stack-up
 		target/release/eosctl demo --guarantee $(GUARANTEE) \
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
-## test: bring the stack up, then the offline query data, the Helm chart, the compose file,
+## test: bring the stack up, then the offline query data, the Helm chart, the alert rules, the compose file,
 ## formatting, lints, the API docs, and every test against the real stack
-test: stack-up sqlx-check helm-check compose-check lint doc
+test: stack-up sqlx-check helm-check rules-check compose-check lint doc
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -44,6 +44,13 @@ sqlx-check: stack-up
 ## its guarantees (deploy/helm/check; needs no cluster)
 helm-check:
 	deploy/helm/check
+
+## rules-check: the Prometheus alert rules pass `promtool check rules` and their unit tests
+## (`promtool test rules`), and every alert and Grafana dashboard query names only metrics the
+## services export (deploy/prometheus/check; installs Debian's prometheus package when promtool
+## is missing)
+rules-check:
+	deploy/prometheus/check
 
 ## compose-check: deploy/compose/docker-compose.yml loads as `docker compose` v2 loads it
 ## (compose-go) and passes the compose specification's JSON schema; no Docker engine needed

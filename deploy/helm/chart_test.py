@@ -7,18 +7,23 @@ pod name (so distinct per replica and stable across restarts), outbox-relay is o
 whose name (its position's key and transactional.id) is a fixed value that no upgrade changes,
 payments-api publishes to the processor's input, every container has probes, pods run as
 non-root with a read-only root filesystem and no capabilities, the migration Job is a
-pre-install/pre-upgrade hook that runs every service's schema step before anything else, and bad
-values (test-values/) fail the render with a message that says what to change.
+pre-install/pre-upgrade hook that runs every service's schema step before anything else, bad
+values (test-values/) fail the render with a message that says what to change, and the optional
+monitoring resources ship what deploy/prometheus/check tests: the PrometheusRule is the rules file
+as it is, its `up` rules select the jobs the ServiceMonitor produces, and each Grafana dashboard is
+a ConfigMap the dashboard sidecar loads.
 
 Run alone:  HELM=/path/to/helm python3 deploy/helm/chart_test.py -v
 (needs PyYAML; deploy/helm/check runs it with everything installed). HELM defaults to `helm`,
 KUBE_VERSION (the version rendered for) to 1.37.0.
 """
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 import unittest
 from pathlib import Path
@@ -45,6 +50,16 @@ WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
 INSTANCE_BINARIES = ("eos-processor", "sink-writer")
 # The order of the migration Job's steps, of the binaries that are enabled.
 MIGRATION_ORDER = ("dedup-service", "sink-writer", "outbox-relay", "payments-api")
+
+RULES_FILE = CHART / "files" / "prometheus" / "eos-suite.rules.yml"
+DASHBOARD_FILES = sorted((CHART / "files" / "grafana").glob("*.json"))
+# Every optional monitoring resource on, payments-api too (one more metrics Service).
+MONITORING = ("serviceMonitor.enabled=true", "prometheusRule.enabled=true",
+              "prometheusRule.labels.release=kube-prometheus-stack",
+              "grafanaDashboards.enabled=true", "paymentsApi.enabled=true")
+# The "<service> down" alert of each component with a metrics Service of its own.
+DOWN_ALERTS = {"processor": "EosProcessorDown", "sink-writer": "EosSinkWriterDown",
+               "dedup-service": "EosDedupServiceDown", "outbox-relay": "EosOutboxRelayDown"}
 
 
 def helm_template(values_file=None, settings=()):
@@ -468,6 +483,100 @@ class RenderedChart(unittest.TestCase):
                         if path.startswith(m["mountPath"] + "/")]
             (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
             self.assertEqual(volume["secret"]["secretName"], "eos-suite-kafka-client", binary)
+
+    def test_every_service_samples_traces_at_the_same_ratio_when_exporting(self):
+        # A file, not --set: --set gives 0.1 as a string, which the schema refuses.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
+            values.write("telemetry:\n  otlpEndpoint: http://collector:4317\n"
+                         "  samplingRatio: 0.1\npaymentsApi:\n  enabled: true\n")
+            values.flush()
+            docs = render(values.name)
+        workloads = of_kind(docs, "Deployment", "StatefulSet")
+        self.assertGreaterEqual(len(workloads), 5, "processor, sink, dedup, relay, payments-api")
+        for workload in workloads:
+            env = env_of(containers(workload, init=False)[0])
+            with self.subTest(workload=workload["metadata"]["name"]):
+                self.assertEqual(env["OTEL_TRACES_SAMPLER"]["value"], "parentbased_traceidratio")
+                self.assertEqual(env["OTEL_TRACES_SAMPLER_ARG"]["value"], "0.1")
+        for workload in of_kind(render(), "Deployment", "StatefulSet"):
+            env = env_of(containers(workload, init=False)[0])
+            self.assertNotIn("OTEL_TRACES_SAMPLER", env, "no endpoint: no tracing settings")
+
+def alert_exprs():
+    rules = yaml.safe_load(RULES_FILE.read_text())
+    return {rule["alert"]: rule["expr"] for group in rules["groups"] for rule in group["rules"]}
+
+
+def up_job_regexes(expr):
+    return re.findall(r'up\{job=~"([^"]+)"\}', expr)
+
+
+def dashboard_config_maps(docs, label=("grafana_dashboard", "1")):
+    key, value = label
+    return [c for c in of_kind(docs, "ConfigMap")
+            if c["metadata"].get("labels", {}).get(key) == value]
+
+
+class Monitoring(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.docs = render(None, MONITORING)
+
+    def test_monitoring_resources_are_off_by_default(self):
+        docs = manifests("defaults", None)
+        self.assertFalse(of_kind(docs, "ServiceMonitor", "PrometheusRule"))
+        self.assertFalse(dashboard_config_maps(docs))
+
+    def test_prometheus_rule_is_the_rules_file_as_it_is(self):
+        (rule,) = of_kind(self.docs, "PrometheusRule")
+        self.assertEqual(rule["apiVersion"], "monitoring.coreos.com/v1")
+        self.assertEqual(rule["spec"], yaml.safe_load(RULES_FILE.read_text()))
+        self.assertEqual(rule["metadata"]["labels"]["release"], "kube-prometheus-stack")
+        self.assertEqual(rule["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
+
+    def test_up_rules_select_the_jobs_the_service_monitor_produces(self):
+        # The Prometheus Operator names a ServiceMonitor target's job after its Service.
+        (monitor,) = of_kind(self.docs, "ServiceMonitor")
+        selector = monitor["spec"]["selector"]["matchLabels"].items()
+        jobs = {service["metadata"]["labels"]["app.kubernetes.io/component"]: service["metadata"]["name"]
+                for service in of_kind(self.docs, "Service")
+                if selector <= service["metadata"]["labels"].items()}
+        self.assertEqual(set(jobs), set(DOWN_ALERTS) | {"payments-api"})
+        exprs = alert_exprs()
+        (any_target,) = up_job_regexes(exprs["EosTargetDown"])
+        for component, job in jobs.items():
+            self.assertRegex(job, f"^(?:{any_target})$", f"EosTargetDown misses {component}")
+        for component, alert in DOWN_ALERTS.items():
+            (regex,) = up_job_regexes(exprs[alert])
+            matched = {other for other, job in jobs.items() if re.fullmatch(regex, job)}
+            self.assertEqual(matched, {component}, f"{alert} selects {regex!r}")
+
+    def test_grafana_dashboards_are_config_maps_the_sidecar_loads(self):
+        config_maps = dashboard_config_maps(self.docs)
+        self.assertEqual(len(config_maps), len(DASHBOARD_FILES), "one ConfigMap per dashboard")
+        self.assertTrue(DASHBOARD_FILES)
+        uids = set()
+        for config_map in config_maps:
+            ((key, text),) = config_map["data"].items()
+            # A ConfigMap holds at most 1 MiB.
+            self.assertLess(len(text.encode()), 1024 * 1024, key)
+            dashboard = json.loads(text)
+            self.assertEqual(dashboard, json.loads((CHART / "files" / "grafana" / key).read_text()))
+            self.assertTrue(dashboard["panels"], key)
+            uids.add(dashboard["uid"])
+            self.assertEqual(config_map["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
+        self.assertEqual(len(uids), len(config_maps), "every dashboard has its own uid")
+
+    def test_dashboard_labels_and_annotations_are_configurable(self):
+        docs = render(None, ("grafanaDashboards.enabled=true",
+                             "grafanaDashboards.labels.grafana_dashboard=null",
+                             "grafanaDashboards.labels.dashboards=eos-suite",
+                             "grafanaDashboards.annotations.grafana_folder=payments"))
+        self.assertFalse(dashboard_config_maps(docs))
+        config_maps = dashboard_config_maps(docs, ("dashboards", "eos-suite"))
+        self.assertEqual(len(config_maps), len(DASHBOARD_FILES))
+        for config_map in config_maps:
+            self.assertEqual(config_map["metadata"]["annotations"], {"grafana_folder": "payments"})
 
 
 class BadValues(unittest.TestCase):

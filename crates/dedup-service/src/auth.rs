@@ -145,6 +145,9 @@ pub enum Refusal {
     UnknownToken,
 }
 
+/// Every [`Refusal`]'s metric label.
+pub const REFUSAL_LABELS: [&str; 2] = ["missing_token", "unknown_token"];
+
 impl Refusal {
     fn label(self) -> &'static str {
         match self {
@@ -214,6 +217,12 @@ mod tests {
     const CLIENT: &str = "client-token-0123456789";
     const CLIENT_NEXT: &str = "client-token-rotated-0123";
     const OPERATOR: &str = "operator-token-0123456789";
+
+    #[test]
+    fn every_refusal_label_is_registered_at_zero() {
+        let labels = [Refusal::MissingToken, Refusal::UnknownToken].map(Refusal::label);
+        assert_eq!(labels, REFUSAL_LABELS);
+    }
 
     fn token(value: &str) -> BearerToken {
         BearerToken::new(value, "test").expect("valid token")

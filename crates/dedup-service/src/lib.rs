@@ -108,6 +108,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("cannot listen on {} for gRPC", config.listen))?;
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
+    metrics::record_retention(&policy);
     let result = serve(config, auth, listener, ops.readiness.clone(), shutdown).await;
     ops.stop().await;
     result

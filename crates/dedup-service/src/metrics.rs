@@ -1,5 +1,7 @@
 //! Metric names (Prometheus, via the `metrics` facade).
 
+use crate::retention::RetentionPolicy;
+
 pub const RPC_SECONDS: &str = "eos_dedup_rpc_duration_seconds";
 pub const RPC_ERRORS: &str = "eos_dedup_rpc_errors_total";
 pub const BEGIN_OUTCOMES: &str = "eos_dedup_begin_outcomes_total";
@@ -16,8 +18,25 @@ pub const RECONCILE_STUCK: &str = "eos_dedup_reconcile_stuck_total";
 pub const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
 pub const PURGED: &str = "eos_dedup_purged_intents_total";
 pub const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
+pub const RETENTION_SECONDS: &str = "eos_dedup_retention_seconds";
+pub const REPLAY_HORIZON_SECONDS: &str = "eos_dedup_replay_horizon_seconds";
 
 pub fn describe() {
+    // Counters of rare events start at 0, so a dashboard or an alert's rate() sees "none" rather
+    // than no series (docs/OBSERVABILITY.md).
+    for counter in [
+        RECONCILE_ERRORS,
+        RECONCILE_STUCK,
+        PURGED,
+        CONFLICTS,
+        LEASES_EXPIRED,
+        UNKNOWN_ARRIVALS,
+    ] {
+        metrics::counter!(counter).absolute(0);
+    }
+    for reason in crate::auth::REFUSAL_LABELS {
+        metrics::counter!(AUTH_REFUSED, "reason" => reason).absolute(0);
+    }
     metrics::describe_histogram!(RPC_SECONDS, "gRPC handling time by method");
     metrics::describe_counter!(
         RPC_ERRORS,
@@ -61,4 +80,22 @@ pub fn describe() {
         AUTH_REFUSED,
         "gRPC calls refused before any handler ran, by reason (missing_token, unknown_token)"
     );
+    metrics::describe_gauge!(
+        RETENTION_SECONDS,
+        "--retention: how long this instance keeps settled intents before its purge deletes them"
+    );
+    metrics::describe_gauge!(
+        REPLAY_HORIZON_SECONDS,
+        "max(--client-retry-horizon, --broker-replay-retention, --restore-horizon): how long an \
+         operation can still come back"
+    );
+}
+
+/// The two figures of the retention check, exported so that an alert can compare them across
+/// instances: each instance checks only its own at start-up, and during a rolling change one
+/// instance can purge by an old, shorter retention while another's horizon is already longer
+/// (docs/ARCHITECTURE.md, "Retention and the replay horizon").
+pub fn record_retention(policy: &RetentionPolicy) {
+    metrics::gauge!(RETENTION_SECONDS).set(policy.retention.as_secs_f64());
+    metrics::gauge!(REPLAY_HORIZON_SECONDS).set(policy.replay_horizon().as_secs_f64());
 }

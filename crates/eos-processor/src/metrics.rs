@@ -1,5 +1,5 @@
 //! Metric names (Prometheus, via the `metrics` facade). Labels: `reason` on dead letters,
-//! `outcome` on transactions, `mode` on restores.
+//! `outcome` on transactions, `mode` on restores, `partition` on the consumer lag.
 
 pub const RECORDS_IN: &str = "eos_processor_records_in_total";
 pub const RECORDS_OUT: &str = "eos_processor_records_out_total";
@@ -10,6 +10,7 @@ pub const TRANSACTION_SECONDS: &str = "eos_processor_transaction_duration_second
 pub const RESTORE_SECONDS: &str = "eos_processor_state_restore_seconds";
 pub const RESTORED_RECORDS: &str = "eos_processor_state_restored_records_total";
 pub const ASSIGNED_PARTITIONS: &str = "eos_processor_assigned_partitions";
+pub const CONSUMER_LAG: &str = "eos_processor_consumer_lag";
 
 pub fn describe() {
     metrics::describe_counter!(RECORDS_IN, "input records read and decided");
@@ -40,4 +41,9 @@ pub fn describe() {
         "changelog records read by restores, by mode (warm, cold)"
     );
     metrics::describe_gauge!(ASSIGNED_PARTITIONS, "input partitions currently owned");
+    metrics::describe_gauge!(
+        CONSUMER_LAG,
+        "records between the consumer's position and the partition's last stable offset, by \
+         owned partition (0 once a partition is revoked)"
+    );
 }

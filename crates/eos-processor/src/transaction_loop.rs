@@ -25,16 +25,17 @@
 //! what its commit applies), `batch_commit.rs` (the exactly-once transaction),
 //! `batch_recovery.rs` (what follows its failure) and `at_least_once.rs` (the other mode).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use metrics::gauge;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use eos_core::Guarantee;
 use eos_runtime::ops_http::Readiness;
@@ -43,10 +44,18 @@ use eos_runtime::transactional_producer::TransactionalProducer;
 
 use crate::error::ProcessorError;
 use crate::local_checkpoint::{CHECKPOINT_INTERVAL, ChangelogEnd};
+use crate::metrics as m;
 use crate::open_batch::Batch;
 use crate::partition_state::{DecisionPolicy, PartitionState};
 use crate::state_store::StateStore;
 use crate::transform::Transform;
+
+/// How often the consumer lag gauge is refreshed: each owned partition costs one request to its
+/// leader, so not on every pass.
+const LAG_INTERVAL: Duration = Duration::from_secs(5);
+/// The first refresh after start-up: soon, so a restarted instance's lag shows at once.
+const FIRST_LAG_REPORT: Duration = Duration::from_secs(1);
+const LAG_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -132,6 +141,9 @@ pub struct TransactionLoop<T: Transform> {
     pub(crate) committed_next: HashMap<i32, i64>,
     pub(crate) transactions_written: u64,
     pub(crate) readiness: Readiness,
+    last_lag_report: Instant,
+    /// Partitions whose lag gauge this instance set, to zero it once they are revoked.
+    lag_reported: BTreeSet<i32>,
 }
 
 impl<T: Transform> std::fmt::Debug for TransactionLoop<T> {
@@ -205,6 +217,10 @@ impl<T: Transform> TransactionLoop<T> {
             committed_next: HashMap::new(),
             transactions_written: 0,
             readiness,
+            last_lag_report: Instant::now()
+                .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
+                .unwrap_or_else(Instant::now),
+            lag_reported: BTreeSet::new(),
         })
     }
 
@@ -256,6 +272,54 @@ impl<T: Transform> TransactionLoop<T> {
             if full || due {
                 self.finish_batch()?;
             }
+            // Between batches only: the watermark requests must not delay an open commit.
+            if self.batch.is_empty() && self.last_lag_report.elapsed() >= LAG_INTERVAL {
+                self.report_lag();
+            }
+        }
+    }
+
+    /// Sets `eos_processor_consumer_lag` of each owned partition: the last stable offset (what
+    /// `fetch_watermarks` answers a `read_committed` consumer) minus the consumer's position. A
+    /// partition revoked since the last report is set to 0: its new owner reports it, and a
+    /// stale value would add to the job's sum for good.
+    fn report_lag(&mut self) {
+        self.last_lag_report = Instant::now();
+        let Ok(positions) = self.consumer.position() else {
+            return;
+        };
+        for element in positions.elements_for_topic(&self.settings.input_topic) {
+            let partition = element.partition();
+            if !self.states.contains_key(&partition) {
+                continue;
+            }
+            // No position yet (nothing fetched since the assignment): the next report has one.
+            let Some(position) = element.offset().to_raw().filter(|&next| next >= 0) else {
+                continue;
+            };
+            match self
+                .consumer
+                .fetch_watermarks(&self.settings.input_topic, partition, LAG_TIMEOUT)
+            {
+                Ok((_, end)) => {
+                    gauge!(m::CONSUMER_LAG, "partition" => partition.to_string())
+                        .set((end - position).max(0) as f64);
+                    self.lag_reported.insert(partition);
+                }
+                Err(error) => {
+                    debug!(partition, %error, "cannot fetch watermarks for the lag gauge")
+                }
+            }
+        }
+        let revoked: Vec<i32> = self
+            .lag_reported
+            .iter()
+            .copied()
+            .filter(|partition| !self.states.contains_key(partition))
+            .collect();
+        for partition in revoked {
+            gauge!(m::CONSUMER_LAG, "partition" => partition.to_string()).set(0.0);
+            self.lag_reported.remove(&partition);
         }
     }
 

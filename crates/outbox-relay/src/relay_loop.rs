@@ -17,7 +17,7 @@
 //! dropped if the batch does not commit; and recording the previous batch's position in
 //! PostgreSQL.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use rdkafka::ClientConfig;
@@ -47,6 +47,10 @@ use crate::position_topic::{position_record, read_position};
 pub const NOTIFY_CHANNEL: &str = "eos_outbox";
 /// Longest wait between attempts while PostgreSQL or the broker is unreachable.
 const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the age of the oldest unpublished row is measured (one indexed query).
+const AGE_INTERVAL: Duration = Duration::from_secs(5);
+/// How many rows at the head of the read order that measure looks at.
+const AGE_HEAD_ROWS: i64 = 1000;
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -152,7 +156,12 @@ impl RelayLoop {
         readiness.set(true);
         let mut database_failures = 0u32;
         let mut next: Option<JoinHandle<Result<Batch, RelayError>>> = None;
+        let mut age_measured: Option<Instant> = None;
         while !shutdown.is_cancelled() {
+            if age_measured.is_none_or(|at| at.elapsed() >= AGE_INTERVAL) {
+                age_measured = Some(Instant::now());
+                self.report_unpublished_age().await;
+            }
             let read = match next.take() {
                 // Never aborted while awaited here: an error is the read task's panic.
                 Some(prefetched) => prefetched
@@ -209,6 +218,32 @@ impl RelayLoop {
         }
         info!("shutting down: the last batch is published");
         Ok(())
+    }
+
+    /// Sets `eos_outbox_oldest_unpublished_age_seconds`: the oldest committed row after the
+    /// cursor, whether or not the read order may return it yet. A long transaction anywhere on
+    /// the server holds the read order back (docs/ARCHITECTURE.md "Outbox") while the rows
+    /// committed after it wait; the batches alone would not show them. Only the next
+    /// `AGE_HEAD_ROWS` rows in read order are looked at, so a large backlog costs no more: the
+    /// order follows transaction ids, so the rows further back are younger but for rare ones.
+    async fn report_unpublished_age(&self) {
+        let age = sqlx::query_scalar!(
+            r#"SELECT EXTRACT(EPOCH FROM now() - min(enqueued_at))::FLOAT8 AS "age"
+                 FROM (SELECT enqueued_at FROM eos_outbox
+                        WHERE (order_xid, position) > ($1, $2)
+                        ORDER BY order_xid, position
+                        LIMIT $3) AS head"#,
+            self.cursor.order_xid,
+            self.cursor.position,
+            AGE_HEAD_ROWS,
+        )
+        .fetch_one(&self.pool)
+        .await;
+        match age {
+            Ok(age) => gauge!(m::OLDEST_UNPUBLISHED_AGE).set(age.unwrap_or(0.0).max(0.0)),
+            // The read that follows fails the same way and says so.
+            Err(error) => tracing::debug!(%error, "cannot measure the oldest unpublished row"),
+        }
     }
 
     /// Until a notification, the poll interval, or shutdown.

@@ -210,6 +210,13 @@ async fn serve(
             &dedup_credentials,
         )?);
     }
+    crate::metrics::register_targets(
+        prepared
+            .iter()
+            .filter(|target| target.spec.retention.is_some())
+            .map(PreparedTarget::name),
+        providers.iter().map(ProviderTarget::name),
+    );
     let providers = Arc::new(providers);
     for target in &prepared {
         tracing::info!(

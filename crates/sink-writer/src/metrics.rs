@@ -24,6 +24,12 @@ pub const HELD_OPERATIONS: &str = "eos_sink_held_operations_total";
 pub const HELD_UNRESOLVED: &str = "eos_sink_held_operations_unresolved";
 
 pub fn describe() {
+    // Counters of rare events start at 0, so a dashboard or an alert's rate() sees "none" rather
+    // than no series (docs/OBSERVABILITY.md).
+    metrics::counter!(DB_RETRIES).absolute(0);
+    for reason in eos_core::DeadLetterReason::ALL {
+        metrics::counter!(DEAD_LETTERS, "reason" => reason.as_str()).absolute(0);
+    }
     metrics::describe_counter!(
         PROVIDER_BEGINS,
         "dedup-service Begin answers for provider targets, by target and answer (acquired, \
@@ -103,4 +109,19 @@ pub fn describe() {
         ROWS_PURGED,
         "rows deleted by the retention purge, by target"
     );
+}
+
+/// Starts the per-target counters of rare events at 0: purges of the tables with a retention,
+/// held operations and unsettled batches of the provider targets.
+pub fn register_targets<'a>(
+    purged_tables: impl IntoIterator<Item = &'a str>,
+    providers: impl IntoIterator<Item = &'a str>,
+) {
+    for table in purged_tables {
+        metrics::counter!(ROWS_PURGED, "target" => table.to_owned()).absolute(0);
+    }
+    for provider in providers {
+        metrics::counter!(HELD_OPERATIONS, "target" => provider.to_owned()).absolute(0);
+        metrics::counter!(PROVIDER_UNSETTLED, "target" => provider.to_owned()).absolute(0);
+    }
 }

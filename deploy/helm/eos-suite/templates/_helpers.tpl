@@ -243,3 +243,18 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- fail (printf "dedup.terminationGracePeriodSeconds (%d) must be longer than dedup.shutdownTimeoutSeconds (%d), so SIGTERM can drain in-flight calls" (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds)) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The OpenTelemetry environment of every service: where spans go and the parent-based sampler, so
+an event's trace is whole or absent (docs/OBSERVABILITY.md). Nothing when no endpoint is set.
+*/}}
+{{- define "eos-suite.otelEnv" -}}
+{{- if .Values.telemetry.otlpEndpoint -}}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.telemetry.otlpEndpoint | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: parentbased_traceidratio
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .Values.telemetry.samplingRatio | toString | quote }}
+{{- end -}}
+{{- end }}
