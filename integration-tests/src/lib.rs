@@ -9,6 +9,7 @@ pub mod eosctl;
 pub mod fault_proxy;
 pub mod kafka_cluster;
 pub mod otlp_collector;
+pub mod prometheus_server;
 pub mod proxied_kafka;
 pub mod service_process;
 pub mod test_certs;

@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use eos_core::EventEnvelope;
 use integration_tests::otlp_collector::{CollectedSpan, OtlpCollector};
 use integration_tests::{Isolation, read_topic};
-use eos_core::EventEnvelope;
 use rdkafka::Message as _;
 use serde_json::Value;
 
@@ -100,7 +100,11 @@ fn traced_demo(
     kills: [&str; 3],
     size: [&str; 2],
     otel: &[(&str, &str)],
-) -> anyhow::Result<(OtlpCollector, BTreeSet<String>, BTreeMap<String, PaymentTrace>)> {
+) -> anyhow::Result<(
+    OtlpCollector,
+    BTreeSet<String>,
+    BTreeMap<String, PaymentTrace>,
+)> {
     let collector = OtlpCollector::start()?;
     let endpoint = collector.endpoint();
     let mut envs = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
@@ -146,8 +150,10 @@ fn sigkills_leave_at_most_the_last_export_interval_of_traces_incomplete() -> any
     /// The export in flight at the kill, on loopback.
     const EXPORT_ALLOWANCE_SECONDS: f64 = 0.3;
     let (collector, payments, traces) = traced_demo(["1", "1", "1"], ["3000", "300"], &[])?;
-    let incomplete: Vec<(&String, &PaymentTrace)> =
-        traces.iter().filter(|(_, trace)| !trace.complete()).collect();
+    let incomplete: Vec<(&String, &PaymentTrace)> = traces
+        .iter()
+        .filter(|(_, trace)| !trace.complete())
+        .collect();
     let mut missing: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, trace) in &incomplete {
         for service in SERVICES {
@@ -163,7 +169,11 @@ fn sigkills_leave_at_most_the_last_export_interval_of_traces_incomplete() -> any
     );
     // One trace per payment even when incomplete: a restarted service continues the trace.
     for (id, trace) in &traces {
-        assert!(trace.traces.len() <= 1, "{id}:\n{}", listing(&collector, id));
+        assert!(
+            trace.traces.len() <= 1,
+            "{id}:\n{}",
+            listing(&collector, id)
+        );
     }
     let bound = KILLS * RATE * (INTERVAL_SECONDS + EXPORT_ALLOWANCE_SECONDS);
     assert!(

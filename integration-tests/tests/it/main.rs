@@ -1,8 +1,10 @@
 //! The integration tests: one binary, real Kafka and real PostgreSQL from `deploy/local/stack`.
 
+mod alerts_live;
 mod audit_boundaries;
 mod card_authorisations;
 mod changelog_restore;
+mod dashboards_live;
 mod dedup_auth;
 mod dedup_replicas;
 mod dedup_service;
@@ -34,3 +36,4 @@ mod total_overflow;
 mod trace_cli;
 mod traces;
 mod transport_tls;
+mod wasm_transforms;

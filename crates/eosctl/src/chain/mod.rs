@@ -42,6 +42,8 @@ pub(crate) fn sink_targets(written_by: &str, provider: Option<&ProviderTarget<'_
 table = "event_sink"
 kind = "append"
 key = "event_id"
+retention = "30d"
+retention_column = "written_at"
 [targets.columns]
 event_id = "event_id"
 entity_id = "entity_id"

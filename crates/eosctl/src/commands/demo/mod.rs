@@ -172,6 +172,32 @@ pub struct DemoArgs {
     /// is set; `make demo` points both at the local stack's Jaeger.
     #[arg(long, value_name = "JAEGER_URL")]
     pub show_trace_from: Option<String>,
+
+    /// Write every service's /metrics address to this file, in Prometheus's file-based service
+    /// discovery format (`file_sd_configs`, job = the service's name), so a Prometheus can
+    /// scrape the run while it goes (the dashboards and alerts in
+    /// deploy/helm/eos-suite/files/ query those jobs).
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_targets: Option<PathBuf>,
+}
+
+/// Writes `services`' /metrics addresses for Prometheus's `file_sd_configs`: written whole to a
+/// temporary file and renamed, since Prometheus re-reads the file whenever it changes.
+fn write_prometheus_targets(path: &Path, services: &[&Service]) -> anyhow::Result<()> {
+    let groups: Vec<serde_json::Value> = services
+        .iter()
+        .map(|service| {
+            serde_json::json!({
+                "targets": [service.ops_addr.to_string()],
+                "labels": { "job": service.name },
+            })
+        })
+        .collect();
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, serde_json::to_vec_pretty(&groups)?)
+        .with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// Progress for people: plain lines on stderr.
@@ -406,6 +432,13 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         DemoSource::Producer => None,
     };
 
+    if let Some(path) = &args.prometheus_targets {
+        let mut services = vec![&provider, &dedup, &processor, &sink];
+        if let Some(outbox) = &outbox {
+            services.extend([&outbox.api, &outbox.relay]);
+        }
+        write_prometheus_targets(path, &services)?;
+    }
     let outcome = drive(
         &args,
         seed,
