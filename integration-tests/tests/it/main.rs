@@ -36,4 +36,3 @@ mod total_overflow;
 mod trace_cli;
 mod traces;
 mod transport_tls;
-mod wasm_transforms;
