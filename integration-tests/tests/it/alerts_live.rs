@@ -72,7 +72,7 @@ async fn outbox_staleness_and_a_dead_relay_fire_their_alerts() -> anyhow::Result
     eos_outbox::enqueue(&mut long, &event(0)?).await?;
     for n in 1..=5 {
         let mut tx = db.pool.begin().await?;
-        eos_outbox::enqueue(&mut *tx, &event(n)?).await?;
+        eos_outbox::enqueue(&mut tx, &event(n)?).await?;
         tx.commit().await?;
     }
     tokio::task::block_in_place(|| {
