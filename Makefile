@@ -13,12 +13,12 @@ DEMO_ARGS ?=
 
 ## demo: bring the stack up, build, and run the main job (GUARANTEE=at-least-once for the contrast)
 ## with every service's spans in the stack's Jaeger; ends with one payment's trace from it.
-## A SIGKILLed service loses the spans it had not exported yet: OTEL_BSP_SCHEDULE_DELAY=200 (ms)
-## keeps that to its last 200 ms.
+## A SIGKILLed service loses the spans it had not exported yet: about its last 200 ms (the
+## services' default OTEL_BSP_SCHEDULE_DELAY, docs/OBSERVABILITY.md).
 demo: stack-up
 	$(CARGO) build --release --workspace --bins
 	set -a; eval "$$($(STACK) env)"; set +a; \
-	OTEL_EXPORTER_OTLP_ENDPOINT="$$EOS_JAEGER_OTLP_ENDPOINT" OTEL_BSP_SCHEDULE_DELAY=200 \
+	OTEL_EXPORTER_OTLP_ENDPOINT="$$EOS_JAEGER_OTLP_ENDPOINT" \
 		target/release/eosctl demo --guarantee $(GUARANTEE) \
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
