@@ -112,7 +112,7 @@ pub fn describe() {
 }
 
 /// Starts the per-target counters of rare events at 0: purges of the tables with a retention,
-/// held operations and unsettled batches of the provider targets.
+/// and the provider targets' held operations, unsettled batches and effects by outcome.
 pub fn register_targets<'a>(
     purged_tables: impl IntoIterator<Item = &'a str>,
     providers: impl IntoIterator<Item = &'a str>,
@@ -123,5 +123,9 @@ pub fn register_targets<'a>(
     for provider in providers {
         metrics::counter!(HELD_OPERATIONS, "target" => provider.to_owned()).absolute(0);
         metrics::counter!(PROVIDER_UNSETTLED, "target" => provider.to_owned()).absolute(0);
+        for outcome in crate::provider_target::Settled::LABELS {
+            metrics::counter!(PROVIDER_EFFECTS, "target" => provider.to_owned(), "outcome" => outcome)
+                .absolute(0);
+        }
     }
 }

@@ -133,6 +133,17 @@ pub enum Settled {
 }
 
 impl Settled {
+    /// Every [`Settled::label`], and `duplicate` (an event settled twice in one batch).
+    pub const LABELS: [&str; 7] = [
+        "charged",
+        "already_charged",
+        "rejected",
+        "conflict",
+        "expired",
+        "held",
+        "duplicate",
+    ];
+
     pub fn label(&self) -> &'static str {
         match self {
             Self::Charged { called: true } => "charged",
@@ -714,6 +725,27 @@ pub fn request_body(
 mod tests {
     use super::*;
     use crate::targets::Source;
+
+    #[test]
+    fn every_settled_label_is_registered_at_zero() {
+        let settled = [
+            Settled::Charged { called: true },
+            Settled::Charged { called: false },
+            Settled::Rejected {
+                reason: String::new(),
+            },
+            Settled::Conflict {
+                stored_fingerprint: Vec::new(),
+            },
+            Settled::Expired,
+            Settled::Held {
+                reason: String::new(),
+            },
+        ];
+        for outcome in settled {
+            assert!(Settled::LABELS.contains(&outcome.label()), "{outcome:?}");
+        }
+    }
 
     fn spec(amount: Source) -> ProviderSpec {
         ProviderSpec {
