@@ -56,6 +56,8 @@ use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
 
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
+/// The first lag report after start-up: soon, so a restarted sink's lag shows at once.
+const FIRST_LAG_REPORT: Duration = Duration::from_secs(1);
 /// Longest single wait for records, so the shutdown signal is seen within it.
 const POLL_SLICE: Duration = Duration::from_millis(200);
 
@@ -162,7 +164,9 @@ impl SinkLoop {
             batch_bytes: 0,
             batch_started: None,
             backoff,
-            last_lag_report: Instant::now(),
+            last_lag_report: Instant::now()
+                .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
+                .unwrap_or_else(Instant::now),
             readiness,
         })
     }
