@@ -283,6 +283,15 @@ impl OtlpCollector {
         format!("http://{}", self.addr)
     }
 
+    /// The environment that points a service's exporter here, exporting every 100 ms (pass it
+    /// through [`env_refs`]).
+    pub fn exporter_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", self.endpoint()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+        ]
+    }
+
     /// Every span received so far.
     pub fn spans(&self) -> Vec<CollectedSpan> {
         lock(&self.store).clone()
@@ -357,6 +366,14 @@ impl Drop for OtlpCollector {
             let _ = thread.join();
         }
     }
+}
+
+/// Owned environment pairs as the borrowed ones `ServiceProcess::spawn` takes.
+pub fn env_refs<'a>(pairs: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    pairs
+        .iter()
+        .map(|(key, value)| (*key, value.as_str()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
 use eos_core::{DeadLetterReason, dead_letter};
 use eos_processor::replay::{self, ReplayInput, ReplayOutput};
 use eos_processor::{DEFAULT_OUTPUT, Transform as _};
-use integration_tests::otlp_collector::OtlpCollector;
+use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
@@ -314,11 +314,8 @@ source_offset = "kafka.offset"
         std::thread::spawn(move || produce(&input, &during_kills, 500))
     };
     let collector = OtlpCollector::start()?;
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
-    ];
-    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let otel = collector.exporter_env();
+    let otel = env_refs(&otel);
     let processor_args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "chain");
     let sink = crate::sink_writer::Sink::new(&approved, &db.url);
     let targets_arg = targets.display().to_string();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use integration_tests::otlp_collector::OtlpCollector;
+use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, TestDatabase, bootstrap_servers, create_topic, read_topic, unique_name,
@@ -307,11 +307,8 @@ async fn every_payment_reaches_the_topic_once_through_the_relay() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread")]
 async fn a_payments_trace_starts_at_the_http_request_and_crosses_the_relay() -> anyhow::Result<()> {
     let collector = OtlpCollector::start()?;
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
-    ];
-    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let otel = collector.exporter_env();
+    let otel = env_refs(&otel);
     let db = TestDatabase::create().await?;
     let topic = unique_name("payments-traced");
     create_topic(&topic, 3).await?;

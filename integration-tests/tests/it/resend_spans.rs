@@ -12,7 +12,7 @@ use opentelemetry::trace::TraceContextExt as _;
 use serde_json::Value;
 
 use eos_runtime::trace_context;
-use integration_tests::otlp_collector::{CollectedSpan, OtlpCollector, SpanLink};
+use integration_tests::otlp_collector::{CollectedSpan, OtlpCollector, SpanLink, env_refs};
 use integration_tests::{TestDatabase, unique_name};
 
 use crate::payments_api::PaymentsApi;
@@ -51,11 +51,8 @@ fn outcome(span: &CollectedSpan) -> &str {
 #[tokio::test(flavor = "multi_thread")]
 async fn resends_and_refused_key_reuses_are_tagged_with_the_keys_payment() -> anyhow::Result<()> {
     let collector = OtlpCollector::start()?;
-    let otel = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
-    ];
-    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let otel = collector.exporter_env();
+    let otel = env_refs(&otel);
     let db = TestDatabase::create().await?;
     // Nothing reads the topic: the test is about the request spans, not the relay.
     let mut api = PaymentsApi::start_on(&db.url, &unique_name("payments-resend"), &[], &otel)?;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use integration_tests::eosctl::{self, Workload};
-use integration_tests::otlp_collector::{CollectedSpan, OtlpCollector, SpanKind};
+use integration_tests::otlp_collector::{CollectedSpan, OtlpCollector, SpanKind, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     TestDatabase, bootstrap_servers, create_topic, end_offsets, unique_name, wait_until_consumed,
@@ -53,7 +53,7 @@ struct TracedPipeline {
 
 impl TracedPipeline {
     fn otel_env(&self) -> Vec<(&str, &str)> {
-        self.otel.iter().map(|(k, v)| (*k, v.as_str())).collect()
+        env_refs(&self.otel)
     }
 
     /// An eos-processor instance (always the same instance id: a successor fences its
@@ -296,10 +296,7 @@ async fn one_trace_per_event_id_across_all_five_participants() -> anyhow::Result
             .join(format!("{}.toml", unique_name("traced-targets")))
             .display()
             .to_string(),
-        otel: vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
-        ],
+        otel: collector.exporter_env(),
     };
     create_topic(&pipeline.input, 3).await?;
     create_topic(&pipeline.output, 3).await?;
