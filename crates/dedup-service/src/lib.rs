@@ -69,6 +69,7 @@ pub fn boundary(config: &Config) -> Boundary {
              operations older than the {} retention answer EXPIRED",
             humantime::format_duration(config.retention)
         ),
+        transform: None,
     }
 }
 

@@ -56,6 +56,10 @@ pub struct Boundary {
     pub checkpoint: String,
     /// One sentence: how a restarted instance resumes without losing or repeating an effect.
     pub recovery: String,
+    /// The logic between input and result when it is loaded from outside the binary, e.g.
+    /// `webassembly module sha256:…`; absent for logic compiled in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<String>,
 }
 
 impl fmt::Display for Boundary {
@@ -118,6 +122,7 @@ mod tests {
             result: "kafka topic=ledger".into(),
             checkpoint: "kafka transaction".into(),
             recovery: "resume from committed offsets".into(),
+            transform: None,
         };
         let text = boundary.to_string();
         for part in [

@@ -92,10 +92,15 @@ pub enum DeadLetterReason {
     TransformRefused,
     /// A user's transform panicked on the event: the event is set aside, the loop goes on.
     TransformPanic,
+    /// A WebAssembly transform trapped on the event (a panic in the module's language,
+    /// `unreachable`, an exit) or answered something that is not the interface's result.
+    TransformTrap,
+    /// A WebAssembly transform's call ran out of fuel or its instance out of memory.
+    TransformLimit,
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 16] = [
+    pub const ALL: [DeadLetterReason; 18] = [
         Self::InvalidUtf8,
         Self::MalformedJson,
         Self::MissingField,
@@ -112,6 +117,8 @@ impl DeadLetterReason {
         Self::TotalOverflow,
         Self::TransformRefused,
         Self::TransformPanic,
+        Self::TransformTrap,
+        Self::TransformLimit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -132,6 +139,8 @@ impl DeadLetterReason {
             Self::TotalOverflow => "total_overflow",
             Self::TransformRefused => "transform_refused",
             Self::TransformPanic => "transform_panic",
+            Self::TransformTrap => "transform_trap",
+            Self::TransformLimit => "transform_limit",
         }
     }
 
@@ -145,6 +154,8 @@ impl DeadLetterReason {
                 | Self::TotalOverflow
                 | Self::TransformRefused
                 | Self::TransformPanic
+                | Self::TransformTrap
+                | Self::TransformLimit
         )
     }
 }
@@ -594,6 +605,8 @@ mod tests {
                 "total_overflow",
                 "transform_refused",
                 "transform_panic",
+                "transform_trap",
+                "transform_limit",
             ]
         );
     }

@@ -119,6 +119,7 @@ pub fn boundary(config: &Config) -> Boundary {
                        transaction; state is restored from the changelog with read_committed and \
                        reading resumes at the offsets committed with it"
                 .into(),
+            transform: None,
         },
         Guarantee::AtLeastOnce => Boundary {
             guarantee: Guarantee::AtLeastOnce,
@@ -128,6 +129,7 @@ pub fn boundary(config: &Config) -> Boundary {
             recovery: "resumes at the last committed offset; records processed after it are \
                        processed again, so a crash can repeat effects"
                 .into(),
+            transform: None,
         },
     }
 }

@@ -44,16 +44,24 @@ pub fn decode<T: Transform>(transform: &T, bytes: &[u8]) -> Result<T::State, Str
         (versioned.eos_state_version, versioned.state)
     } else if T::STATE_VERSION == 1 {
         // The common case, read straight into the state without an intermediate `Value`.
-        return serde_json::from_slice(bytes).map_err(|e| format!("state does not decode: {e}"));
+        let state =
+            serde_json::from_slice(bytes).map_err(|e| format!("state does not decode: {e}"))?;
+        return transform
+            .admit_state(state)
+            .map_err(|error| error.to_string());
     } else {
         let json = serde_json::from_slice(bytes).map_err(|e| format!("state is not JSON: {e}"))?;
         (1, json)
     };
-    if version == T::STATE_VERSION {
-        return serde_json::from_value(json).map_err(|e| format!("state does not decode: {e}"));
-    }
+    let state = if version == T::STATE_VERSION {
+        serde_json::from_value(json).map_err(|e| format!("state does not decode: {e}"))?
+    } else {
+        transform
+            .upgrade_state(version, json)
+            .map_err(|error| error.to_string())?
+    };
     transform
-        .upgrade_state(version, json)
+        .admit_state(state)
         .map_err(|error| error.to_string())
 }
 

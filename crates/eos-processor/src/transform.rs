@@ -180,6 +180,23 @@ pub trait Transform: Send + 'static {
             Self::STATE_VERSION
         )))
     }
+
+    /// Checks a state read back from the changelog or the local store before any event is
+    /// applied to it, and may rewrite it. An error stops the restore, as a state format
+    /// without an upgrade does. The default admits every state; a transform whose state
+    /// depends on more than the format version (a WebAssembly module's state, stamped with the
+    /// module's digest) refuses here what it cannot read.
+    fn admit_state(&self, state: Self::State) -> Result<Self::State, StateUpgradeError> {
+        Ok(state)
+    }
+
+    /// The digest of the code this transform runs when that code is loaded from outside the
+    /// binary (a WebAssembly module): shown on `/boundary` and as the `digest` label of
+    /// `eos_processor_transform_module_info`, so an operator sees which module a pod runs.
+    /// `None`, the default, for logic compiled into the binary.
+    fn module_digest(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Per-entity running totals: the reference practice's `counter = counter + 1`

@@ -50,6 +50,7 @@ pub fn boundary(config: &Config) -> Boundary {
                        transaction; the position is read back with read_committed and reading \
                        resumes after it"
                 .into(),
+            transform: None,
         },
         Guarantee::AtLeastOnce => Boundary {
             guarantee: Guarantee::AtLeastOnce,
@@ -61,6 +62,7 @@ pub fn boundary(config: &Config) -> Boundary {
             recovery: "resumes after the recorded position; rows published after it are \
                        published again, so consumers must be idempotent by event_id"
                 .into(),
+            transform: None,
         },
     }
 }

@@ -47,6 +47,7 @@ pub fn boundary(config: &Config) -> Boundary {
         recovery: "a request that fails writes nothing; a retry with the same key answers from \
                    the stored payment"
             .into(),
+        transform: None,
     }
 }
 

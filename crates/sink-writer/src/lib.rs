@@ -121,6 +121,7 @@ pub fn boundary(config: &Config, targets: &Targets) -> Boundary {
                        no longer commit), then the checkpoint committed with the rows is read and \
                        reading resumes there"
                 .into(),
+            transform: None,
         },
         OffsetsMode::Kafka => Boundary {
             guarantee: Guarantee::AtLeastOnce,
@@ -131,6 +132,7 @@ pub fn boundary(config: &Config, targets: &Targets) -> Boundary {
                        again and absorbed by ON CONFLICT and the version check, so rows stay \
                        exact but counters (duplicates, stale) count the replay"
                 .into(),
+            transform: None,
         },
     }
 }
