@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint doc sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
+.PHONY: demo test lint doc wasm-examples sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -23,8 +23,9 @@ demo: stack-up
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
 ## test: bring the stack up, then the offline query data, the Helm chart, the alert rules, the compose file,
-## formatting, lints, the API docs, and every test against the real stack
-test: stack-up sqlx-check helm-check rules-check compose-check lint doc
+## formatting, lints, the API docs, the example WebAssembly transforms, and every test against the
+## real stack
+test: stack-up sqlx-check helm-check rules-check compose-check lint doc wasm-examples
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -35,6 +36,11 @@ lint:
 ## doc: the API docs build without a warning (the processor library is what users program against)
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --exclude integration-tests
+
+## wasm-examples: the example WebAssembly transforms built from source, Go and AssemblyScript
+## (examples/wasm/build; the tests load them from target/wasm/)
+wasm-examples:
+	examples/wasm/build
 
 ## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
 sqlx-check: stack-up

@@ -27,6 +27,54 @@ pub enum BuiltinTransform {
     PassThrough,
 }
 
+/// What `--transform` names: a built-in transform or a WebAssembly module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransformChoice {
+    /// `ledger` or `pass-through`.
+    Builtin(BuiltinTransform),
+    /// `wasm:PATH`.
+    Wasm(PathBuf),
+}
+
+/// `--transform`, as clap's value parser: a built-in's name, or `wasm:` and the path of a
+/// module file (checked to exist here, so a typo is a usage error; the module itself is
+/// checked when it is loaded).
+pub fn parse_transform(text: &str) -> Result<TransformChoice, String> {
+    if let Some(path) = text.strip_prefix("wasm:") {
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            return Err(format!(
+                "{} is not a file: wasm:PATH names a WebAssembly module",
+                path.display()
+            ));
+        }
+        return Ok(TransformChoice::Wasm(path));
+    }
+    BuiltinTransform::from_str(text, false)
+        .map(TransformChoice::Builtin)
+        .map_err(|_| format!("{text:?} is not ledger, pass-through or wasm:PATH"))
+}
+
+/// A size in bytes, optionally with a KiB, MiB or GiB suffix (`--wasm-max-memory`).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let unit = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(format!("{text:?} is not a size such as 256MiB")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| format!("{text:?} is not a size such as 256MiB"))
+}
+
 /// Kafka → Kafka exactly-once read-process-write.
 ///
 /// Reads events (JSON objects) from the input topic with read_committed, drops duplicate
@@ -58,9 +106,27 @@ pub struct Config {
     #[arg(long = "output", env = "EOS_OUTPUTS", value_name = "NAME=TOPIC", value_delimiter = ',', value_parser = parse_named_output)]
     pub outputs: Vec<(String, String)>,
 
-    /// The built-in transform to run (ignored by a library user's `Processor`).
-    #[arg(long, env = "EOS_TRANSFORM", value_enum, default_value = "ledger")]
-    pub transform: BuiltinTransform,
+    /// The transform to run (ignored by a library user's `Processor`): `ledger`,
+    /// `pass-through`, or `wasm:PATH`, a WebAssembly module (docs/TRANSFORMS.md "WebAssembly
+    /// transforms").
+    #[arg(long, env = "EOS_TRANSFORM", default_value = "ledger", value_parser = parse_transform)]
+    pub transform: TransformChoice,
+
+    /// wasm: fuel per call to the module, about one unit per instruction; a call that uses it
+    /// all is dead-lettered with reason transform_limit.
+    #[arg(long, env = "EOS_WASM_FUEL", default_value_t = wasm_transform::Limits::default().fuel)]
+    pub wasm_fuel: u64,
+
+    /// wasm: the most memory the module may grow to, in bytes or with a KiB, MiB or GiB
+    /// suffix; a call that would pass it is dead-lettered with reason transform_limit.
+    #[arg(long, env = "EOS_WASM_MAX_MEMORY", default_value = "256MiB", value_parser = parse_bytes)]
+    pub wasm_max_memory: u64,
+
+    /// wasm: accept entity state written by a module with another digest (the new module reads
+    /// the old one's state format as it is); without it, and unless the module exports
+    /// eos_upgrade_state, such state stops the restore with an error naming both digests.
+    #[arg(long, env = "EOS_WASM_STATE_COMPATIBLE")]
+    pub wasm_state_compatible: bool,
 
     /// Where the event id is: `header:<name>`, `key` or a JSON pointer such as `/id`
     /// [default: the transform's; ledger: /event_id, others: header:event_id].
@@ -275,7 +341,9 @@ impl Config {
                 "--occurred-at {pointer:?} is not a JSON pointer (such as /occurred_at)"
             ));
         }
-        if self.filter_pointer.is_some() && self.transform != BuiltinTransform::PassThrough {
+        if self.filter_pointer.is_some()
+            && self.transform != TransformChoice::Builtin(BuiltinTransform::PassThrough)
+        {
             return Err("--filter-pointer is for --transform pass-through".into());
         }
         if self.fault_abort_every == Some(0) {
@@ -314,7 +382,10 @@ mod tests {
             std::path::Path::new("/var/lib/eos/eos-processor.a_b")
         );
         assert!(config.validate().is_ok());
-        assert_eq!(config.transform, BuiltinTransform::Ledger);
+        assert_eq!(
+            config.transform,
+            TransformChoice::Builtin(BuiltinTransform::Ledger)
+        );
         assert_eq!(
             config.output_topics(),
             BTreeMap::from([("default".to_owned(), "ledger".to_owned())])
@@ -367,6 +438,43 @@ mod tests {
         assert!(same_topic.validate().is_err());
         let not_a_pointer = parse(&["--occurred-at", "at"]);
         assert!(not_a_pointer.validate().is_err());
+    }
+
+    #[test]
+    fn a_webassembly_transform_is_a_path_with_its_limits() {
+        let module = std::env::temp_dir().join("eos-processor-config-test.wasm");
+        std::fs::write(&module, b"\0asm").expect("writes");
+        let config = parse(&[
+            "--transform",
+            &format!("wasm:{}", module.display()),
+            "--wasm-fuel",
+            "1000",
+            "--wasm-max-memory",
+            "64MiB",
+            "--wasm-state-compatible",
+        ]);
+        assert_eq!(config.transform, TransformChoice::Wasm(module));
+        assert_eq!(config.wasm_fuel, 1000);
+        assert_eq!(config.wasm_max_memory, 64 << 20);
+        assert!(config.wasm_state_compatible);
+        let defaults = parse(&[]);
+        assert_eq!(defaults.wasm_max_memory, 256 << 20);
+        assert!(!defaults.wasm_state_compatible);
+        for bad in [
+            &["--transform", "wasm:/no/such/module.wasm"][..],
+            &["--transform", "wasm:"],
+            &["--transform", "lua"],
+            &["--wasm-max-memory", "lots"],
+            &["--wasm-max-memory", "1TB"],
+        ] {
+            assert!(
+                Config::try_parse_from(std::iter::once("eos-processor").chain(bad.iter().copied()))
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
     }
 
     #[test]

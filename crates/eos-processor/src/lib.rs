@@ -72,6 +72,7 @@ pub mod topics;
 #[doc(hidden)]
 pub mod transaction_loop;
 pub mod transform;
+pub mod wasm;
 
 use std::collections::BTreeSet;
 
@@ -80,7 +81,7 @@ use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{BuiltinTransform, Config};
+pub use config::{BuiltinTransform, Config, TransformChoice};
 pub use error::ProcessorError;
 use partition_state::DecisionPolicy;
 use transaction_loop::{LoopSettings, TransactionLoop};
@@ -138,9 +139,39 @@ pub fn boundary(config: &Config) -> Boundary {
 /// after committing the open batch) or a fatal error (fenced, unrecoverable Kafka state, bad
 /// topics).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    match config.transform {
-        BuiltinTransform::Ledger => Processor::new(config, LedgerTransform).run(shutdown).await,
-        BuiltinTransform::PassThrough => {
+    match config.transform.clone() {
+        TransformChoice::Builtin(BuiltinTransform::Ledger) => {
+            Processor::new(config, LedgerTransform).run(shutdown).await
+        }
+        TransformChoice::Wasm(path) => {
+            let options = wasm::Options {
+                limits: wasm::Limits {
+                    fuel: config.wasm_fuel,
+                    max_memory_bytes: config.wasm_max_memory,
+                },
+                state_compatible: config.wasm_state_compatible,
+            };
+            // Compiling a module takes a while (seconds for a Go module): off the runtime's
+            // threads, like the transaction loop.
+            let load_path = path.clone();
+            let transform =
+                tokio::task::spawn_blocking(move || wasm::WasmTransform::load(&load_path, options))
+                    .await
+                    .context("loading the WebAssembly module panicked")?
+                    .with_context(|| {
+                        format!("loading the WebAssembly transform {}", path.display())
+                    })?;
+            tracing::info!(
+                module = %path.display(),
+                digest = transform.digest(),
+                fuel = options.limits.fuel,
+                max_memory_bytes = options.limits.max_memory_bytes,
+                state_compatible = options.state_compatible,
+                "webassembly transform loaded"
+            );
+            Processor::new(config, transform).run(shutdown).await
+        }
+        TransformChoice::Builtin(BuiltinTransform::PassThrough) => {
             let filter = config
                 .filter_pointer
                 .clone()
@@ -202,8 +233,15 @@ async fn run_transform<T: Transform>(
         .settings(config::OWN_KAFKA_PROPERTIES)
         .context("Kafka settings")?;
     kafka.log_at_start();
-    let boundary = boundary(&config);
+    let mut boundary = boundary(&config);
+    let module_digest = transform.module_digest();
+    boundary.transform = module_digest
+        .as_ref()
+        .map(|digest| format!("webassembly module {digest}"));
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
+    if let Some(digest) = module_digest {
+        ::metrics::gauge!(metrics::TRANSFORM_MODULE_INFO, "digest" => digest).set(1.0);
+    }
     let readiness = ops.readiness.clone();
 
     let client_config = kafka.client_config();

@@ -11,6 +11,7 @@ pub const RESTORE_SECONDS: &str = "eos_processor_state_restore_seconds";
 pub const RESTORED_RECORDS: &str = "eos_processor_state_restored_records_total";
 pub const ASSIGNED_PARTITIONS: &str = "eos_processor_assigned_partitions";
 pub const CONSUMER_LAG: &str = "eos_processor_consumer_lag";
+pub const TRANSFORM_MODULE_INFO: &str = "eos_processor_transform_module_info";
 
 pub fn describe() {
     metrics::describe_counter!(RECORDS_IN, "input records read and decided");
@@ -41,6 +42,11 @@ pub fn describe() {
         "changelog records read by restores, by mode (warm, cold)"
     );
     metrics::describe_gauge!(ASSIGNED_PARTITIONS, "input partitions currently owned");
+    metrics::describe_gauge!(
+        TRANSFORM_MODULE_INFO,
+        "1, labelled with the digest of the WebAssembly module the transform runs (absent for a \
+         transform compiled into the binary)"
+    );
     metrics::describe_gauge!(
         CONSUMER_LAG,
         "records between the consumer's position and the partition's last stable offset, by \

@@ -36,3 +36,4 @@ mod total_overflow;
 mod trace_cli;
 mod traces;
 mod transport_tls;
+mod wasm_transforms;

@@ -1,0 +1,94 @@
+//! The WebAssembly transform behind `--transform wasm:PATH`: a module in any language, run by
+//! `wasm_transform` (Extism on wasmtime) under the processor's exactly-once loop
+//! (docs/TRANSFORMS.md "WebAssembly transforms").
+//!
+//! The adapter lives here rather than in `wasm-transform` because the processor binary offers
+//! it, and a crate the binary depends on cannot depend on the processor in turn.
+
+use std::path::Path;
+
+use eos_core::{DeadLetterReason, Event};
+use wasm_transform::CallError;
+pub use wasm_transform::{Limits, Options, WasmModule, WasmState, digest};
+
+use crate::transform::{Output, Refusal, SourcePosition, StateUpgradeError, Transform};
+
+/// A loaded module as a [`Transform`]: its state per entity is the module's JSON stamped with
+/// the module's digest ([`WasmState`]).
+#[derive(Debug)]
+pub struct WasmTransform {
+    module: WasmModule,
+}
+
+impl WasmTransform {
+    /// Loads, compiles and checks the module at `path` (its exports and interface version):
+    /// a module that cannot run is refused here, before the processor starts.
+    pub fn load(path: &Path, options: Options) -> Result<Self, wasm_transform::LoadError> {
+        WasmModule::load(path, options).map(|module| Self { module })
+    }
+
+    /// A transform over an already loaded module.
+    pub fn new(module: WasmModule) -> Self {
+        Self { module }
+    }
+
+    /// `sha256:<hex>` of the module.
+    pub fn digest(&self) -> &str {
+        self.module.digest()
+    }
+}
+
+impl Transform for WasmTransform {
+    type State = WasmState;
+
+    fn apply(
+        &self,
+        state: &mut WasmState,
+        event: Event,
+        source: &SourcePosition,
+    ) -> Result<Vec<Output>, Refusal> {
+        let position = wasm_transform::Position {
+            partition: source.partition,
+            offset: source.offset,
+        };
+        // A refusal, a trap and a limit each become a dead letter: the state stays as it was
+        // and the id is not remembered, as for any refusal (docs/TRANSFORMS.md).
+        let outputs = self
+            .module
+            .apply(state, &event, position)
+            .map_err(|error| match &error {
+                CallError::Refused { code, detail } => Refusal::new(code, detail.clone()),
+                CallError::Trap(_) => {
+                    Refusal::with_reason(DeadLetterReason::TransformTrap, error.to_string())
+                }
+                CallError::Limit(_) => {
+                    Refusal::with_reason(DeadLetterReason::TransformLimit, error.to_string())
+                }
+            })?;
+        Ok(outputs
+            .into_iter()
+            .map(|output| {
+                let mut record = Output::new(output.output, output.value);
+                if let Some(key) = output.key {
+                    record = record.with_key(key);
+                }
+                for (name, value) in output.headers {
+                    record = record.with_header(name, value);
+                }
+                record
+            })
+            .collect())
+    }
+
+    fn module_digest(&self) -> Option<String> {
+        Some(self.module.digest().to_owned())
+    }
+
+    /// State another module wrote stops the restore unless the module upgrades it or the
+    /// operator declared it compatible (`--wasm-state-compatible`).
+    fn admit_state(&self, state: WasmState) -> Result<WasmState, StateUpgradeError> {
+        self.module
+            .admit(state)
+            .map_err(|error| StateUpgradeError(error.to_string()))
+    }
+}

@@ -1,0 +1,363 @@
+//! A WebAssembly transform under the processor's chaos test (docs/TRANSFORMS.md "WebAssembly
+//! transforms"): the card-authorisations logic written in Go (examples/wasm/go, built from
+//! source by examples/wasm/build) runs in the real `eos-processor` binary with
+//! `--transform wasm:PATH` while card authorisations with re-deliveries are produced and the
+//! binary is SIGKILLed at random moments; then the replay proof (`eos_processor::replay`), run
+//! with the same module, must find every approved and flagged output and every refusal exactly
+//! once, as computed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use eos_core::{DeadLetterReason, EventContract, FieldLocation, dead_letter};
+use eos_processor::DEFAULT_OUTPUT;
+use eos_processor::replay::{self, ReplayInput, ReplayOutput};
+use eos_processor::wasm::{Options, WasmTransform};
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{
+    Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
+    wait_until_consumed,
+};
+use rand::{Rng as _, SeedableRng as _};
+use rdkafka::Message as _;
+use rdkafka::message::{Headers as _, OwnedMessage};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+use serde_json::json;
+
+const AUTHORISATIONS: usize = 2_000;
+const CARDS: usize = 200;
+const KILLS: usize = 5;
+/// The Go module's second output (its daily limit is 1000.00, its flag threshold 500.00).
+const FLAGGED: &str = "flagged";
+
+/// The module, built from source: the build script fails when Go is missing, never skips.
+fn card_module() -> anyhow::Result<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("integration-tests lives inside the workspace")?
+        .to_owned();
+    let status = std::process::Command::new(root.join("examples/wasm/build")).status()?;
+    anyhow::ensure!(status.success(), "examples/wasm/build failed");
+    Ok(root.join("target/wasm/card.wasm"))
+}
+
+/// Where the authorisations keep their id, card and time: given to the binary as flags and
+/// to the replay as the same contract.
+fn contract() -> EventContract {
+    EventContract {
+        event_id: FieldLocation::Pointer("/auth_id".into()),
+        entity: FieldLocation::Pointer("/card".into()),
+        occurred_at: Some("/at".into()),
+        ..EventContract::default()
+    }
+}
+
+/// Each card's authorisations over one UTC day (about ten per card, up to 700.00 each, so the
+/// later ones pass the limit and about a quarter are flagged), 5% sent twice: (card, value).
+fn authorisations(seed: u64) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let midnight = time::OffsetDateTime::now_utc().replace_time(time::Time::MIDNIGHT);
+    let mut records = Vec::with_capacity(AUTHORISATIONS * 21 / 20);
+    for n in 0..AUTHORISATIONS {
+        let card = format!("card-{}", rng.random_range(0..CARDS));
+        let at = midnight + time::Duration::seconds(n as i64);
+        let value = json!({
+            "auth_id": format!("auth-{seed}-{n}"),
+            "card": card,
+            "amount": card_authorisations::decimal(rng.random_range(100..70_000)),
+            "currency": if rng.random_bool(0.8) { "EUR" } else { "USD" },
+            "merchant": format!("m-{}", rng.random_range(0..500)),
+            "at": at.format(&time::format_description::well_known::Rfc3339)?,
+        })
+        .to_string()
+        .into_bytes();
+        if rng.random_bool(0.05) {
+            records.push((card.clone(), value.clone()));
+        }
+        records.push((card, value));
+    }
+    Ok(records)
+}
+
+/// Writes `records` at about `rate` per second, idempotently.
+fn produce(topic: &str, records: &[(String, Vec<u8>)], rate: u64) -> anyhow::Result<()> {
+    let producer: BaseProducer = client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()?;
+    let started = std::time::Instant::now();
+    for (sent, (card, value)) in records.iter().enumerate() {
+        loop {
+            match producer.send(BaseRecord::to(topic).key(card).payload(value)) {
+                Ok(()) => break,
+                Err((error, _)) if error.rdkafka_error_code().is_some() => {
+                    producer.poll(Duration::from_millis(50));
+                }
+                Err((error, _)) => return Err(error.into()),
+            }
+        }
+        producer.poll(Duration::ZERO);
+        let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a str> {
+    message
+        .headers()?
+        .iter()
+        .filter(|h| h.key == name)
+        .last()
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+#[test]
+fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() -> anyhow::Result<()>
+{
+    let module = card_module()?;
+    let bootstrap = bootstrap_servers();
+    let input = unique_name("wasm-auths");
+    let approved = unique_name("wasm-approved");
+    let flagged = unique_name("wasm-flagged");
+    let group = unique_name("wasm-cards");
+    tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 3))?;
+    let seed = 20_261_234;
+    let records = authorisations(seed)?;
+    let producer = {
+        let (input, records) = (input.clone(), records.clone());
+        std::thread::spawn(move || produce(&input, &records, 80))
+    };
+    let args: Vec<String> = [
+        "--bootstrap-servers",
+        &bootstrap,
+        "--transform",
+        &format!("wasm:{}", module.display()),
+        "--event-id",
+        "/auth_id",
+        "--entity",
+        "/card",
+        "--occurred-at",
+        "/at",
+        "--input-topic",
+        &input,
+        "--output-topic",
+        &approved,
+        "--output",
+        &format!("{FLAGGED}={flagged}"),
+        "--group-id",
+        &group,
+        "--instance-id",
+        "wasm-cards",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let spawn = || ServiceProcess::spawn("eos-processor", &args, &[]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..KILLS {
+        let mut processor = spawn()?;
+        // Compiling the Go module takes seconds in a debug build: a kill at a fixed time after
+        // the spawn could land before any record is processed, so it is timed from the first
+        // restored partition instead.
+        processor.wait_for_log_line("state restored", Duration::from_secs(60))?;
+        std::thread::sleep(Duration::from_millis(rng.random_range(200..1_500)));
+        let status = processor.kill_hard()?;
+        assert!(
+            status.code().is_none(),
+            "killed by a signal, not exited: {status}\n{}",
+            processor.log_tail(30)
+        );
+    }
+    let mut last = spawn()?;
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(180))
+        .with_context(|| last.log_tail(40))?;
+    // Which module runs shows on /boundary and as a metric label.
+    let digest = eos_processor::wasm::digest(&std::fs::read(&module)?);
+    let addr = last.wait_for_log_field("metrics_addr", Duration::from_secs(30))?;
+    let boundary: serde_json::Value =
+        reqwest::blocking::get(format!("http://{addr}/boundary"))?.json()?;
+    assert_eq!(
+        boundary["transform"],
+        format!("webassembly module {digest}"),
+        "{boundary}"
+    );
+    let metrics = reqwest::blocking::get(format!("http://{addr}/metrics"))?.text()?;
+    assert!(
+        metrics.contains(&format!(
+            "eos_processor_transform_module_info{{digest=\"{digest}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    last.stop_gracefully()?;
+
+    // What the run committed, as a read_committed consumer sees it.
+    let inputs: Vec<ReplayInput> = read_topic(&input, Isolation::ReadCommitted)?
+        .iter()
+        .map(|message| ReplayInput {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers: Vec::new(),
+            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
+        })
+        .collect();
+    assert_eq!(inputs.len(), records.len(), "every record produced is read");
+    let mut committed = Vec::new();
+    for (topic, output) in [(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED)] {
+        for message in read_topic(topic, Isolation::ReadCommitted)? {
+            committed.push(ReplayOutput::committed(
+                header(&message, "event_id").unwrap_or_default(),
+                output,
+                message.key(),
+                message.payload().unwrap_or_default(),
+            ));
+        }
+    }
+    let dead_letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?;
+    let mut codes: BTreeMap<String, usize> = BTreeMap::new();
+    let letters: BTreeMap<(i32, i64), DeadLetterReason> = dead_letters
+        .iter()
+        .filter_map(|letter| {
+            *codes
+                .entry(
+                    header(letter, "eos-dlq-transform-reason")
+                        .unwrap_or("-")
+                        .to_owned(),
+                )
+                .or_default() += 1;
+            Some((
+                (
+                    header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
+                        .parse()
+                        .ok()?,
+                    header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
+                        .parse()
+                        .ok()?,
+                ),
+                header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    // Every dead letter is the module's own refusal: no trap, no limit, no state of another
+    // module across the restarts.
+    assert_eq!(
+        codes.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["over_daily_limit"],
+        "{codes:?}"
+    );
+
+    // The replay runs the same module, loaded afresh, over the committed input.
+    let transform = WasmTransform::load(&module, Options::default())?;
+    let outputs = [DEFAULT_OUTPUT, FLAGGED].map(str::to_owned).into();
+    let expected = replay::expected(&transform, &contract(), &outputs, &inputs)?;
+    assert_eq!(
+        expected.applied as usize + expected.duplicates as usize + expected.dead_letters.len(),
+        records.len()
+    );
+    let flags = expected
+        .outputs
+        .iter()
+        .filter(|output| output.output == FLAGGED)
+        .count();
+    let paths = (
+        expected.applied,
+        flags,
+        expected.dead_letters.len(),
+        expected.duplicates,
+    );
+    assert!(
+        paths.0 > 500 && paths.1 > 100 && paths.2 > 100 && paths.3 > 20,
+        "(applied, flagged, refused, duplicates) = {paths:?}"
+    );
+    eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
+    let report = replay::compare(&expected, &committed, &letters);
+    assert!(
+        report.exact(),
+        "the committed outputs are not the module's: {} missing, {} unexpected, {} dead \
+         letters differ; first: {:?} / {:?} / {:?}",
+        report.missing.len(),
+        report.unexpected.len(),
+        report.dead_letter_differences.len(),
+        report.missing.first(),
+        report.unexpected.first(),
+        report.dead_letter_differences.first(),
+    );
+    assert_eq!(report.matched as usize, committed.len());
+
+    // Another module over the state the Go module wrote: the same logic in AssemblyScript, so
+    // another digest. Without a word from the operator it is refused at the first state it
+    // restores, and nothing of the new authorisation is committed; with
+    // --wasm-state-compatible (its state format is the Go module's) it goes on.
+    let other = module.with_file_name("card-as.wasm");
+    let other_args: Vec<String> = args
+        .iter()
+        .map(|arg| {
+            if arg.starts_with("wasm:") {
+                format!("wasm:{}", other.display())
+            } else {
+                arg.clone()
+            }
+        })
+        .collect();
+    let (card, _) = &records[0];
+    let late = json!({
+        "auth_id": "a-late", "card": card, "amount": "0.01", "currency": "EUR",
+        "merchant": "m-late", "at": "2026-12-04T23:59:00Z",
+    })
+    .to_string()
+    .into_bytes();
+    produce(&input, &[(card.clone(), late)], 100)?;
+    let mut refused = ServiceProcess::spawn("eos-processor", &other_args, &[])?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = refused.try_wait()? {
+            break status;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "a module over another module's state kept running\n{}",
+            refused.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = refused.log_tail(60);
+    assert!(!status.success(), "exited with {status}\n{log}");
+    assert!(
+        log.contains(transform.digest()) && log.contains("--wasm-state-compatible"),
+        "the error names the digest that wrote the state and the way out\n{log}"
+    );
+    let approved_before = read_topic(&approved, Isolation::ReadCommitted)?.len();
+    let compatible_args: Vec<String> = other_args
+        .iter()
+        .cloned()
+        .chain(["--wasm-state-compatible".to_owned()])
+        .collect();
+    let mut compatible = ServiceProcess::spawn("eos-processor", &compatible_args, &[])?;
+    wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))
+        .with_context(|| compatible.log_tail(40))?;
+    compatible.stop_gracefully()?;
+    let approved_after = read_topic(&approved, Isolation::ReadCommitted)?;
+    assert_eq!(approved_after.len(), approved_before + 1);
+    let last: serde_json::Value = serde_json::from_slice(
+        approved_after
+            .iter()
+            .find(|m| header(m, "event_id") == Some("a-late"))
+            .and_then(|m| m.payload())
+            .context("the late authorisation is approved")?,
+    )?;
+    assert_eq!(last["status"], "approved", "{last}");
+    Ok(())
+}
