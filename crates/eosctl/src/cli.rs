@@ -470,9 +470,21 @@ pub struct ProcessorBenchArgs {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     pub kill_resume_rate: u64,
 
-    /// The eos-processor binary [default: the eos-processor next to this eosctl].
+    /// The eos-processor binary [default: the eos-processor next to this eosctl]; any binary
+    /// built on the processor library takes its flags (e.g. the card-authorisations example).
     #[arg(long, value_name = "PATH")]
     pub processor_bin: Option<PathBuf>,
+
+    /// The events written: `ledger` (the demo's envelopes) or `card-authorisations` (the
+    /// example of docs/TRANSFORMS.md, for its native and WebAssembly transforms; throughput
+    /// rounds only: give --single-records 0 --latency-seconds 0 --kill-resume-kills 0).
+    #[arg(long, value_enum, default_value = "ledger")]
+    pub workload: crate::bench::options::BenchWorkload,
+
+    /// Passed to the processor as its --transform, e.g. `wasm:target/wasm/card.wasm` [default:
+    /// the binary's own].
+    #[arg(long, value_name = "TRANSFORM")]
+    pub transform: Option<String>,
 
     /// A run fails when the group's committed offsets (or the latency run's outputs) do not
     /// move for this long.

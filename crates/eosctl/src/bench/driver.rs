@@ -23,7 +23,7 @@ use crate::bench::figures::{
 use crate::bench::latency_collector::{
     ArrivalCollector, append_samples, latency_samples, read_timestamps,
 };
-use crate::bench::options::BenchOptions;
+use crate::bench::options::{BenchOptions, BenchWorkload};
 use crate::bench::pass_through;
 use crate::bench::processor_process::{ProcessorProcess, children_cpu};
 use crate::bench::report::{
@@ -36,8 +36,8 @@ use crate::group_offsets::{GroupOffsetReader, watermarks};
 use crate::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
 };
-use crate::produce::{self, ProduceOptions, ProduceSummary};
-use crate::workload::WorkloadSpec;
+use crate::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
+use crate::workload::{self, WorkloadSpec};
 
 /// How often the group's committed offsets are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -54,6 +54,8 @@ const KILL_SETTLE: Duration = Duration::from_secs(3);
 const RESUME_POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// Entities the benchmark's events are spread over.
 const ENTITIES: u32 = 100;
+/// Cards of the card-authorisations workload: enough that no card reaches its daily limit.
+const CARDS: u32 = 10_000;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// A static group member does not leave its group when it stops; the group can be deleted once
@@ -70,17 +72,19 @@ struct ProcessorRun {
     output: String,
     dlq: String,
     changelog: String,
+    /// The card-authorisations workload's second output.
+    flagged: Option<String>,
     group: String,
 }
 
 impl ProcessorRun {
     /// The topics the run's processor creates (its input is the benchmark's).
-    fn created_topics(&self) -> [String; 3] {
-        [
-            self.output.clone(),
-            self.dlq.clone(),
-            self.changelog.clone(),
-        ]
+    fn created_topics(&self) -> Vec<String> {
+        [&self.output, &self.dlq, &self.changelog]
+            .into_iter()
+            .chain(&self.flagged)
+            .cloned()
+            .collect()
     }
 }
 
@@ -768,6 +772,8 @@ impl Bench {
             output: self.name(&format!("{label}-out")),
             dlq: self.name(&format!("{label}-dlq")),
             changelog: self.name(&format!("{label}-changelog")),
+            flagged: (self.options.workload == BenchWorkload::CardAuthorisations)
+                .then(|| self.name(&format!("{label}-flagged"))),
             group: self.name(label),
         };
         // Recorded before the processor creates them, so that a failure still cleans them up.
@@ -820,6 +826,27 @@ impl Bench {
             "--state-dir".into(),
             self.log_dir.join("state").display().to_string(),
         ];
+        let mut args = args;
+        if let Some(transform) = &self.options.transform {
+            args.extend(["--transform".into(), transform.clone()]);
+        }
+        if let Some(flagged) = &run.flagged {
+            // Where card authorisations keep their id, card and time, and the flagged output
+            // (workload::card_authorisations).
+            args.extend(
+                [
+                    "--event-id",
+                    "/auth_id",
+                    "--entity",
+                    "/card",
+                    "--occurred-at",
+                    "/at",
+                    "--output",
+                ]
+                .map(String::from),
+            );
+            args.push(format!("flagged={flagged}"));
+        }
         tracing::debug!(%label, log = %log.display(), ?args, "starting eos-processor");
         ProcessorProcess::spawn(
             &self.options.processor_bin,
@@ -841,6 +868,30 @@ impl Bench {
     ) -> anyhow::Result<ProduceSummary> {
         if !self.topics.iter().any(|t| t == topic) {
             self.topics.push(topic.to_owned());
+        }
+        if self.options.workload == BenchWorkload::CardAuthorisations {
+            let records = workload::card_authorisations(
+                seed,
+                count,
+                CARDS,
+                value_bytes,
+                OffsetDateTime::now_utc(),
+            );
+            let layout = self.layout();
+            let send = SendOptions {
+                topic: topic.to_owned(),
+                rate,
+                delivery_timeout: DELIVERY_TIMEOUT,
+            };
+            return self
+                .runtime
+                .block_on(async {
+                    ensure_topic(&self.settings, topic, layout).await?;
+                    produce::write_records(&self.settings, send, seed, records)
+                        .await
+                        .map_err(anyhow::Error::from)
+                })
+                .with_context(|| format!("producing card authorisations to topic {topic:?}"));
         }
         let options = self.produce_options(topic, count, value_bytes, rate, seed);
         self.runtime

@@ -7,10 +7,22 @@ use anyhow::{Context, bail};
 
 use crate::cli::ProcessorBenchArgs;
 
+/// The events a benchmark writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchWorkload {
+    /// The demo's ledger envelopes, for the built-in ledger transform.
+    Ledger,
+    /// The card-authorisations example's events, for its transforms (native or WebAssembly).
+    CardAuthorisations,
+}
+
 /// What to run, resolved from the command line.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     pub processor_bin: PathBuf,
+    pub workload: BenchWorkload,
+    /// The processor's `--transform`, when given.
+    pub transform: Option<String>,
     pub records: u64,
     pub sizes: Vec<usize>,
     pub rounds: u32,
@@ -73,8 +85,18 @@ impl BenchOptions {
                 args.partitions
             );
         }
+        if args.workload == BenchWorkload::CardAuthorisations
+            && (args.single_records > 0 || args.latency_seconds > 0 || args.kill_resume_kills > 0)
+        {
+            bail!(
+                "--workload card-authorisations measures throughput only: give \
+                 --single-records 0 --latency-seconds 0 --kill-resume-kills 0"
+            );
+        }
         Ok(Self {
             processor_bin,
+            workload: args.workload,
+            transform: args.transform.clone(),
             records: args.records,
             sizes: args.sizes.clone(),
             rounds: args.rounds,
@@ -112,6 +134,8 @@ mod tests {
     fn debug_builds_are_recognised() {
         let options = |path: &str| BenchOptions {
             processor_bin: PathBuf::from(path),
+            workload: BenchWorkload::Ledger,
+            transform: None,
             records: 1,
             sizes: vec![100],
             rounds: 1,

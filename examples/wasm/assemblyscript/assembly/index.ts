@@ -163,7 +163,19 @@ function isString(raw: string): bool {
 
 const HEX = "0123456789abcdef";
 
+// Whether Go's encoder would escape anything in `text`: most text needs nothing, and is then
+// copied whole rather than character by character (each += copies the string so far).
+function plain(text: string, raw: bool): bool {
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c == 0x3c || c == 0x3e || c == 0x26 || c == 0x2028 || c == 0x2029) return false;
+    if (!raw && (c < 0x20 || c == 0x22 || c == 0x5c)) return false;
+  }
+  return true;
+}
+
 function quote(text: string): string {
+  if (plain(text, false)) return '"' + text + '"';
   let out = '"';
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
@@ -183,6 +195,7 @@ function quote(text: string): string {
 // A raw value as Go re-emits a json.RawMessage: compact already, with its HTML characters
 // escaped.
 function rawOut(raw: string): string {
+  if (plain(raw, true)) return raw;
   let out = "";
   for (let i = 0; i < raw.length; i++) {
     const c = raw.charCodeAt(i);
