@@ -43,6 +43,10 @@ BAD_VALUES = {
     "no-database-secret.yaml": "set database.existingSecret",
     "relay-grace-too-short.yaml": "must be longer than outboxRelay.transactionTimeoutSeconds",
     "payments-api-without-relay.yaml": "paymentsApi.enabled needs outboxRelay.enabled",
+    "processor-replicas-above-partitions.yaml": "processor.replicas (4) is more than partitions (3)",
+    "sink-replicas-above-partitions.yaml": "sink.replicas (5) is more than partitions (4)",
+    "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
+    "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
@@ -117,8 +121,8 @@ def env_of(container):
 
 
 def binary_of(container):
-    """The binary a container runs: the image name without registry and tag."""
-    return container["image"].rsplit("/", 1)[-1].split(":", 1)[0]
+    """The binary a container runs: the image name without registry, tag and digest."""
+    return container["image"].rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
 
 
 def seconds(duration):
@@ -139,6 +143,33 @@ def relay_name(docs):
     entry = env_of(containers(relay, init=False)[0])["OUTBOX_RELAY_NAME"]
     assert "valueFrom" not in entry, "OUTBOX_RELAY_NAME must be a fixed value"
     return entry["value"]
+
+
+def render_values(values, settings=()):
+    """Renders with `values` (a dict) as a values file: --set would make 0.1 or true strings."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        yaml.safe_dump(values, file)
+        file.flush()
+        return render(file.name, settings)
+
+
+def file_source(workload, container, path):
+    """(kind, name, key) of the Secret or ConfigMap key that `container` sees at `path`."""
+    mounts = [m for m in container.get("volumeMounts", [])
+              if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{container['name']}: {len(mounts)} mounts hold {path}"
+    relative = path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mounts[0]["name"]]
+    for kind, field, name_field in (("Secret", "secret", "secretName"),
+                                    ("ConfigMap", "configMap", "name")):
+        if field in volume:
+            source = volume[field]
+            items = source.get("items")
+            if items is None:
+                return kind, source[name_field], relative
+            (item,) = [i for i in items if i["path"] == relative]
+            return kind, source[name_field], item["key"]
+    raise AssertionError(f"{path} is on volume {volume}, not a Secret or ConfigMap")
 
 
 def hook_weight(doc):
@@ -409,7 +440,7 @@ class RenderedChart(unittest.TestCase):
                 before = relay_name(manifests(label, path))
                 after = relay_name(render(path, (
                     "image.tag=9.9.9", "image.registry=registry.example.org",
-                    "processor.replicas=7",
+                    "processor.replicas=7", "partitions=12",
                     "outboxRelay.resources.limits.memory=1Gi",
                     "outboxRelay.transactionTimeoutSeconds=20",
                     "outboxRelay.terminationGracePeriodSeconds=50",
@@ -501,6 +532,232 @@ class RenderedChart(unittest.TestCase):
         for workload in of_kind(render(), "Deployment", "StatefulSet"):
             env = env_of(containers(workload, init=False)[0])
             self.assertNotIn("OTEL_TRACES_SAMPLER", env, "no endpoint: no tracing settings")
+
+# Every component with its own keys, and the binary its pods run.
+COMPONENTS = {"processor": "eos-processor", "sink": "sink-writer", "dedup": "dedup-service",
+              "outboxRelay": "outbox-relay", "paymentsApi": "payments-api",
+              "providerSim": "provider-sim"}
+# The components whose replicas the chart spreads (the relay and provider-sim run one pod).
+SPREAD_COMPONENTS = ("processor", "sink", "dedup", "paymentsApi")
+ALL_ON = {"paymentsApi": {"enabled": True}, "providerSim": {"enabled": True}}
+
+
+def merged(*layers):
+    """Values dicts merged key by key, later layers winning (as helm merges values files)."""
+    result = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(result.get(key), dict):
+                result[key] = merged(result[key], value)
+            else:
+                result[key] = value
+    return result
+
+
+def service_of(docs, binary):
+    """The one Deployment/StatefulSet running `binary`, and its container."""
+    (workload,) = workloads_running(docs, binary)
+    return workload, containers(workload, init=False)[0]
+
+
+def migration_job(docs):
+    (job,) = [d for d in of_kind(docs, "Job") if d["metadata"]["name"].endswith("-migrate")]
+    return job
+
+
+class ProductionSettings(unittest.TestCase):
+    """The settings a platform team needs: one test per setting, each checking the wiring."""
+
+    def test_extra_env_volumes_and_mounts_reach_every_component_and_the_migration_job(self):
+        values = dict(ALL_ON)
+        for component in list(COMPONENTS) + ["migration"]:
+            values[component] = merged(values.get(component, {}), {
+                "extraEnv": [{"name": "EXTRA_MARK", "value": component},
+                             {"name": "RUST_LOG", "value": f"debug,{component}"}],
+                "extraVolumes": [{"name": f"extra-{component.lower()}",
+                                  "secret": {"secretName": f"extra-{component.lower()}"}}],
+                "extraVolumeMounts": [{"name": f"extra-{component.lower()}",
+                                       "mountPath": f"/extra/{component}", "readOnly": True}],
+            })
+        docs = render_values(values)
+        placed = {component: (service_of(docs, binary),) for component, binary in COMPONENTS.items()}
+        job = migration_job(docs)
+        placed["migration"] = tuple((job, step) for step in containers(job))
+        self.assertEqual(len(placed["migration"]), 4, "one step per service with tables")
+        for component, pairs in placed.items():
+            for workload, container in pairs:
+                where = f"{component}/{container['name']}"
+                env = container["env"]
+                self.assertEqual(env_of(container)["EXTRA_MARK"]["value"], component, where)
+                # Last, so an extra variable overrides the chart's (Kubernetes takes the last).
+                self.assertEqual([e["name"] for e in env[-2:]], ["EXTRA_MARK", "RUST_LOG"], where)
+                self.assertEqual(file_source(workload, container, f"/extra/{component}/x"),
+                                 ("Secret", f"extra-{component.lower()}", "x"), where)
+
+    def test_image_digests_win_over_tags_per_component(self):
+        digest = "sha256:" + "ab" * 32
+        docs = render_values(merged(ALL_ON, {
+            "image": {"registry": "registry.example.com", "tag": "2.0.0"},
+            "processor": {"image": {"tag": "2.1.0"}},
+            "sink": {"image": {"tag": "2.1.0", "digest": digest}},
+            "dedup": {"image": {"repository": "platform/dedup", "digest": digest}}}))
+        expected = {
+            "eos-processor": "registry.example.com/eos-suite/eos-processor:2.1.0",
+            "sink-writer": f"registry.example.com/eos-suite/sink-writer@{digest}",
+            "dedup": f"registry.example.com/platform/dedup@{digest}",
+            "outbox-relay": "registry.example.com/eos-suite/outbox-relay:2.0.0",
+            "payments-api": "registry.example.com/eos-suite/payments-api:2.0.0",
+            "provider-sim": "registry.example.com/eos-suite/provider-sim:2.0.0",
+        }
+        images = {binary_of(c): c["image"] for w in of_kind(docs, "Deployment", "StatefulSet")
+                  for c in containers(w)}
+        self.assertEqual(images, expected)
+        # The migration runs each service's own image, digest included.
+        for step in containers(migration_job(docs)):
+            self.assertEqual(step["image"], expected[binary_of(step)], step["name"])
+
+    def test_partitions_bound_the_replicas_and_budgets_let_drains_evict_unready_pods(self):
+        docs = render_values({"partitions": 6, "processor": {"replicas": 6},
+                              "sink": {"replicas": 6}})
+        workload, container = service_of(docs, "eos-processor")
+        self.assertEqual(workload["spec"]["replicas"], 6)
+        # The topics the processor creates get the same count.
+        self.assertEqual(env_of(container)["EOS_PARTITIONS"]["value"], "6")
+        for settings, says in (({"processor": {"replicas": 7}}, "processor.replicas (7)"),
+                               ({"sink": {"replicas": 7}}, "sink.replicas (7)")):
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump(merged({"partitions": 6}, settings), file)
+                file.flush()
+                result = helm_template(file.name)
+            self.assertNotEqual(result.returncode, 0, settings)
+            self.assertIn(f"{says} is more than partitions (6)", result.stderr)
+        # A not-ready replica (no partition, no Kafka) must not hold a drain up.
+        for label, docs in RenderedChart.each_rendering(self):
+            budgets = of_kind(docs, "PodDisruptionBudget")
+            self.assertTrue(budgets, label)
+            for budget in budgets:
+                self.assertEqual(budget["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow",
+                                 f"{label}: {budget['metadata']['name']}")
+        docs = render(None, ("processor.podDisruptionBudget.unhealthyPodEvictionPolicy=IfHealthyBudget",))
+        policies = {b["metadata"]["name"]: b["spec"]["unhealthyPodEvictionPolicy"]
+                    for b in of_kind(docs, "PodDisruptionBudget")}
+        self.assertEqual(policies.pop(f"{RELEASE}-eos-suite-processor"), "IfHealthyBudget")
+        self.assertEqual(set(policies.values()), {"AlwaysAllow"})
+
+    def test_replicas_spread_over_nodes_and_zones(self):
+        def scheduling(docs, component):
+            workload, _ = service_of(docs, COMPONENTS[component])
+            spec = pod_spec(workload)
+            return workload["spec"]["selector"]["matchLabels"], spec.get("affinity"), \
+                spec.get("topologySpreadConstraints")
+
+        docs = render_values(ALL_ON)
+        for component in SPREAD_COMPONENTS:
+            selector, affinity, spread = scheduling(docs, component)
+            # Soft by default: prefer another node, and another zone when there is one.
+            (term,) = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            self.assertEqual(term["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname")
+            self.assertEqual(term["podAffinityTerm"]["labelSelector"]["matchLabels"], selector)
+            (zone,) = spread
+            self.assertEqual((zone["topologyKey"], zone["whenUnsatisfiable"], zone["maxSkew"]),
+                             ("topology.kubernetes.io/zone", "ScheduleAnyway", 1), component)
+            self.assertEqual(zone["labelSelector"]["matchLabels"], selector, component)
+        for binary in ("outbox-relay", "provider-sim"):
+            workload, _ = service_of(docs, binary)
+            self.assertNotIn("affinity", pod_spec(workload), "one pod: nothing to spread")
+
+        own_selector = {"matchLabels": {"team": "payments"}}
+        docs = render_values(merged(ALL_ON, {
+            "processor": {"podAntiAffinityPreset": "hard"},
+            "sink": {"podAntiAffinityPreset": "", "topologySpreadConstraints": []},
+            "dedup": {"topologySpreadConstraints": [
+                {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+                 "whenUnsatisfiable": "DoNotSchedule", "labelSelector": own_selector}]}}))
+        selector, affinity, _ = scheduling(docs, "processor")
+        (term,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(term["labelSelector"]["matchLabels"], selector)
+        _, affinity, spread = scheduling(docs, "sink")
+        self.assertIsNone(affinity)
+        self.assertIsNone(spread)
+        _, _, spread = scheduling(docs, "dedup")
+        self.assertEqual(spread[0]["labelSelector"], own_selector, "a selector given is kept")
+
+        # The chart-wide affinity wins over the presets.
+        node_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "pool", "operator": "In", "values": ["payments"]}]}]}}}
+        docs = render_values(merged(ALL_ON, {"affinity": node_affinity}))
+        for component in SPREAD_COMPONENTS:
+            _, affinity, _ = scheduling(docs, component)
+            self.assertEqual(affinity, node_affinity, component)
+
+    def test_probe_timings_per_component_and_a_startup_probe_for_the_stateful_services(self):
+        docs = render_values(ALL_ON)
+        for binary in ("eos-processor", "sink-writer"):
+            _, container = service_of(docs, binary)
+            startup, liveness = container["startupProbe"], container["livenessProbe"]
+            # The liveness handler, with a longer budget: liveness waits for it.
+            self.assertEqual(startup["httpGet"], liveness["httpGet"], binary)
+            self.assertGreaterEqual(startup["failureThreshold"] * startup["periodSeconds"], 300)
+        for binary in ("dedup-service", "outbox-relay", "payments-api", "provider-sim"):
+            _, container = service_of(docs, binary)
+            self.assertNotIn("startupProbe", container, binary)
+
+        docs = render_values(merged(ALL_ON, {
+            "processor": {"startupProbe": {"failureThreshold": 240}},
+            "sink": {"startupProbe": {"enabled": False}},
+            "dedup": {"livenessProbe": {"periodSeconds": 30, "timeoutSeconds": 5},
+                      "readinessProbe": {"failureThreshold": 6, "successThreshold": 2}},
+            "paymentsApi": {"readinessProbe": {"initialDelaySeconds": 3}}}))
+        _, processor = service_of(docs, "eos-processor")
+        self.assertEqual(processor["startupProbe"]["failureThreshold"], 240)
+        self.assertEqual(processor["startupProbe"]["periodSeconds"], 5, "the other timings stay")
+        self.assertNotIn("enabled", processor["startupProbe"])
+        _, sink = service_of(docs, "sink-writer")
+        self.assertNotIn("startupProbe", sink)
+        _, dedup = service_of(docs, "dedup-service")
+        self.assertEqual((dedup["livenessProbe"]["periodSeconds"],
+                          dedup["livenessProbe"]["timeoutSeconds"]), (30, 5))
+        self.assertIn("grpc", dedup["livenessProbe"], "the handler stays the chart's")
+        self.assertEqual((dedup["readinessProbe"]["failureThreshold"],
+                          dedup["readinessProbe"]["successThreshold"],
+                          dedup["readinessProbe"]["grpc"]["service"]), (6, 2, "eos.dedup.v1.Dedup"))
+        _, api = service_of(docs, "payments-api")
+        self.assertEqual(api["readinessProbe"]["initialDelaySeconds"], 3)
+        self.assertEqual(api["readinessProbe"]["httpGet"]["path"], "/readyz")
+
+    def test_sampler_and_log_level_reach_every_service(self):
+        exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})
+        cases = (
+            ({"otel": {"sampler": "parentbased_always_on"}}, "parentbased_always_on", None),
+            ({"otel": {"sampler": "traceidratio", "samplerArg": "0.25"}}, "traceidratio", "0.25"),
+            # 0 traces nothing; it is not "unset".
+            ({"otel": {"samplerArg": 0}, "telemetry": {"samplingRatio": 0.5}},
+             "parentbased_traceidratio", "0"),
+        )
+        for values, sampler, argument in cases:
+            docs = render_values(merged(exporting, values))
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                env = env_of(containers(workload)[0])
+                where = f"{values}: {workload['metadata']['name']}"
+                self.assertEqual(env["OTEL_TRACES_SAMPLER"]["value"], sampler, where)
+                self.assertEqual(env.get("OTEL_TRACES_SAMPLER_ARG", {}).get("value"), argument,
+                                 where)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump(merged(exporting, {"otel": {"samplerArg": 2}}), file)
+            file.flush()
+            result = helm_template(file.name)
+        self.assertIn("otel.samplerArg (2) must be a ratio from 0 to 1", result.stderr)
+
+        docs = render_values(merged(ALL_ON, {"logLevel": "warn",
+                                             "sink": {"logLevel": "info,sink_writer=debug"}}))
+        for workload in of_kind(docs, *WORKLOAD_KINDS):
+            for container in containers(workload):
+                expected = "info,sink_writer=debug" if (
+                    workload["kind"] != "Job" and binary_of(container) == "sink-writer") else "warn"
+                self.assertEqual(env_of(container)["RUST_LOG"]["value"], expected,
+                                 container["name"])
+
 
 def alert_exprs():
     rules = yaml.safe_load(RULES_FILE.read_text())

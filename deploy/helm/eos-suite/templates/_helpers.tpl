@@ -46,15 +46,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
-{{/* An image reference. Args: (list $ "binary" .Values.<component>.image.repository). */}}
+{{/*
+An image reference: [<registry>/]<repository>@<digest> when the component's image has a digest
+(it wins over any tag: the digest is what runs), else [<registry>/]<repository>:<tag>, the tag
+being the component's, else image.tag, else the chart's appVersion.
+Args: (list $ "binary" .Values.<component>.image).
+*/}}
 {{- define "eos-suite.image" -}}
 {{- $root := index . 0 -}}
-{{- $repository := default (printf "eos-suite/%s" (index . 1)) (index . 2) -}}
-{{- $tag := default $root.Chart.AppVersion $root.Values.image.tag -}}
+{{- $image := index . 2 -}}
+{{- $repository := default (printf "eos-suite/%s" (index . 1)) $image.repository -}}
 {{- if $root.Values.image.registry }}
-{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) $repository $tag }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $root.Values.image.registry) $repository }}
+{{- end }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $repository $image.digest }}
 {{- else }}
-{{- printf "%s:%s" $repository $tag }}
+{{- printf "%s:%s" $repository ($image.tag | default $root.Values.image.tag | default $root.Chart.AppVersion) }}
 {{- end }}
 {{- end }}
 
@@ -154,33 +162,99 @@ secret ones (EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolu
 {{- end }}
 {{- end }}
 
-{{/* Pod-level settings every pod shares. */}}
+{{/*
+Pod-level settings every service pod shares, and its scheduling: affinity (when set, for every
+pod) wins over the component's podAntiAffinityPreset; the component's topologySpreadConstraints
+select its own pods unless they say otherwise. Args: (list $ "component" .Values.<component>).
+*/}}
 {{- define "eos-suite.podSpecCommon" -}}
-serviceAccountName: {{ include "eos-suite.serviceAccountName" . }}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $values := index . 2 -}}
+{{- $selector := include "eos-suite.selectorLabels" (list $root $component) | fromYaml -}}
+serviceAccountName: {{ include "eos-suite.serviceAccountName" $root }}
 automountServiceAccountToken: false
 securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
-{{- with .Values.image.pullSecrets }}
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+{{- with $root.Values.image.pullSecrets }}
 imagePullSecrets:
   {{- range . }}
   - name: {{ . }}
   {{- end }}
 {{- end }}
-{{- with .Values.nodeSelector }}
+{{- with $root.Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.tolerations }}
+{{- with $root.Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.affinity }}
+{{- if $root.Values.affinity }}
 affinity:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $root.Values.affinity | nindent 2 }}
+{{- else if $values.podAntiAffinityPreset }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $selector) }}
+affinity:
+  podAntiAffinity:
+    {{- if eq $values.podAntiAffinityPreset "hard" }}
+    requiredDuringSchedulingIgnoredDuringExecution:
+      {{- toYaml (list $term) | nindent 6 }}
+    {{- else }}
+    preferredDuringSchedulingIgnoredDuringExecution:
+      {{- toYaml (list (dict "weight" 1 "podAffinityTerm" $term)) | nindent 6 }}
+    {{- end }}
 {{- end }}
-{{- with .Values.priorityClassName }}
+{{- with $values.topologySpreadConstraints }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" $selector) }}
+{{- end }}
+{{- $constraints = append $constraints $constraint }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
+{{- end }}
+
+{{/*
+A probe: the chart's handler with the component's timings (<component>.livenessProbe and the
+like; `enabled` only switches a startup probe). Args: (list <handler dict> <timings>).
+*/}}
+{{- define "eos-suite.probe" -}}
+{{- toYaml (merge (omit (index . 1) "enabled") (index . 0)) }}
+{{- end }}
+
+{{/*
+The environment every service container shares after its own: the log filter (RUST_LOG:
+<component>.logLevel, else logLevel), the OpenTelemetry settings, then the component's extraEnv
+(last, so it overrides). Args: (list $ .Values.<component>).
+*/}}
+{{- define "eos-suite.commonEnv" -}}
+{{- $root := index . 0 -}}
+{{- $values := index . 1 -}}
+- name: RUST_LOG
+  value: {{ $values.logLevel | default $root.Values.logLevel | quote }}
+{{- with include "eos-suite.otelEnv" $root }}
+{{ . }}
+{{- end }}
+{{- with $values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The container's extra volume mounts. Args: .Values.<component> (or .Values.migration). */}}
+{{- define "eos-suite.extraVolumeMounts" -}}
+{{- with .extraVolumeMounts }}{{ toYaml . }}{{ end }}
+{{- end }}
+
+{{- define "eos-suite.extraVolumes" -}}
+{{- with .extraVolumes }}{{ toYaml . }}{{ end }}
 {{- end }}
 
 {{/*
@@ -242,19 +316,72 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- if le (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds) }}
 {{- fail (printf "dedup.terminationGracePeriodSeconds (%d) must be longer than dedup.shutdownTimeoutSeconds (%d), so SIGTERM can drain in-flight calls" (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds)) }}
 {{- end }}
+{{- include "eos-suite.validatePartitions" . }}
+{{- include "eos-suite.validateProduction" . }}
 {{- end }}
 
 {{/*
-The OpenTelemetry environment of every service: where spans go and the parent-based sampler, so
-an event's trace is whole or absent (docs/OBSERVABILITY.md). Nothing when no endpoint is set.
+The OpenTelemetry environment of every service: where spans go and the sampler (otel.sampler,
+by default the parent-based ratio sampler, so an event's trace is whole or absent:
+docs/OBSERVABILITY.md) with its argument (samplerArg). Nothing when no endpoint is set.
 */}}
 {{- define "eos-suite.otelEnv" -}}
 {{- if .Values.telemetry.otlpEndpoint -}}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.telemetry.otlpEndpoint | quote }}
 - name: OTEL_TRACES_SAMPLER
-  value: parentbased_traceidratio
+  value: {{ .Values.otel.sampler | quote }}
+{{- with include "eos-suite.samplerArg" . }}
 - name: OTEL_TRACES_SAMPLER_ARG
-  value: {{ .Values.telemetry.samplingRatio | toString | quote }}
+  value: {{ . | quote }}
+{{- end }}
 {{- end -}}
+{{- end }}
+
+{{/*
+OTEL_TRACES_SAMPLER_ARG: a ratio sampler's share of traces, otel.samplerArg or else
+telemetry.samplingRatio (the older key, kept); the other samplers take none.
+*/}}
+{{- define "eos-suite.samplerArg" -}}
+{{- if has .Values.otel.sampler (list "traceidratio" "parentbased_traceidratio") }}
+{{- if include "eos-suite.samplerArgSet" . }}
+{{- toString .Values.otel.samplerArg }}
+{{- else }}
+{{- toString .Values.telemetry.samplingRatio }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether otel.samplerArg is set: 0 is a ratio too (trace nothing), unlike "" or null. */}}
+{{- define "eos-suite.samplerArgSet" -}}
+{{- if and (hasKey .Values.otel "samplerArg") (not (kindIs "invalid" .Values.otel.samplerArg)) (ne (toString .Values.otel.samplerArg) "") }}true{{ end }}
+{{- end }}
+
+{{/*
+The sink's and the processor's replicas against the partitions: a replica beyond the partition
+count holds no partition and is never ready, so a rolling update, `helm upgrade --wait` and a
+drain wait for it forever.
+*/}}
+{{- define "eos-suite.validatePartitions" -}}
+{{- $partitions := int .Values.partitions }}
+{{- range $component := list (list "processor" $.Values.processor "the input topic") (list "sink" $.Values.sink "the sink's topic (the processor's output)") }}
+{{- $values := index $component 1 }}
+{{- if and $values.enabled (gt (int $values.replicas) $partitions) }}
+{{- fail (printf "%s.replicas (%d) is more than partitions (%d), the partition count of %s: a replica without a partition is never ready, so rolling updates, helm upgrade --wait and node drains stall; lower %s.replicas or set partitions to the topic's partition count (the chart README, \"Partitions and replicas\")" (index $component 0) (int $values.replicas) $partitions (index $component 2) (index $component 0)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Checks of the production settings: the sampler. */}}
+{{- define "eos-suite.validateProduction" -}}
+{{- $samplerArg := .Values.otel.samplerArg }}
+{{- if include "eos-suite.samplerArgSet" . }}
+{{- if not (has .Values.otel.sampler (list "traceidratio" "parentbased_traceidratio")) }}
+{{- fail (printf "otel.samplerArg is only read by the ratio samplers (traceidratio, parentbased_traceidratio), not %s" .Values.otel.sampler) }}
+{{- end }}
+{{- $ratio := ternary (float64 $samplerArg) -1.0 (regexMatch "^[0-9]*\\.?[0-9]+$" (toString $samplerArg)) }}
+{{- if or (lt $ratio 0.0) (gt $ratio 1.0) }}
+{{- fail (printf "otel.samplerArg (%v) must be a ratio from 0 to 1" $samplerArg) }}
+{{- end }}
+{{- end }}
 {{- end }}
