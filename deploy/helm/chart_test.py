@@ -18,6 +18,8 @@ Run alone:  HELM=/path/to/helm python3 deploy/helm/chart_test.py -v
 KUBE_VERSION (the version rendered for) to 1.37.0.
 """
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -45,6 +47,9 @@ BAD_VALUES = {
     "payments-api-without-relay.yaml": "paymentsApi.enabled needs outboxRelay.enabled",
     "processor-replicas-above-partitions.yaml": "processor.replicas (4) is more than partitions (3)",
     "sink-replicas-above-partitions.yaml": "sink.replicas (5) is more than partitions (4)",
+    "database-password-twice.yaml": "database.url has a password and database.passwordSecret",
+    "postgres-ca-not-in-url.yaml": "add sslrootcert=/etc/eos-suite/postgres-ca/ca.crt",
+    "kafka-ca-twice.yaml": "kafka.tls.ca sets ssl.ca.location",
     "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
     "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
 }
@@ -153,6 +158,14 @@ def render_values(values, settings=()):
         return render(file.name, settings)
 
 
+def template_output(values_file):
+    """The raw `helm template` output of a values file (for byte-for-byte comparisons)."""
+    result = helm_template(values_file)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template {values_file} failed:\n{result.stderr}")
+    return result.stdout
+
+
 def file_source(workload, container, path):
     """(kind, name, key) of the Secret or ConfigMap key that `container` sees at `path`."""
     mounts = [m for m in container.get("volumeMounts", [])
@@ -170,6 +183,32 @@ def file_source(workload, container, path):
             (item,) = [i for i in items if i["path"] == relative]
             return kind, source[name_field], item["key"]
     raise AssertionError(f"{path} is on volume {volume}, not a Secret or ConfigMap")
+
+
+def secret_value(docs, reference):
+    """The value a secretKeyRef points at, in a Secret the chart rendered."""
+    (secret,) = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"] == reference["name"]]
+    if reference["key"] in secret.get("stringData", {}):
+        return secret["stringData"][reference["key"]]
+    return base64.b64decode(secret["data"][reference["key"]]).decode()
+
+
+def kafka_properties(container):
+    """EOS_KAFKA_PROPERTIES of a container as a dict."""
+    value = env_of(container).get("EOS_KAFKA_PROPERTIES", {}).get("value", "")
+    return dict(entry.split("=", 1) for entry in value.split(";") if entry)
+
+
+def database_containers(docs):
+    """(workload, container) of every container given a DATABASE_URL: services and migrate steps."""
+    return [(workload, container)
+            for workload in of_kind(docs, *WORKLOAD_KINDS)
+            for container in containers(workload)
+            if "DATABASE_URL" in env_of(container)]
+
+
+def is_migration(workload):
+    return workload["kind"] == "Job"
 
 
 def hook_weight(doc):
@@ -540,6 +579,8 @@ COMPONENTS = {"processor": "eos-processor", "sink": "sink-writer", "dedup": "ded
 # The components whose replicas the chart spreads (the relay and provider-sim run one pod).
 SPREAD_COMPONENTS = ("processor", "sink", "dedup", "paymentsApi")
 ALL_ON = {"paymentsApi": {"enabled": True}, "providerSim": {"enabled": True}}
+KAFKA_BINARIES = ("eos-processor", "sink-writer", "outbox-relay")
+POSTGRES_CA = "/etc/eos-suite/postgres-ca/ca.crt"
 
 
 def merged(*layers):
@@ -593,6 +634,61 @@ class ProductionSettings(unittest.TestCase):
                 self.assertEqual([e["name"] for e in env[-2:]], ["EXTRA_MARK", "RUST_LOG"], where)
                 self.assertEqual(file_source(workload, container, f"/extra/{component}/x"),
                                  ("Secret", f"extra-{component.lower()}", "x"), where)
+
+    def test_kafka_ca_and_client_certificate_come_from_their_secrets_by_key(self):
+        # Strimzi's Secrets as the operator makes them: the cluster CA under ca.crt, a
+        # KafkaUser's certificate and key under user.crt and user.key.
+        docs = render_values(merged(ALL_ON, {"kafka": {
+            "clientProperties": {"security.protocol": "SSL"},
+            "tls": {"ca": {"existingSecret": "my-cluster-cluster-ca-cert", "key": "ca.crt"},
+                    "clientCert": {"existingSecret": "eos-suite-user",
+                                   "certificateKey": "user.crt", "privateKeyKey": "user.key"}}}}))
+        expected = {"ssl.ca.location": ("Secret", "my-cluster-cluster-ca-cert", "ca.crt"),
+                    "ssl.certificate.location": ("Secret", "eos-suite-user", "user.crt"),
+                    "ssl.key.location": ("Secret", "eos-suite-user", "user.key")}
+        for binary in KAFKA_BINARIES:
+            workload, container = service_of(docs, binary)
+            properties = kafka_properties(container)
+            self.assertEqual(properties["security.protocol"], "SSL", binary)
+            for key, source in expected.items():
+                self.assertEqual(file_source(workload, container, properties[key]), source,
+                                 f"{binary} {key}")
+        for binary in ("dedup-service", "payments-api", "provider-sim"):
+            _, container = service_of(docs, binary)
+            self.assertNotIn("EOS_KAFKA_PROPERTIES", env_of(container), binary)
+            self.assertFalse([m for m in container["volumeMounts"] if "kafka" in m["name"]], binary)
+
+    def test_database_password_and_ca_reach_every_service_and_the_migration_job(self):
+        runtime_url = f"postgres://eos_app@db:5432/eos?sslmode=verify-full&sslrootcert={POSTGRES_CA}"
+        owner_url = f"postgres://eos@db:5432/eos?sslmode=verify-full&sslrootcert={POSTGRES_CA}"
+        docs = render_values(merged(ALL_ON, {
+            "database": {"existingSecret": "", "url": runtime_url,
+                         "passwordSecret": {"name": "eos-app", "key": "password"},
+                         # An RDS-style CA bundle from a ConfigMap, under a key of its own.
+                         "tls": {"ca": {"existingConfigMap": "rds-ca", "key": "bundle.pem"}}},
+            "migration": {"existingSecret": "", "url": owner_url,
+                          "passwordSecret": {"name": "eos-owner", "key": "pw"}}}))
+        pairs = database_containers(docs)
+        services = {binary_of(c) for w, c in pairs if not is_migration(w)}
+        steps = {binary_of(c) for w, c in pairs if is_migration(w)}
+        self.assertEqual(services, set(MIGRATION_ORDER), "every service with tables")
+        self.assertEqual(steps, set(MIGRATION_ORDER), "every migrate step")
+        for workload, container in pairs:
+            where = f"{workload['kind']}/{container['name']}"
+            env = env_of(container)
+            url = secret_value(docs, env["DATABASE_URL"]["valueFrom"]["secretKeyRef"])
+            self.assertEqual(url, owner_url if is_migration(workload) else runtime_url, where)
+            password = ("Secret", "eos-owner", "pw") if is_migration(workload) \
+                else ("Secret", "eos-app", "password")
+            self.assertEqual(
+                file_source(workload, container, env["DATABASE_PASSWORD_FILE"]["value"]),
+                password, where)
+            root_cert = re.search(r"sslrootcert=([^&]+)", url).group(1)
+            self.assertEqual(file_source(workload, container, root_cert),
+                             ("ConfigMap", "rds-ca", "bundle.pem"), where)
+        # Without a password Secret the URL carries the password, as before.
+        for workload, container in database_containers(manifests("defaults", None)):
+            self.assertNotIn("DATABASE_PASSWORD_FILE", env_of(container), container["name"])
 
     def test_image_digests_win_over_tags_per_component(self):
         digest = "sha256:" + "ab" * 32
@@ -725,6 +821,67 @@ class ProductionSettings(unittest.TestCase):
         _, api = service_of(docs, "payments-api")
         self.assertEqual(api["readinessProbe"]["initialDelaySeconds"], 3)
         self.assertEqual(api["readinessProbe"]["httpGet"]["path"], "/readyz")
+
+    def test_pods_that_read_chart_made_secrets_roll_when_one_changes(self):
+        def checksums(values):
+            docs = render_values(merged(ALL_ON, values))
+            found = {}
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+                found[binary_of(containers(workload)[0])] = annotations.get("checksum/secret")
+            return docs, found
+
+        chart_made = {"database": {"existingSecret": "", "url": "postgres://eos_app:one@db/eos"}}
+        docs, found = checksums(chart_made)
+        # What each pod reads: the runtime role's Secret, and the sink and dedup-service the tokens.
+        secrets = {d["metadata"]["name"]: d for d in of_kind(docs, "Secret")}
+        database = f"{RELEASE}-eos-suite-database/DATABASE_URL=postgres://eos_app:one@db/eos"
+        tokens = secrets[f"{RELEASE}-eos-suite-dedup-tokens"]["data"]
+        token_lines = [f"{RELEASE}-eos-suite-dedup-tokens/{key}={tokens[key]}"
+                       for key in ("client-token", "operator-token")]
+
+        def digest(lines):
+            return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+        self.assertEqual(found, {
+            "eos-processor": None, "provider-sim": None,
+            "sink-writer": digest([database] + token_lines),
+            "dedup-service": digest([database] + token_lines),
+            "outbox-relay": digest([database]),
+            "payments-api": digest([database]),
+        })
+        # A changed URL rolls every pod that reads it (the tokens are new in each offline render).
+        _, changed = checksums({"database": {"existingSecret": "",
+                                             "url": "postgres://eos_app:two@db/eos"}})
+        for binary in ("sink-writer", "dedup-service", "outbox-relay", "payments-api"):
+            self.assertNotEqual(changed[binary], found[binary], binary)
+        # Secrets the chart does not make are not its to watch.
+        _, found = checksums({"dedup": {"auth": {"existingSecret": "dedup-tokens"}}})
+        self.assertEqual(set(found.values()), {None})
+
+    def test_a_render_with_existing_secrets_makes_nothing_random(self):
+        # GitOps (Argo CD renders with helm template: no lookup): with dedup.auth.existingSecret
+        # two renders are the same, byte for byte, and no token is rendered at all.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump(merged(ALL_ON, {"dedup": {"auth": {"existingSecret": "dedup-tokens"}}}),
+                           file)
+            file.flush()
+            first, second = template_output(file.name), template_output(file.name)
+            docs = render(file.name)
+        self.assertEqual(first, second)
+        for secret in of_kind(docs, "Secret"):
+            self.assertFalse({"client-token", "operator-token"}
+                             & set(secret.get("data", {}) | secret.get("stringData", {})),
+                             secret["metadata"]["name"])
+        token_secrets = {e["valueFrom"]["secretKeyRef"]["name"]
+                         for w in of_kind(docs, "Deployment", "StatefulSet")
+                         for c in containers(w) for e in c.get("env", [])
+                         if e["name"] in ("EOS_DEDUP_TOKEN", "DEDUP_CLIENT_TOKEN",
+                                          "DEDUP_OPERATOR_TOKEN")}
+        self.assertEqual(token_secrets, {"dedup-tokens"})
+        # Without it the offline render makes new tokens each time: why GitOps needs it.
+        first, second = template_output(None), template_output(None)
+        self.assertNotEqual(first, second)
 
     def test_sampler_and_log_level_reach_every_service(self):
         exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})

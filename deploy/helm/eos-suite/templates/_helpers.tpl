@@ -109,26 +109,119 @@ position's key and the transactional.id come from it.
 {{- if or .Values.sink.enabled .Values.dedup.enabled .Values.outboxRelay.enabled .Values.paymentsApi.enabled }}true{{ end }}
 {{- end }}
 
-{{/* DATABASE_URL of the runtime role, from its Secret. */}}
-{{- define "eos-suite.databaseEnv" -}}
+{{/*
+A role's database credentials: DATABASE_URL from its Secret and, with a password Secret, the
+password as a file (DATABASE_PASSWORD_FILE; the binaries put it into the URL at start-up, README
+"PostgreSQL"), mounted by databaseCredentialsVolumeMount / databaseCredentialsVolume. Args: (dict
+"secretName" … "secretKey" … "passwordSecret" <database or migration>.passwordSecret "volume"
+"<volume name>").
+*/}}
+{{- define "eos-suite.databaseCredentialsEnv" -}}
 - name: DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "eos-suite.databaseSecretName" . }}
-      key: {{ .Values.database.secretKey }}
+      name: {{ .secretName }}
+      key: {{ .secretKey }}
+{{- if .passwordSecret.name }}
+- name: DATABASE_PASSWORD_FILE
+  value: /etc/eos-suite/{{ .volume }}/password
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseCredentialsVolumeMount" -}}
+{{- if .passwordSecret.name }}
+- name: {{ .volume }}
+  mountPath: /etc/eos-suite/{{ .volume }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseCredentialsVolume" -}}
+{{- if .passwordSecret.name }}
+- name: {{ .volume }}
+  secret:
+    secretName: {{ .passwordSecret.name }}
+    items:
+      - key: {{ .passwordSecret.key }}
+        path: password
+{{- end }}
+{{- end }}
+
+{{/* The runtime role's credentials (database.*). */}}
+{{- define "eos-suite.runtimeCredentials" -}}
+{{- toYaml (dict "secretName" (include "eos-suite.databaseSecretName" .) "secretKey" .Values.database.secretKey "passwordSecret" .Values.database.passwordSecret "volume" "database-password") }}
+{{- end }}
+
+{{/* The schema owner's credentials (migration.*). */}}
+{{- define "eos-suite.ownerCredentials" -}}
+{{- toYaml (dict "secretName" (include "eos-suite.migrationSecretName" .) "secretKey" .Values.migration.secretKey "passwordSecret" .Values.migration.passwordSecret "volume" "database-owner-password") }}
+{{- end }}
+
+{{/* The runtime role's database environment of every service with tables. */}}
+{{- define "eos-suite.databaseEnv" -}}
+{{- include "eos-suite.databaseCredentialsEnv" (include "eos-suite.runtimeCredentials" . | fromYaml) }}
 - name: EOS_SKIP_MIGRATIONS
   value: "true"
 {{- end }}
 
 {{/*
+The volumes of a pod that uses the database: the password file (runtime role or, with "owner",
+the schema owner) and the CA of PostgreSQL's server certificate (database.tls.ca), at
+/etc/eos-suite/postgres-ca/ca.crt, which the URL names in sslrootcert. Args: (list $ "runtime")
+or (list $ "owner").
+*/}}
+{{- define "eos-suite.databaseVolumeMounts" -}}
+{{- $root := index . 0 -}}
+{{- $credentials := include (ternary "eos-suite.ownerCredentials" "eos-suite.runtimeCredentials" (eq (index . 1) "owner")) $root | fromYaml -}}
+{{- include "eos-suite.databaseCredentialsVolumeMount" $credentials }}
+{{- if or $root.Values.database.tls.ca.existingSecret $root.Values.database.tls.ca.existingConfigMap }}
+- name: postgres-ca
+  mountPath: /etc/eos-suite/postgres-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseVolumes" -}}
+{{- $root := index . 0 -}}
+{{- $credentials := include (ternary "eos-suite.ownerCredentials" "eos-suite.runtimeCredentials" (eq (index . 1) "owner")) $root | fromYaml -}}
+{{- include "eos-suite.databaseCredentialsVolume" $credentials }}
+{{- with $root.Values.database.tls.ca }}
+{{- if .existingSecret }}
+- name: postgres-ca
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .key }}
+        path: ca.crt
+{{- else if .existingConfigMap }}
+- name: postgres-ca
+  configMap:
+    name: {{ .existingConfigMap }}
+    items:
+      - key: {{ .key }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The Kafka settings of every Kafka service: the bootstrap servers, the non-secret client
-properties (EOS_KAFKA_PROPERTIES) and, from kafka.propertiesSecret, a properties file with the
-secret ones (EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolume.
+properties (EOS_KAFKA_PROPERTIES: kafka.clientProperties plus the locations of the certificates
+of kafka.tls) and, from kafka.propertiesSecret, a properties file with the secret ones
+(EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolume.
 */}}
 {{- define "eos-suite.kafkaEnv" -}}
 - name: KAFKA_BOOTSTRAP_SERVERS
   value: {{ .Values.kafka.bootstrapServers | quote }}
-{{- with .Values.kafka.clientProperties }}
+{{- $properties := deepCopy (.Values.kafka.clientProperties | default dict) }}
+{{- if .Values.kafka.tls.ca.existingSecret }}
+{{- $_ := set $properties "ssl.ca.location" "/etc/eos-suite/kafka-ca/ca.crt" }}
+{{- end }}
+{{- if .Values.kafka.tls.clientCert.existingSecret }}
+{{- $_ := set $properties "ssl.certificate.location" "/etc/eos-suite/kafka-client-cert/tls.crt" }}
+{{- $_ := set $properties "ssl.key.location" "/etc/eos-suite/kafka-client-cert/tls.key" }}
+{{- end }}
+{{- with $properties }}
 - name: EOS_KAFKA_PROPERTIES
   value: {{ include "eos-suite.kafkaPropertiesList" . | quote }}
 {{- end }}
@@ -152,13 +245,47 @@ secret ones (EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolu
   mountPath: /etc/eos-suite/kafka
   readOnly: true
 {{- end }}
+{{- if .Values.kafka.tls.ca.existingSecret }}
+- name: kafka-ca
+  mountPath: /etc/eos-suite/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if .Values.kafka.tls.clientCert.existingSecret }}
+- name: kafka-client-cert
+  mountPath: /etc/eos-suite/kafka-client-cert
+  readOnly: true
+{{- end }}
 {{- end }}
 
+{{/* The Secrets' keys are mapped to fixed file names, so any Secret layout works (Strimzi's
+<cluster>-cluster-ca-cert has ca.crt, a KafkaUser's Secret user.crt and user.key). */}}
 {{- define "eos-suite.kafkaVolume" -}}
 {{- if .Values.kafka.propertiesSecret }}
 - name: kafka-client
   secret:
     secretName: {{ .Values.kafka.propertiesSecret }}
+{{- end }}
+{{- with .Values.kafka.tls.ca }}
+{{- if .existingSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .key }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- with .Values.kafka.tls.clientCert }}
+{{- if .existingSecret }}
+- name: kafka-client-cert
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .certificateKey }}
+        path: tls.crt
+      - key: {{ .privateKeyKey }}
+        path: tls.key
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -246,6 +373,51 @@ The environment every service container shares after its own: the log filter (RU
 {{- with $values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/*
+checksum/secret of a pod: a digest of the chart-made Secrets it reads (the runtime role's
+database Secret made from database.url, dedup-service's tokens), so a change to one rolls the
+pods that read it at start-up. Secrets you manage (existingSecret) are not seen by the chart:
+roll the pods yourself after changing one (the chart README, "Secrets and restarts"). Empty when
+the pod reads no chart-made Secret. Args: (list $ (list "database" "dedupTokens")), naming what the pod reads.
+*/}}
+{{- define "eos-suite.secretChecksum" -}}
+{{- $root := index . 0 -}}
+{{- $lines := list }}
+{{- range index . 1 }}
+{{- if and (eq . "database") (not $root.Values.database.existingSecret) }}
+{{- $lines = append $lines (printf "%s/%s=%s" (include "eos-suite.databaseSecretName" $root) $root.Values.database.secretKey $root.Values.database.url) }}
+{{- else if and (eq . "dedupTokens") (not $root.Values.dedup.auth.existingSecret) }}
+{{- $tokens := include "eos-suite.dedupTokens" $root | fromYaml }}
+{{- range $key := list "client-token" "operator-token" }}
+{{- $lines = append $lines (printf "%s/%s=%s" (include "eos-suite.dedupTokensSecretName" $root) $key (index $tokens $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with $lines }}
+{{- join "\n" . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedup-service's tokens when the chart makes them (base64): the Secret's own when it exists (read
+back, so an upgrade keeps them), else random. Made once per render (kept in .Values._rendered),
+so the Secret and every pod's checksum/secret see the same tokens.
+*/}}
+{{- define "eos-suite.dedupTokens" -}}
+{{- if not (hasKey .Values "_rendered") }}
+{{- $_ := set .Values "_rendered" dict }}
+{{- end }}
+{{- if not (hasKey .Values._rendered "dedupTokens") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "eos-suite.dedupTokensSecretName" .) }}
+{{- if $existing }}
+{{- $_ := set .Values._rendered "dedupTokens" (dict "client-token" (index $existing.data "client-token") "operator-token" (index $existing.data "operator-token")) }}
+{{- else }}
+{{- $_ := set .Values._rendered "dedupTokens" (dict "client-token" (randAlphaNum 40 | b64enc) "operator-token" (randAlphaNum 40 | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- toYaml .Values._rendered.dedupTokens }}
 {{- end }}
 
 {{/* The container's extra volume mounts. Args: .Values.<component> (or .Values.migration). */}}
@@ -357,6 +529,11 @@ telemetry.samplingRatio (the older key, kept); the other samplers take none.
 {{- if and (hasKey .Values.otel "samplerArg") (not (kindIs "invalid" .Values.otel.samplerArg)) (ne (toString .Values.otel.samplerArg) "") }}true{{ end }}
 {{- end }}
 
+{{/* Whether a database URL carries a password (user:password@, or a password= parameter). */}}
+{{- define "eos-suite.urlHasPassword" -}}
+{{- if or (regexMatch "^[a-z]+://[^/@?#]*:[^/@?#]*@" .) (regexMatch "[?&]password=" .) }}true{{ end }}
+{{- end }}
+
 {{/*
 The sink's and the processor's replicas against the partitions: a replica beyond the partition
 count holds no partition and is never ready, so a rolling update, `helm upgrade --wait` and a
@@ -372,8 +549,33 @@ drain wait for it forever.
 {{- end }}
 {{- end }}
 
-{{/* Checks of the production settings: the sampler. */}}
+{{/* Checks of the production settings: credentials, certificates, sampler. */}}
 {{- define "eos-suite.validateProduction" -}}
+{{- range $role := list (list "database" $.Values.database) (list "migration" $.Values.migration) }}
+{{- $values := index $role 1 }}
+{{- if and $values.passwordSecret.name $values.url (include "eos-suite.urlHasPassword" $values.url) }}
+{{- fail (printf "%s.url has a password and %s.passwordSecret names another: leave the password out of the URL (the service refuses both)" (index $role 0) (index $role 0)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.database.tls.ca.existingSecret .Values.database.tls.ca.existingConfigMap }}
+{{- fail "database.tls.ca: set existingSecret or existingConfigMap, not both" }}
+{{- end }}
+{{- $caFile := "/etc/eos-suite/postgres-ca/ca.crt" }}
+{{- if or .Values.database.tls.ca.existingSecret .Values.database.tls.ca.existingConfigMap }}
+{{- range $role := list (list "database" $.Values.database) (list "migration" $.Values.migration) }}
+{{- $url := (index $role 1).url }}
+{{- if and $url (not (contains (printf "sslrootcert=%s" $caFile) $url)) }}
+{{- fail (printf "%s.url does not name the CA database.tls.ca mounts: add sslrootcert=%s (and sslmode=verify-full) to it" (index $role 0) $caFile) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $properties := .Values.kafka.clientProperties | default dict }}
+{{- if and .Values.kafka.tls.ca.existingSecret (hasKey $properties "ssl.ca.location") }}
+{{- fail "kafka.tls.ca sets ssl.ca.location: remove it from kafka.clientProperties" }}
+{{- end }}
+{{- if and .Values.kafka.tls.clientCert.existingSecret (or (hasKey $properties "ssl.certificate.location") (hasKey $properties "ssl.key.location")) }}
+{{- fail "kafka.tls.clientCert sets ssl.certificate.location and ssl.key.location: remove them from kafka.clientProperties" }}
+{{- end }}
 {{- $samplerArg := .Values.otel.samplerArg }}
 {{- if include "eos-suite.samplerArgSet" . }}
 {{- if not (has .Values.otel.sampler (list "traceidratio" "parentbased_traceidratio")) }}
