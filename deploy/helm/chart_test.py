@@ -211,6 +211,11 @@ def is_migration(workload):
     return workload["kind"] == "Job"
 
 
+def pods_selected(selector, workload):
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
 def hook_weight(doc):
     return int(doc["metadata"].get("annotations", {}).get("helm.sh/hook-weight", "0"))
 
@@ -882,6 +887,63 @@ class ProductionSettings(unittest.TestCase):
         # Without it the offline render makes new tokens each time: why GitOps needs it.
         first, second = template_output(None), template_output(None)
         self.assertNotEqual(first, second)
+
+    def test_network_policies_admit_only_callers_and_reach_only_dependencies(self):
+        self.assertFalse(of_kind(manifests("defaults", None), "NetworkPolicy"), "off by default")
+        monitoring = [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]
+        docs = render_values(merged(ALL_ON, {
+            "telemetry": {"otlpEndpoint": "http://collector.observability:4317"},
+            "networkPolicy": {"enabled": True, "metricsFrom": monitoring,
+                              "postgres": {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+                                           "ports": [{"port": 5432, "protocol": "TCP"}]}}}))
+        policies = of_kind(docs, "NetworkPolicy")
+        workloads = of_kind(docs, *WORKLOAD_KINDS)
+
+        def policy_of(workload):
+            (policy,) = [p for p in policies
+                         if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+            self.assertEqual(set(policy["spec"]["policyTypes"]), {"Ingress", "Egress"})
+            return policy["spec"]
+
+        def egress_ports(spec):
+            return {port["port"] for rule in spec["egress"] for port in rule["ports"]}
+
+        pods = {binary_of(containers(w)[0]) if w["kind"] != "Job" else "migration": w
+                for w in workloads}
+        self.assertEqual(len(policies), len(pods), "one policy per kind of pod")
+        expected_egress = {
+            "eos-processor": {53, 9092, 4317},
+            "sink-writer": {53, 9092, 5432, 4317, 50051, 443, 8081},
+            "dedup-service": {53, 5432, 4317, 443, 8081},
+            "outbox-relay": {53, 9092, 5432, 4317},
+            "payments-api": {53, 5432, 4317},
+            "provider-sim": {53, 4317},
+            "migration": {53, 5432},
+        }
+        for name, workload in pods.items():
+            spec = policy_of(workload)
+            self.assertEqual(egress_ports(spec), expected_egress[name], name)
+            postgres = [r for r in spec["egress"] if r["ports"][0]["port"] == 5432]
+            for rule in postgres:
+                self.assertEqual(rule["to"], [{"ipBlock": {"cidr": "10.20.0.0/16"}}], name)
+        # Ingress: the metrics port from monitoring only; the APIs from their callers.
+        sink_pods = {"matchLabels": pods["sink-writer"]["spec"]["selector"]["matchLabels"]}
+        dedup_pods = {"matchLabels": pods["dedup-service"]["spec"]["selector"]["matchLabels"]}
+        for name in ("eos-processor", "sink-writer", "outbox-relay"):
+            (rule,) = policy_of(pods[name])["ingress"]
+            self.assertEqual(rule["from"], monitoring, name)
+        ingress = {rule["ports"][0]["port"]: rule.get("from")
+                   for rule in policy_of(pods["dedup-service"])["ingress"]}
+        self.assertEqual(ingress, {9466: monitoring, 50051: [{"podSelector": sink_pods}]})
+        ingress = [rule.get("from") for rule in policy_of(pods["provider-sim"])["ingress"]
+                   if rule.get("from") != monitoring]
+        self.assertEqual(ingress, [[{"podSelector": sink_pods}, {"podSelector": dedup_pods}]])
+        self.assertEqual(policy_of(pods["migration"])["ingress"], [], "nothing calls the Job")
+        # The sink reaches dedup-service's pods, nothing else of the release but provider-sim.
+        (to_dedup,) = [r for r in policy_of(pods["sink-writer"])["egress"]
+                       if r["ports"][0]["port"] == 50051]
+        self.assertEqual(to_dedup["to"], [{"podSelector": dedup_pods}])
 
     def test_sampler_and_log_level_reach_every_service(self):
         exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})

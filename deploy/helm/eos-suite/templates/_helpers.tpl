@@ -587,3 +587,15 @@ drain wait for it forever.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+One NetworkPolicy egress rule from networkPolicy.<destination>: its ports, to its peers (any
+address when `to` is empty). Args: .Values.networkPolicy.<destination>.
+*/}}
+{{- define "eos-suite.egressRule" -}}
+{{- $rule := dict "ports" .ports }}
+{{- with .to }}
+{{- $_ := set $rule "to" . }}
+{{- end }}
+{{- toYaml $rule }}
+{{- end }}
