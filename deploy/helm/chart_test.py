@@ -50,6 +50,7 @@ BAD_VALUES = {
     "database-password-twice.yaml": "database.url has a password and database.passwordSecret",
     "postgres-ca-not-in-url.yaml": "add sslrootcert=/etc/eos-suite/postgres-ca/ca.crt",
     "kafka-ca-twice.yaml": "kafka.tls.ca sets ssl.ca.location",
+    "wasm-module-not-mounted.yaml": "loads /opt/modules/card.wasm, which no volume mounts",
     "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
     "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
 }
@@ -976,6 +977,42 @@ class ProductionSettings(unittest.TestCase):
                     workload["kind"] != "Job" and binary_of(container) == "sink-writer") else "warn"
                 self.assertEqual(env_of(container)["RUST_LOG"]["value"], expected,
                                  container["name"])
+
+    def test_processor_transform_and_webassembly_module(self):
+        _, container = service_of(manifests("defaults", None), "eos-processor")
+        env = env_of(container)
+        self.assertEqual(env["EOS_TRANSFORM"]["value"], "ledger")
+        self.assertFalse({"EOS_WASM_FUEL", "EOS_WASM_MAX_MEMORY"} & set(env), "only when set")
+
+        # A small module from a ConfigMap's binaryData.
+        docs = render_values({"processor": {
+            "transform": "wasm:/etc/eos-suite/wasm/card.wasm",
+            "wasm": {"configMap": "card-transform", "fuel": 5000000, "maxMemory": "64MiB"}}})
+        workload, container = service_of(docs, "eos-processor")
+        env = env_of(container)
+        self.assertEqual(env["EOS_TRANSFORM"]["value"], "wasm:/etc/eos-suite/wasm/card.wasm")
+        self.assertEqual(env["EOS_WASM_FUEL"]["value"], "5000000")
+        self.assertEqual(env["EOS_WASM_MAX_MEMORY"]["value"], "64MiB")
+        self.assertEqual(file_source(workload, container, "/etc/eos-suite/wasm/card.wasm"),
+                         ("ConfigMap", "card-transform", "card.wasm"))
+
+        # A larger one from any volume, through extraVolumes.
+        docs = render_values({"processor": {
+            "transform": "wasm:/opt/modules/card.wasm",
+            "extraVolumes": [{"name": "modules", "persistentVolumeClaim": {"claimName": "modules"}}],
+            "extraVolumeMounts": [{"name": "modules", "mountPath": "/opt/modules",
+                                   "readOnly": True}]}})
+        workload, container = service_of(docs, "eos-processor")
+        self.assertEqual(env_of(container)["EOS_TRANSFORM"]["value"], "wasm:/opt/modules/card.wasm")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/opt/modules"]
+        (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+        self.assertEqual(volume["persistentVolumeClaim"]["claimName"], "modules")
+
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump({"processor": {"wasm": {"configMap": "card-transform"}}}, file)
+            file.flush()
+            result = helm_template(file.name)
+        self.assertIn("processor.wasm.configMap is set but processor.transform is", result.stderr)
 
 
 def alert_exprs():

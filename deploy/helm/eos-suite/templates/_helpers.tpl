@@ -549,7 +549,7 @@ drain wait for it forever.
 {{- end }}
 {{- end }}
 
-{{/* Checks of the production settings: credentials, certificates, sampler. */}}
+{{/* Checks of the production settings: credentials, certificates, transform, sampler. */}}
 {{- define "eos-suite.validateProduction" -}}
 {{- range $role := list (list "database" $.Values.database) (list "migration" $.Values.migration) }}
 {{- $values := index $role 1 }}
@@ -575,6 +575,23 @@ drain wait for it forever.
 {{- end }}
 {{- if and .Values.kafka.tls.clientCert.existingSecret (or (hasKey $properties "ssl.certificate.location") (hasKey $properties "ssl.key.location")) }}
 {{- fail "kafka.tls.clientCert sets ssl.certificate.location and ssl.key.location: remove them from kafka.clientProperties" }}
+{{- end }}
+{{- if .Values.processor.enabled }}
+{{- $transform := .Values.processor.transform }}
+{{- if hasPrefix "wasm:" $transform }}
+{{- $module := trimPrefix "wasm:" $transform }}
+{{- $mounted := and .Values.processor.wasm.configMap (hasPrefix "/etc/eos-suite/wasm/" $module) }}
+{{- range .Values.processor.extraVolumeMounts }}
+{{- if hasPrefix (printf "%s/" (trimSuffix "/" .mountPath)) $module }}
+{{- $mounted = true }}
+{{- end }}
+{{- end }}
+{{- if not $mounted }}
+{{- fail (printf "processor.transform loads %s, which no volume mounts: set processor.wasm.configMap (mounted at /etc/eos-suite/wasm/) or mount it with processor.extraVolumes and processor.extraVolumeMounts" $module) }}
+{{- end }}
+{{- else if .Values.processor.wasm.configMap }}
+{{- fail (printf "processor.wasm.configMap is set but processor.transform is %q: set it to wasm:/etc/eos-suite/wasm/<key of the module>" $transform) }}
+{{- end }}
 {{- end }}
 {{- $samplerArg := .Values.otel.samplerArg }}
 {{- if include "eos-suite.samplerArgSet" . }}
