@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -1013,6 +1014,123 @@ class ProductionSettings(unittest.TestCase):
             file.flush()
             result = helm_template(file.name)
         self.assertIn("processor.wasm.configMap is set but processor.transform is", result.stderr)
+
+
+PRODUCTION_VALUES = CHART / "ci" / "production-values.yaml"
+README = CHART / "README.md"
+
+
+def kubernetes_validate():
+    """kubernetes-validate: beside this Python (deploy/helm/check's venv) or on PATH."""
+    beside = Path(sys.executable).parent / "kubernetes-validate"
+    found = str(beside) if beside.exists() else shutil.which("kubernetes-validate")
+    assert found, "kubernetes-validate not found: run this through deploy/helm/check"
+    return found
+
+
+class ProductionScenario(unittest.TestCase):
+    """ci/production-values.yaml, the README's "Production values": SASL_SSL SCRAM Kafka with
+    its CA from the operator's Secret, PostgreSQL verify-full with a private CA for every service
+    and the migration Job, per-component digests, 6 partitions with 3 processor replicas,
+    spreading, NetworkPolicies."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.values = yaml.safe_load(PRODUCTION_VALUES.read_text())
+        cls.output = template_output(PRODUCTION_VALUES)
+        cls.docs = [doc for doc in yaml.safe_load_all(cls.output) if doc]
+
+    def test_the_readme_shows_exactly_these_values(self):
+        text = README.read_text()
+        section = text.split("\n## Production values\n", 1)[1].split("\n## ", 1)[0]
+        block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+        self.assertEqual(yaml.safe_load(block), self.values)
+
+    def test_it_passes_kubernetes_validate_strict(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            file.write(self.output)
+            file.flush()
+            result = subprocess.run(
+                [kubernetes_validate(), "--strict", "--quiet", "-k", KUBE_VERSION, file.name],
+                capture_output=True, text=True, check=False)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        # Only the Prometheus Operator's kind has no schema there (checked in Monitoring).
+        unknown = [line for line in (result.stdout + result.stderr).splitlines()
+                   if line.strip() and "kind ServiceMonitor" not in line]
+        self.assertFalse(unknown, unknown)
+
+    def test_kafka_is_sasl_ssl_scram_with_the_ca_from_the_operators_secret(self):
+        for binary in KAFKA_BINARIES:
+            workload, container = service_of(self.docs, binary)
+            properties = kafka_properties(container)
+            self.assertEqual(properties["security.protocol"], "SASL_SSL", binary)
+            self.assertEqual(properties["sasl.mechanism"], "SCRAM-SHA-512", binary)
+            self.assertEqual(file_source(workload, container, properties["ssl.ca.location"]),
+                             ("Secret", "payments-kafka-cluster-ca-cert", "ca.crt"), binary)
+            # The SCRAM password is in the properties Secret, never in the environment.
+            self.assertNotIn("sasl.password", properties, binary)
+            self.assertEqual(
+                file_source(workload, container,
+                            env_of(container)["EOS_KAFKA_PROPERTIES_FILE"]["value"]),
+                ("Secret", "eos-suite-kafka-scram", "kafka.properties"), binary)
+
+    def test_postgres_is_verify_full_against_the_private_ca_everywhere(self):
+        pairs = database_containers(self.docs)
+        self.assertEqual({binary_of(c) for w, c in pairs if is_migration(w)},
+                         {binary_of(c) for w, c in pairs if not is_migration(w)})
+        self.assertEqual(len(pairs), 8, "four services and their four migrate steps")
+        for workload, container in pairs:
+            where = f"{workload['kind']}/{container['name']}"
+            env = env_of(container)
+            url = secret_value(self.docs, env["DATABASE_URL"]["valueFrom"]["secretKeyRef"])
+            self.assertIn("sslmode=verify-full", url, where)
+            self.assertNotRegex(url, r"://[^@/]*:[^@/]*@", f"{where}: no password in the URL")
+            root_cert = re.search(r"sslrootcert=([^&]+)", url).group(1)
+            self.assertEqual(file_source(workload, container, root_cert),
+                             ("Secret", "payments-db-ca", "ca.crt"), where)
+            password = ("payments-db-owner" if is_migration(workload) else "payments-db-app",
+                        "password")
+            self.assertEqual(
+                file_source(workload, container, env["DATABASE_PASSWORD_FILE"]["value"]),
+                ("Secret",) + password, where)
+
+    def test_every_image_is_pinned_by_its_own_digest(self):
+        images = [c["image"] for w in of_kind(self.docs, *WORKLOAD_KINDS) for c in containers(w)]
+        digests = {}
+        for image in images:
+            repository, _, digest = image.partition("@")
+            self.assertRegex(digest, r"^sha256:[0-9a-f]{64}$", image)
+            self.assertNotIn(":", repository.rsplit("/", 1)[-1], f"{image}: no tag beside it")
+            digests.setdefault(repository, set()).add(digest)
+        self.assertEqual(len(digests), 5, "five images")
+        self.assertTrue(all(len(found) == 1 for found in digests.values()),
+                        "a migrate step runs its service's digest")
+        self.assertEqual(len({d for found in digests.values() for d in found}), 5)
+
+    def test_three_processor_replicas_on_six_partitions_spread_over_nodes_and_zones(self):
+        processor, container = service_of(self.docs, "eos-processor")
+        self.assertEqual(processor["spec"]["replicas"], 3)
+        self.assertEqual(env_of(container)["EOS_PARTITIONS"]["value"], "6")
+        for binary in ("eos-processor", "sink-writer", "dedup-service", "payments-api"):
+            workload, _ = service_of(self.docs, binary)
+            spec = pod_spec(workload)
+            self.assertIn("podAntiAffinity", spec["affinity"], binary)
+            zones = [c for c in spec["topologySpreadConstraints"]
+                     if c["topologyKey"] == "topology.kubernetes.io/zone"]
+            self.assertEqual(len(zones), 1, binary)
+        anti = pod_spec(processor)["affinity"]["podAntiAffinity"]
+        self.assertIn("requiredDuringSchedulingIgnoredDuringExecution", anti, "hard: one per node")
+
+    def test_a_network_policy_selects_every_pod(self):
+        policies = of_kind(self.docs, "NetworkPolicy")
+        for workload in of_kind(self.docs, *WORKLOAD_KINDS):
+            selecting = [p for p in policies
+                         if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+            self.assertEqual(len(selecting), 1, workload["metadata"]["name"])
+
+    def test_a_second_render_is_the_same(self):
+        # Nothing random: Argo CD's renders agree with each other and with the cluster.
+        self.assertEqual(template_output(PRODUCTION_VALUES), self.output)
 
 
 def alert_exprs():
