@@ -18,9 +18,12 @@ Run alone:  HELM=/path/to/helm python3 deploy/helm/chart_test.py -v
 KUBE_VERSION (the version rendered for) to 1.37.0.
 """
 
+import base64
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +46,14 @@ BAD_VALUES = {
     "no-database-secret.yaml": "set database.existingSecret",
     "relay-grace-too-short.yaml": "must be longer than outboxRelay.transactionTimeoutSeconds",
     "payments-api-without-relay.yaml": "paymentsApi.enabled needs outboxRelay.enabled",
+    "processor-replicas-above-partitions.yaml": "processor.replicas (4) is more than partitions (3)",
+    "sink-replicas-above-partitions.yaml": "sink.replicas (5) is more than partitions (4)",
+    "database-password-twice.yaml": "database.url has a password and database.passwordSecret",
+    "postgres-ca-not-in-url.yaml": "add sslrootcert=/etc/eos-suite/postgres-ca/ca.crt",
+    "kafka-ca-twice.yaml": "kafka.tls.ca sets ssl.ca.location",
+    "wasm-module-not-mounted.yaml": "loads /opt/modules/card.wasm, which no volume mounts",
+    "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
+    "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
@@ -117,8 +128,8 @@ def env_of(container):
 
 
 def binary_of(container):
-    """The binary a container runs: the image name without registry and tag."""
-    return container["image"].rsplit("/", 1)[-1].split(":", 1)[0]
+    """The binary a container runs: the image name without registry, tag and digest."""
+    return container["image"].rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
 
 
 def seconds(duration):
@@ -139,6 +150,72 @@ def relay_name(docs):
     entry = env_of(containers(relay, init=False)[0])["OUTBOX_RELAY_NAME"]
     assert "valueFrom" not in entry, "OUTBOX_RELAY_NAME must be a fixed value"
     return entry["value"]
+
+
+def render_values(values, settings=()):
+    """Renders with `values` (a dict) as a values file: --set would make 0.1 or true strings."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        yaml.safe_dump(values, file)
+        file.flush()
+        return render(file.name, settings)
+
+
+def template_output(values_file):
+    """The raw `helm template` output of a values file (for byte-for-byte comparisons)."""
+    result = helm_template(values_file)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template {values_file} failed:\n{result.stderr}")
+    return result.stdout
+
+
+def file_source(workload, container, path):
+    """(kind, name, key) of the Secret or ConfigMap key that `container` sees at `path`."""
+    mounts = [m for m in container.get("volumeMounts", [])
+              if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{container['name']}: {len(mounts)} mounts hold {path}"
+    relative = path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mounts[0]["name"]]
+    for kind, field, name_field in (("Secret", "secret", "secretName"),
+                                    ("ConfigMap", "configMap", "name")):
+        if field in volume:
+            source = volume[field]
+            items = source.get("items")
+            if items is None:
+                return kind, source[name_field], relative
+            (item,) = [i for i in items if i["path"] == relative]
+            return kind, source[name_field], item["key"]
+    raise AssertionError(f"{path} is on volume {volume}, not a Secret or ConfigMap")
+
+
+def secret_value(docs, reference):
+    """The value a secretKeyRef points at, in a Secret the chart rendered."""
+    (secret,) = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"] == reference["name"]]
+    if reference["key"] in secret.get("stringData", {}):
+        return secret["stringData"][reference["key"]]
+    return base64.b64decode(secret["data"][reference["key"]]).decode()
+
+
+def kafka_properties(container):
+    """EOS_KAFKA_PROPERTIES of a container as a dict."""
+    value = env_of(container).get("EOS_KAFKA_PROPERTIES", {}).get("value", "")
+    return dict(entry.split("=", 1) for entry in value.split(";") if entry)
+
+
+def database_containers(docs):
+    """(workload, container) of every container given a DATABASE_URL: services and migrate steps."""
+    return [(workload, container)
+            for workload in of_kind(docs, *WORKLOAD_KINDS)
+            for container in containers(workload)
+            if "DATABASE_URL" in env_of(container)]
+
+
+def is_migration(workload):
+    return workload["kind"] == "Job"
+
+
+def pods_selected(selector, workload):
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(key) == value for key, value in selector.items())
 
 
 def hook_weight(doc):
@@ -409,7 +486,7 @@ class RenderedChart(unittest.TestCase):
                 before = relay_name(manifests(label, path))
                 after = relay_name(render(path, (
                     "image.tag=9.9.9", "image.registry=registry.example.org",
-                    "processor.replicas=7",
+                    "processor.replicas=7", "partitions=12",
                     "outboxRelay.resources.limits.memory=1Gi",
                     "outboxRelay.transactionTimeoutSeconds=20",
                     "outboxRelay.terminationGracePeriodSeconds=50",
@@ -501,6 +578,560 @@ class RenderedChart(unittest.TestCase):
         for workload in of_kind(render(), "Deployment", "StatefulSet"):
             env = env_of(containers(workload, init=False)[0])
             self.assertNotIn("OTEL_TRACES_SAMPLER", env, "no endpoint: no tracing settings")
+
+# Every component with its own keys, and the binary its pods run.
+COMPONENTS = {"processor": "eos-processor", "sink": "sink-writer", "dedup": "dedup-service",
+              "outboxRelay": "outbox-relay", "paymentsApi": "payments-api",
+              "providerSim": "provider-sim"}
+# The components whose replicas the chart spreads (the relay and provider-sim run one pod).
+SPREAD_COMPONENTS = ("processor", "sink", "dedup", "paymentsApi")
+ALL_ON = {"paymentsApi": {"enabled": True}, "providerSim": {"enabled": True}}
+KAFKA_BINARIES = ("eos-processor", "sink-writer", "outbox-relay")
+POSTGRES_CA = "/etc/eos-suite/postgres-ca/ca.crt"
+
+
+def merged(*layers):
+    """Values dicts merged key by key, later layers winning (as helm merges values files)."""
+    result = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(result.get(key), dict):
+                result[key] = merged(result[key], value)
+            else:
+                result[key] = value
+    return result
+
+
+def service_of(docs, binary):
+    """The one Deployment/StatefulSet running `binary`, and its container."""
+    (workload,) = workloads_running(docs, binary)
+    return workload, containers(workload, init=False)[0]
+
+
+def migration_job(docs):
+    (job,) = [d for d in of_kind(docs, "Job") if d["metadata"]["name"].endswith("-migrate")]
+    return job
+
+
+class ProductionSettings(unittest.TestCase):
+    """The settings a platform team needs: one test per setting, each checking the wiring."""
+
+    def test_extra_env_volumes_and_mounts_reach_every_component_and_the_migration_job(self):
+        values = dict(ALL_ON)
+        for component in list(COMPONENTS) + ["migration"]:
+            values[component] = merged(values.get(component, {}), {
+                "extraEnv": [{"name": "EXTRA_MARK", "value": component},
+                             {"name": "RUST_LOG", "value": f"debug,{component}"}],
+                "extraVolumes": [{"name": f"extra-{component.lower()}",
+                                  "secret": {"secretName": f"extra-{component.lower()}"}}],
+                "extraVolumeMounts": [{"name": f"extra-{component.lower()}",
+                                       "mountPath": f"/extra/{component}", "readOnly": True}],
+            })
+        docs = render_values(values)
+        placed = {component: (service_of(docs, binary),) for component, binary in COMPONENTS.items()}
+        job = migration_job(docs)
+        placed["migration"] = tuple((job, step) for step in containers(job))
+        self.assertEqual(len(placed["migration"]), 4, "one step per service with tables")
+        for component, pairs in placed.items():
+            for workload, container in pairs:
+                where = f"{component}/{container['name']}"
+                env = container["env"]
+                self.assertEqual(env_of(container)["EXTRA_MARK"]["value"], component, where)
+                # Last, so an extra variable overrides the chart's (Kubernetes takes the last).
+                self.assertEqual([e["name"] for e in env[-2:]], ["EXTRA_MARK", "RUST_LOG"], where)
+                self.assertEqual(file_source(workload, container, f"/extra/{component}/x"),
+                                 ("Secret", f"extra-{component.lower()}", "x"), where)
+
+    def test_kafka_ca_and_client_certificate_come_from_their_secrets_by_key(self):
+        # Strimzi's Secrets as the operator makes them: the cluster CA under ca.crt, a
+        # KafkaUser's certificate and key under user.crt and user.key.
+        docs = render_values(merged(ALL_ON, {"kafka": {
+            "clientProperties": {"security.protocol": "SSL"},
+            "tls": {"ca": {"existingSecret": "my-cluster-cluster-ca-cert", "key": "ca.crt"},
+                    "clientCert": {"existingSecret": "eos-suite-user",
+                                   "certificateKey": "user.crt", "privateKeyKey": "user.key"}}}}))
+        expected = {"ssl.ca.location": ("Secret", "my-cluster-cluster-ca-cert", "ca.crt"),
+                    "ssl.certificate.location": ("Secret", "eos-suite-user", "user.crt"),
+                    "ssl.key.location": ("Secret", "eos-suite-user", "user.key")}
+        for binary in KAFKA_BINARIES:
+            workload, container = service_of(docs, binary)
+            properties = kafka_properties(container)
+            self.assertEqual(properties["security.protocol"], "SSL", binary)
+            for key, source in expected.items():
+                self.assertEqual(file_source(workload, container, properties[key]), source,
+                                 f"{binary} {key}")
+        for binary in ("dedup-service", "payments-api", "provider-sim"):
+            _, container = service_of(docs, binary)
+            self.assertNotIn("EOS_KAFKA_PROPERTIES", env_of(container), binary)
+            self.assertFalse([m for m in container["volumeMounts"] if "kafka" in m["name"]], binary)
+
+    def test_database_password_and_ca_reach_every_service_and_the_migration_job(self):
+        runtime_url = f"postgres://eos_app@db:5432/eos?sslmode=verify-full&sslrootcert={POSTGRES_CA}"
+        owner_url = f"postgres://eos@db:5432/eos?sslmode=verify-full&sslrootcert={POSTGRES_CA}"
+        docs = render_values(merged(ALL_ON, {
+            "database": {"existingSecret": "", "url": runtime_url,
+                         "passwordSecret": {"name": "eos-app", "key": "password"},
+                         # An RDS-style CA bundle from a ConfigMap, under a key of its own.
+                         "tls": {"ca": {"existingConfigMap": "rds-ca", "key": "bundle.pem"}}},
+            "migration": {"existingSecret": "", "url": owner_url,
+                          "passwordSecret": {"name": "eos-owner", "key": "pw"}}}))
+        pairs = database_containers(docs)
+        services = {binary_of(c) for w, c in pairs if not is_migration(w)}
+        steps = {binary_of(c) for w, c in pairs if is_migration(w)}
+        self.assertEqual(services, set(MIGRATION_ORDER), "every service with tables")
+        self.assertEqual(steps, set(MIGRATION_ORDER), "every migrate step")
+        for workload, container in pairs:
+            where = f"{workload['kind']}/{container['name']}"
+            env = env_of(container)
+            url = secret_value(docs, env["DATABASE_URL"]["valueFrom"]["secretKeyRef"])
+            self.assertEqual(url, owner_url if is_migration(workload) else runtime_url, where)
+            password = ("Secret", "eos-owner", "pw") if is_migration(workload) \
+                else ("Secret", "eos-app", "password")
+            self.assertEqual(
+                file_source(workload, container, env["DATABASE_PASSWORD_FILE"]["value"]),
+                password, where)
+            root_cert = re.search(r"sslrootcert=([^&]+)", url).group(1)
+            self.assertEqual(file_source(workload, container, root_cert),
+                             ("ConfigMap", "rds-ca", "bundle.pem"), where)
+        # Without a password Secret the URL carries the password, as before.
+        for workload, container in database_containers(manifests("defaults", None)):
+            self.assertNotIn("DATABASE_PASSWORD_FILE", env_of(container), container["name"])
+
+    def test_image_digests_win_over_tags_per_component(self):
+        digest = "sha256:" + "ab" * 32
+        docs = render_values(merged(ALL_ON, {
+            "image": {"registry": "registry.example.com", "tag": "2.0.0"},
+            "processor": {"image": {"tag": "2.1.0"}},
+            "sink": {"image": {"tag": "2.1.0", "digest": digest}},
+            "dedup": {"image": {"repository": "platform/dedup", "digest": digest}}}))
+        expected = {
+            "eos-processor": "registry.example.com/eos-suite/eos-processor:2.1.0",
+            "sink-writer": f"registry.example.com/eos-suite/sink-writer@{digest}",
+            "dedup": f"registry.example.com/platform/dedup@{digest}",
+            "outbox-relay": "registry.example.com/eos-suite/outbox-relay:2.0.0",
+            "payments-api": "registry.example.com/eos-suite/payments-api:2.0.0",
+            "provider-sim": "registry.example.com/eos-suite/provider-sim:2.0.0",
+        }
+        images = {binary_of(c): c["image"] for w in of_kind(docs, "Deployment", "StatefulSet")
+                  for c in containers(w)}
+        self.assertEqual(images, expected)
+        # The migration runs each service's own image, digest included.
+        for step in containers(migration_job(docs)):
+            self.assertEqual(step["image"], expected[binary_of(step)], step["name"])
+
+    def test_partitions_bound_the_replicas_and_budgets_let_drains_evict_unready_pods(self):
+        docs = render_values({"partitions": 6, "processor": {"replicas": 6},
+                              "sink": {"replicas": 6}})
+        workload, container = service_of(docs, "eos-processor")
+        self.assertEqual(workload["spec"]["replicas"], 6)
+        # The topics the processor creates get the same count.
+        self.assertEqual(env_of(container)["EOS_PARTITIONS"]["value"], "6")
+        for settings, says in (({"processor": {"replicas": 7}}, "processor.replicas (7)"),
+                               ({"sink": {"replicas": 7}}, "sink.replicas (7)")):
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump(merged({"partitions": 6}, settings), file)
+                file.flush()
+                result = helm_template(file.name)
+            self.assertNotEqual(result.returncode, 0, settings)
+            self.assertIn(f"{says} is more than partitions (6)", result.stderr)
+        # A not-ready replica (no partition, no Kafka) must not hold a drain up.
+        for label, docs in RenderedChart.each_rendering(self):
+            budgets = of_kind(docs, "PodDisruptionBudget")
+            self.assertTrue(budgets, label)
+            for budget in budgets:
+                self.assertEqual(budget["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow",
+                                 f"{label}: {budget['metadata']['name']}")
+        docs = render(None, ("processor.podDisruptionBudget.unhealthyPodEvictionPolicy=IfHealthyBudget",))
+        policies = {b["metadata"]["name"]: b["spec"]["unhealthyPodEvictionPolicy"]
+                    for b in of_kind(docs, "PodDisruptionBudget")}
+        self.assertEqual(policies.pop(f"{RELEASE}-eos-suite-processor"), "IfHealthyBudget")
+        self.assertEqual(set(policies.values()), {"AlwaysAllow"})
+
+    def test_replicas_spread_over_nodes_and_zones(self):
+        def scheduling(docs, component):
+            workload, _ = service_of(docs, COMPONENTS[component])
+            spec = pod_spec(workload)
+            return workload["spec"]["selector"]["matchLabels"], spec.get("affinity"), \
+                spec.get("topologySpreadConstraints")
+
+        docs = render_values(ALL_ON)
+        for component in SPREAD_COMPONENTS:
+            selector, affinity, spread = scheduling(docs, component)
+            # Soft by default: prefer another node, and another zone when there is one.
+            (term,) = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            self.assertEqual(term["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname")
+            self.assertEqual(term["podAffinityTerm"]["labelSelector"]["matchLabels"], selector)
+            (zone,) = spread
+            self.assertEqual((zone["topologyKey"], zone["whenUnsatisfiable"], zone["maxSkew"]),
+                             ("topology.kubernetes.io/zone", "ScheduleAnyway", 1), component)
+            self.assertEqual(zone["labelSelector"]["matchLabels"], selector, component)
+        for binary in ("outbox-relay", "provider-sim"):
+            workload, _ = service_of(docs, binary)
+            self.assertNotIn("affinity", pod_spec(workload), "one pod: nothing to spread")
+
+        own_selector = {"matchLabels": {"team": "payments"}}
+        docs = render_values(merged(ALL_ON, {
+            "processor": {"podAntiAffinityPreset": "hard"},
+            "sink": {"podAntiAffinityPreset": "", "topologySpreadConstraints": []},
+            "dedup": {"topologySpreadConstraints": [
+                {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+                 "whenUnsatisfiable": "DoNotSchedule", "labelSelector": own_selector}]}}))
+        selector, affinity, _ = scheduling(docs, "processor")
+        (term,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(term["labelSelector"]["matchLabels"], selector)
+        _, affinity, spread = scheduling(docs, "sink")
+        self.assertIsNone(affinity)
+        self.assertIsNone(spread)
+        _, _, spread = scheduling(docs, "dedup")
+        self.assertEqual(spread[0]["labelSelector"], own_selector, "a selector given is kept")
+
+        # The chart-wide affinity wins over the presets.
+        node_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "pool", "operator": "In", "values": ["payments"]}]}]}}}
+        docs = render_values(merged(ALL_ON, {"affinity": node_affinity}))
+        for component in SPREAD_COMPONENTS:
+            _, affinity, _ = scheduling(docs, component)
+            self.assertEqual(affinity, node_affinity, component)
+
+    def test_probe_timings_per_component_and_a_startup_probe_for_the_stateful_services(self):
+        docs = render_values(ALL_ON)
+        for binary in ("eos-processor", "sink-writer"):
+            _, container = service_of(docs, binary)
+            startup, liveness = container["startupProbe"], container["livenessProbe"]
+            # The liveness handler, with a longer budget: liveness waits for it.
+            self.assertEqual(startup["httpGet"], liveness["httpGet"], binary)
+            self.assertGreaterEqual(startup["failureThreshold"] * startup["periodSeconds"], 300)
+        for binary in ("dedup-service", "outbox-relay", "payments-api", "provider-sim"):
+            _, container = service_of(docs, binary)
+            self.assertNotIn("startupProbe", container, binary)
+
+        docs = render_values(merged(ALL_ON, {
+            "processor": {"startupProbe": {"failureThreshold": 240}},
+            "sink": {"startupProbe": {"enabled": False}},
+            "dedup": {"livenessProbe": {"periodSeconds": 30, "timeoutSeconds": 5},
+                      "readinessProbe": {"failureThreshold": 6, "successThreshold": 2}},
+            "paymentsApi": {"readinessProbe": {"initialDelaySeconds": 3}}}))
+        _, processor = service_of(docs, "eos-processor")
+        self.assertEqual(processor["startupProbe"]["failureThreshold"], 240)
+        self.assertEqual(processor["startupProbe"]["periodSeconds"], 5, "the other timings stay")
+        self.assertNotIn("enabled", processor["startupProbe"])
+        _, sink = service_of(docs, "sink-writer")
+        self.assertNotIn("startupProbe", sink)
+        _, dedup = service_of(docs, "dedup-service")
+        self.assertEqual((dedup["livenessProbe"]["periodSeconds"],
+                          dedup["livenessProbe"]["timeoutSeconds"]), (30, 5))
+        self.assertIn("grpc", dedup["livenessProbe"], "the handler stays the chart's")
+        self.assertEqual((dedup["readinessProbe"]["failureThreshold"],
+                          dedup["readinessProbe"]["successThreshold"],
+                          dedup["readinessProbe"]["grpc"]["service"]), (6, 2, "eos.dedup.v1.Dedup"))
+        _, api = service_of(docs, "payments-api")
+        self.assertEqual(api["readinessProbe"]["initialDelaySeconds"], 3)
+        self.assertEqual(api["readinessProbe"]["httpGet"]["path"], "/readyz")
+
+    def test_pods_that_read_chart_made_secrets_roll_when_one_changes(self):
+        def checksums(values):
+            docs = render_values(merged(ALL_ON, values))
+            found = {}
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+                found[binary_of(containers(workload)[0])] = annotations.get("checksum/secret")
+            return docs, found
+
+        chart_made = {"database": {"existingSecret": "", "url": "postgres://eos_app:one@db/eos"}}
+        docs, found = checksums(chart_made)
+        # What each pod reads: the runtime role's Secret, and the sink and dedup-service the tokens.
+        secrets = {d["metadata"]["name"]: d for d in of_kind(docs, "Secret")}
+        database = f"{RELEASE}-eos-suite-database/DATABASE_URL=postgres://eos_app:one@db/eos"
+        tokens = secrets[f"{RELEASE}-eos-suite-dedup-tokens"]["data"]
+        token_lines = [f"{RELEASE}-eos-suite-dedup-tokens/{key}={tokens[key]}"
+                       for key in ("client-token", "operator-token")]
+
+        def digest(lines):
+            return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+        self.assertEqual(found, {
+            "eos-processor": None, "provider-sim": None,
+            "sink-writer": digest([database] + token_lines),
+            "dedup-service": digest([database] + token_lines),
+            "outbox-relay": digest([database]),
+            "payments-api": digest([database]),
+        })
+        # A changed URL rolls every pod that reads it (the tokens are new in each offline render).
+        _, changed = checksums({"database": {"existingSecret": "",
+                                             "url": "postgres://eos_app:two@db/eos"}})
+        for binary in ("sink-writer", "dedup-service", "outbox-relay", "payments-api"):
+            self.assertNotEqual(changed[binary], found[binary], binary)
+        # Secrets the chart does not make are not its to watch.
+        _, found = checksums({"dedup": {"auth": {"existingSecret": "dedup-tokens"}}})
+        self.assertEqual(set(found.values()), {None})
+
+    def test_a_render_with_existing_secrets_makes_nothing_random(self):
+        # GitOps (Argo CD renders with helm template: no lookup): with dedup.auth.existingSecret
+        # two renders are the same, byte for byte, and no token is rendered at all.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump(merged(ALL_ON, {"dedup": {"auth": {"existingSecret": "dedup-tokens"}}}),
+                           file)
+            file.flush()
+            first, second = template_output(file.name), template_output(file.name)
+            docs = render(file.name)
+        self.assertEqual(first, second)
+        for secret in of_kind(docs, "Secret"):
+            self.assertFalse({"client-token", "operator-token"}
+                             & set(secret.get("data", {}) | secret.get("stringData", {})),
+                             secret["metadata"]["name"])
+        token_secrets = {e["valueFrom"]["secretKeyRef"]["name"]
+                         for w in of_kind(docs, "Deployment", "StatefulSet")
+                         for c in containers(w) for e in c.get("env", [])
+                         if e["name"] in ("EOS_DEDUP_TOKEN", "DEDUP_CLIENT_TOKEN",
+                                          "DEDUP_OPERATOR_TOKEN")}
+        self.assertEqual(token_secrets, {"dedup-tokens"})
+        # Without it the offline render makes new tokens each time: why GitOps needs it.
+        first, second = template_output(None), template_output(None)
+        self.assertNotEqual(first, second)
+
+    def test_network_policies_admit_only_callers_and_reach_only_dependencies(self):
+        self.assertFalse(of_kind(manifests("defaults", None), "NetworkPolicy"), "off by default")
+        monitoring = [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]
+        docs = render_values(merged(ALL_ON, {
+            "telemetry": {"otlpEndpoint": "http://collector.observability:4317"},
+            "networkPolicy": {"enabled": True, "metricsFrom": monitoring,
+                              "postgres": {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+                                           "ports": [{"port": 5432, "protocol": "TCP"}]}}}))
+        policies = of_kind(docs, "NetworkPolicy")
+        workloads = of_kind(docs, *WORKLOAD_KINDS)
+
+        def policy_of(workload):
+            (policy,) = [p for p in policies
+                         if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+            self.assertEqual(set(policy["spec"]["policyTypes"]), {"Ingress", "Egress"})
+            return policy["spec"]
+
+        def egress_ports(spec):
+            return {port["port"] for rule in spec["egress"] for port in rule["ports"]}
+
+        pods = {binary_of(containers(w)[0]) if w["kind"] != "Job" else "migration": w
+                for w in workloads}
+        self.assertEqual(len(policies), len(pods), "one policy per kind of pod")
+        expected_egress = {
+            "eos-processor": {53, 9092, 4317},
+            "sink-writer": {53, 9092, 5432, 4317, 50051, 443, 8081},
+            "dedup-service": {53, 5432, 4317, 443, 8081},
+            "outbox-relay": {53, 9092, 5432, 4317},
+            "payments-api": {53, 5432, 4317},
+            "provider-sim": {53, 4317},
+            "migration": {53, 5432},
+        }
+        for name, workload in pods.items():
+            spec = policy_of(workload)
+            self.assertEqual(egress_ports(spec), expected_egress[name], name)
+            postgres = [r for r in spec["egress"] if r["ports"][0]["port"] == 5432]
+            for rule in postgres:
+                self.assertEqual(rule["to"], [{"ipBlock": {"cidr": "10.20.0.0/16"}}], name)
+        # Ingress: the metrics port from monitoring only; the APIs from their callers.
+        sink_pods = {"matchLabels": pods["sink-writer"]["spec"]["selector"]["matchLabels"]}
+        dedup_pods = {"matchLabels": pods["dedup-service"]["spec"]["selector"]["matchLabels"]}
+        for name in ("eos-processor", "sink-writer", "outbox-relay"):
+            (rule,) = policy_of(pods[name])["ingress"]
+            self.assertEqual(rule["from"], monitoring, name)
+        ingress = {rule["ports"][0]["port"]: rule.get("from")
+                   for rule in policy_of(pods["dedup-service"])["ingress"]}
+        self.assertEqual(ingress, {9466: monitoring, 50051: [{"podSelector": sink_pods}]})
+        ingress = [rule.get("from") for rule in policy_of(pods["provider-sim"])["ingress"]
+                   if rule.get("from") != monitoring]
+        self.assertEqual(ingress, [[{"podSelector": sink_pods}, {"podSelector": dedup_pods}]])
+        self.assertEqual(policy_of(pods["migration"])["ingress"], [], "nothing calls the Job")
+        # The sink reaches dedup-service's pods, nothing else of the release but provider-sim.
+        (to_dedup,) = [r for r in policy_of(pods["sink-writer"])["egress"]
+                       if r["ports"][0]["port"] == 50051]
+        self.assertEqual(to_dedup["to"], [{"podSelector": dedup_pods}])
+
+    def test_sampler_and_log_level_reach_every_service(self):
+        exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})
+        cases = (
+            ({"otel": {"sampler": "parentbased_always_on"}}, "parentbased_always_on", None),
+            ({"otel": {"sampler": "traceidratio", "samplerArg": "0.25"}}, "traceidratio", "0.25"),
+            # 0 traces nothing; it is not "unset".
+            ({"otel": {"samplerArg": 0}, "telemetry": {"samplingRatio": 0.5}},
+             "parentbased_traceidratio", "0"),
+        )
+        for values, sampler, argument in cases:
+            docs = render_values(merged(exporting, values))
+            for workload in of_kind(docs, "Deployment", "StatefulSet"):
+                env = env_of(containers(workload)[0])
+                where = f"{values}: {workload['metadata']['name']}"
+                self.assertEqual(env["OTEL_TRACES_SAMPLER"]["value"], sampler, where)
+                self.assertEqual(env.get("OTEL_TRACES_SAMPLER_ARG", {}).get("value"), argument,
+                                 where)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump(merged(exporting, {"otel": {"samplerArg": 2}}), file)
+            file.flush()
+            result = helm_template(file.name)
+        self.assertIn("otel.samplerArg (2) must be a ratio from 0 to 1", result.stderr)
+
+        docs = render_values(merged(ALL_ON, {"logLevel": "warn",
+                                             "sink": {"logLevel": "info,sink_writer=debug"}}))
+        for workload in of_kind(docs, *WORKLOAD_KINDS):
+            for container in containers(workload):
+                expected = "info,sink_writer=debug" if (
+                    workload["kind"] != "Job" and binary_of(container) == "sink-writer") else "warn"
+                self.assertEqual(env_of(container)["RUST_LOG"]["value"], expected,
+                                 container["name"])
+
+    def test_processor_transform_and_webassembly_module(self):
+        _, container = service_of(manifests("defaults", None), "eos-processor")
+        env = env_of(container)
+        self.assertEqual(env["EOS_TRANSFORM"]["value"], "ledger")
+        self.assertFalse({"EOS_WASM_FUEL", "EOS_WASM_MAX_MEMORY"} & set(env), "only when set")
+
+        # A small module from a ConfigMap's binaryData.
+        docs = render_values({"processor": {
+            "transform": "wasm:/etc/eos-suite/wasm/card.wasm",
+            "wasm": {"configMap": "card-transform", "fuel": 5000000, "maxMemory": "64MiB"}}})
+        workload, container = service_of(docs, "eos-processor")
+        env = env_of(container)
+        self.assertEqual(env["EOS_TRANSFORM"]["value"], "wasm:/etc/eos-suite/wasm/card.wasm")
+        self.assertEqual(env["EOS_WASM_FUEL"]["value"], "5000000")
+        self.assertEqual(env["EOS_WASM_MAX_MEMORY"]["value"], "64MiB")
+        self.assertEqual(file_source(workload, container, "/etc/eos-suite/wasm/card.wasm"),
+                         ("ConfigMap", "card-transform", "card.wasm"))
+
+        # A larger one from any volume, through extraVolumes.
+        docs = render_values({"processor": {
+            "transform": "wasm:/opt/modules/card.wasm",
+            "extraVolumes": [{"name": "modules", "persistentVolumeClaim": {"claimName": "modules"}}],
+            "extraVolumeMounts": [{"name": "modules", "mountPath": "/opt/modules",
+                                   "readOnly": True}]}})
+        workload, container = service_of(docs, "eos-processor")
+        self.assertEqual(env_of(container)["EOS_TRANSFORM"]["value"], "wasm:/opt/modules/card.wasm")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/opt/modules"]
+        (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+        self.assertEqual(volume["persistentVolumeClaim"]["claimName"], "modules")
+
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump({"processor": {"wasm": {"configMap": "card-transform"}}}, file)
+            file.flush()
+            result = helm_template(file.name)
+        self.assertIn("processor.wasm.configMap is set but processor.transform is", result.stderr)
+
+
+PRODUCTION_VALUES = CHART / "ci" / "production-values.yaml"
+README = CHART / "README.md"
+
+
+def kubernetes_validate():
+    """kubernetes-validate: beside this Python (deploy/helm/check's venv) or on PATH."""
+    beside = Path(sys.executable).parent / "kubernetes-validate"
+    found = str(beside) if beside.exists() else shutil.which("kubernetes-validate")
+    assert found, "kubernetes-validate not found: run this through deploy/helm/check"
+    return found
+
+
+class ProductionScenario(unittest.TestCase):
+    """ci/production-values.yaml, the README's "Production values": SASL_SSL SCRAM Kafka with
+    its CA from the operator's Secret, PostgreSQL verify-full with a private CA for every service
+    and the migration Job, per-component digests, 6 partitions with 3 processor replicas,
+    spreading, NetworkPolicies."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.values = yaml.safe_load(PRODUCTION_VALUES.read_text())
+        cls.output = template_output(PRODUCTION_VALUES)
+        cls.docs = [doc for doc in yaml.safe_load_all(cls.output) if doc]
+
+    def test_the_readme_shows_exactly_these_values(self):
+        text = README.read_text()
+        section = text.split("\n## Production values\n", 1)[1].split("\n## ", 1)[0]
+        block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+        self.assertEqual(yaml.safe_load(block), self.values)
+
+    def test_it_passes_kubernetes_validate_strict(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            file.write(self.output)
+            file.flush()
+            result = subprocess.run(
+                [kubernetes_validate(), "--strict", "--quiet", "-k", KUBE_VERSION, file.name],
+                capture_output=True, text=True, check=False)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        # Only the Prometheus Operator's kind has no schema there (checked in Monitoring).
+        unknown = [line for line in (result.stdout + result.stderr).splitlines()
+                   if line.strip() and "kind ServiceMonitor" not in line]
+        self.assertFalse(unknown, unknown)
+
+    def test_kafka_is_sasl_ssl_scram_with_the_ca_from_the_operators_secret(self):
+        for binary in KAFKA_BINARIES:
+            workload, container = service_of(self.docs, binary)
+            properties = kafka_properties(container)
+            self.assertEqual(properties["security.protocol"], "SASL_SSL", binary)
+            self.assertEqual(properties["sasl.mechanism"], "SCRAM-SHA-512", binary)
+            self.assertEqual(file_source(workload, container, properties["ssl.ca.location"]),
+                             ("Secret", "payments-kafka-cluster-ca-cert", "ca.crt"), binary)
+            # The SCRAM password is in the properties Secret, never in the environment.
+            self.assertNotIn("sasl.password", properties, binary)
+            self.assertEqual(
+                file_source(workload, container,
+                            env_of(container)["EOS_KAFKA_PROPERTIES_FILE"]["value"]),
+                ("Secret", "eos-suite-kafka-scram", "kafka.properties"), binary)
+
+    def test_postgres_is_verify_full_against_the_private_ca_everywhere(self):
+        pairs = database_containers(self.docs)
+        self.assertEqual({binary_of(c) for w, c in pairs if is_migration(w)},
+                         {binary_of(c) for w, c in pairs if not is_migration(w)})
+        self.assertEqual(len(pairs), 8, "four services and their four migrate steps")
+        for workload, container in pairs:
+            where = f"{workload['kind']}/{container['name']}"
+            env = env_of(container)
+            url = secret_value(self.docs, env["DATABASE_URL"]["valueFrom"]["secretKeyRef"])
+            self.assertIn("sslmode=verify-full", url, where)
+            self.assertNotRegex(url, r"://[^@/]*:[^@/]*@", f"{where}: no password in the URL")
+            root_cert = re.search(r"sslrootcert=([^&]+)", url).group(1)
+            self.assertEqual(file_source(workload, container, root_cert),
+                             ("Secret", "payments-db-ca", "ca.crt"), where)
+            password = ("payments-db-owner" if is_migration(workload) else "payments-db-app",
+                        "password")
+            self.assertEqual(
+                file_source(workload, container, env["DATABASE_PASSWORD_FILE"]["value"]),
+                ("Secret",) + password, where)
+
+    def test_every_image_is_pinned_by_its_own_digest(self):
+        images = [c["image"] for w in of_kind(self.docs, *WORKLOAD_KINDS) for c in containers(w)]
+        digests = {}
+        for image in images:
+            repository, _, digest = image.partition("@")
+            self.assertRegex(digest, r"^sha256:[0-9a-f]{64}$", image)
+            self.assertNotIn(":", repository.rsplit("/", 1)[-1], f"{image}: no tag beside it")
+            digests.setdefault(repository, set()).add(digest)
+        self.assertEqual(len(digests), 5, "five images")
+        self.assertTrue(all(len(found) == 1 for found in digests.values()),
+                        "a migrate step runs its service's digest")
+        self.assertEqual(len({d for found in digests.values() for d in found}), 5)
+
+    def test_three_processor_replicas_on_six_partitions_spread_over_nodes_and_zones(self):
+        processor, container = service_of(self.docs, "eos-processor")
+        self.assertEqual(processor["spec"]["replicas"], 3)
+        self.assertEqual(env_of(container)["EOS_PARTITIONS"]["value"], "6")
+        for binary in ("eos-processor", "sink-writer", "dedup-service", "payments-api"):
+            workload, _ = service_of(self.docs, binary)
+            spec = pod_spec(workload)
+            self.assertIn("podAntiAffinity", spec["affinity"], binary)
+            zones = [c for c in spec["topologySpreadConstraints"]
+                     if c["topologyKey"] == "topology.kubernetes.io/zone"]
+            self.assertEqual(len(zones), 1, binary)
+        anti = pod_spec(processor)["affinity"]["podAntiAffinity"]
+        self.assertIn("requiredDuringSchedulingIgnoredDuringExecution", anti, "hard: one per node")
+
+    def test_a_network_policy_selects_every_pod(self):
+        policies = of_kind(self.docs, "NetworkPolicy")
+        for workload in of_kind(self.docs, *WORKLOAD_KINDS):
+            selecting = [p for p in policies
+                         if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+            self.assertEqual(len(selecting), 1, workload["metadata"]["name"])
+
+    def test_a_second_render_is_the_same(self):
+        # Nothing random: Argo CD's renders agree with each other and with the cluster.
+        self.assertEqual(template_output(PRODUCTION_VALUES), self.output)
+
 
 def alert_exprs():
     rules = yaml.safe_load(RULES_FILE.read_text())

@@ -89,9 +89,24 @@ pub fn parse_secret_file(path: &str) -> Result<Secret, String> {
 }
 
 /// The PostgreSQL URL of a service: `--database-url` / `DATABASE_URL`, or a file holding it,
-/// `--database-url-file` / `DATABASE_URL_FILE`.
-#[derive(Clone, clap::Args)]
+/// `--database-url-file` / `DATABASE_URL_FILE`; and, for a URL without a password, the password
+/// apart from it: `--database-password` / `DATABASE_PASSWORD`, or a file holding it,
+/// `--database-password-file` / `DATABASE_PASSWORD_FILE`.
+///
+/// The password apart is what managed PostgreSQL operators hand out (a Secret with the role's
+/// password under its own key, e.g. CloudNativePG's `<cluster>-app`), and it keeps the URL, which
+/// names the host and the TLS settings, out of the Secret. It is put into the URL once, at
+/// start-up; a URL that has a password already and a password flag is a usage error, since one
+/// of the two would be ignored.
+#[derive(Clone)]
 pub struct DatabaseUrlFlags {
+    /// The URL to connect with, the password put in.
+    url: Secret,
+}
+
+/// The command-line flags [`DatabaseUrlFlags`] is built from.
+#[derive(clap::Args)]
+struct DatabaseUrlArgs {
     /// PostgreSQL URL, postgres://USER:PASSWORD@HOST:PORT/DATABASE (sslmode and sslrootcert
     /// query parameters are honoured). Prefer --database-url-file: a URL here is visible in the
     /// process list.
@@ -113,25 +128,123 @@ pub struct DatabaseUrlFlags {
         conflicts_with = "database_url"
     )]
     database_url_file: Option<Secret>,
+
+    /// The password of the URL's role, for a URL without one (postgres://USER@HOST/DATABASE);
+    /// put into the URL percent-encoded. Prefer --database-password-file: a password here is
+    /// visible in the process list.
+    #[arg(
+        long,
+        env = "DATABASE_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD",
+        value_parser = parse_secret
+    )]
+    database_password: Option<Secret>,
+
+    /// A file holding the password of the URL's role (a mounted secret's key), read once at
+    /// start-up; surrounding whitespace is dropped.
+    #[arg(
+        long,
+        env = "DATABASE_PASSWORD_FILE",
+        value_name = "PATH",
+        value_parser = parse_secret_file,
+        conflicts_with = "database_password"
+    )]
+    database_password_file: Option<Secret>,
+}
+
+/// Why a password cannot be put into the database URL. No variant carries the URL or the
+/// password.
+#[derive(Debug, thiserror::Error)]
+pub enum DatabasePasswordError {
+    #[error(
+        "the database URL has a password already: give the password either in the URL or with \
+         --database-password / --database-password-file, not both"
+    )]
+    PasswordTwice,
+    #[error(
+        "a password needs a database URL of the form postgres://USER@HOST:PORT/DATABASE; this \
+         one {0}"
+    )]
+    NoPlaceForPassword(&'static str),
+}
+
+/// `url` with `password` in its user info, percent-encoded the way sqlx decodes it, so any
+/// character of a password survives. Refused when the URL has a password already (in its user
+/// info or as a `password` query parameter, which sqlx reads too).
+pub fn url_with_password(url: &str, password: &str) -> Result<String, DatabasePasswordError> {
+    let mut parsed = url::Url::parse(url)
+        .map_err(|_| DatabasePasswordError::NoPlaceForPassword("does not parse as a URL"))?;
+    let password_in_query = parsed.query_pairs().any(|(key, _)| key == "password");
+    if parsed.password().is_some() || password_in_query {
+        return Err(DatabasePasswordError::PasswordTwice);
+    }
+    let encoded =
+        percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC)
+            .to_string();
+    parsed
+        .set_password(Some(&encoded))
+        .map_err(|()| DatabasePasswordError::NoPlaceForPassword("names no host"))?;
+    Ok(parsed.into())
+}
+
+impl DatabaseUrlArgs {
+    fn into_flags(self) -> Result<DatabaseUrlFlags, DatabasePasswordError> {
+        let url = match (self.database_url, self.database_url_file) {
+            (_, Some(from_file)) => from_file.0,
+            (Some(url), None) => url,
+            // clap requires one of the two.
+            (None, None) => String::new(),
+        };
+        let url = match self.database_password.or(self.database_password_file) {
+            Some(password) => url_with_password(&url, password.expose())?,
+            None => url,
+        };
+        Ok(DatabaseUrlFlags { url: Secret(url) })
+    }
+}
+
+impl clap::FromArgMatches for DatabaseUrlFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        DatabaseUrlArgs::from_arg_matches(matches)?
+            .into_flags()
+            .map_err(|error| {
+                clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, error.to_string())
+            })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for DatabaseUrlFlags {
+    fn group_id() -> Option<clap::Id> {
+        DatabaseUrlArgs::group_id()
+    }
+
+    fn augment_args(command: clap::Command) -> clap::Command {
+        DatabaseUrlArgs::augment_args(command)
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        DatabaseUrlArgs::augment_args_for_update(command)
+    }
 }
 
 impl DatabaseUrlFlags {
     /// A URL given directly (tests and tools that build the flags themselves).
     pub fn from_url(url: impl Into<String>) -> Self {
         Self {
-            database_url: Some(url.into()),
-            database_url_file: None,
+            url: Secret(url.into()),
         }
     }
 
-    /// The URL to connect with. Never log it; log [`DatabaseUrlFlags::redacted`].
+    /// The URL to connect with, the password included. Never log it; log
+    /// [`DatabaseUrlFlags::redacted`].
     pub fn url(&self) -> &str {
-        match (&self.database_url, &self.database_url_file) {
-            (_, Some(from_file)) => from_file.expose(),
-            (Some(url), None) => url,
-            // clap requires one of the two; a value built by hand without either is empty.
-            (None, None) => "",
-        }
+        self.url.expose()
     }
 
     /// The URL with its password replaced, for logs and errors.
@@ -198,5 +311,150 @@ mod tests {
             .to_string();
         assert!(error.contains("is empty"), "{error}");
         std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    /// A password with every character that means something in a URL, and one outside ASCII.
+    const AWKWARD_PASSWORD: &str = "p@ss:w/rd?#%41 &+=;[]\u{e9}";
+
+    fn password_in(url: &str) -> String {
+        let parsed = url::Url::parse(url).expect("a URL");
+        let encoded = parsed.password().expect("a password in the URL");
+        percent_encoding::percent_decode_str(encoded)
+            .decode_utf8()
+            .expect("utf-8")
+            .into_owned()
+    }
+
+    /// A scratch directory of this test process, removed by the test.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("eos-secret-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    #[test]
+    fn a_password_apart_is_put_into_a_url_that_has_none() {
+        let url = "postgres://app@db.example:5432/eos?sslmode=verify-full&sslrootcert=/etc/ca.crt";
+        let flags = Flags::try_parse_from([
+            "x",
+            "--database-url",
+            url,
+            "--database-password",
+            AWKWARD_PASSWORD,
+        ])
+        .expect("flags");
+        let with_password = url::Url::parse(flags.database.url()).expect("a URL");
+        assert_eq!(password_in(flags.database.url()), AWKWARD_PASSWORD);
+        assert_eq!(with_password.username(), "app");
+        assert_eq!(with_password.host_str(), Some("db.example"));
+        assert_eq!(with_password.port(), Some(5432));
+        assert_eq!(with_password.path(), "/eos");
+        assert_eq!(
+            with_password.query(),
+            Some("sslmode=verify-full&sslrootcert=/etc/ca.crt")
+        );
+        assert_eq!(
+            flags.database.redacted(),
+            "postgres://app:***@db.example:5432/eos?sslmode=verify-full&sslrootcert=/etc/ca.crt"
+        );
+        assert!(!format!("{flags:?}").contains("p@ss"), "{flags:?}");
+
+        // Without a password flag the URL is used as it is.
+        let flags = Flags::try_parse_from(["x", "--database-url", url]).expect("flags");
+        assert_eq!(flags.database.url(), url);
+    }
+
+    #[test]
+    fn the_password_file_is_read_once_at_start_up_without_its_newline() {
+        let dir = scratch_dir("password");
+        let url_file = dir.join("database-url");
+        let password_file = dir.join("password");
+        std::fs::write(&url_file, "postgres://app@db/eos\n").expect("write");
+        std::fs::write(&password_file, format!("{AWKWARD_PASSWORD}\n")).expect("write");
+        let flags = Flags::try_parse_from([
+            "x",
+            "--database-url-file",
+            url_file.to_str().expect("utf-8 path"),
+            "--database-password-file",
+            password_file.to_str().expect("utf-8 path"),
+        ])
+        .expect("flags");
+        // Changing the file afterwards changes nothing: it was read at start-up.
+        std::fs::write(&password_file, "another\n").expect("write");
+        assert_eq!(password_in(flags.database.url()), AWKWARD_PASSWORD);
+
+        std::fs::write(&password_file, " \n").expect("write");
+        let error = Flags::try_parse_from([
+            "x",
+            "--database-url",
+            "postgres://app@db/eos",
+            "--database-password-file",
+            password_file.to_str().expect("utf-8 path"),
+        ])
+        .expect_err("an empty password file")
+        .to_string();
+        assert!(error.contains("is empty"), "{error}");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_password_in_the_url_and_apart_is_a_usage_error_that_shows_neither() {
+        for url in [
+            "postgres://app:URLSECRET@db/eos",
+            "postgres://app@db/eos?sslmode=require&password=URLSECRET",
+        ] {
+            let error = Flags::try_parse_from([
+                "x",
+                "--database-url",
+                url,
+                "--database-password",
+                "FLAGSECRET",
+            ])
+            .expect_err("a password twice");
+            assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+            let message = error.to_string();
+            assert!(message.contains("has a password already"), "{message}");
+            assert!(
+                !message.contains("URLSECRET") && !message.contains("FLAGSECRET"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_password_comes_from_the_flag_or_from_a_file_never_both() {
+        let dir = scratch_dir("password-twice");
+        let password_file = dir.join("password");
+        std::fs::write(&password_file, "from-file\n").expect("write");
+        let error = Flags::try_parse_from([
+            "x",
+            "--database-url",
+            "postgres://app@db/eos",
+            "--database-password",
+            "from-flag",
+            "--database-password-file",
+            password_file.to_str().expect("utf-8 path"),
+        ])
+        .expect_err("both");
+        assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_password_needs_a_url_with_a_host() {
+        for (url, says) in [
+            // A libpq key=value connection string is not a URL.
+            (
+                "host=db.example user=app dbname=eos",
+                "does not parse as a URL",
+            ),
+            ("postgres:///eos?host=/run/postgresql", "names no host"),
+        ] {
+            let message =
+                Flags::try_parse_from(["x", "--database-url", url, "--database-password", "pw"])
+                    .expect_err("no place for the password")
+                    .to_string();
+            assert!(message.contains(says), "{url}: {message}");
+        }
     }
 }

@@ -83,14 +83,60 @@ impl<Config: clap::Parser, Migrate: clap::Parser> Invocation<Config, Migrate> {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let mut matches = Self::command().try_get_matches_from(args)?;
+        let mut command = Self::command();
+        let mut matches = command.try_get_matches_from_mut(args)?;
+        // A check made while building the values (a database password twice) gives a bare
+        // error: it gets the usage line of the command it belongs to, like the parser's own.
         match matches.remove_subcommand() {
-            Some((_, mut migrate)) => {
-                Ok(Self::Migrate(Migrate::from_arg_matches_mut(&mut migrate)?))
-            }
-            None => Ok(Self::Serve(Box::new(Config::from_arg_matches_mut(
-                &mut matches,
-            )?))),
+            Some((name, mut migrate)) => Migrate::from_arg_matches_mut(&mut migrate)
+                .map(Self::Migrate)
+                .map_err(|error| match command.find_subcommand_mut(&name) {
+                    Some(subcommand) => error.format(subcommand),
+                    None => error.format(&mut command),
+                }),
+            None => Config::from_arg_matches_mut(&mut matches)
+                .map(|config| Self::Serve(Box::new(config)))
+                .map_err(|error| error.format(&mut command)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, clap::Parser)]
+    #[command(name = "svc")]
+    struct Serve {
+        #[command(flatten)]
+        database: DatabaseUrlFlags,
+    }
+
+    #[test]
+    fn a_password_twice_is_a_usage_error_of_the_command_it_was_given_to() {
+        let url = "postgres://app:inline@db/eos";
+        for (args, usage) in [
+            (
+                vec!["svc", "--database-url", url, "--database-password", "pw"],
+                "Usage: svc [OPTIONS]",
+            ),
+            (
+                vec![
+                    "svc",
+                    "migrate",
+                    "--database-url",
+                    url,
+                    "--database-password",
+                    "pw",
+                ],
+                "Usage: svc migrate",
+            ),
+        ] {
+            let error = Invocation::<Serve>::try_parse_from(args).expect_err("a password twice");
+            assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+            let shown = error.render().to_string();
+            assert!(shown.contains("has a password already"), "{shown}");
+            assert!(shown.contains(usage), "{shown}");
         }
     }
 }

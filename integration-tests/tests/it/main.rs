@@ -21,6 +21,7 @@ mod outbox;
 mod payments_api;
 mod poison_input;
 mod postgres_idempotency;
+mod postgres_tls;
 mod processor;
 mod processor_state;
 mod provider_sim;

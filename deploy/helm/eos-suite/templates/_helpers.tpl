@@ -46,15 +46,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
-{{/* An image reference. Args: (list $ "binary" .Values.<component>.image.repository). */}}
+{{/*
+An image reference: [<registry>/]<repository>@<digest> when the component's image has a digest
+(it wins over any tag: the digest is what runs), else [<registry>/]<repository>:<tag>, the tag
+being the component's, else image.tag, else the chart's appVersion.
+Args: (list $ "binary" .Values.<component>.image).
+*/}}
 {{- define "eos-suite.image" -}}
 {{- $root := index . 0 -}}
-{{- $repository := default (printf "eos-suite/%s" (index . 1)) (index . 2) -}}
-{{- $tag := default $root.Chart.AppVersion $root.Values.image.tag -}}
+{{- $image := index . 2 -}}
+{{- $repository := default (printf "eos-suite/%s" (index . 1)) $image.repository -}}
 {{- if $root.Values.image.registry }}
-{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) $repository $tag }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $root.Values.image.registry) $repository }}
+{{- end }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $repository $image.digest }}
 {{- else }}
-{{- printf "%s:%s" $repository $tag }}
+{{- printf "%s:%s" $repository ($image.tag | default $root.Values.image.tag | default $root.Chart.AppVersion) }}
 {{- end }}
 {{- end }}
 
@@ -101,26 +109,119 @@ position's key and the transactional.id come from it.
 {{- if or .Values.sink.enabled .Values.dedup.enabled .Values.outboxRelay.enabled .Values.paymentsApi.enabled }}true{{ end }}
 {{- end }}
 
-{{/* DATABASE_URL of the runtime role, from its Secret. */}}
-{{- define "eos-suite.databaseEnv" -}}
+{{/*
+A role's database credentials: DATABASE_URL from its Secret and, with a password Secret, the
+password as a file (DATABASE_PASSWORD_FILE; the binaries put it into the URL at start-up, README
+"PostgreSQL"), mounted by databaseCredentialsVolumeMount / databaseCredentialsVolume. Args: (dict
+"secretName" … "secretKey" … "passwordSecret" <database or migration>.passwordSecret "volume"
+"<volume name>").
+*/}}
+{{- define "eos-suite.databaseCredentialsEnv" -}}
 - name: DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "eos-suite.databaseSecretName" . }}
-      key: {{ .Values.database.secretKey }}
+      name: {{ .secretName }}
+      key: {{ .secretKey }}
+{{- if .passwordSecret.name }}
+- name: DATABASE_PASSWORD_FILE
+  value: /etc/eos-suite/{{ .volume }}/password
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseCredentialsVolumeMount" -}}
+{{- if .passwordSecret.name }}
+- name: {{ .volume }}
+  mountPath: /etc/eos-suite/{{ .volume }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseCredentialsVolume" -}}
+{{- if .passwordSecret.name }}
+- name: {{ .volume }}
+  secret:
+    secretName: {{ .passwordSecret.name }}
+    items:
+      - key: {{ .passwordSecret.key }}
+        path: password
+{{- end }}
+{{- end }}
+
+{{/* The runtime role's credentials (database.*). */}}
+{{- define "eos-suite.runtimeCredentials" -}}
+{{- toYaml (dict "secretName" (include "eos-suite.databaseSecretName" .) "secretKey" .Values.database.secretKey "passwordSecret" .Values.database.passwordSecret "volume" "database-password") }}
+{{- end }}
+
+{{/* The schema owner's credentials (migration.*). */}}
+{{- define "eos-suite.ownerCredentials" -}}
+{{- toYaml (dict "secretName" (include "eos-suite.migrationSecretName" .) "secretKey" .Values.migration.secretKey "passwordSecret" .Values.migration.passwordSecret "volume" "database-owner-password") }}
+{{- end }}
+
+{{/* The runtime role's database environment of every service with tables. */}}
+{{- define "eos-suite.databaseEnv" -}}
+{{- include "eos-suite.databaseCredentialsEnv" (include "eos-suite.runtimeCredentials" . | fromYaml) }}
 - name: EOS_SKIP_MIGRATIONS
   value: "true"
 {{- end }}
 
 {{/*
+The volumes of a pod that uses the database: the password file (runtime role or, with "owner",
+the schema owner) and the CA of PostgreSQL's server certificate (database.tls.ca), at
+/etc/eos-suite/postgres-ca/ca.crt, which the URL names in sslrootcert. Args: (list $ "runtime")
+or (list $ "owner").
+*/}}
+{{- define "eos-suite.databaseVolumeMounts" -}}
+{{- $root := index . 0 -}}
+{{- $credentials := include (ternary "eos-suite.ownerCredentials" "eos-suite.runtimeCredentials" (eq (index . 1) "owner")) $root | fromYaml -}}
+{{- include "eos-suite.databaseCredentialsVolumeMount" $credentials }}
+{{- if or $root.Values.database.tls.ca.existingSecret $root.Values.database.tls.ca.existingConfigMap }}
+- name: postgres-ca
+  mountPath: /etc/eos-suite/postgres-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.databaseVolumes" -}}
+{{- $root := index . 0 -}}
+{{- $credentials := include (ternary "eos-suite.ownerCredentials" "eos-suite.runtimeCredentials" (eq (index . 1) "owner")) $root | fromYaml -}}
+{{- include "eos-suite.databaseCredentialsVolume" $credentials }}
+{{- with $root.Values.database.tls.ca }}
+{{- if .existingSecret }}
+- name: postgres-ca
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .key }}
+        path: ca.crt
+{{- else if .existingConfigMap }}
+- name: postgres-ca
+  configMap:
+    name: {{ .existingConfigMap }}
+    items:
+      - key: {{ .key }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The Kafka settings of every Kafka service: the bootstrap servers, the non-secret client
-properties (EOS_KAFKA_PROPERTIES) and, from kafka.propertiesSecret, a properties file with the
-secret ones (EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolume.
+properties (EOS_KAFKA_PROPERTIES: kafka.clientProperties plus the locations of the certificates
+of kafka.tls) and, from kafka.propertiesSecret, a properties file with the secret ones
+(EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolume.
 */}}
 {{- define "eos-suite.kafkaEnv" -}}
 - name: KAFKA_BOOTSTRAP_SERVERS
   value: {{ .Values.kafka.bootstrapServers | quote }}
-{{- with .Values.kafka.clientProperties }}
+{{- $properties := deepCopy (.Values.kafka.clientProperties | default dict) }}
+{{- if .Values.kafka.tls.ca.existingSecret }}
+{{- $_ := set $properties "ssl.ca.location" "/etc/eos-suite/kafka-ca/ca.crt" }}
+{{- end }}
+{{- if .Values.kafka.tls.clientCert.existingSecret }}
+{{- $_ := set $properties "ssl.certificate.location" "/etc/eos-suite/kafka-client-cert/tls.crt" }}
+{{- $_ := set $properties "ssl.key.location" "/etc/eos-suite/kafka-client-cert/tls.key" }}
+{{- end }}
+{{- with $properties }}
 - name: EOS_KAFKA_PROPERTIES
   value: {{ include "eos-suite.kafkaPropertiesList" . | quote }}
 {{- end }}
@@ -144,43 +245,188 @@ secret ones (EOS_KAFKA_PROPERTIES_FILE), mounted by kafkaVolumeMount / kafkaVolu
   mountPath: /etc/eos-suite/kafka
   readOnly: true
 {{- end }}
+{{- if .Values.kafka.tls.ca.existingSecret }}
+- name: kafka-ca
+  mountPath: /etc/eos-suite/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if .Values.kafka.tls.clientCert.existingSecret }}
+- name: kafka-client-cert
+  mountPath: /etc/eos-suite/kafka-client-cert
+  readOnly: true
+{{- end }}
 {{- end }}
 
+{{/* The Secrets' keys are mapped to fixed file names, so any Secret layout works (Strimzi's
+<cluster>-cluster-ca-cert has ca.crt, a KafkaUser's Secret user.crt and user.key). */}}
 {{- define "eos-suite.kafkaVolume" -}}
 {{- if .Values.kafka.propertiesSecret }}
 - name: kafka-client
   secret:
     secretName: {{ .Values.kafka.propertiesSecret }}
 {{- end }}
+{{- with .Values.kafka.tls.ca }}
+{{- if .existingSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .key }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- with .Values.kafka.tls.clientCert }}
+{{- if .existingSecret }}
+- name: kafka-client-cert
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .certificateKey }}
+        path: tls.crt
+      - key: {{ .privateKeyKey }}
+        path: tls.key
+{{- end }}
+{{- end }}
 {{- end }}
 
-{{/* Pod-level settings every pod shares. */}}
+{{/*
+Pod-level settings every service pod shares, and its scheduling: affinity (when set, for every
+pod) wins over the component's podAntiAffinityPreset; the component's topologySpreadConstraints
+select its own pods unless they say otherwise. Args: (list $ "component" .Values.<component>).
+*/}}
 {{- define "eos-suite.podSpecCommon" -}}
-serviceAccountName: {{ include "eos-suite.serviceAccountName" . }}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $values := index . 2 -}}
+{{- $selector := include "eos-suite.selectorLabels" (list $root $component) | fromYaml -}}
+serviceAccountName: {{ include "eos-suite.serviceAccountName" $root }}
 automountServiceAccountToken: false
 securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
-{{- with .Values.image.pullSecrets }}
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+{{- with $root.Values.image.pullSecrets }}
 imagePullSecrets:
   {{- range . }}
   - name: {{ . }}
   {{- end }}
 {{- end }}
-{{- with .Values.nodeSelector }}
+{{- with $root.Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.tolerations }}
+{{- with $root.Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.affinity }}
+{{- if $root.Values.affinity }}
 affinity:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $root.Values.affinity | nindent 2 }}
+{{- else if $values.podAntiAffinityPreset }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $selector) }}
+affinity:
+  podAntiAffinity:
+    {{- if eq $values.podAntiAffinityPreset "hard" }}
+    requiredDuringSchedulingIgnoredDuringExecution:
+      {{- toYaml (list $term) | nindent 6 }}
+    {{- else }}
+    preferredDuringSchedulingIgnoredDuringExecution:
+      {{- toYaml (list (dict "weight" 1 "podAffinityTerm" $term)) | nindent 6 }}
+    {{- end }}
 {{- end }}
-{{- with .Values.priorityClassName }}
+{{- with $values.topologySpreadConstraints }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" $selector) }}
+{{- end }}
+{{- $constraints = append $constraints $constraint }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
+{{- end }}
+
+{{/*
+A probe: the chart's handler with the component's timings (<component>.livenessProbe and the
+like; `enabled` only switches a startup probe). Args: (list <handler dict> <timings>).
+*/}}
+{{- define "eos-suite.probe" -}}
+{{- toYaml (merge (omit (index . 1) "enabled") (index . 0)) }}
+{{- end }}
+
+{{/*
+The environment every service container shares after its own: the log filter (RUST_LOG:
+<component>.logLevel, else logLevel), the OpenTelemetry settings, then the component's extraEnv
+(last, so it overrides). Args: (list $ .Values.<component>).
+*/}}
+{{- define "eos-suite.commonEnv" -}}
+{{- $root := index . 0 -}}
+{{- $values := index . 1 -}}
+- name: RUST_LOG
+  value: {{ $values.logLevel | default $root.Values.logLevel | quote }}
+{{- with include "eos-suite.otelEnv" $root }}
+{{ . }}
+{{- end }}
+{{- with $values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+checksum/secret of a pod: a digest of the chart-made Secrets it reads (the runtime role's
+database Secret made from database.url, dedup-service's tokens), so a change to one rolls the
+pods that read it at start-up. Secrets you manage (existingSecret) are not seen by the chart:
+roll the pods yourself after changing one (the chart README, "Secrets and restarts"). Empty when
+the pod reads no chart-made Secret. Args: (list $ (list "database" "dedupTokens")), naming what the pod reads.
+*/}}
+{{- define "eos-suite.secretChecksum" -}}
+{{- $root := index . 0 -}}
+{{- $lines := list }}
+{{- range index . 1 }}
+{{- if and (eq . "database") (not $root.Values.database.existingSecret) }}
+{{- $lines = append $lines (printf "%s/%s=%s" (include "eos-suite.databaseSecretName" $root) $root.Values.database.secretKey $root.Values.database.url) }}
+{{- else if and (eq . "dedupTokens") (not $root.Values.dedup.auth.existingSecret) }}
+{{- $tokens := include "eos-suite.dedupTokens" $root | fromYaml }}
+{{- range $key := list "client-token" "operator-token" }}
+{{- $lines = append $lines (printf "%s/%s=%s" (include "eos-suite.dedupTokensSecretName" $root) $key (index $tokens $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with $lines }}
+{{- join "\n" . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedup-service's tokens when the chart makes them (base64): the Secret's own when it exists (read
+back, so an upgrade keeps them), else random. Made once per render (kept in .Values._rendered),
+so the Secret and every pod's checksum/secret see the same tokens.
+*/}}
+{{- define "eos-suite.dedupTokens" -}}
+{{- if not (hasKey .Values "_rendered") }}
+{{- $_ := set .Values "_rendered" dict }}
+{{- end }}
+{{- if not (hasKey .Values._rendered "dedupTokens") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "eos-suite.dedupTokensSecretName" .) }}
+{{- if $existing }}
+{{- $_ := set .Values._rendered "dedupTokens" (dict "client-token" (index $existing.data "client-token") "operator-token" (index $existing.data "operator-token")) }}
+{{- else }}
+{{- $_ := set .Values._rendered "dedupTokens" (dict "client-token" (randAlphaNum 40 | b64enc) "operator-token" (randAlphaNum 40 | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- toYaml .Values._rendered.dedupTokens }}
+{{- end }}
+
+{{/* The container's extra volume mounts. Args: .Values.<component> (or .Values.migration). */}}
+{{- define "eos-suite.extraVolumeMounts" -}}
+{{- with .extraVolumeMounts }}{{ toYaml . }}{{ end }}
+{{- end }}
+
+{{- define "eos-suite.extraVolumes" -}}
+{{- with .extraVolumes }}{{ toYaml . }}{{ end }}
 {{- end }}
 
 {{/*
@@ -242,19 +488,131 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- if le (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds) }}
 {{- fail (printf "dedup.terminationGracePeriodSeconds (%d) must be longer than dedup.shutdownTimeoutSeconds (%d), so SIGTERM can drain in-flight calls" (int .Values.dedup.terminationGracePeriodSeconds) (int .Values.dedup.shutdownTimeoutSeconds)) }}
 {{- end }}
+{{- include "eos-suite.validatePartitions" . }}
+{{- include "eos-suite.validateProduction" . }}
 {{- end }}
 
 {{/*
-The OpenTelemetry environment of every service: where spans go and the parent-based sampler, so
-an event's trace is whole or absent (docs/OBSERVABILITY.md). Nothing when no endpoint is set.
+The OpenTelemetry environment of every service: where spans go and the sampler (otel.sampler,
+by default the parent-based ratio sampler, so an event's trace is whole or absent:
+docs/OBSERVABILITY.md) with its argument (samplerArg). Nothing when no endpoint is set.
 */}}
 {{- define "eos-suite.otelEnv" -}}
 {{- if .Values.telemetry.otlpEndpoint -}}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.telemetry.otlpEndpoint | quote }}
 - name: OTEL_TRACES_SAMPLER
-  value: parentbased_traceidratio
+  value: {{ .Values.otel.sampler | quote }}
+{{- with include "eos-suite.samplerArg" . }}
 - name: OTEL_TRACES_SAMPLER_ARG
-  value: {{ .Values.telemetry.samplingRatio | toString | quote }}
+  value: {{ . | quote }}
+{{- end }}
 {{- end -}}
+{{- end }}
+
+{{/*
+OTEL_TRACES_SAMPLER_ARG: a ratio sampler's share of traces, otel.samplerArg or else
+telemetry.samplingRatio (the older key, kept); the other samplers take none.
+*/}}
+{{- define "eos-suite.samplerArg" -}}
+{{- if has .Values.otel.sampler (list "traceidratio" "parentbased_traceidratio") }}
+{{- if include "eos-suite.samplerArgSet" . }}
+{{- toString .Values.otel.samplerArg }}
+{{- else }}
+{{- toString .Values.telemetry.samplingRatio }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether otel.samplerArg is set: 0 is a ratio too (trace nothing), unlike "" or null. */}}
+{{- define "eos-suite.samplerArgSet" -}}
+{{- if and (hasKey .Values.otel "samplerArg") (not (kindIs "invalid" .Values.otel.samplerArg)) (ne (toString .Values.otel.samplerArg) "") }}true{{ end }}
+{{- end }}
+
+{{/* Whether a database URL carries a password (user:password@, or a password= parameter). */}}
+{{- define "eos-suite.urlHasPassword" -}}
+{{- if or (regexMatch "^[a-z]+://[^/@?#]*:[^/@?#]*@" .) (regexMatch "[?&]password=" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+The sink's and the processor's replicas against the partitions: a replica beyond the partition
+count holds no partition and is never ready, so a rolling update, `helm upgrade --wait` and a
+drain wait for it forever.
+*/}}
+{{- define "eos-suite.validatePartitions" -}}
+{{- $partitions := int .Values.partitions }}
+{{- range $component := list (list "processor" $.Values.processor "the input topic") (list "sink" $.Values.sink "the sink's topic (the processor's output)") }}
+{{- $values := index $component 1 }}
+{{- if and $values.enabled (gt (int $values.replicas) $partitions) }}
+{{- fail (printf "%s.replicas (%d) is more than partitions (%d), the partition count of %s: a replica without a partition is never ready, so rolling updates, helm upgrade --wait and node drains stall; lower %s.replicas or set partitions to the topic's partition count (the chart README, \"Partitions and replicas\")" (index $component 0) (int $values.replicas) $partitions (index $component 2) (index $component 0)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Checks of the production settings: credentials, certificates, transform, sampler. */}}
+{{- define "eos-suite.validateProduction" -}}
+{{- range $role := list (list "database" $.Values.database) (list "migration" $.Values.migration) }}
+{{- $values := index $role 1 }}
+{{- if and $values.passwordSecret.name $values.url (include "eos-suite.urlHasPassword" $values.url) }}
+{{- fail (printf "%s.url has a password and %s.passwordSecret names another: leave the password out of the URL (the service refuses both)" (index $role 0) (index $role 0)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.database.tls.ca.existingSecret .Values.database.tls.ca.existingConfigMap }}
+{{- fail "database.tls.ca: set existingSecret or existingConfigMap, not both" }}
+{{- end }}
+{{- $caFile := "/etc/eos-suite/postgres-ca/ca.crt" }}
+{{- if or .Values.database.tls.ca.existingSecret .Values.database.tls.ca.existingConfigMap }}
+{{- range $role := list (list "database" $.Values.database) (list "migration" $.Values.migration) }}
+{{- $url := (index $role 1).url }}
+{{- if and $url (not (contains (printf "sslrootcert=%s" $caFile) $url)) }}
+{{- fail (printf "%s.url does not name the CA database.tls.ca mounts: add sslrootcert=%s (and sslmode=verify-full) to it" (index $role 0) $caFile) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $properties := .Values.kafka.clientProperties | default dict }}
+{{- if and .Values.kafka.tls.ca.existingSecret (hasKey $properties "ssl.ca.location") }}
+{{- fail "kafka.tls.ca sets ssl.ca.location: remove it from kafka.clientProperties" }}
+{{- end }}
+{{- if and .Values.kafka.tls.clientCert.existingSecret (or (hasKey $properties "ssl.certificate.location") (hasKey $properties "ssl.key.location")) }}
+{{- fail "kafka.tls.clientCert sets ssl.certificate.location and ssl.key.location: remove them from kafka.clientProperties" }}
+{{- end }}
+{{- if .Values.processor.enabled }}
+{{- $transform := .Values.processor.transform }}
+{{- if hasPrefix "wasm:" $transform }}
+{{- $module := trimPrefix "wasm:" $transform }}
+{{- $mounted := and .Values.processor.wasm.configMap (hasPrefix "/etc/eos-suite/wasm/" $module) }}
+{{- range .Values.processor.extraVolumeMounts }}
+{{- if hasPrefix (printf "%s/" (trimSuffix "/" .mountPath)) $module }}
+{{- $mounted = true }}
+{{- end }}
+{{- end }}
+{{- if not $mounted }}
+{{- fail (printf "processor.transform loads %s, which no volume mounts: set processor.wasm.configMap (mounted at /etc/eos-suite/wasm/) or mount it with processor.extraVolumes and processor.extraVolumeMounts" $module) }}
+{{- end }}
+{{- else if .Values.processor.wasm.configMap }}
+{{- fail (printf "processor.wasm.configMap is set but processor.transform is %q: set it to wasm:/etc/eos-suite/wasm/<key of the module>" $transform) }}
+{{- end }}
+{{- end }}
+{{- $samplerArg := .Values.otel.samplerArg }}
+{{- if include "eos-suite.samplerArgSet" . }}
+{{- if not (has .Values.otel.sampler (list "traceidratio" "parentbased_traceidratio")) }}
+{{- fail (printf "otel.samplerArg is only read by the ratio samplers (traceidratio, parentbased_traceidratio), not %s" .Values.otel.sampler) }}
+{{- end }}
+{{- $ratio := ternary (float64 $samplerArg) -1.0 (regexMatch "^[0-9]*\\.?[0-9]+$" (toString $samplerArg)) }}
+{{- if or (lt $ratio 0.0) (gt $ratio 1.0) }}
+{{- fail (printf "otel.samplerArg (%v) must be a ratio from 0 to 1" $samplerArg) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+One NetworkPolicy egress rule from networkPolicy.<destination>: its ports, to its peers (any
+address when `to` is empty). Args: .Values.networkPolicy.<destination>.
+*/}}
+{{- define "eos-suite.egressRule" -}}
+{{- $rule := dict "ports" .ports }}
+{{- with .to }}
+{{- $_ := set $rule "to" . }}
+{{- end }}
+{{- toYaml $rule }}
 {{- end }}
