@@ -669,8 +669,8 @@ pub struct AuditArgs {
 
     /// Prove the outputs instead of counting ids: run --transform again over the input, with
     /// the processor's own dedup and state code, and compare every committed output (as
-    /// canonical JSON) and dead letter with what it computes (docs/TRANSFORMS.md "Prove it").
-    /// Reads the topics only. Exit status 1 when any output or dead letter differs.
+    /// canonical JSON) and dead letter with what it computes (docs/TRANSFORMS.md "Prove it:
+    /// the replay audit"). Reads the topics only. Exit status 1 when any output or dead letter differs.
     #[arg(
         long,
         conflicts_with_all = ["database_url", "provider_url", "outbox_database_url"],
