@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint doc sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
+.PHONY: demo test lint doc book sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
 DEMO_ARGS ?=
@@ -23,8 +23,8 @@ demo: stack-up
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
 ## test: bring the stack up, then the offline query data, the Helm chart, the alert rules, the compose file,
-## formatting, lints, the API docs, and every test against the real stack
-test: stack-up sqlx-check helm-check rules-check compose-check lint doc
+## formatting, lints, the API docs, the guide, and every test against the real stack
+test: stack-up sqlx-check helm-check rules-check compose-check lint doc book
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -35,6 +35,14 @@ lint:
 ## doc: the API docs build without a warning (the processor library is what users program against)
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --exclude integration-tests
+
+## book: the guide (docs/, an mdBook) builds into target/book/, its reference pages match the
+## binaries' --help and the metrics the code defines, and no relative link in it or in the README
+## is broken (docs/build; installs mdbook with cargo when missing). The binaries are built first:
+## the reference pages are their --help.
+book:
+	$(CARGO) build --workspace --bins
+	CARGO=$(CARGO) docs/build
 
 ## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
 sqlx-check: stack-up
