@@ -6,9 +6,11 @@ SHELL := /bin/bash
 CARGO ?= cargo
 STACK := deploy/local/stack
 
-.PHONY: demo test lint doc wasm-examples sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
+.PHONY: demo test lint doc wasm-examples book deny sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
+# The cargo-deny `make deny` installs when cargo has another or none.
+CARGO_DENY_VERSION := 0.20.2
 DEMO_ARGS ?=
 
 ## demo: bring the stack up, build, and run the main job (GUARANTEE=at-least-once for the contrast)
@@ -23,9 +25,9 @@ demo: stack-up
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
 ## test: bring the stack up, then the offline query data, the Helm chart, the alert rules, the compose file,
-## formatting, lints, the API docs, the example WebAssembly transforms, and every test against the
-## real stack
-test: stack-up sqlx-check helm-check rules-check compose-check lint doc wasm-examples
+## formatting, lints, the API docs, the guide, the dependencies' licenses and sources, the example
+## WebAssembly transforms, and every test against the real stack
+test: stack-up sqlx-check helm-check rules-check compose-check lint doc book deny wasm-examples
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
@@ -41,6 +43,25 @@ doc:
 ## (examples/wasm/build; the tests load them from target/wasm/)
 wasm-examples:
 	examples/wasm/build
+
+## book: the guide (docs/, an mdBook) builds into target/book/, its reference pages match the
+## binaries' --help and the metrics the code defines, and no relative link in it or in the README
+## is broken (docs/build; installs mdbook with cargo when missing). The binaries are built first:
+## the reference pages are their --help.
+book:
+	$(CARGO) build --workspace --bins
+	CARGO=$(CARGO) docs/build
+
+## deny: every dependency's licence is one deny.toml allows, no banned crate is in the tree and
+## every crate comes from crates.io (`cargo deny check licenses bans sources`; cargo-deny is
+## installed with cargo when missing). Advisories need the internet's advisory database, so they
+## are a release step, not a test (docs/getting-started.md "Before a release").
+deny:
+	@if [[ "$$($(CARGO) deny --version 2>/dev/null)" != "cargo-deny $(CARGO_DENY_VERSION)" ]]; then \
+		echo "deny: installing cargo-deny $(CARGO_DENY_VERSION) (cargo install, a few minutes once)"; \
+		$(CARGO) install cargo-deny --version $(CARGO_DENY_VERSION) --locked; \
+	fi
+	$(CARGO) deny check licenses bans sources
 
 ## sqlx-check: the committed .sqlx/ query data matches the checked queries and the migrations
 sqlx-check: stack-up

@@ -1029,7 +1029,7 @@ def kubernetes_validate():
 
 
 class ProductionScenario(unittest.TestCase):
-    """ci/production-values.yaml, the README's "Production values": SASL_SSL SCRAM Kafka with
+    """ci/production-values.yaml, the chart README's section Production values: SASL_SSL SCRAM Kafka with
     its CA from the operator's Secret, PostgreSQL verify-full with a private CA for every service
     and the migration Job, per-component digests, 6 partitions with 3 processor replicas,
     spreading, NetworkPolicies."""

@@ -32,13 +32,14 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+# What the services define is read by metrics_in_code.py beside this file, shared with the
+# guide's metrics reference (docs/reference/generate).
+sys.dont_write_bytecode = True  # no __pycache__ left in the tree
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from metrics_in_code import REPO, code_labels, defined_metrics, rust_string_literals  # noqa: E402
+
 RULES = REPO / "deploy/helm/eos-suite/files/prometheus/eos-suite.rules.yml"
 DASHBOARDS = REPO / "deploy/helm/eos-suite/files/grafana"
-SOURCES = sorted(REPO.glob("crates/*/src/**/*.rs"))
-EXPORTER_SETUP = REPO / "crates/eos-runtime/src"
-
-METRIC_PREFIXES = ("eos_", "outbox_relay_", "payments_api_")
 # Prometheus's own series of every target.
 PROMETHEUS_METRICS = {"up"}
 # Labels the scrape adds (the Prometheus Operator adds namespace, pod, service, ...) and the
@@ -97,82 +98,6 @@ def self_test():
     assert ("outcome", "=", "aborted") in triples, triples
     assert parse_promql("histogram_quantile(0.99, sum by (le) (rate(a_bucket[5m])))")[0] == {"a_bucket"}
     assert parse_promql("max(eos_z{quantile=\"0.99\"}) * 2")[0] == {"eos_z"}
-
-
-def rust_strings(text):
-    """The string literals of a Rust source, comments and char literals skipped."""
-    strings, i = [], 0
-    while i < len(text):
-        if text.startswith("//", i):
-            i = text.find("\n", i)
-            i = len(text) if i < 0 else i
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = len(text) if end < 0 else end + 2
-        elif raw := re.match(r'b?r(#*)"', text[i:i + 40]):
-            closing = '"' + raw.group(1)
-            end = text.find(closing, i + raw.end())
-            strings.append(text[i + raw.end():end])
-            i = end + len(closing)
-        elif text[i] == '"':
-            match = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S).match(text, i)
-            strings.append(match.group(1))
-            i = match.end()
-        elif char := re.compile(r"'(?:\\.|\\u\{[0-9a-fA-F]+\}|[^\\'])'").match(text, i):
-            i = char.end()
-        else:
-            i += 1
-    return strings
-
-
-def rust_string_literals():
-    return {literal for path in SOURCES for literal in rust_strings(path.read_text())}
-
-
-# A metrics macro and the name it records or describes (a literal, or a constant's path).
-METRIC_CALL = re.compile(
-    r'\b(describe_)?(counter|gauge|histogram)!\(\s*("[^"]*"|[A-Za-z_][\w:]*)')
-
-
-def defined_metrics():
-    """name -> where it is defined; plus what each histogram is served as."""
-    defined = {}
-    histograms = set()
-    for crate in sorted({path.relative_to(REPO).parts[1] for path in SOURCES}):
-        files = [p for p in SOURCES if p.relative_to(REPO).parts[1] == crate]
-        constants = {}
-        for path in files:
-            for name, value in re.findall(r'const\s+([A-Z0-9_]+)\s*:\s*&str\s*=\s*"([^"]+)"',
-                                          path.read_text()):
-                constants[name] = (value, str(path.relative_to(REPO)))
-        for path in files:
-            for _, kind, argument in METRIC_CALL.findall(path.read_text()):
-                if argument.startswith('"'):
-                    name, where = argument.strip('"'), str(path.relative_to(REPO))
-                elif argument.split("::")[-1] in constants:
-                    name, where = constants[argument.split("::")[-1]]
-                else:
-                    continue
-                if not name.startswith(METRIC_PREFIXES):
-                    continue
-                defined.setdefault(name, where)
-                if kind == "histogram":
-                    histograms.add(name)
-    buckets = any("set_buckets" in p.read_text() for p in EXPORTER_SETUP.glob("*.rs"))
-    for name in sorted(histograms):
-        where = defined.get(name, "?")
-        for suffix in ("_sum", "_count") + (("_bucket",) if buckets else ()):
-            defined[name + suffix] = f"{where} (histogram {name})"
-    return defined, histograms, buckets
-
-
-def code_labels():
-    """Label keys the services set: `"key" =>` inside the metrics macros."""
-    keys = set()
-    for path in SOURCES:
-        for call in re.findall(r"(?:counter|gauge|histogram)!\((.*?)\)", path.read_text(), re.S):
-            keys |= set(re.findall(r'"([a-z_]+)"\s*=>', call))
-    return keys
 
 
 def alert_queries(problems):

@@ -541,7 +541,7 @@ fn database_url_for(url: &str, database: &str) -> String {
 }
 
 /// The profile the workspace's binaries are built and run in: the test binary's own, so a
-/// `cargo test --release` run (the long soak, README "Soak") runs release services, not debug ones.
+/// `cargo test --release` run (the long soak, docs/faults.md "Soak") runs release services, not debug ones.
 const BINARY_PROFILE: &str = if cfg!(debug_assertions) {
     "debug"
 } else {

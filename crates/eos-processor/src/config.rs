@@ -106,9 +106,16 @@ pub struct Config {
     #[arg(long = "output", env = "EOS_OUTPUTS", value_name = "NAME=TOPIC", value_delimiter = ',', value_parser = parse_named_output)]
     pub outputs: Vec<(String, String)>,
 
-    /// The transform to run (ignored by a library user's `Processor`): `ledger`,
-    /// `pass-through`, or `wasm:PATH`, a WebAssembly module (docs/TRANSFORMS.md "WebAssembly
-    /// transforms").
+    /// The transform to run (ignored by a library user's `Processor`).
+    ///
+    /// ledger: the demo's ledger: checks the ledger envelope and keeps per-entity running
+    /// totals.
+    ///
+    /// pass-through: each new event's value to the default output as it came, or only those
+    /// whose value at --filter-pointer equals --filter-equals.
+    ///
+    /// wasm:PATH: the WebAssembly module at PATH, written in any language (docs/TRANSFORMS.md
+    /// "WebAssembly transforms"; see --wasm-fuel, --wasm-max-memory, --wasm-state-compatible).
     #[arg(long, env = "EOS_TRANSFORM", default_value = "ledger", value_parser = parse_transform)]
     pub transform: TransformChoice,
 

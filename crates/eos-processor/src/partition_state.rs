@@ -227,8 +227,8 @@ impl<S: Clone + Default> PartitionState<S> {
         let entity_id = event.entity.to_string();
         let mut entity_state = self.entity(overlay, transform, &entity_id)?;
         // A panic in the transform is the transform's bug on this one event: the event is set
-        // aside as a dead letter and the loop goes on (docs/TRANSFORMS.md "Failures"). The state
-        // it may have half changed is this call's copy, dropped with it.
+        // aside as a dead letter and the loop goes on (docs/ARCHITECTURE.md "Bad input"). The
+        // state it may have half changed is this call's copy, dropped with it.
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
             transform.apply(&mut entity_state, event, source)
         }));

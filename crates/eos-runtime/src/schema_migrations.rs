@@ -2,7 +2,7 @@
 //! applies the service's embedded migrations with a role that owns the schema (a deployment's
 //! migration job); a service started with `--skip-migrations` changes no table and only checks
 //! that every embedded migration is applied, so it can run with a role that only reads and writes
-//! rows (see the README, "Deploy with Helm").
+//! rows (docs/deploy-helm.md "The schema step").
 
 use std::collections::HashMap;
 use std::time::Duration;

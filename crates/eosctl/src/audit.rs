@@ -1386,7 +1386,7 @@ mod tests {
         )
     }
 
-    /// The seed scenario in small: two entities, a retried payment, a malformed record and a
+    /// Every kind of input in small: two entities, a retried payment, a malformed record and a
     /// reused id with another amount.
     fn scenario() -> Vec<SourceRecord> {
         let mut log = InputLog::default();

@@ -84,7 +84,7 @@ pub enum Command {
     /// unexpected_effect, effect_mismatch and refused_but_applied, in the same table, --json
     /// report and exit status.
     #[command(after_help = EXIT_STATUS)]
-    Audit(AuditArgs),
+    Audit(Box<AuditArgs>),
     /// Show how far a consumer group is behind a topic, or wait until it has caught up
     ///
     /// For each partition of the topic: the group's committed offset (read with read_committed,
@@ -681,8 +681,8 @@ pub struct AuditArgs {
 
     /// Prove the outputs instead of counting ids: run --transform again over the input, with
     /// the processor's own dedup and state code, and compare every committed output (as
-    /// canonical JSON) and dead letter with what it computes (docs/TRANSFORMS.md "Prove it").
-    /// Reads the topics only. Exit status 1 when any output or dead letter differs.
+    /// canonical JSON) and dead letter with what it computes (docs/TRANSFORMS.md "Prove it:
+    /// the replay audit"). Reads the topics only. Exit status 1 when any output or dead letter differs.
     #[arg(
         long,
         conflicts_with_all = ["database_url", "provider_url", "outbox_database_url"],

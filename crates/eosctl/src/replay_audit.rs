@@ -1,9 +1,9 @@
 //! `eosctl audit --replay`: the replay proof of a built-in transform's outputs
-//! (docs/TRANSFORMS.md "Prove it"). The input, every output topic and the dead letters are read
-//! as a `read_committed` consumer sees them; `eos_processor::replay` runs the transform again
-//! over the input with the processor's own decision code and says which outputs and dead letters
-//! differ from what it computes. Counting ids shows one outcome per event; this shows the outcome
-//! is the transform's.
+//! (docs/TRANSFORMS.md "Prove it: the replay audit"). The input, every output topic and the
+//! dead letters are read as a `read_committed` consumer sees them; `eos_processor::replay` runs
+//! the transform again over the input with the processor's own decision code and says which
+//! outputs and dead letters differ from what it computes. Counting ids shows one outcome per
+//! event; this shows the outcome is the transform's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

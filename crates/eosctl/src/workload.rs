@@ -77,7 +77,7 @@ impl MalformedKind {
     ];
 
     /// The kinds that are well-formed JSON with a meaning that is not unique: refused rather
-    /// than guessed (README "Bad input").
+    /// than guessed (docs/bad-input.md "Bad input").
     pub const AMBIGUOUS: [MalformedKind; 3] = [
         Self::DuplicateKey,
         Self::IntegerOutOfRange,

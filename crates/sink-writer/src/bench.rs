@@ -288,7 +288,7 @@ pub struct PathFigures {
     pub vs_copy: Figure,
 }
 
-/// The sink's target: idempotent insert with the checkpoint ÷ raw COPY (issue #15).
+/// The sink's target: idempotent insert with the checkpoint ÷ raw COPY (docs/BENCHMARKS-sink.md).
 pub const TARGET_VS_COPY: f64 = 0.6;
 
 /// One variant of a round.

@@ -1,6 +1,7 @@
 //! The `provider` target: one charge per event at an external provider (a payment API) that no
-//! database transaction can include, made exactly-once by dedup-service's durable intents (seed
-//! 002, "External ambiguous outcome").
+//! database transaction can include, made exactly-once by dedup-service's durable intents, though
+//! the provider's answer can be lost after it applied the charge (docs/ARCHITECTURE.md
+//! "Boundaries").
 //!
 //! Per event, with operation id = idempotency key = `<name>:<event_id>`:
 //! 1. `Begin`. Only `ACQUIRED` allows a provider call; `SUCCEEDED`, a non-retryable `FAILED`,

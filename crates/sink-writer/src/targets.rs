@@ -560,7 +560,8 @@ fn validate(raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError
     })
 }
 
-/// The seed's tables (created by the migrations): `event_sink`, append by `event_id`, and
+/// The default targets, the reference practice's tables (docs/ARCHITECTURE.md "The reference
+/// practice"; created by the migrations): `event_sink`, append by `event_id`, and
 /// `entity_state`, versioned by `entity_id`.
 pub fn defaults() -> Vec<TargetSpec> {
     let columns = |pairs: &[(&str, Source)]| {

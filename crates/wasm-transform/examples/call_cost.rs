@@ -85,7 +85,11 @@ fn main() -> anyhow::Result<()> {
     let events = (0..CALLS)
         .map(authorisation)
         .collect::<anyhow::Result<Vec<_>>>()?;
-    measure("minimal WAT module (the host's share)", &wat::parse_str(MINIMAL)?, &events)?;
+    measure(
+        "minimal WAT module (the host's share)",
+        &wat::parse_str(MINIMAL)?,
+        &events,
+    )?;
     for path in std::env::args().skip(1) {
         measure(&path, &std::fs::read(&path)?, &events)?;
     }

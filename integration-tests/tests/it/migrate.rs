@@ -1,7 +1,7 @@
-//! The schema as its own step (README, "Deploy with Helm"): `dedup-service migrate` and
+//! The schema as its own step (docs/deploy-helm.md "The schema step"): `dedup-service migrate` and
 //! `sink-writer migrate` apply the migrations to a fresh database with the owner role, and the
 //! services started with --skip-migrations then work on it with a runtime role that has only the
-//! row privileges the README lists (it cannot create, alter or drop a table) — and refuse a
+//! row privileges the guide lists (it cannot create, alter or drop a table) — and refuse a
 //! database nobody migrated instead of creating tables themselves. The outbox's services
 //! (`payments-api`, `outbox-relay`) likewise.
 
@@ -129,7 +129,7 @@ async fn refused(role_url: &str, sql: &str) -> anyhow::Result<Option<String>> {
     Ok(result.err().map(|error| error.to_string()))
 }
 
-/// The README's grants, given by the owner before the first migrate.
+/// The guide's grants (docs/deploy-helm.md), given by the owner before the first migrate.
 async fn grant_row_privileges(db: &TestDatabase, role: &RuntimeRole) -> anyhow::Result<()> {
     sqlx::raw_sql(&format!(
         "GRANT USAGE ON SCHEMA public TO \"{0}\";

@@ -1,12 +1,11 @@
-//! Network faults on every link of a running pipeline (issue #14 "Network faults"): the
-//! processor and the sink-writer (its tables and a provider target through dedup-service and
-//! provider-sim) under a steady load, each of their links through a TCP fault proxy
-//! (integration_tests::fault_proxy) — processor↔Kafka, sink↔Kafka, sink↔PostgreSQL,
-//! sink↔dedup-service. In turn: 200 ms of latency each way on every link, a bandwidth limit on
-//! every link, connection resets on each link, and a 30-second partition of each link. The test
-//! never restarts a service: after every fault each must still run and move on by itself, and at
-//! the end both are caught up and `eosctl audit` is exact at every boundary (topics, tables,
-//! provider effects).
+//! Network faults on every link of a running pipeline: the processor and the sink-writer (its
+//! tables and a provider target through dedup-service and provider-sim) under a steady load, each
+//! of their links through a TCP fault proxy (integration_tests::fault_proxy) — processor↔Kafka,
+//! sink↔Kafka, sink↔PostgreSQL, sink↔dedup-service. In turn: 200 ms of latency each way on every
+//! link, a bandwidth limit on every link, connection resets on each link, and a 30-second partition
+//! of each link. The test never restarts a service: after every fault each must still run and move
+//! on by itself, and at the end both are caught up and `eosctl audit` is exact at every boundary
+//! (topics, tables, provider effects).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

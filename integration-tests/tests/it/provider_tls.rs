@@ -1,4 +1,4 @@
-//! The provider link over HTTPS with a credential (README "Security"): provider-sim serves TLS
+//! The provider link over HTTPS with a credential (docs/security.md "Provider URLs"): provider-sim serves TLS
 //! with a certificate from a CA made here and requires an `Authorization` value; the sink and
 //! dedup-service's reconciler read that value from a file and trust the CA from a file. Real
 //! processes, real Kafka and PostgreSQL; the audit is the provider's own effect list.

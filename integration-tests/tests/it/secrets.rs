@@ -1,4 +1,4 @@
-//! No secret in an output (README "Security"): every binary is started with a database URL
+//! No secret in an output (docs/security.md "What is redacted"): every binary is started with a database URL
 //! whose password is a marker string — on a database that cannot be reached, and with a wrong
 //! password on the real server — and asked for `--help` with the marker in its environment; the
 //! marker must appear in no output or log line. The services that run with it on a reachable

@@ -1,5 +1,5 @@
-//! The sink-writer's provider target end to end (issue #5 part 6, docs/ARCHITECTURE.md
-//! "Boundaries": external ambiguous outcome): real sink-writer, dedup-service and provider-sim
+//! The sink-writer's provider target end to end (docs/ARCHITECTURE.md "Boundaries": sink-writer
+//! → provider, an outcome that can be lost after the effect): real sink-writer, dedup-service and provider-sim
 //! processes, real Kafka and PostgreSQL. The provider applies every charge it receives, then loses
 //! a fifth of the answers (dropped, 5xx, or later than the caller's deadline), and the sink is
 //! SIGKILLed mid-run. The audit is the provider's own effect list: exactly one effect per operation

@@ -374,7 +374,7 @@ fn versioned(entity: i64, version: u64, payload: &str) -> (Option<String>, Vec<u
     (Some(entity.to_string()), body.to_string().into_bytes())
 }
 
-/// The seed's pre-existing e-102 row, as the sink itself would have written it.
+/// The reference practice's pre-existing e-102 row, as the sink itself would have written it.
 async fn preload_e102(pool: &PgPool) -> anyhow::Result<String> {
     sink_writer::migrator().run(pool).await?;
     let (_, bytes) = envelope("e-102", 17, 12500);

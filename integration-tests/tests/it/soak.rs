@@ -13,7 +13,7 @@
 //! [`RSS_LIMIT_MIB`] or [`FD_LIMIT`], and no steady growth within a long-lived process beyond
 //! what it opens on demand up to a fixed ceiling ([`fd_growth_allowance`]).
 //!
-//! `make test` runs it for 3 minutes. The long run (README, "Soak"):
+//! `make test` runs it for 3 minutes. The long run (docs/faults.md "Soak"):
 //! `EOS_SOAK_DURATION=30m EOS_SOAK_RATE=600 cargo test --release -p integration-tests --test it -- soak --nocapture`.
 
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! A running total at the edge of i64 through the real eos-processor: an event that would take
 //! its entity's total past a signed 64-bit integer is a `total_overflow` dead letter and leaves the
 //! total as it was; its re-delivery, once a refund has made room, is applied; and `eosctl audit`,
-//! which replays the totals in processing order, finds the result exact (README "Bad input").
+//! which replays the totals in processing order, finds the result exact (docs/bad-input.md "Bad input").
 
 use std::time::Duration;
 

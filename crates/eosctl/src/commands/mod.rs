@@ -56,7 +56,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
     let kafka: KafkaSettings = cli.kafka.settings(&[])?;
     match cli.command {
         Command::Produce(args) => produce::run(kafka, args).await,
-        Command::Audit(args) => audit::run(kafka, args).await,
+        Command::Audit(args) => audit::run(kafka, *args).await,
         Command::Lag(args) => lag::run(kafka, args).await,
         Command::Bench(BenchArgs { target }) => match target {
             BenchTarget::Processor(args) => bench::run_processor(kafka, args).await,

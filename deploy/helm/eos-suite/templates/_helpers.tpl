@@ -111,7 +111,7 @@ position's key and the transactional.id come from it.
 
 {{/*
 A role's database credentials: DATABASE_URL from its Secret and, with a password Secret, the
-password as a file (DATABASE_PASSWORD_FILE; the binaries put it into the URL at start-up, README
+password as a file (DATABASE_PASSWORD_FILE; the binaries put it into the URL at start-up, docs/security.md
 "PostgreSQL"), mounted by databaseCredentialsVolumeMount / databaseCredentialsVolume. Args: (dict
 "secretName" … "secretKey" … "passwordSecret" <database or migration>.passwordSecret "volume"
 "<volume name>").
@@ -379,7 +379,7 @@ The environment every service container shares after its own: the log filter (RU
 checksum/secret of a pod: a digest of the chart-made Secrets it reads (the runtime role's
 database Secret made from database.url, dedup-service's tokens), so a change to one rolls the
 pods that read it at start-up. Secrets you manage (existingSecret) are not seen by the chart:
-roll the pods yourself after changing one (the chart README, "Secrets and restarts"). Empty when
+roll the pods yourself after changing one (deploy/helm/eos-suite/README.md "Secrets and restarts"). Empty when
 the pod reads no chart-made Secret. Args: (list $ (list "database" "dedupTokens")), naming what the pod reads.
 */}}
 {{- define "eos-suite.secretChecksum" -}}
@@ -544,7 +544,7 @@ drain wait for it forever.
 {{- range $component := list (list "processor" $.Values.processor "the input topic") (list "sink" $.Values.sink "the sink's topic (the processor's output)") }}
 {{- $values := index $component 1 }}
 {{- if and $values.enabled (gt (int $values.replicas) $partitions) }}
-{{- fail (printf "%s.replicas (%d) is more than partitions (%d), the partition count of %s: a replica without a partition is never ready, so rolling updates, helm upgrade --wait and node drains stall; lower %s.replicas or set partitions to the topic's partition count (the chart README, \"Partitions and replicas\")" (index $component 0) (int $values.replicas) $partitions (index $component 2) (index $component 0)) }}
+{{- fail (printf "%s.replicas (%d) is more than partitions (%d), the partition count of %s: a replica without a partition is never ready, so rolling updates, helm upgrade --wait and node drains stall; lower %s.replicas or set partitions to the topic's partition count (deploy/helm/eos-suite/README.md \"Partitions and replicas\")" (index $component 0) (int $values.replicas) $partitions (index $component 2) (index $component 0)) }}
 {{- end }}
 {{- end }}
 {{- end }}
