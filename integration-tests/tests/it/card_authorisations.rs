@@ -166,7 +166,7 @@ fn produce(topic: &str, records: &[Authorisation], rate: u64) -> anyhow::Result<
     Ok(())
 }
 
-fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a str> {
     message
         .headers()?
         .iter()
@@ -243,7 +243,18 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         "(applied, flagged, refused, duplicates) = {paths:?}"
     );
     eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
-    let report = replay::compare(&expected, &committed, &letters);
+    assert_replay_exact(&expected, &committed, &letters);
+    Ok(())
+}
+
+/// The replay's outputs and dead letters are exactly what the run committed: none missing, none
+/// unexpected, every dead letter with the replay's reason.
+pub(crate) fn assert_replay_exact(
+    expected: &replay::Expected,
+    committed: &[ReplayOutput],
+    letters: &BTreeMap<(i32, i64), DeadLetterReason>,
+) {
+    let report = replay::compare(expected, committed, letters);
     assert!(
         report.exact(),
         "the committed outputs are not the transform's: {} missing, {} unexpected, {} dead \
@@ -256,7 +267,6 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         report.dead_letter_differences.first(),
     );
     assert_eq!(report.matched as usize, committed.len());
-    Ok(())
 }
 
 /// The whole chain with no ledger field anywhere: card authorisations → the example's processor
@@ -439,14 +449,14 @@ source_offset = "kafka.offset"
 
 /// What a run committed: its input, its outputs (by output name) and its dead letters by source
 /// position.
-type CommittedRun = (
+pub(crate) type CommittedRun = (
     Vec<ReplayInput>,
     Vec<ReplayOutput>,
     BTreeMap<(i32, i64), DeadLetterReason>,
 );
 
 /// Reads what a run committed, as a `read_committed` consumer sees it.
-fn committed_run(input: &str, outputs: &[(&str, &str)]) -> anyhow::Result<CommittedRun> {
+pub(crate) fn committed_run(input: &str, outputs: &[(&str, &str)]) -> anyhow::Result<CommittedRun> {
     let inputs = read_topic(input, Isolation::ReadCommitted)?
         .iter()
         .map(|message| ReplayInput {

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use eos_core::{DeadLetterReason, EventContract, FieldLocation, dead_letter};
+use eos_core::{EventContract, FieldLocation};
 use eos_processor::DEFAULT_OUTPUT;
-use eos_processor::replay::{self, ReplayInput, ReplayOutput};
+use eos_processor::replay;
 use eos_processor::wasm::{Options, WasmTransform};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -22,9 +22,10 @@ use integration_tests::{
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
-use rdkafka::message::{Headers as _, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::json;
+
+use crate::card_authorisations::{assert_replay_exact, committed_run, header};
 
 const AUTHORISATIONS: usize = 2_000;
 const CARDS: usize = 200;
@@ -107,16 +108,6 @@ fn produce(topic: &str, records: &[(String, Vec<u8>)], rate: u64) -> anyhow::Res
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())
-}
-
-fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a str> {
-    message
-        .headers()?
-        .iter()
-        .filter(|h| h.key == name)
-        .last()
-        .and_then(|h| h.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
 }
 
 #[test]
@@ -202,55 +193,19 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
     );
     last.stop_gracefully()?;
 
-    // What the run committed, as a read_committed consumer sees it.
-    let inputs: Vec<ReplayInput> = read_topic(&input, Isolation::ReadCommitted)?
-        .iter()
-        .map(|message| ReplayInput {
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            value: message.payload().map(<[u8]>::to_vec),
-            headers: Vec::new(),
-            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
-        })
-        .collect();
+    let (inputs, committed, letters) =
+        committed_run(&input, &[(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED)])?;
     assert_eq!(inputs.len(), records.len(), "every record produced is read");
-    let mut committed = Vec::new();
-    for (topic, output) in [(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED)] {
-        for message in read_topic(topic, Isolation::ReadCommitted)? {
-            committed.push(ReplayOutput::committed(
-                header(&message, "event_id").unwrap_or_default(),
-                output,
-                message.key(),
-                message.payload().unwrap_or_default(),
-            ));
-        }
-    }
-    let dead_letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?;
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
-    let letters: BTreeMap<(i32, i64), DeadLetterReason> = dead_letters
-        .iter()
-        .filter_map(|letter| {
-            *codes
-                .entry(
-                    header(letter, "eos-dlq-transform-reason")
-                        .unwrap_or("-")
-                        .to_owned(),
-                )
-                .or_default() += 1;
-            Some((
-                (
-                    header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
-                        .parse()
-                        .ok()?,
-                    header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
-                        .parse()
-                        .ok()?,
-                ),
-                header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
-            ))
-        })
-        .collect();
+    for letter in read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)? {
+        *codes
+            .entry(
+                header(&letter, "eos-dlq-transform-reason")
+                    .unwrap_or("-")
+                    .to_owned(),
+            )
+            .or_default() += 1;
+    }
     // Every dead letter is the module's own refusal: no trap, no limit, no state of another
     // module across the restarts.
     assert_eq!(
@@ -283,19 +238,7 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
         "(applied, flagged, refused, duplicates) = {paths:?}"
     );
     eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
-    let report = replay::compare(&expected, &committed, &letters);
-    assert!(
-        report.exact(),
-        "the committed outputs are not the module's: {} missing, {} unexpected, {} dead \
-         letters differ; first: {:?} / {:?} / {:?}",
-        report.missing.len(),
-        report.unexpected.len(),
-        report.dead_letter_differences.len(),
-        report.missing.first(),
-        report.unexpected.first(),
-        report.dead_letter_differences.first(),
-    );
-    assert_eq!(report.matched as usize, committed.len());
+    assert_replay_exact(&expected, &committed, &letters);
 
     // Another module over the state the Go module wrote: the same logic in AssemblyScript, so
     // another digest. Without a word from the operator it is refused at the first state it
