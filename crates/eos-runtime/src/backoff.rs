@@ -1,8 +1,8 @@
-//! The one retry-delay policy of eos-suite: delays that double from a first delay up to a cap,
-//! from the `backon` crate. Every loop that waits before asking again — the sink's PostgreSQL
-//! retries, the dedup client's transient gRPC failures, the provider target waiting for an
-//! outcome to settle, the processor's transactional calls — takes its delays from here, so a
-//! retry storm looks the same everywhere and is tuned in one place.
+//! A retry-delay policy: delays that double from a first delay up to a cap, from the `backon`
+//! crate. The sink's PostgreSQL retries, the dedup client's transient gRPC failures, the provider
+//! target waiting for an outcome to settle and the processor's transactional calls take their
+//! delays from here, so their retry storms look alike and are tuned in one place. Some loops
+//! still wait on their own (docs/ARCHITECTURE.md lists eos-runtime's role as it is).
 
 use std::time::Duration;
 

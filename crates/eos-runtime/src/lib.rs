@@ -4,9 +4,11 @@
 //! start-up), the consumer set-up and rebalance recording of the Kafka services, and W3C trace
 //! context and baggage propagation over Kafka headers, gRPC metadata and HTTP headers.
 //!
-//! Guarantee: the settings exactly-once depends on are set here once and not configurable — a
-//! consumer is `read_committed` with no automatic commits or offset stores, under static group
-//! membership — and every service states its guarantee the same way: logged, and served on
+//! Guarantee: for the group consumer of eos-processor and sink-writer
+//! ([`rebalance::subscribe_static_member`]) the settings exactly-once depends on are set here and
+//! not configurable — `read_committed`, no automatic commits or offset stores, static group
+//! membership; the other consumers (changelog and position readers, eosctl's) still set them
+//! where they are built. Every service states its guarantee the same way: logged, and served on
 //! `/boundary`. The event envelope and the other pure types live in `eos-core`, which does no
 //! I/O.
 
