@@ -449,7 +449,11 @@ mod tests {
 
     #[test]
     fn a_webassembly_transform_is_a_path_with_its_limits() {
-        let module = std::env::temp_dir().join("eos-processor-config-test.wasm");
+        // Per process: two test runs at once must not remove each other's file.
+        let module = std::env::temp_dir().join(format!(
+            "eos-processor-config-test-{}.wasm",
+            std::process::id()
+        ));
         std::fs::write(&module, b"\0asm").expect("writes");
         let config = parse(&[
             "--transform",
@@ -460,7 +464,7 @@ mod tests {
             "64MiB",
             "--wasm-state-compatible",
         ]);
-        assert_eq!(config.transform, TransformChoice::Wasm(module));
+        assert_eq!(config.transform, TransformChoice::Wasm(module.clone()));
         assert_eq!(config.wasm_fuel, 1000);
         assert_eq!(config.wasm_max_memory, 64 << 20);
         assert!(config.wasm_state_compatible);
@@ -482,6 +486,7 @@ mod tests {
         }
         assert_eq!(parse_bytes("4096"), Ok(4096));
         assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        std::fs::remove_file(&module).expect("removes the test module");
     }
 
     #[test]
