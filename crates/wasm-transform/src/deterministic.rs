@@ -36,13 +36,24 @@ enum Replacement {
 }
 
 impl Replacement {
+    const ALL: [Self; 4] = [
+        Self::ClockTimeGet,
+        Self::ClockResGet,
+        Self::RandomGet,
+        Self::PollOneoff,
+    ];
+
     fn of(name: &str) -> Option<Self> {
-        match name {
-            "clock_time_get" => Some(Self::ClockTimeGet),
-            "clock_res_get" => Some(Self::ClockResGet),
-            "random_get" => Some(Self::RandomGet),
-            "poll_oneoff" => Some(Self::PollOneoff),
-            _ => None,
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// The WASI function's name.
+    fn name(self) -> &'static str {
+        match self {
+            Self::ClockTimeGet => "clock_time_get",
+            Self::ClockResGet => "clock_res_get",
+            Self::RandomGet => "random_get",
+            Self::PollOneoff => "poll_oneoff",
         }
     }
 
@@ -160,7 +171,7 @@ impl Plan {
             }
         }
         for &(type_index, replacement) in replaced.values() {
-            let name = replacement_name(replacement);
+            let name = replacement.name();
             let (params, results) = replacement.signature();
             match signatures.get(type_index as usize) {
                 Some(Some((p, r))) if p == params && r == results => {}
@@ -179,15 +190,6 @@ impl Plan {
     /// The added functions, in the order they are appended: (type index, replacement).
     fn added(&self) -> impl Iterator<Item = (u32, Replacement)> + '_ {
         self.replaced.values().copied()
-    }
-}
-
-fn replacement_name(replacement: Replacement) -> &'static str {
-    match replacement {
-        Replacement::ClockTimeGet => "clock_time_get",
-        Replacement::ClockResGet => "clock_res_get",
-        Replacement::RandomGet => "random_get",
-        Replacement::PollOneoff => "poll_oneoff",
     }
 }
 

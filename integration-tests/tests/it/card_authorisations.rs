@@ -220,24 +220,10 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
     assert_eq!(inputs.len(), records.len(), "every record produced is read");
     let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
     let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
-    // Every record has one outcome, and the workload takes every path: approvals, flags,
-    // refusals (a refused id is not remembered, so its re-delivery is refused again) and
-    // re-deliveries of approved ones, dropped.
-    assert_eq!(
-        expected.applied as usize + expected.duplicates as usize + expected.dead_letters.len(),
-        records.len()
-    );
-    let flags = expected
-        .outputs
-        .iter()
-        .filter(|output| output.output == FLAGGED_OUTPUT)
-        .count();
-    let paths = (
-        expected.applied,
-        flags,
-        expected.dead_letters.len(),
-        expected.duplicates,
-    );
+    // The workload takes every path: approvals, flags, refusals (a refused id is not
+    // remembered, so its re-delivery is refused again) and re-deliveries of approved ones,
+    // dropped.
+    let paths = replay_paths(&expected, records.len(), FLAGGED_OUTPUT);
     assert!(
         paths.0 > 1_000 && paths.1 > 200 && paths.2 > 200 && paths.3 > 50,
         "(applied, flagged, refused, duplicates) = {paths:?}"
@@ -245,6 +231,30 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
     eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
     assert_replay_exact(&expected, &committed, &letters);
     Ok(())
+}
+
+/// (applied, flagged, refused, duplicates) of a replay, once each of the `records` written is
+/// checked to have exactly one of those outcomes.
+pub(crate) fn replay_paths(
+    expected: &replay::Expected,
+    records: usize,
+    flagged_output: &str,
+) -> (u64, usize, usize, u64) {
+    assert_eq!(
+        expected.applied as usize + expected.duplicates as usize + expected.dead_letters.len(),
+        records
+    );
+    let flags = expected
+        .outputs
+        .iter()
+        .filter(|output| output.output == flagged_output)
+        .count();
+    (
+        expected.applied,
+        flags,
+        expected.dead_letters.len(),
+        expected.duplicates,
+    )
 }
 
 /// The replay's outputs and dead letters are exactly what the run committed: none missing, none

@@ -797,7 +797,7 @@ impl Bench {
         let log = self
             .log_dir
             .join(format!("{:02}-{label}.log", self.processes_started));
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "--bootstrap-servers".into(),
             self.settings.bootstrap_servers.clone(),
             "--input-topic".into(),
@@ -826,7 +826,6 @@ impl Bench {
             "--state-dir".into(),
             self.log_dir.join("state").display().to_string(),
         ];
-        let mut args = args;
         if let Some(transform) = &self.options.transform {
             args.extend(["--transform".into(), transform.clone()]);
         }
