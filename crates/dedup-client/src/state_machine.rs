@@ -171,6 +171,57 @@ pub fn next_state(from: Option<IntentState>, transition: Transition) -> Option<I
     allowed.then(|| transition.to_state())
 }
 
+/// Whether `row` is a reservation whose lease ran out at `now`: the lease sweep and any Begin
+/// turn it UNKNOWN ([`Transition::ExpireLease`]).
+pub fn lease_ran_out(row: &Intent, now: OffsetDateTime) -> bool {
+    row.state == IntentState::Reserved && row.lease_expires_at <= now
+}
+
+/// The transition a Begin inside the retained window applies to the stored `row`, if any: an
+/// expired lease first, else a retryable failure of the same request is acquired again. The
+/// store's upsert spells this rule as the `CASE`s of its `ON CONFLICT` update, in this order;
+/// the equivalence test (`integration-tests/tests/it/dedup_transitions.rs`) runs every case
+/// through both.
+pub fn begin_transition(
+    row: &Intent,
+    fingerprint: &[u8],
+    now: OffsetDateTime,
+) -> Option<Transition> {
+    if lease_ran_out(row, now) {
+        Some(Transition::ExpireLease)
+    } else if row.state == IntentState::Failed && row.retryable && row.fingerprint == fingerprint {
+        Some(Transition::Reacquire)
+    } else {
+        None
+    }
+}
+
+/// Whether a holder's Complete, Fail or MarkUnknown with `fencing_token` and `fencing_secret`
+/// moves `row` by `transition`: the token is the current one, its secret matches, and the
+/// transition starts from the row's state. The guard of the store's report statements.
+pub fn holder_report_applies(
+    row: &Intent,
+    transition: Transition,
+    fencing_token: i64,
+    fencing_secret: &[u8],
+) -> bool {
+    row.fencing_token == fencing_token
+        && next_state(Some(row.state), transition).is_some()
+        && row.fencing_secret.matches(fencing_secret)
+}
+
+/// Whether a Resolve moves `row` by `transition` (ResolveSucceeded or ResolveFailed): the
+/// transition starts from the row's state, and the token is the one the caller expects, when it
+/// names one. The guard of the store's resolve statement.
+pub fn resolution_applies(
+    row: &Intent,
+    transition: Transition,
+    expected_fencing_token: Option<i64>,
+) -> bool {
+    expected_fencing_token.is_none_or(|token| token == row.fencing_token)
+        && next_state(Some(row.state), transition).is_some()
+}
+
 /// The random half of a fencing token: 256 bits drawn from the operating system's CSPRNG (via
 /// `rand`'s thread RNG) at every acquisition and stored with the row. The counter orders the
 /// history but is guessable; the secret is what proves the caller is the holder. Only the

@@ -314,11 +314,13 @@ impl IntentStore {
             occurred.push(item.occurred_at);
             trace_contexts.push(item.trace_context.as_deref());
         }
-        // Two conditions recur in the update (written out: `query!` checks one literal):
-        // a retryable failure with the same fingerprint is acquired again (new token):
-        //     (t.state = 'FAILED' AND t.retryable AND t.fingerprint = EXCLUDED.fingerprint)
+        // The update is `state_machine::begin_transition`, and the equivalence test
+        // (integration-tests/tests/it/dedup_transitions.rs) checks every case against it. Its two
+        // conditions recur in the update (written out: `query!` checks one literal):
         // a reservation whose lease ran out becomes UNKNOWN — its holder may have called:
         //     (t.state = 'RESERVED' AND t.lease_expires_at <= now())
+        // a retryable failure with the same fingerprint is acquired again (new token):
+        //     (t.state = 'FAILED' AND t.retryable AND t.fingerprint = EXCLUDED.fingerprint)
         let rows = sqlx::query!(
             r#"INSERT INTO dedup_intents AS t
                  (operation_id, fingerprint, state, fencing_token, holder, request_id,

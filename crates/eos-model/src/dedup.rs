@@ -4,21 +4,24 @@
 //! retention purge and Begins past the retained window, and dedup-service restarts.
 //!
 //! Every step that the services decide is decided by their own code:
-//! - the `Begin` upsert applies [`next_state`] with `Acquire`, `ExpireLease` or `Reacquire`
-//!   (in the order of the `CASE` in `intent_store.rs`), then answers with [`begin_outcome`];
+//! - the `Begin` upsert acquires a missing row, or applies what [`begin_transition`] says
+//!   (`ExpireLease` or `Reacquire`), then answers with [`begin_outcome`];
 //! - the lease sweep applies [`next_state`] with `ExpireLease`;
 //! - a holder sorts the provider's answer with [`classify`] and reports through the store's
-//!   guard: the transition's [`Transition::from_states`] (via [`next_state`]) and, when
-//!   [`Transition::needs_token`], an equal fencing token and its secret — the `WHERE state =
-//!   ANY(..) AND fencing_token = .. AND <secret matches>` of the SQL statement. The secret is
+//!   guard, [`holder_report_applies`]: the transition's [`Transition::from_states`], an equal
+//!   fencing token and its secret. The secret is
 //!   modelled as a value bound to each acquisition (`secret_of`): a holder has only the
 //!   secret its own Begin answered, so a stale holder never has the current one;
 //! - the reconciler asks the provider by key and settles with [`decide`], then resolves through
-//!   the same guard with the token it read (`expected_fencing_token`), or, on `Stuck`, marks
+//!   [`resolution_applies`] with the token it read (`expected_fencing_token`), or, on `Stuck`, marks
 //!   the attempt the way `mark_stuck`'s statement does (UNKNOWN, same token, not yet marked);
 //! - a Begin is inside the retained window by [`in_retained_window`]; past it, it is answered
 //!   by [`expired_outcome`] from the row as it is;
 //! - the purge deletes a row exactly when [`purgeable`] says so.
+//!
+//! The store runs those same rules as SQL statements. That every statement decides every case
+//! exactly as these functions do is checked against a real PostgreSQL by
+//! `integration-tests/tests/it/dedup_transitions.rs`, so the model checks the code that runs.
 //!
 //! A restart of dedup-service loses what it keeps outside PostgreSQL: the reconciler's pass
 //! between its look-up and its resolve, and the answers of handlers in flight. Every handler is
@@ -37,7 +40,8 @@
 use dedup_client::provider_client::{ChargeLookup, ChargeOutcome, classify};
 use dedup_client::state_machine::{
     BeginAsk, BeginOutcome, FencingSecret, Intent, IntentState, Transition, begin_outcome,
-    expired_outcome, in_retained_window, next_state, purgeable,
+    begin_transition, expired_outcome, holder_report_applies, in_retained_window, next_state,
+    purgeable, resolution_applies,
 };
 use dedup_service::reconciler::{Decision, ReconcilerSettings, decide};
 use stateright::{Model, Property};
@@ -367,21 +371,25 @@ fn intent(row: &Row) -> Intent {
     }
 }
 
-/// The store's guard for `transition` from `row`: the state must be one the transition starts
-/// from, and the token equal when the transition needs one (or when the caller expects one) —
-/// for a holder's report, with the secret of its acquisition matching the row's.
-/// `None`: the statement matches no row and changes nothing.
+/// The store's guard for `transition` from `row`, as the services define it: a holder's report
+/// presents its token and secret ([`holder_report_applies`]); a Resolve may name the token it
+/// expects ([`resolution_applies`]); `None` checks the state only (a report that ignores its
+/// token, under [`Bug::ReportIgnoresToken`]). `None` back: the statement matches no row and
+/// changes nothing.
 fn guarded(
     row: &Row,
     transition: Transition,
     token: Option<(u8, Option<FencingSecret>)>,
 ) -> Option<IntentState> {
-    let token_ok = token.is_none_or(|(token, secret)| {
-        token == row.fencing_token
-            && secret.is_none_or(|secret| secret_of(row.fencing_token).matches(secret.as_bytes()))
-    });
-    let to = next_state(Some(row.state), transition)?;
-    token_ok.then_some(to)
+    let intent = intent(row);
+    let applies = match token {
+        Some((token, Some(secret))) => {
+            holder_report_applies(&intent, transition, i64::from(token), secret.as_bytes())
+        }
+        Some((token, None)) => resolution_applies(&intent, transition, Some(i64::from(token))),
+        None => resolution_applies(&intent, transition, None),
+    };
+    applies.then(|| transition.to_state())
 }
 
 impl DedupModel {
@@ -484,30 +492,29 @@ impl DedupModel {
                 debug_assert_eq!(to, Some(IntentState::Reserved));
                 fresh(1)
             }
-            Some(row) if row.state == IntentState::Reserved && row.lease_expires_at <= now => {
-                let mut row = row;
-                if self.bug == Some(Bug::ExpireToFailed) {
-                    row.state = IntentState::Failed;
-                    row.retryable = true;
-                } else if let Some(to) = next_state(Some(row.state), Transition::ExpireLease) {
-                    row.state = to;
+            Some(row) => match begin_transition(&intent(&row), FINGERPRINT, at(now)) {
+                Some(Transition::ExpireLease) => {
+                    let mut row = row;
+                    if self.bug == Some(Bug::ExpireToFailed) {
+                        row.state = IntentState::Failed;
+                        row.retryable = true;
+                    } else {
+                        row.state = Transition::ExpireLease.to_state();
+                    }
+                    row.updated_at = now;
+                    row
                 }
-                row.updated_at = now;
-                row
-            }
-            Some(row) if row.state == IntentState::Failed && row.retryable => {
-                match next_state(Some(row.state), Transition::Reacquire) {
-                    Some(_) => fresh(row.fencing_token + 1),
-                    None => row,
+                Some(transition) => {
+                    debug_assert_eq!(transition, Transition::Reacquire);
+                    fresh(row.fencing_token + 1)
                 }
-            }
-            Some(row)
-                if row.state == IntentState::Unknown
+                None if row.state == IntentState::Unknown
                     && self.bug == Some(Bug::BeginReacquiresUnknown) =>
-            {
-                fresh(row.fencing_token + 1)
-            }
-            Some(row) => row,
+                {
+                    fresh(row.fencing_token + 1)
+                }
+                None => row,
+            },
         }
     }
 

@@ -8,6 +8,7 @@ mod dashboards_live;
 mod dedup_auth;
 mod dedup_replicas;
 mod dedup_service;
+mod dedup_transitions;
 mod demo;
 mod demo_traces;
 mod eosctl_audit;
