@@ -484,21 +484,13 @@ pub fn produce_records(topic: &str, records: &[(Option<String>, Vec<u8>)]) -> an
         if let Some(key) = key {
             record = record.key(key.as_bytes());
         }
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ),
-                    returned,
-                )) => {
-                    record = returned;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((error, _)) => return Err(error.into()),
-            }
-        }
+        #[expect(
+            clippy::result_large_err,
+            reason = "rdkafka's send hands the record back inside its error"
+        )]
+        let sent =
+            eos_runtime::backoff::send_when_queue_has_room(record, |record| producer.send(record));
+        sent.map_err(|(error, _)| error)?;
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())

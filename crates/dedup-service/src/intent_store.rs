@@ -12,6 +12,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use time::OffsetDateTime;
 
+use eos_runtime::backoff::{Retryable as _, doubling};
+
 use crate::error::DedupError;
 use crate::validation::{BeginItem, CompleteItem, Resolution};
 use dedup_client::state_machine::{
@@ -143,22 +145,22 @@ impl TryFrom<IntentRow> for Intent {
     }
 }
 
-async fn retry_conflicts<T, F, Fut>(mut attempt: F) -> Result<T, DedupError>
+async fn retry_conflicts<T, F, Fut>(attempt: F) -> Result<T, DedupError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, DedupError>>,
 {
-    let mut tries = 0;
-    loop {
-        match attempt().await {
-            Err(error) if error.is_retryable_conflict() && tries < CONFLICT_RETRIES => {
-                tries += 1;
-                tracing::debug!(%error, tries, "retrying after a serialization conflict");
-                tokio::time::sleep(Duration::from_millis(5 * tries as u64)).await;
-            }
-            other => return other,
-        }
-    }
+    attempt
+        .retry(
+            doubling(Duration::from_millis(5), Duration::from_millis(80))
+                .with_jitter()
+                .with_max_times(CONFLICT_RETRIES),
+        )
+        .when(DedupError::is_retryable_conflict)
+        .notify(|error, delay| {
+            tracing::debug!(%error, retry_in_ms = delay.as_millis() as u64, "retrying after a serialization conflict");
+        })
+        .await
 }
 
 impl IntentStore {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use eos_runtime::batched_purge::{self, Batch};
 use tokio_util::sync::CancellationToken;
 
 use crate::intent_store::IntentStore;
@@ -13,35 +14,22 @@ const BATCH: i64 = 5_000;
 
 /// Purges every `interval` until `shutdown`.
 pub async fn run(store: IntentStore, interval: Duration, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-        purge_once(&store, &shutdown).await;
-    }
+    batched_purge::every(interval, "settled intents past retention", shutdown, || {
+        purge_batch(&store)
+    })
+    .await;
 }
 
-/// Deletes in batches until nothing is due; the number deleted.
-pub async fn purge_once(store: &IntentStore, shutdown: &CancellationToken) -> u64 {
-    let mut total = 0;
-    while !shutdown.is_cancelled() {
-        match store.purge(BATCH).await {
-            Ok(deleted) => {
-                total += deleted;
-                ::metrics::counter!(metrics::PURGED).increment(deleted);
-                if deleted < BATCH as u64 {
-                    break;
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "purge failed; will try again");
-                break;
-            }
-        }
+/// Deletes one batch of settled intents past retention.
+async fn purge_batch(store: &IntentStore) -> Result<Batch, crate::DedupError> {
+    let deleted = store.purge(BATCH).await?;
+    ::metrics::counter!(metrics::PURGED).increment(deleted);
+    if deleted > 0 {
+        tracing::info!(deleted, "purged settled intents past retention");
     }
-    if total > 0 {
-        tracing::info!(deleted = total, "purged settled intents past retention");
-    }
-    total
+    Ok(if deleted < BATCH as u64 {
+        Batch::Drained
+    } else {
+        Batch::Full
+    })
 }

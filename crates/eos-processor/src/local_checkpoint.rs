@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use eos_runtime::backoff::{BackoffBuilder as _, doubling};
 use rdkafka::consumer::Consumer;
 use tracing::{debug, warn};
 
@@ -82,7 +83,9 @@ impl<T: Transform> TransactionLoop<T> {
     /// After the last commit: the commit markers are written a moment after the commit returns,
     /// so a few tries to leave checkpoints at the very end.
     pub(crate) fn checkpoint_on_shutdown(&mut self) {
-        for _ in 0..10 {
+        // About a second in all (20 + 40 + … + 320 ms, then 320 ms each).
+        let delays = doubling(Duration::from_millis(20), Duration::from_millis(320)).build();
+        for delay in delays.take(6) {
             if let Err(error) = self.advance_checkpoints() {
                 warn!(%error, "cannot write the local checkpoint at shutdown");
                 return;
@@ -94,7 +97,7 @@ impl<T: Transform> TransactionLoop<T> {
             if !behind {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(delay);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! partitions as the input, since changelog partition N holds the state of input partition N.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
@@ -11,6 +11,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use eos_runtime::backoff::{BackoffBuilder as _, polling};
 use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
 use eos_runtime::topic_config::{
     KEYED_STATE_TOPIC_CONFIG, TopicReplicationFlags, cleanup_policy, require_compact_only,
@@ -192,17 +193,22 @@ async fn delete_retention(admin: &AdminClient<DefaultClientContext>, changelog: 
     }
 }
 
+/// How long a topic created a moment ago may take to show in the metadata.
+const TOPIC_METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Waits until every topic has metadata (creation is asynchronous on the broker).
 async fn wait_for_topics(
     client_config: &ClientConfig,
     topics: &[&str],
 ) -> Result<HashMap<String, i32>, ProcessorError> {
-    for _ in 0..50 {
+    let deadline = Instant::now() + TOPIC_METADATA_TIMEOUT;
+    let mut delays = polling().build();
+    while Instant::now() < deadline {
         let counts = partition_counts(client_config, topics)?;
         if topics.iter().all(|t| counts.contains_key(*t)) {
             return Ok(counts);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(1))).await;
     }
     let counts = partition_counts(client_config, topics)?;
     let missing: Vec<&str> = topics

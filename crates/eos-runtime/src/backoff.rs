@@ -1,10 +1,15 @@
-//! A retry-delay policy: delays that double from a first delay up to a cap, from the `backon`
-//! crate. The sink's PostgreSQL retries, the dedup client's transient gRPC failures, the provider
-//! target waiting for an outcome to settle and the processor's transactional calls take their
-//! delays from here, so their retry storms look alike and are tuned in one place. Some loops
-//! still wait on their own (docs/ARCHITECTURE.md lists eos-runtime's role as it is).
+//! The one retry-delay policy: delays that double from a first delay up to a cap, from the
+//! `backon` crate. Every retry and wait loop of the services takes its delays from here — the
+//! sink's PostgreSQL retries and its connect at start-up, the dedup client's transient gRPC
+//! failures, the store's serialization conflicts, the provider target waiting for an outcome to
+//! settle, the processor's transactional calls, waits for a new topic's metadata, and a full
+//! producer queue ([`send_when_queue_has_room`]) — so their retry storms look alike and are
+//! tuned in one place. The periodic purges share [`crate::batched_purge`].
 
 use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 
 pub use backon::{
     BackoffBuilder, BlockingRetryable, ConstantBuilder, ExponentialBackoff, ExponentialBuilder,
@@ -30,6 +35,32 @@ pub fn immediate(retries: usize) -> ConstantBuilder {
         .with_max_times(retries)
 }
 
+/// Polls for something the broker or the database finishes on its own (a topic's metadata after
+/// its creation, a queue draining): from 50 ms, doubling to 1 s.
+pub fn polling() -> ExponentialBuilder {
+    doubling(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// Hands `record` to a producer's `send`, waiting while librdkafka's local queue is full
+/// (`queue.buffering.max.messages`): the queue drains as the broker acknowledges, so the wait is
+/// short and grows only while the broker is slow — from 1 ms, doubling to 50 ms. Any other
+/// error comes back with the record.
+pub fn send_when_queue_has_room<R>(
+    mut record: R,
+    mut send: impl FnMut(R) -> Result<(), (KafkaError, R)>,
+) -> Result<(), (KafkaError, R)> {
+    let mut delays = doubling(Duration::from_millis(1), Duration::from_millis(50)).build();
+    loop {
+        match send(record) {
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                record = returned;
+                std::thread::sleep(delays.next().unwrap_or(Duration::from_millis(50)));
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,6 +74,36 @@ mod tests {
                 .collect();
         let millis: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
         assert_eq!(millis, [100, 200, 300, 300, 300]);
+    }
+
+    #[test]
+    fn a_full_queue_is_waited_out_and_other_errors_come_back_with_the_record() {
+        let mut full_for = 3;
+        let sent = send_when_queue_has_room("record", |record| {
+            if full_for == 0 {
+                return Ok(());
+            }
+            full_for -= 1;
+            Err((
+                KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                record,
+            ))
+        });
+        assert!(sent.is_ok());
+        assert_eq!(full_for, 0);
+
+        let refused = send_when_queue_has_room("record", |record| {
+            Err((
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                record,
+            ))
+        });
+        let (error, record) = refused.expect_err("not a full queue");
+        assert_eq!(
+            error,
+            KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)
+        );
+        assert_eq!(record, "record");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! I/O.
 
 pub mod backoff;
+pub mod batched_purge;
 pub mod bench_figures;
 pub mod kafka_errors;
 pub mod kafka_settings;

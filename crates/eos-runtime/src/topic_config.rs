@@ -12,6 +12,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError;
 
+use crate::backoff::{BackoffBuilder as _, polling};
 use crate::kafka_errors::ReportingContext;
 
 /// How the topics a service creates are replicated. Flattened into the flags of every service
@@ -221,6 +222,7 @@ async fn topic_setting<C: ClientContext + 'static>(
 ) -> Result<String, TopicConfigError> {
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let deadline = Instant::now() + timeout;
+    let mut delays = polling().build();
     loop {
         let mut last_answer = String::from("no configs described");
         for result in admin
@@ -236,10 +238,12 @@ async fn topic_setting<C: ClientContext + 'static>(
                 Err(code) => last_answer = format!("cannot describe: {code}"),
             }
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(TopicConfigError::NotDescribed(last_answer));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let delay = delays.next().unwrap_or(Duration::from_secs(1));
+        tokio::time::sleep(delay.min(deadline - now)).await;
     }
 }
 

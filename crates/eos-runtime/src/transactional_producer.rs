@@ -18,7 +18,9 @@ use tracing::{info, warn};
 
 use eos_core::Guarantee;
 
-use crate::backoff::{BlockingRetryable as _, immediate};
+use crate::backoff::{
+    BackoffBuilder as _, BlockingRetryable as _, doubling, immediate, send_when_queue_has_room,
+};
 use crate::stuck_call_watchdog::{self, CallWatch};
 
 /// Commit attempts whose outcome is unknown before the producer is replaced.
@@ -239,6 +241,10 @@ impl TransactionalProducer {
     }
 
     /// Enqueues one record, waiting while the local queue is full.
+    #[expect(
+        clippy::result_large_err,
+        reason = "rdkafka's send hands the record back inside its error"
+    )]
     pub fn send(&self, record: &PendingRecord) -> Result<(), KafkaError> {
         let mut base = BaseRecord::to(&record.topic).headers(record.headers.clone());
         if let Some(partition) = record.partition {
@@ -250,16 +256,7 @@ impl TransactionalProducer {
         if let Some(payload) = &record.payload {
             base = base.payload(payload.as_slice());
         }
-        loop {
-            match self.producer.send(base) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                    base = returned;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((error, _)) => return Err(error),
-            }
-        }
+        send_when_queue_has_room(base, |base| self.producer.send(base)).map_err(|(error, _)| error)
     }
 
     /// Adds the consumed `offsets` to the open transaction.
@@ -358,11 +355,13 @@ impl TransactionalProducer {
     /// makes that inner flush a no-op.
     fn wait_for_deliveries(&self) -> bool {
         let deadline = Instant::now() + self.call_timeout;
+        // Acknowledgements take a few milliseconds: poll often at first, never slower than 0.5 ms.
+        let mut delays = doubling(Duration::from_micros(50), Duration::from_micros(500)).build();
         while self.producer.in_flight_count() > 0 {
             if Instant::now() >= deadline {
                 return false;
             }
-            std::thread::sleep(Duration::from_micros(500));
+            std::thread::sleep(delays.next().unwrap_or(Duration::from_micros(500)));
         }
         true
     }

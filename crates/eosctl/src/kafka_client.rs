@@ -6,7 +6,9 @@
 //! the commands themselves and refused there; everything else (TLS, SASL, timeouts) passes
 //! through to every client a command creates.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use eos_runtime::backoff::{BackoffBuilder as _, polling};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -164,11 +166,13 @@ pub async fn ensure_topic(
     }
     // Creation is asynchronous on the broker side: wait until the metadata shows the topic, so
     // the first produce does not race it.
-    for _ in 0..50 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut delays = polling().build();
+    while Instant::now() < deadline {
         if let Some(partitions) = spawn_blocking(describe.clone()).await? {
             return Ok((partitions.len(), true));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(1))).await;
     }
     Err(ClusterError::CreateTopic {
         topic: topic.to_owned(),

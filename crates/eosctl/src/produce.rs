@@ -21,8 +21,9 @@ use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
+
+use eos_runtime::backoff::send_when_queue_has_room;
 
 use crate::kafka_client::{ClusterError, KafkaSettings, TopicLayout, ensure_topic};
 use crate::workload::{
@@ -31,8 +32,6 @@ use crate::workload::{
 
 /// How often the progress bar is refreshed, in records.
 const PROGRESS_EVERY: u64 = 1000;
-/// Pause before retrying a send when librdkafka's local queue is full.
-const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(2);
 
 #[derive(Debug, Clone)]
 pub struct ProduceOptions {
@@ -348,24 +347,20 @@ fn send_all(
                 })
             });
         let span = Box::new(send_span(&tracer, &options.topic, &record));
-        let mut pending = BaseRecord::with_opaque_to(&options.topic, span)
+        let pending = BaseRecord::with_opaque_to(&options.topic, span)
             .key(record.key.as_slice())
             .payload(record.value.as_slice())
             .headers(headers);
-        loop {
-            match producer.send(pending) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                    pending = returned;
-                    std::thread::sleep(QUEUE_FULL_BACKOFF);
-                }
-                Err((source, returned)) => {
-                    let mut span = returned.delivery_opaque;
-                    span.set_status(Status::error(source.to_string()));
-                    span.end();
-                    return Err(ProduceError::Send { index, source });
-                }
-            }
+        #[expect(
+            clippy::result_large_err,
+            reason = "rdkafka's send hands the record back inside its error"
+        )]
+        let sent = send_when_queue_has_room(pending, |pending| producer.send(pending));
+        if let Err((source, returned)) = sent {
+            let mut span = returned.delivery_opaque;
+            span.set_status(Status::error(source.to_string()));
+            span.end();
+            return Err(ProduceError::Send { index, source });
         }
         summary.count(record.kind, record.value.len());
         if (index + 1).is_multiple_of(PROGRESS_EVERY) {

@@ -7,9 +7,10 @@ use std::time::Duration;
 use metrics::counter;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use eos_outbox::relay_positions::purge_relayed;
+use eos_runtime::batched_purge::{self, Batch};
 
 use crate::metrics as m;
 
@@ -22,35 +23,25 @@ pub struct PurgeSettings {
 }
 
 pub async fn run(pool: PgPool, settings: PurgeSettings, shutdown: CancellationToken) {
-    if settings.interval.is_zero() {
-        return;
+    batched_purge::every(settings.interval, "published outbox rows", shutdown, || {
+        purge_batch(&pool, settings)
+    })
+    .await;
+}
+
+async fn purge_batch(pool: &PgPool, settings: PurgeSettings) -> Result<Batch, sqlx::Error> {
+    let purged = purge_relayed(pool, settings.retention, settings.batch).await?;
+    counter!(m::PURGED_ROWS).increment(purged.rows);
+    if purged.rows > 0 || purged.entities > 0 {
+        debug!(
+            rows = purged.rows,
+            entities = purged.entities,
+            "purged published rows"
+        );
     }
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(settings.interval) => {}
-        }
-        // Batch after batch while batches come back full, so a backlog drains between ticks.
-        loop {
-            match purge_relayed(&pool, settings.retention, settings.batch).await {
-                Ok(purged) => {
-                    counter!(m::PURGED_ROWS).increment(purged.rows);
-                    if purged.rows > 0 || purged.entities > 0 {
-                        debug!(
-                            rows = purged.rows,
-                            entities = purged.entities,
-                            "purged published rows"
-                        );
-                    }
-                    if (purged.rows as i64) < settings.batch || shutdown.is_cancelled() {
-                        break;
-                    }
-                }
-                Err(error) => {
-                    warn!(%error, "purging published outbox rows failed; trying again next interval");
-                    break;
-                }
-            }
-        }
-    }
+    Ok(if (purged.rows as i64) < settings.batch {
+        Batch::Drained
+    } else {
+        Batch::Full
+    })
 }

@@ -46,6 +46,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::KafkaSettings;
+use eos_runtime::backoff::{Retryable as _, doubling};
 use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::schema_migrations as migrations;
@@ -339,22 +340,15 @@ async fn connect(config: &Config, shutdown: &CancellationToken) -> anyhow::Resul
                 Ok(())
             })
         });
-    let mut delay = Duration::from_millis(100);
-    let mut attempt = 0u32;
-    loop {
-        match options.clone().connect(config.database.url()).await {
-            Ok(pool) => return Ok(Some(pool)),
-            Err(error) if error::db_error_class(&error) == error::DbErrorClass::Transient => {
-                attempt += 1;
-                tracing::warn!(attempt, retry_in_ms = delay.as_millis() as u64, %error, "postgres unavailable at start; retrying");
-            }
-            Err(error) => return Err(error).context("connecting to PostgreSQL"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(config.max_backoff);
+    let connecting = (|| options.clone().connect(config.database.url()))
+        .retry(doubling(Duration::from_millis(100), config.max_backoff))
+        .when(|error| error::db_error_class(error) == error::DbErrorClass::Transient)
+        .notify(|error, delay| {
+            tracing::warn!(retry_in_ms = delay.as_millis() as u64, %error, "postgres unavailable at start; retrying");
+        });
+    tokio::select! {
+        () = shutdown.cancelled() => Ok(None),
+        connected = connecting => connected.map(Some).context("connecting to PostgreSQL"),
     }
 }
 
