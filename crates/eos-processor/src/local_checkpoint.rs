@@ -73,6 +73,13 @@ impl<T: Transform> TransactionLoop<T> {
                 );
                 continue;
             }
+            // docs/ARCHITECTURE.md "Processor state on disk": the checkpoint only moves forward,
+            // to an end this instance's own committed batches put there.
+            debug_assert!(
+                high >= end.checkpointed,
+                "partition {partition}: local checkpoint moved back from {} to {high}",
+                end.checkpointed
+            );
             state.store().write(&StateChanges::default(), Some(high))?;
             end.checkpointed = high;
             end.checkpointed_at = Instant::now();

@@ -156,7 +156,18 @@ impl<T: Transform> TransactionLoop<T> {
     /// The batch is committed in Kafka: its state changes go to the store. A store that
     /// cannot take them is fatal; the restart restores from the changelog, which has them.
     pub(crate) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
-        self.committed_next.extend(batch.positions.next_offsets());
+        for (partition, next) in batch.positions.next_offsets() {
+            // docs/ARCHITECTURE.md "Loop invariants": a committed position only moves forward
+            // (the map forgets a partition when it is revoked).
+            debug_assert!(
+                self.committed_next
+                    .get(&partition)
+                    .is_none_or(|&committed| next >= committed),
+                "partition {partition}: committed position moved back from {:?} to {next}",
+                self.committed_next.get(&partition)
+            );
+            self.committed_next.insert(partition, next);
+        }
         let counts = batch.counts;
         let markers = match self.settings.guarantee {
             Guarantee::ExactlyOnce => 1,

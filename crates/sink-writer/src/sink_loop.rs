@@ -512,9 +512,17 @@ impl SinkLoop {
             .into_iter()
             .map(|(partition, next_offset)| {
                 let epoch = match self.slots.get(&partition) {
-                    Some(Slot::Ready { epoch, .. }) => epoch.unwrap_or(0),
-                    _ => 0,
+                    Some(Slot::Ready { epoch, .. }) => *epoch,
+                    _ => None,
                 };
+                // docs/ARCHITECTURE.md "Loop invariants": with checkpoints in PostgreSQL a
+                // checkpoint moves only under the owner epoch this instance holds for its
+                // partition, taken when it was positioned.
+                debug_assert!(
+                    self.settings.offsets != OffsetsMode::Postgres || epoch.is_some(),
+                    "partition {partition}: a checkpoint move without an owner epoch"
+                );
+                let epoch = epoch.unwrap_or(0);
                 Move {
                     to: Checkpoint {
                         topic: self.settings.topic.clone(),
@@ -582,6 +590,13 @@ impl SinkLoop {
         }
         for Move { to, .. } in &moves {
             if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&to.partition) {
+                // docs/ARCHITECTURE.md "Loop invariants": a checkpoint only moves forward.
+                debug_assert!(
+                    committed.is_none_or(|committed| to.next_offset >= committed),
+                    "partition {}: checkpoint moved back from {committed:?} to {}",
+                    to.partition,
+                    to.next_offset
+                );
                 *committed = Some(to.next_offset);
             }
         }
