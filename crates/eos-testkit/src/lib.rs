@@ -4,6 +4,8 @@
 //! SIGCONTed, waited for with a timeout, and a child still running when its handle is dropped is
 //! killed, so a failing run leaves nothing behind.
 
+pub mod argv;
+
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

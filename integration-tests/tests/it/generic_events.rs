@@ -4,6 +4,7 @@
 //! whose id or entity is missing, of the wrong type or too long is a dead letter whose detail
 //! names the configured location.
 
+use eos_testkit::argv;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -122,29 +123,18 @@ async fn pass_through_reads_any_event_shape_from_the_configured_locations() -> a
     produce(&input, &records)?;
 
     let bootstrap = bootstrap_servers();
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--instance-id",
-        "auths",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--transform",
-        "pass-through",
-        "--event-id",
-        "/auth/id",
-        "--filter-pointer",
-        "/currency",
-        "--filter-equals",
-        "EUR",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        input_topic: &input,
+        output_topic: &output,
+        group_id: &group,
+        instance.instance_id: "auths",
+        metrics_addr: "127.0.0.1:0",
+        transform: "pass-through",
+        event_id: "/auth/id",
+        filter_pointer: "/currency",
+        filter_equals: "EUR",
+    });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     tokio::task::block_in_place(|| {
         wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))

@@ -7,6 +7,7 @@
 //! status) — a static consumer can be fenced by its own abandoned JoinGroup while the group
 //! coordinator moves, and a fenced instance stops by design.
 
+use eos_testkit::argv;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -45,23 +46,15 @@ struct Pipeline {
 
 impl Pipeline {
     fn spawn_processor(&self) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--input-topic",
-            &self.input,
-            "--output-topic",
-            &self.output,
-            "--group-id",
-            &self.processor_group,
-            "--instance-id",
-            "cluster",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--transaction-timeout",
-            "10s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(eos_processor::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            input_topic: &self.input,
+            output_topic: &self.output,
+            group_id: &self.processor_group,
+            instance.instance_id: "cluster",
+            metrics_addr: "127.0.0.1:0",
+            transaction_timeout: "10s",
+        });
         ServiceProcess::spawn("eos-processor", &args, &[])
     }
 

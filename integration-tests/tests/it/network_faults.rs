@@ -7,6 +7,7 @@
 //! on by itself, and at the end both are caught up and `eosctl audit` is exact at every boundary
 //! (topics, tables, provider effects).
 
+use eos_testkit::argv;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -271,21 +272,14 @@ async fn every_link_delayed_throttled_reset_and_partitioned_under_load_stays_exa
 
     let processor = ServiceProcess::spawn(
         "eos-processor",
-        &[
-            "--bootstrap-servers",
-            &kafka.bootstrap_via("processor")?,
-            "--input-topic",
-            &pipeline.input,
-            "--output-topic",
-            &pipeline.output,
-            "--group-id",
-            &pipeline.processor_group,
-            "--instance-id",
-            "netfault",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ]
-        .map(str::to_owned),
+        &argv!(eos_processor::Config {
+            kafka.bootstrap_servers: &kafka.bootstrap_via("processor")?,
+            input_topic: &pipeline.input,
+            output_topic: &pipeline.output,
+            group_id: &pipeline.processor_group,
+            instance.instance_id: "netfault",
+            metrics_addr: "127.0.0.1:0",
+        }),
         &[],
     )?;
     let sink = ServiceProcess::spawn(

@@ -2,6 +2,7 @@
 //! retries with one key write one payment and one event; a key reused with another body and bad
 //! input write nothing; through outbox-relay, every payment is on the topic once.
 
+use eos_testkit::argv;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -111,19 +112,13 @@ fn spawn_processor(
     group: &str,
     envs: &[(&str, &str)],
 ) -> anyhow::Result<ServiceProcess> {
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--input-topic",
-        input,
-        "--output-topic",
-        output,
-        "--group-id",
-        group,
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap_servers(),
+        input_topic: input,
+        output_topic: output,
+        group_id: group,
+        metrics_addr: "127.0.0.1:0",
+    });
     ServiceProcess::spawn("eos-processor", &args, envs)
 }
 

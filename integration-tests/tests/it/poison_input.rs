@@ -4,6 +4,7 @@
 //! the next event. The processor is audited exactly with `eosctl audit`; the sink is checked in
 //! SQL and on its dead-letter topic.
 
+use eos_testkit::argv;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -211,21 +212,14 @@ fn poison_records_too_big_for_a_dead_letter_are_cut_and_the_processor_moves_on()
     produce_large(&input, &records)?;
 
     let bootstrap = bootstrap_servers();
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--instance-id",
-        "poison",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        input_topic: &input,
+        output_topic: &output,
+        group_id: &group,
+        instance.instance_id: "poison",
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))
         .with_context(|| processor.log_tail(40))?;
@@ -440,19 +434,13 @@ async fn poison_the_processor_fits_dead_letters_to_a_small_dead_letter_topic_wit
         unique_name("poison-processor"),
     );
     let bootstrap = bootstrap_servers();
-    let args = [
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--instance-id",
-        "poison-small-dlq",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        input_topic: &input,
+        output_topic: &output,
+        group_id: &group,
+        instance.instance_id: "poison-small-dlq",
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     tokio::task::block_in_place(|| {
         wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use eos_testkit::argv;
 use integration_tests::aimed_kill::{
     ProcessorTopics, kill_when, outputs_a_restart_repeats_after_the_kill,
     outputs_an_at_least_once_restart_repeats,
@@ -49,25 +50,16 @@ impl Pipeline {
         guarantee: &str,
         envs: &[(&str, &str)],
     ) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--input-topic",
-            &self.input,
-            "--output-topic",
-            &self.output,
-            "--group-id",
-            &self.group,
-            "--instance-id",
-            instance,
-            "--guarantee",
-            guarantee,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--transaction-timeout",
-            "10s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(eos_processor::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            input_topic: &self.input,
+            output_topic: &self.output,
+            group_id: &self.group,
+            instance.instance_id: instance,
+            guarantee: guarantee,
+            metrics_addr: "127.0.0.1:0",
+            transaction_timeout: "10s",
+        });
         ServiceProcess::spawn("eos-processor", &args, envs)
     }
 

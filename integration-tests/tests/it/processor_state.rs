@@ -4,6 +4,7 @@
 //! changelog (cold restore). Either way, re-sent events are still dropped as duplicates: the
 //! audit is exact.
 
+use eos_testkit::argv;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -50,23 +51,15 @@ impl Pipeline {
     }
 
     fn spawn(&self) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--input-topic",
-            &self.input,
-            "--output-topic",
-            &self.output,
-            "--group-id",
-            &self.group,
-            "--instance-id",
-            INSTANCE,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--state-dir",
-            &self.state_dir.display().to_string(),
-        ]
-        .map(str::to_owned);
+        let args = argv!(eos_processor::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            input_topic: &self.input,
+            output_topic: &self.output,
+            group_id: &self.group,
+            instance.instance_id: INSTANCE,
+            metrics_addr: "127.0.0.1:0",
+            state_dir: &self.state_dir.display().to_string(),
+        });
         ServiceProcess::spawn("eos-processor", &args, &[])
     }
 

@@ -5,6 +5,7 @@
 //! instances add up to 12) and `eosctl audit` is exact at every boundary, per-entity order
 //! included.
 
+use eos_testkit::argv;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -40,21 +41,14 @@ struct Instance {
 
 impl Pipeline {
     fn spawn_processor(&self, id: &str) -> anyhow::Result<Instance> {
-        let args = [
-            "--input-topic",
-            &self.input,
-            "--output-topic",
-            &self.output,
-            "--group-id",
-            &self.processor_group,
-            "--instance-id",
-            id,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--transaction-timeout",
-            "10s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(eos_processor::Config {
+            input_topic: &self.input,
+            output_topic: &self.output,
+            group_id: &self.processor_group,
+            instance.instance_id: id,
+            metrics_addr: "127.0.0.1:0",
+            transaction_timeout: "10s",
+        });
         started(id, ServiceProcess::spawn("eos-processor", &args, &[])?)
     }
 

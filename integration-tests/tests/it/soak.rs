@@ -16,6 +16,7 @@
 //! `make test` runs it for 3 minutes. The long run (docs/faults.md "Soak"):
 //! `EOS_SOAK_DURATION=30m EOS_SOAK_RATE=600 cargo test --release -p integration-tests --test it -- soak --nocapture`.
 
+use eos_testkit::argv;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -112,23 +113,15 @@ struct Chain {
 
 impl Chain {
     fn spawn_processor(&self) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--input-topic",
-            &self.input,
-            "--output-topic",
-            &self.output,
-            "--group-id",
-            &self.processor_group,
-            "--instance-id",
-            "soak",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--transaction-timeout",
-            "10s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(eos_processor::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            input_topic: &self.input,
+            output_topic: &self.output,
+            group_id: &self.processor_group,
+            instance.instance_id: "soak",
+            metrics_addr: "127.0.0.1:0",
+            transaction_timeout: "10s",
+        });
         ServiceProcess::spawn("eos-processor", &args, &[])
     }
 

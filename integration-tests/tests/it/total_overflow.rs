@@ -3,6 +3,7 @@
 //! total as it was; its re-delivery, once a refund has made room, is applied; and `eosctl audit`,
 //! which replays the totals in processing order, finds the result exact (docs/bad-input.md "Bad input").
 
+use eos_testkit::argv;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -65,21 +66,14 @@ fn total_overflow_is_dead_lettered_where_it_overflows_and_audited_exact() -> any
     )?;
 
     let bootstrap = bootstrap_servers();
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--instance-id",
-        "overflow",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        input_topic: &input,
+        output_topic: &output,
+        group_id: &group,
+        instance.instance_id: "overflow",
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))
         .with_context(|| processor.log_tail(40))?;

@@ -8,6 +8,7 @@
 //! processing attempts in its one trace, and — since nothing the killed instance committed can be
 //! missing from the collector — every sampled event must have spans from every participant.
 
+use eos_testkit::argv;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -59,23 +60,15 @@ impl TracedPipeline {
     /// An eos-processor instance (always the same instance id: a successor fences its
     /// predecessor). `extra` adds environment, e.g. a longer commit interval.
     fn spawn_processor(&self, extra: &[(&str, &str)]) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--input-topic",
-            &self.input,
-            "--output-topic",
-            &self.output,
-            "--group-id",
-            &self.group,
-            "--instance-id",
-            "traced",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--transaction-timeout",
-            "90s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(eos_processor::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            input_topic: &self.input,
+            output_topic: &self.output,
+            group_id: &self.group,
+            instance.instance_id: "traced",
+            metrics_addr: "127.0.0.1:0",
+            transaction_timeout: "90s",
+        });
         let mut envs = self.otel_env();
         envs.extend_from_slice(extra);
         ServiceProcess::spawn("eos-processor", &args, &envs)
