@@ -319,7 +319,7 @@ fn postgres_lock_file() -> anyhow::Result<File> {
 }
 
 /// Holds the shared PostgreSQL lock (as a [`TestDatabase`] does) for a test that uses the server
-/// through a child process of its own — `eosctl demo`, which creates its database itself — so a
+/// through a child process of its own — `eos-lab demo`, which creates its database itself — so a
 /// test that restarts the server waits for it instead of cutting its connections mid-run.
 pub fn postgres_in_use() -> anyhow::Result<File> {
     let file = postgres_lock_file()?;
@@ -633,7 +633,7 @@ pub async fn sink_checkpoints(
 }
 
 /// A sink-writer targets file: the append and versioned tables `eosctl audit --database-url`
-/// reads, and the provider charge through dedup-service, as `eosctl demo` configures them.
+/// reads, and the provider charge through dedup-service, as `eos-lab demo` configures them.
 pub fn tables_and_provider_targets(
     provider_name: &str,
     dedup_url: &str,

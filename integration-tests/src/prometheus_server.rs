@@ -43,7 +43,7 @@ pub fn rules_with_for(for_override: &str) -> anyhow::Result<String> {
 pub enum Targets<'a> {
     /// Fixed addresses.
     Static(&'a [SocketAddr]),
-    /// A `file_sd_configs` file (e.g. `eosctl demo --prometheus-targets`), which sets the jobs.
+    /// A `file_sd_configs` file (e.g. `eos-lab demo --prometheus-targets`), which sets the jobs.
     File(&'a Path),
 }
 

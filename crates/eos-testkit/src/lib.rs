@@ -1,5 +1,5 @@
-//! One supervisor for the child processes of eos-suite's tooling: `eosctl demo` and
-//! `eosctl bench` run the real service binaries, and so do the integration tests. Each child's
+//! One supervisor for the child processes of eos-suite's tooling: `eos-lab demo` and
+//! `eos-lab bench` run the real service binaries, and so do the integration tests. Each child's
 //! stdout and stderr go to one log file; it can be SIGKILLed, SIGTERMed, SIGSTOPped and
 //! SIGCONTed, waited for with a timeout, and a child still running when its handle is dropped is
 //! killed, so a failing run leaves nothing behind.

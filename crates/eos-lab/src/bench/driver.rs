@@ -32,12 +32,12 @@ use crate::bench::report::{
     SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
-use crate::group_offsets::{GroupOffsetReader, watermarks};
-use crate::kafka_client::{
+use eosctl::group_offsets::{GroupOffsetReader, watermarks};
+use eosctl::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
 };
-use crate::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
-use crate::workload::{self, WorkloadSpec};
+use eosctl::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
+use eosctl::workload::{self, WorkloadSpec};
 
 /// How often the group's committed offsets are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -96,7 +96,7 @@ pub(super) struct Bench {
     run_id: String,
     seed_base: u64,
     log_dir: PathBuf,
-    /// eosctl's Kafka properties for the processors it starts (a file in `log_dir`, owner-only:
+    /// eos-lab's Kafka properties for the processors it starts (a file in `log_dir`, owner-only:
     /// it may hold a SASL password).
     kafka_for_processors: ChildKafkaProperties,
     /// Every topic this run created or had a processor create, not yet deleted.
@@ -118,7 +118,7 @@ impl Bench {
         // Distinct per run, short enough to read in topic names.
         let seed_base = u64::from((nanos as u32) ^ std::process::id().rotate_left(16));
         let run_id = format!("{seed_base:08x}");
-        let log_dir = std::env::temp_dir().join(format!("eosctl-bench-{run_id}"));
+        let log_dir = std::env::temp_dir().join(format!("eos-lab-bench-{run_id}"));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
         let kafka_for_processors = settings
@@ -948,7 +948,7 @@ impl Bench {
     }
 
     fn name(&self, what: &str) -> String {
-        format!("eosctl-bench-{}-{what}", self.run_id)
+        format!("eos-lab-bench-{}-{what}", self.run_id)
     }
 
     fn check_interrupted(&self) -> anyhow::Result<()> {

@@ -1,10 +1,10 @@
-//! `eosctl bench processor|sink|relay|dedup|pipeline`: runs a benchmark and prints its figures, as a
-//! table or `--json`.
+//! `eos-lab bench processor|sink|relay|dedup|pipeline`: runs a benchmark and prints its figures,
+//! as a table or `--json`.
 
 use crate::bench::{self, BenchOptions};
 use crate::cli;
-use crate::commands::Status;
-use crate::kafka_client::KafkaSettings;
+use eosctl::Status;
+use eosctl::kafka_client::KafkaSettings;
 
 pub(crate) async fn run_processor(
     kafka: KafkaSettings,

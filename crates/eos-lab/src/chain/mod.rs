@@ -1,4 +1,4 @@
-//! The whole chain as child processes, for `eosctl demo` and `eosctl bench pipeline`: the
+//! The whole chain as child processes, for `eos-lab demo` and `eos-lab bench pipeline`: the
 //! services ([`service`]), the run's own PostgreSQL database, and the sink's targets file.
 
 pub(crate) mod service;

@@ -1,4 +1,4 @@
-//! `eosctl bench processor`: measures the real `eos-processor` binary against the real broker and
+//! `eos-lab bench processor`: measures the real `eos-processor` binary against the real broker and
 //! prints figures (it is a benchmark, not a test: missing a target does not fail it).
 //!
 //! 1. Throughput, exactly-once vs at-least-once vs a pass-through copy: one input topic per record
@@ -18,7 +18,7 @@
 //!    committed output (its records-out counter, which moves only after a commit), reported as
 //!    the median and the worst.
 //!
-//! Committed offsets are read with `read_committed` ([`crate::group_offsets`]) every 50 ms.
+//! Committed offsets are read with `read_committed` ([`eosctl::group_offsets`]) every 50 ms.
 //! Everything the benchmark creates (topics, consumer groups) is deleted at the end unless
 //! `--keep-topics`; each processor's stdout and stderr go to a log file whose path is part of any
 //! error.
@@ -46,7 +46,7 @@ use tokio::runtime::Handle;
 use crate::bench::driver::Bench;
 pub use crate::bench::options::BenchOptions;
 pub use crate::bench::report::{BenchReport, bench_text};
-use crate::kafka_client::KafkaSettings;
+use eosctl::kafka_client::KafkaSettings;
 
 /// The latency run's producer is new, and its first records wait for it to connect and get a
 /// producer id: records sent in its first seconds are not measured.

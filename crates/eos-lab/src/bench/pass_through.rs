@@ -21,7 +21,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::bench::processor_process::cpu_time;
 use crate::bench::report::RoundFigures;
-use crate::kafka_client::KafkaSettings;
+use eosctl::kafka_client::KafkaSettings;
 
 /// Counts failed deliveries: a copy that lost records measured nothing.
 #[derive(Debug, Default)]
