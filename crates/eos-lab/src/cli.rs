@@ -142,7 +142,7 @@ pub enum BenchTarget {
 #[derive(Debug, Args)]
 pub struct SinkBenchArgs {
     #[command(flatten)]
-    pub bench: sink_writer::bench::BenchArgs,
+    pub bench: crate::bench::sink::BenchArgs,
     /// Print the figures as one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -35,6 +35,7 @@ mod pass_through;
 pub mod pipeline;
 mod processor_process;
 pub mod report;
+pub mod sink;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

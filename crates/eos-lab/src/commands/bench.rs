@@ -19,7 +19,7 @@ pub(crate) async fn run_sink(
     kafka: &KafkaSettings,
     args: cli::SinkBenchArgs,
 ) -> anyhow::Result<Status> {
-    let report = sink_writer::bench::measure(&args.bench, kafka).await?;
+    let report = bench::sink::measure(&args.bench, kafka).await?;
     print_report(&report, args.json, || report.table())
 }
 
