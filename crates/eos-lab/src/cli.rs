@@ -160,7 +160,7 @@ pub struct RelayBenchArgs {
 #[derive(Debug, Args)]
 pub struct DedupBenchArgs {
     #[command(flatten)]
-    pub bench: dedup_service::bench::BenchArgs,
+    pub bench: crate::bench::dedup::BenchArgs,
     /// Print the figures as one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -32,7 +32,7 @@ pub(crate) async fn run_relay(
 }
 
 pub(crate) async fn run_dedup(args: cli::DedupBenchArgs) -> anyhow::Result<Status> {
-    let report = dedup_service::bench::measure(&args.bench).await?;
+    let report = bench::dedup::measure(&args.bench).await?;
     print_report(&report, args.json, || report.table())
 }
 
