@@ -151,7 +151,7 @@ pub struct SinkBenchArgs {
 #[derive(Debug, Args)]
 pub struct RelayBenchArgs {
     #[command(flatten)]
-    pub bench: outbox_relay::bench::BenchArgs,
+    pub bench: crate::bench::relay::BenchArgs,
     /// Print the figures as one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -35,6 +35,7 @@ pub mod options;
 mod pass_through;
 pub mod pipeline;
 mod processor_process;
+pub mod relay;
 pub mod report;
 pub mod sink;
 

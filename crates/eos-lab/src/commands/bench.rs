@@ -27,7 +27,7 @@ pub(crate) async fn run_relay(
     kafka: &KafkaSettings,
     args: cli::RelayBenchArgs,
 ) -> anyhow::Result<Status> {
-    let report = outbox_relay::bench::measure(&args.bench, kafka).await?;
+    let report = bench::relay::measure(&args.bench, kafka).await?;
     print_report(&report, args.json, || report.table())
 }
 

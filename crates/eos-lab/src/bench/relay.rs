@@ -1,4 +1,4 @@
-//! `eosctl bench relay`: the relay's figures, printed, not asserted.
+//! `eos-lab bench relay`: the relay's figures, printed, not asserted.
 //!
 //! - Throughput: the relay publishing a backlog of 1 KB events (exactly-once, in transactions)
 //!   ÷ a plain idempotent producer sending the same records to the same broker, in interleaved
@@ -30,7 +30,7 @@ use eos_runtime::bench_figures::{Figure, load_average, load_text};
 use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::ops_http::Readiness;
 
-use crate::relay_loop::{RelayLoop, RelaySettings};
+use outbox_relay::relay_loop::{RelayLoop, RelaySettings};
 
 /// Prints the relay's throughput against a plain producer, and its commit-to-visible latency.
 /// Use a scratch database: the bench empties the outbox tables.
@@ -153,7 +153,7 @@ async fn start_relay(
     tokio::task::JoinHandle<anyhow::Result<()>>,
 )> {
     let settings = settings(args, kafka, relay_name);
-    crate::position_topic::ensure_positions_topic(
+    outbox_relay::position_topic::ensure_positions_topic(
         &settings.client_config,
         &settings.positions_topic,
         &eos_runtime::topic_config::TopicReplicationFlags::default(),
