@@ -123,6 +123,14 @@ pub enum BenchTarget {
     /// loopback) and its database. Intents it creates are named bench-*.
     #[command(after_help = EXIT_STATUS)]
     Dedup(DedupBenchArgs),
+    /// eos-processor's state on disk: restore time (cold, warm), resident memory and the state
+    /// path's throughput with N event ids in state against an empty store
+    ///
+    /// Produces a changelog of --ids distinct event ids to a topic it creates (and deletes),
+    /// restores it with the processor's own code, in this process, and measures the state path
+    /// in interleaved rounds. docs/BENCHMARKS-state.md explains the figures.
+    #[command(after_help = EXIT_STATUS)]
+    State(StateBenchArgs),
     /// The whole chain: this eos-lab's producer -> eos-processor -> sink-writer -> PostgreSQL,
     /// and sink-writer -> dedup-service -> provider-sim for each event's charge
     ///
@@ -161,6 +169,15 @@ pub struct RelayBenchArgs {
 pub struct DedupBenchArgs {
     #[command(flatten)]
     pub bench: crate::bench::dedup::BenchArgs,
+    /// Print the figures as one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StateBenchArgs {
+    #[command(flatten)]
+    pub bench: crate::bench::state::BenchArgs,
     /// Print the figures as one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -38,6 +38,7 @@ mod processor_process;
 pub mod relay;
 pub mod report;
 pub mod sink;
+pub mod state;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,5 @@
-//! `eos-lab bench processor|sink|relay|dedup|pipeline`: runs a benchmark and prints its figures,
-//! as a table or `--json`.
+//! `eos-lab bench processor|sink|relay|dedup|state|pipeline`: runs a benchmark and prints its
+//! figures, as a table or `--json`.
 
 use crate::bench::{self, BenchOptions};
 use crate::cli;
@@ -33,6 +33,14 @@ pub(crate) async fn run_relay(
 
 pub(crate) async fn run_dedup(args: cli::DedupBenchArgs) -> anyhow::Result<Status> {
     let report = bench::dedup::measure(&args.bench).await?;
+    print_report(&report, args.json, || report.table())
+}
+
+pub(crate) async fn run_state(
+    kafka: &KafkaSettings,
+    args: cli::StateBenchArgs,
+) -> anyhow::Result<Status> {
+    let report = bench::state::run(&bench::state::BenchConfig::new(&args.bench, kafka)).await?;
     print_report(&report, args.json, || report.table())
 }
 

@@ -25,6 +25,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
             BenchTarget::Sink(args) => bench::run_sink(&kafka, args).await,
             BenchTarget::Relay(args) => bench::run_relay(&kafka, args).await,
             BenchTarget::Dedup(args) => bench::run_dedup(args).await,
+            BenchTarget::State(args) => bench::run_state(&kafka, args).await,
             BenchTarget::Pipeline(args) => bench::run_pipeline(kafka, args).await,
         },
         Command::Demo(args) => Ok(if demo::run(kafka, args).await? {
