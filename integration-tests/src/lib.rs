@@ -369,7 +369,7 @@ impl TestDatabase {
 
     pub async fn drop_database(self) -> anyhow::Result<()> {
         self.pool.close().await;
-        eos_runtime::scratch_database::drop_database(&database_url(), &self.name)
+        eos_testkit::scratch_database::drop_database(&database_url(), &self.name)
             .await
             .with_context(|| format!("cannot drop database {}", self.name))
     }

@@ -95,7 +95,7 @@ impl PrometheusServer {
             }
         }
         std::fs::write(dir.join("prometheus.yml"), &config)?;
-        let addr = eos_runtime::loopback_ports::free_loopback_addr()?;
+        let addr = eos_testkit::loopback_ports::free_loopback_addr()?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = Command::new(binary)
             .current_dir(&dir)

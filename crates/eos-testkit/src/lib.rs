@@ -3,6 +3,15 @@
 //! stdout and stderr go to one log file; it can be SIGKILLed, SIGTERMed, SIGSTOPped and
 //! SIGCONTed, waited for with a timeout, and a child still running when its handle is dropped is
 //! killed, so a failing run leaves nothing behind.
+//!
+//! It also holds the rest of what the lab and the tests share, and no service needs:
+//! [`bench_figures`] (a figure over interleaved rounds, the machine's load), [`loopback_ports`]
+//! (ports for servers started after the port is chosen) and [`scratch_database`] (dropping a
+//! throw-away database services may still be connected to).
+
+pub mod bench_figures;
+pub mod loopback_ports;
+pub mod scratch_database;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};

@@ -111,7 +111,7 @@ impl Drop for TestCa {
 
 /// Ports free on 127.0.0.1 right now.
 fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
-    let ports = eos_runtime::loopback_ports::free_loopback_ports(N)?;
+    let ports = eos_testkit::loopback_ports::free_loopback_ports(N)?;
     ports
         .try_into()
         .map_err(|ports| anyhow::anyhow!("asked for {N} ports, got {ports:?}"))

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use dedup_client::state_machine::BeginOutcome as Outcome;
 use dedup_client::{BeginOutcome, BeginParams, DedupClient, FencingToken};
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use serde::Serialize;
 use time::OffsetDateTime;
 

@@ -1046,7 +1046,7 @@ fn mean_value_bytes(summary: &ProduceSummary) -> f64 {
 
 /// The 1-minute load average (the report keeps only that one).
 fn load_average() -> Option<f64> {
-    eos_runtime::bench_figures::load_average().map(|[one_minute, _, _]| one_minute)
+    eos_testkit::bench_figures::load_average().map(|[one_minute, _, _]| one_minute)
 }
 
 /// eos-processor's counter of committed output records.

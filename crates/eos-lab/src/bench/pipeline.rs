@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use indicatif::ProgressBar;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
@@ -43,7 +43,7 @@ use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::PipelineBenchArgs;
-use eos_runtime::loopback_ports::free_loopback_addr;
+use eos_testkit::loopback_ports::free_loopback_addr;
 use eosctl::kafka_client::{ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic};
 use eosctl::produce::{self, ProduceOptions, ProduceSummary};
 use eosctl::report::grouped;

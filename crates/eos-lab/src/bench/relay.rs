@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_outbox::relay_positions::relayed_position;
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
 use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::ops_http::Readiness;
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 
 use outbox_relay::relay_loop::{RelayLoop, RelaySettings};
 

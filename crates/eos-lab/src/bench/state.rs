@@ -16,9 +16,9 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, Threa
 use serde::Serialize;
 
 use eos_core::Fingerprint;
-use eos_runtime::bench_figures::{self, Figure};
 use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::topic_config::KEYED_STATE_TOPIC_CONFIG;
+use eos_testkit::bench_figures::{self, Figure};
 
 use eos_processor::changelog::{self, RestoreOutcome};
 use eos_processor::partition_state::{

@@ -22,7 +22,7 @@ pub(crate) async fn create_database(server_url: &str, database: &str) -> anyhow:
 }
 
 pub(crate) async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
-    eos_runtime::scratch_database::drop_database(server_url, database)
+    eos_testkit::scratch_database::drop_database(server_url, database)
         .await
         .with_context(|| format!("dropping database {database}"))
 }

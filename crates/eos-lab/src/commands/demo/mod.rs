@@ -46,7 +46,7 @@ use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
-use eos_runtime::loopback_ports::free_loopback_addr;
+use eos_testkit::loopback_ports::free_loopback_addr;
 use eosctl::cli::{AuditArgs, ProduceArgs, TraceArgs};
 use eosctl::commands::{self, audit, progress_bar};
 
