@@ -24,7 +24,6 @@ use crate::bench::latency_collector::{
     ArrivalCollector, append_samples, latency_samples, read_timestamps,
 };
 use crate::bench::options::{BenchOptions, BenchWorkload};
-use crate::bench::pass_through;
 use crate::bench::processor_process::{ProcessorProcess, children_cpu};
 use crate::bench::report::{
     BenchReport, KillResumeFigures, LatencyFigures, LatencyRateBasis, MachineLoad,
@@ -32,12 +31,13 @@ use crate::bench::report::{
     SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
+use crate::bench::{card_workload, pass_through};
 use eosctl::group_offsets::{GroupOffsetReader, watermarks};
 use eosctl::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
 };
 use eosctl::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
-use eosctl::workload::{self, WorkloadSpec};
+use eosctl::workload::WorkloadSpec;
 
 /// How often the group's committed offsets are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -831,7 +831,7 @@ impl Bench {
         }
         if let Some(flagged) = &run.flagged {
             // Where card authorisations keep their id, card and time, and the flagged output
-            // (workload::card_authorisations).
+            // (card_workload::card_authorisations).
             args.extend(
                 [
                     "--event-id",
@@ -869,7 +869,7 @@ impl Bench {
             self.topics.push(topic.to_owned());
         }
         if self.options.workload == BenchWorkload::CardAuthorisations {
-            let records = workload::card_authorisations(
+            let records = card_workload::card_authorisations(
                 seed,
                 count,
                 CARDS,

@@ -27,6 +27,7 @@
 //! latency run's outputs, [`figures`] does the arithmetic and [`report`] holds and prints the
 //! result.
 
+pub mod card_workload;
 pub mod dedup;
 mod driver;
 pub mod figures;
