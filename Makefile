@@ -21,7 +21,7 @@ demo: stack-up
 	$(CARGO) build --release --workspace --bins
 	set -a; eval "$$($(STACK) env)"; set +a; \
 	OTEL_EXPORTER_OTLP_ENDPOINT="$$EOS_JAEGER_OTLP_ENDPOINT" \
-		target/release/eosctl demo --guarantee $(GUARANTEE) \
+		target/release/eos-lab demo --guarantee $(GUARANTEE) \
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
 ## test: bring the stack up, then the offline query data, the Helm chart, the alert rules, the compose file,

@@ -6,7 +6,7 @@
 //! otherwise it runs on a moment and is looked at again.
 //!
 //! [`outputs_an_at_least_once_restart_repeats`] is the look for eos-processor's at-least-once
-//! mode, the test-side twin of the aimed kills of `eosctl demo`.
+//! mode, the test-side twin of the aimed kills of `eos-lab demo`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! directory, so a restarted node rejoins with what it had, as a broker restarted on its disk.
 //! Everything is killed and the directory removed on drop; the stack's own broker is not touched.
 
-use eos_runtime::loopback_ports::free_loopback_ports;
+use eos_testkit::loopback_ports::free_loopback_ports;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -319,7 +319,7 @@ fn postgres_lock_file() -> anyhow::Result<File> {
 }
 
 /// Holds the shared PostgreSQL lock (as a [`TestDatabase`] does) for a test that uses the server
-/// through a child process of its own — `eosctl demo`, which creates its database itself — so a
+/// through a child process of its own — `eos-lab demo`, which creates its database itself — so a
 /// test that restarts the server waits for it instead of cutting its connections mid-run.
 pub fn postgres_in_use() -> anyhow::Result<File> {
     let file = postgres_lock_file()?;
@@ -369,7 +369,7 @@ impl TestDatabase {
 
     pub async fn drop_database(self) -> anyhow::Result<()> {
         self.pool.close().await;
-        eos_runtime::scratch_database::drop_database(&database_url(), &self.name)
+        eos_testkit::scratch_database::drop_database(&database_url(), &self.name)
             .await
             .with_context(|| format!("cannot drop database {}", self.name))
     }
@@ -488,8 +488,11 @@ pub fn produce_records(topic: &str, records: &[(Option<String>, Vec<u8>)]) -> an
             clippy::result_large_err,
             reason = "rdkafka's send hands the record back inside its error"
         )]
-        let sent =
-            eos_runtime::backoff::send_when_queue_has_room(record, |record| producer.send(record));
+        let sent = eos_runtime::backoff::send_when_queue_has_room(
+            record,
+            |record| producer.send(record),
+            std::thread::sleep,
+        );
         sent.map_err(|(error, _)| error)?;
     }
     producer.flush(Duration::from_secs(60))?;
@@ -625,7 +628,7 @@ pub async fn sink_checkpoints(
 }
 
 /// A sink-writer targets file: the append and versioned tables `eosctl audit --database-url`
-/// reads, and the provider charge through dedup-service, as `eosctl demo` configures them.
+/// reads, and the provider charge through dedup-service, as `eos-lab demo` configures them.
 pub fn tables_and_provider_targets(
     provider_name: &str,
     dedup_url: &str,

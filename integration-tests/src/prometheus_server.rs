@@ -43,7 +43,7 @@ pub fn rules_with_for(for_override: &str) -> anyhow::Result<String> {
 pub enum Targets<'a> {
     /// Fixed addresses.
     Static(&'a [SocketAddr]),
-    /// A `file_sd_configs` file (e.g. `eosctl demo --prometheus-targets`), which sets the jobs.
+    /// A `file_sd_configs` file (e.g. `eos-lab demo --prometheus-targets`), which sets the jobs.
     File(&'a Path),
 }
 
@@ -95,7 +95,7 @@ impl PrometheusServer {
             }
         }
         std::fs::write(dir.join("prometheus.yml"), &config)?;
-        let addr = eos_runtime::loopback_ports::free_loopback_addr()?;
+        let addr = eos_testkit::loopback_ports::free_loopback_addr()?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = Command::new(binary)
             .current_dir(&dir)

@@ -19,7 +19,7 @@ use crate::fault_proxy::FaultProxy;
 use crate::kafka_cluster::repo_root;
 use crate::service_process::log_dir;
 use crate::{client_config_for, unique_name};
-use eos_runtime::loopback_ports::free_loopback_ports;
+use eos_testkit::loopback_ports::free_loopback_ports;
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(3);

@@ -12,7 +12,6 @@
 //! service refuses to start when retention is shorter than the replay horizon.
 
 pub mod auth;
-pub mod bench;
 pub mod config;
 pub mod error;
 pub mod grpc_service;

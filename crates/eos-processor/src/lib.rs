@@ -61,8 +61,6 @@ mod rebalance_handling;
 mod record_decision;
 pub mod replay;
 #[doc(hidden)]
-pub mod state_bench;
-#[doc(hidden)]
 pub mod state_format;
 mod state_restore;
 #[doc(hidden)]

@@ -43,18 +43,21 @@ pub fn polling() -> ExponentialBuilder {
 
 /// Hands `record` to a producer's `send`, waiting while librdkafka's local queue is full
 /// (`queue.buffering.max.messages`): the queue drains as the broker acknowledges, so the wait is
-/// short and grows only while the broker is slow — from 1 ms, doubling to 50 ms. Any other
+/// short and grows only while the broker is slow — from 1 ms, doubling to 50 ms. `wait` spends
+/// each delay: `std::thread::sleep` for a `ThreadedProducer`, whose thread serves the
+/// acknowledgements, or a `BaseProducer`'s `poll`, which must serve them itself. Any other
 /// error comes back with the record.
 pub fn send_when_queue_has_room<R>(
     mut record: R,
     mut send: impl FnMut(R) -> Result<(), (KafkaError, R)>,
+    mut wait: impl FnMut(Duration),
 ) -> Result<(), (KafkaError, R)> {
     let mut delays = doubling(Duration::from_millis(1), Duration::from_millis(50)).build();
     loop {
         match send(record) {
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                 record = returned;
-                std::thread::sleep(delays.next().unwrap_or(Duration::from_millis(50)));
+                wait(delays.next().unwrap_or(Duration::from_millis(50)));
             }
             other => return other,
         }
@@ -79,25 +82,34 @@ mod tests {
     #[test]
     fn a_full_queue_is_waited_out_and_other_errors_come_back_with_the_record() {
         let mut full_for = 3;
-        let sent = send_when_queue_has_room("record", |record| {
-            if full_for == 0 {
-                return Ok(());
-            }
-            full_for -= 1;
-            Err((
-                KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
-                record,
-            ))
-        });
+        let mut waited = Vec::new();
+        let sent = send_when_queue_has_room(
+            "record",
+            |record| {
+                if full_for == 0 {
+                    return Ok(());
+                }
+                full_for -= 1;
+                Err((
+                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                    record,
+                ))
+            },
+            |delay| waited.push(delay.as_millis()),
+        );
         assert!(sent.is_ok());
-        assert_eq!(full_for, 0);
+        assert_eq!(waited, [1, 2, 4], "a doubling wait per full queue");
 
-        let refused = send_when_queue_has_room("record", |record| {
-            Err((
-                KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
-                record,
-            ))
-        });
+        let refused = send_when_queue_has_room(
+            "record",
+            |record| {
+                Err((
+                    KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                    record,
+                ))
+            },
+            |_| panic!("no wait for an error other than a full queue"),
+        );
         let (error, record) = refused.expect_err("not a full queue");
         assert_eq!(
             error,

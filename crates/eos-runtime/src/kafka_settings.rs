@@ -18,7 +18,7 @@
 //! or manual offset commits. Values are never logged or shown in errors: only keys are (see
 //! [`KafkaSettings::property_keys`]), and the `Debug` form redacts secret-looking values.
 //!
-//! A program that starts Kafka services (eosctl's demo and bench) hands them its own settings
+//! A program that starts Kafka services (eos-lab's demo and bench) hands them its own settings
 //! through [`KafkaSettings::write_for_children`]: a properties file only its user can read, named
 //! in each child's environment — never on a command line, which every user of the machine sees.
 

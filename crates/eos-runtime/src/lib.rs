@@ -14,17 +14,13 @@
 
 pub mod backoff;
 pub mod batched_purge;
-pub mod bench_figures;
 pub mod kafka_errors;
 pub mod kafka_settings;
 pub mod log_end;
-pub mod loopback_ports;
 pub mod ops_http;
 pub mod rebalance;
 #[cfg(feature = "postgres")]
 pub mod schema_migrations;
-#[cfg(feature = "postgres")]
-pub mod scratch_database;
 pub mod secrets;
 pub mod service_flags;
 pub mod service_main;

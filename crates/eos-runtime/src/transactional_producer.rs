@@ -256,7 +256,8 @@ impl TransactionalProducer {
         if let Some(payload) = &record.payload {
             base = base.payload(payload.as_slice());
         }
-        send_when_queue_has_room(base, |base| self.producer.send(base)).map_err(|(error, _)| error)
+        send_when_queue_has_room(base, |base| self.producer.send(base), std::thread::sleep)
+            .map_err(|(error, _)| error)
     }
 
     /// Adds the consumed `offsets` to the open transaction.

@@ -1,8 +1,17 @@
-//! One supervisor for the child processes of eos-suite's tooling: `eosctl demo` and
-//! `eosctl bench` run the real service binaries, and so do the integration tests. Each child's
+//! One supervisor for the child processes of eos-suite's tooling: `eos-lab demo` and
+//! `eos-lab bench` run the real service binaries, and so do the integration tests. Each child's
 //! stdout and stderr go to one log file; it can be SIGKILLed, SIGTERMed, SIGSTOPped and
 //! SIGCONTed, waited for with a timeout, and a child still running when its handle is dropped is
 //! killed, so a failing run leaves nothing behind.
+//!
+//! It also holds the rest of what the lab and the tests share, and no service needs:
+//! [`bench_figures`] (a figure over interleaved rounds, the machine's load), [`loopback_ports`]
+//! (ports for servers started after the port is chosen) and [`scratch_database`] (dropping a
+//! throw-away database services may still be connected to).
+
+pub mod bench_figures;
+pub mod loopback_ports;
+pub mod scratch_database;
 
 pub mod argv;
 

@@ -1,7 +1,8 @@
 //! `eosctl`, the command-line tool of eos-suite: it writes realistic at-least-once workloads to
 //! Kafka (`produce`), proves — or refutes — a pipeline's exactly-once result (`audit`), tells how
-//! far a consumer group is behind (`lag`), benchmarks the services (`bench`) and shows an event's
-//! trace from Jaeger as a tree (`trace`).
+//! far a consumer group is behind (`lag`), shows an event's trace from Jaeger as a tree (`trace`)
+//! and settles the operations the sink held (`held`). The demo and the benchmarks are eos-lab's:
+//! it runs this crate's producer, lag watch, audit and trace in-process.
 //!
 //! Guarantee of the audit: it passes only when every input record is accounted for exactly once —
 //! one output per logical event (cardinality by `event_id`, never by delivery attempts), nothing for a duplicate delivery, one dead-letter entry with the right reason for
@@ -10,19 +11,16 @@
 //! a database and a provider, it also passes only when the sink's tables and the provider's
 //! effects hold each output event exactly once.
 //!
-//! The audit's rules ([`audit`], [`boundary_audit`]), the workload generator ([`workload`]) and
-//! the benchmark's figures ([`bench::figures`]) are pure and unit-tested; [`topic_reader`],
-//! [`kafka_client`], [`group_offsets`] and [`produce`] are the Kafka adapters,
-//! [`boundary_reader`] the PostgreSQL and provider one, [`jaeger`] the Jaeger query API's (its
-//! spans become trees in the pure [`trace_tree`]); [`bench`](mod@bench) runs the real
-//! binaries. [`commands`] holds one module per subcommand, which puts these together and prints
-//! the result; `commands::demo` runs the whole pipeline.
+//! The audit's rules ([`audit`], [`boundary_audit`]) and the workload generator ([`workload`])
+//! are pure and unit-tested; [`topic_reader`], [`kafka_client`], [`group_offsets`] and
+//! [`produce`] are the Kafka adapters, [`boundary_reader`] the PostgreSQL and provider one,
+//! [`jaeger`] the Jaeger query API's (its spans become trees in the pure [`trace_tree`]).
+//! [`commands`] holds one module per subcommand, which puts these together and prints the
+//! result.
 
 pub mod audit;
-pub mod bench;
 pub mod boundary_audit;
 pub mod boundary_reader;
-pub(crate) mod chain;
 pub mod cli;
 pub mod commands;
 pub mod group_offsets;
@@ -41,5 +39,5 @@ pub mod workload;
 #[cfg(test)]
 mod test_support;
 
-pub use cli::{AuditArgs, BenchArgs, BenchTarget, Cli, Command, LagArgs, ProduceArgs};
+pub use cli::{AuditArgs, Cli, Command, LagArgs, ProduceArgs};
 pub use commands::{Status, run};

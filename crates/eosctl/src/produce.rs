@@ -355,7 +355,11 @@ fn send_all(
             clippy::result_large_err,
             reason = "rdkafka's send hands the record back inside its error"
         )]
-        let sent = send_when_queue_has_room(pending, |pending| producer.send(pending));
+        let sent = send_when_queue_has_room(
+            pending,
+            |pending| producer.send(pending),
+            std::thread::sleep,
+        );
         if let Err((source, returned)) = sent {
             let mut span = returned.delivery_opaque;
             span.set_status(Status::error(source.to_string()));

@@ -7,7 +7,6 @@
 //! transaction; a restarted relay with the same name fences its zombie. In at-least-once mode a
 //! crash repeats records, which consumers absorb by `event_id` (eos-processor does).
 
-pub mod bench;
 pub mod config;
 pub mod error;
 pub mod metrics;

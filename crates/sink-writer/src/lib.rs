@@ -20,7 +20,6 @@ mod backoff;
 pub mod batch_plan;
 mod batch_spans;
 mod batch_writer;
-pub mod bench;
 pub mod checkpoint_rule;
 pub mod checkpoint_store;
 pub mod column_type;

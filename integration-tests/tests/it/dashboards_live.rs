@@ -1,5 +1,5 @@
 //! The Grafana dashboards (deploy/helm/eos-suite/files/grafana/) against data: a real Prometheus
-//! scrapes every service of an `eosctl demo` run (found through `--prometheus-targets`), and
+//! scrapes every service of an `eos-lab demo` run (found through `--prometheus-targets`), and
 //! every panel's PromQL, run against it during the demo, returns data. Every metric a panel or
 //! an alert names is one a service exported in that run; the test lists them.
 
@@ -221,7 +221,7 @@ fn every_dashboard_panel_returns_data_during_a_demo_and_names_exported_metrics()
     )?;
 
     let _postgres = integration_tests::postgres_in_use()?;
-    let mut demo = Command::new(workspace_binary("eosctl")?)
+    let mut demo = Command::new(workspace_binary("eos-lab")?)
         .args([
             "--bootstrap-servers",
             &bootstrap_servers(),

@@ -1,4 +1,4 @@
-//! `eosctl demo` on a small workload, as a user runs it: every service a real process, real
+//! `eos-lab demo` on a small workload, as a user runs it: every service a real process, real
 //! SIGKILLs, a provider that loses answers. Exactly-once must pass at every boundary, from the
 //! payments-api's rows through the outbox to the provider; at-least-once under the same faults
 //! must not, and the report must say where.
@@ -24,7 +24,7 @@ pub(crate) fn demo_with(
     let runs_dir = std::env::temp_dir().join("eos-demo-runs");
     // The demo's database is on the shared server: no PostgreSQL restart while it runs.
     let _postgres = integration_tests::postgres_in_use()?;
-    let output = Command::new(workspace_binary("eosctl")?)
+    let output = Command::new(workspace_binary("eos-lab")?)
         .args([
             "--bootstrap-servers",
             &bootstrap_servers(),

@@ -1,4 +1,4 @@
-//! Traces of `eosctl demo` runs, as an operator sees them: every service exports its spans to the
+//! Traces of `eos-lab demo` runs, as an operator sees them: every service exports its spans to the
 //! in-process OTLP collector, and each created payment (each logical event on the payments topic)
 //! is looked up by its event_id.
 //!

@@ -65,7 +65,7 @@ struct Link<'a> {
 }
 
 /// The sink's targets: the default two tables and the provider charge through dedup-service,
-/// as `eosctl demo` configures them.
+/// as `eos-lab demo` configures them.
 fn targets_file(path: &std::path::Path, name: &str, dedup_url: &str, provider_url: &str) -> String {
     let text = integration_tests::tables_and_provider_targets(name, dedup_url, provider_url);
     std::fs::write(path, text).expect("the targets file is writable");

@@ -103,7 +103,7 @@ impl PrivatePostgres {
         for path in [&data, &socket] {
             std::fs::create_dir_all(path)?;
         }
-        let port = eos_runtime::loopback_ports::free_loopback_ports(1)?[0];
+        let port = eos_testkit::loopback_ports::free_loopback_ports(1)?[0];
         let ca = TestCa::new(&dir.join("ca"))?;
         let server_cert = ca.issue("server", &["127.0.0.1", "localhost"])?;
         let owner_password = awkward_password("owner");

@@ -174,6 +174,7 @@ async fn help_shows_no_secret_from_the_environment() -> anyhow::Result<()> {
         "eos-processor",
         "provider-sim",
         "eosctl",
+        "eos-lab",
     ] {
         let mut process = ServiceProcess::spawn(binary, &["--help".to_owned()], &envs)?;
         let status = process

@@ -1,8 +1,9 @@
-//! `eosctl trace <event_id>` against the stack's real Jaeger: a short `eosctl demo` (every
+//! `eosctl trace <event_id>` against the stack's real Jaeger: a short `eos-lab demo` (every
 //! service a real process, one SIGKILL of the processor) exports its spans over OTLP to Jaeger,
 //! then the built `eosctl trace` must show one event's trace as a tree that holds the spans of
 //! the producer, eos-processor, sink-writer, dedup-service and provider-sim, each under the step
-//! that caused it.
+//! that caused it. The producer is eosctl's (its span is `eosctl produce`), run inside the demo's
+//! process, so its spans carry the service name `eos-lab`.
 //!
 //! The event is the workload's last: the demo spreads its SIGKILLs over the first two thirds of
 //! the production (at most 0.65 of it plus a second for one kill), so the last event is produced
@@ -68,7 +69,7 @@ fn run_demo(seed: u64) -> anyhow::Result<()> {
     let runs_dir = std::env::temp_dir().join("eos-demo-runs");
     // The demo's database is on the shared server: no PostgreSQL restart while it runs.
     let _postgres = integration_tests::postgres_in_use()?;
-    let output = Command::new(workspace_binary("eosctl")?)
+    let output = Command::new(workspace_binary("eos-lab")?)
         .args([
             "--bootstrap-servers",
             &bootstrap_servers(),
@@ -210,7 +211,7 @@ fn eosctl_trace_shows_an_events_spans_from_every_service_as_a_tree() -> anyhow::
     let producer: Vec<&Placed> = spans
         .iter()
         .filter(|p| {
-            field(p.span, "service") == "eosctl"
+            field(p.span, "service") == "eos-lab"
                 && field(p.span, "name") == "eosctl produce"
                 && p.ancestors.is_empty()
                 && p.span["parent_span_id"].is_null()
@@ -261,7 +262,7 @@ fn eosctl_trace_shows_an_events_spans_from_every_service_as_a_tree() -> anyhow::
     );
     let services: BTreeSet<&str> = spans.iter().map(|p| field(p.span, "service")).collect();
     for service in [
-        "eosctl",
+        "eos-lab",
         "eos-processor",
         "sink-writer",
         "dedup-service",
@@ -276,7 +277,7 @@ fn eosctl_trace_shows_an_events_spans_from_every_service_as_a_tree() -> anyhow::
     let trace_id = field(trace, "trace_id");
     assert!(text.contains(&format!("trace {trace_id}")), "{text}");
     for line in [
-        "eosctl: eosctl produce",
+        "eos-lab: eosctl produce",
         "─ eos-processor: eos-processor process",
         "sink-writer: sink-writer write",
         "sink-writer: sink-writer provider charge",

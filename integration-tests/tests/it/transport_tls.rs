@@ -111,7 +111,7 @@ impl Drop for TestCa {
 
 /// Ports free on 127.0.0.1 right now.
 fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
-    let ports = eos_runtime::loopback_ports::free_loopback_ports(N)?;
+    let ports = eos_testkit::loopback_ports::free_loopback_ports(N)?;
     ports
         .try_into()
         .map_err(|ports| anyhow::anyhow!("asked for {N} ports, got {ports:?}"))
@@ -730,7 +730,12 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 /// Runs eosctl with `args`: (exit code, stdout, stderr).
 fn eosctl_run(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let output = Command::new(integration_tests::workspace_binary("eosctl")?)
+    run_binary("eosctl", args)
+}
+
+/// Runs `binary` of the workspace with `args`: (exit code, stdout, stderr).
+fn run_binary(binary: &str, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let output = Command::new(integration_tests::workspace_binary(binary)?)
         .args(args)
         .output()?;
     Ok((
@@ -740,7 +745,7 @@ fn eosctl_run(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
     ))
 }
 
-/// `eosctl demo` and `eosctl bench` with their Kafka properties (SASL_SSL, SCRAM, the test CA)
+/// `eos-lab demo` and `eos-lab bench` with their Kafka properties (SASL_SSL, SCRAM, the test CA)
 /// in `--kafka-properties-file`: every service they start connects with them too — the demo's
 /// processor, sink and outbox relay over SASL_SSL pass their exact run, the bench's processors
 /// theirs — and the password is in no command line, log or file left behind.
@@ -752,36 +757,39 @@ async fn demo_and_bench_hand_their_kafka_properties_to_the_services_they_start()
     let ca = TestCa::new("kafka-children")?;
     let password = format!("scram-{:016x}", rand::random::<u64>());
     let broker = block_in_place(|| TlsBroker::start(&ca, &password))?;
-    let properties = scram_properties(&ca, "eosctl", &password)?;
+    let properties = scram_properties(&ca, "eos-lab", &password)?;
     // The demo's database is on the shared server: no PostgreSQL restart while it runs.
     let _postgres = tokio::task::block_in_place(integration_tests::postgres_in_use)?;
     let runs_dir = ca.dir.join("demo-runs");
     let runs = runs_dir.display().to_string();
 
     let (code, stdout, stderr) = block_in_place(|| {
-        eosctl_run(&[
-            "--bootstrap-servers",
-            &broker.sasl_ssl,
-            "--kafka-properties-file",
-            &properties,
-            "demo",
-            "--source",
-            "payments-api",
-            "--events",
-            "300",
-            "--rate",
-            "300",
-            "--relay-kills",
-            "0",
-            "--processor-kills",
-            "0",
-            "--sink-kills",
-            "0",
-            "--runs-dir",
-            &runs,
-            "--drop-database",
-            "--json",
-        ])
+        run_binary(
+            "eos-lab",
+            &[
+                "--bootstrap-servers",
+                &broker.sasl_ssl,
+                "--kafka-properties-file",
+                &properties,
+                "demo",
+                "--source",
+                "payments-api",
+                "--events",
+                "300",
+                "--rate",
+                "300",
+                "--relay-kills",
+                "0",
+                "--processor-kills",
+                "0",
+                "--sink-kills",
+                "0",
+                "--runs-dir",
+                &runs,
+                "--drop-database",
+                "--json",
+            ],
+        )
     })?;
     let report: serde_json::Value = serde_json::from_str(&stdout)
         .with_context(|| format!("the demo printed no JSON report (exit {code}):\n{stderr}"))?;
@@ -804,42 +812,45 @@ async fn demo_and_bench_hand_their_kafka_properties_to_the_services_they_start()
     }
     assert!(
         !stderr.contains(&password),
-        "the password reached eosctl's output"
+        "the password reached eos-lab's output"
     );
 
     let processor_bin = integration_tests::workspace_binary("eos-processor")?;
     let (code, stdout, stderr) = block_in_place(|| {
-        eosctl_run(&[
-            "--bootstrap-servers",
-            &broker.sasl_ssl,
-            "--kafka-properties-file",
-            &properties,
-            "bench",
-            "processor",
-            "--processor-bin",
-            &processor_bin.display().to_string(),
-            // Small transactions, so that even a few thousand records take many commits: the
-            // bench refuses a run committed all at once as too fast to measure.
-            "--records",
-            "3000",
-            "--max-batch",
-            "100",
-            "--commit-interval",
-            "10ms",
-            "--sizes",
-            "100",
-            "--rounds",
-            "1",
-            "--single-records",
-            "50",
-            "--latency-seconds",
-            "1",
-            "--kill-resume-kills",
-            "2",
-            "--json",
-        ])
+        run_binary(
+            "eos-lab",
+            &[
+                "--bootstrap-servers",
+                &broker.sasl_ssl,
+                "--kafka-properties-file",
+                &properties,
+                "bench",
+                "processor",
+                "--processor-bin",
+                &processor_bin.display().to_string(),
+                // Small transactions, so that even a few thousand records take many commits: the
+                // bench refuses a run committed all at once as too fast to measure.
+                "--records",
+                "3000",
+                "--max-batch",
+                "100",
+                "--commit-interval",
+                "10ms",
+                "--sizes",
+                "100",
+                "--rounds",
+                "1",
+                "--single-records",
+                "50",
+                "--latency-seconds",
+                "1",
+                "--kill-resume-kills",
+                "2",
+                "--json",
+            ],
+        )
     })?;
-    assert_eq!(code, 0, "eosctl bench over SASL_SSL failed:\n{stderr}");
+    assert_eq!(code, 0, "eos-lab bench over SASL_SSL failed:\n{stderr}");
     let bench: serde_json::Value = serde_json::from_str(&stdout)
         .with_context(|| format!("the bench printed no JSON:\n{stderr}"))?;
     // Both SIGKILLed processors came back over SASL_SSL and committed output again.

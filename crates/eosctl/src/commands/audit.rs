@@ -63,7 +63,7 @@ pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result
 
 /// Reads what `args` names and audits it; `progress` counts the records read meanwhile. A
 /// violation is in the outcome; an error is what kept the audit from running.
-pub(crate) async fn audit(
+pub async fn audit(
     kafka: KafkaSettings,
     args: AuditArgs,
     progress: ProgressBar,

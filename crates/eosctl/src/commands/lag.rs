@@ -39,7 +39,7 @@ pub(crate) async fn run(kafka: KafkaSettings, args: LagArgs) -> anyhow::Result<S
 
 /// The group's lag on the topic now, or, with `wait`, once it is 0 or `wait` has passed;
 /// `progress` counts the records behind meanwhile and is cleared at the end.
-pub(crate) async fn observe(
+pub async fn observe(
     kafka: KafkaSettings,
     group: &str,
     topic: &str,

@@ -2,8 +2,6 @@
 //! (a table, or `--json`) and says how the command ended.
 
 pub mod audit;
-pub mod bench;
-pub mod demo;
 pub mod held;
 pub mod lag;
 pub mod produce;
@@ -14,7 +12,7 @@ use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::{BenchArgs, BenchTarget, Cli, Command};
+use crate::cli::{Cli, Command};
 use crate::kafka_client::KafkaSettings;
 
 /// How a command ended, when it ran to the end.
@@ -42,7 +40,13 @@ impl Status {
 
 /// Runs the parsed command line. Errors are printed to stderr and become exit status 2.
 pub async fn run(cli: Cli) -> ExitCode {
-    match execute(cli).await {
+    finish(execute(cli).await)
+}
+
+/// How a command's outcome ends the process: its status's exit code, or the error on stderr and
+/// exit status 2. eos-lab's commands end the same way.
+pub fn finish(outcome: anyhow::Result<Status>) -> ExitCode {
+    match outcome {
         Ok(status) => status.exit_code(),
         Err(error) => {
             tracing::debug!(error = format!("{error:#}"), "command failed");
@@ -58,25 +62,13 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Produce(args) => produce::run(kafka, args).await,
         Command::Audit(args) => audit::run(kafka, *args).await,
         Command::Lag(args) => lag::run(kafka, args).await,
-        Command::Bench(BenchArgs { target }) => match target {
-            BenchTarget::Processor(args) => bench::run_processor(kafka, args).await,
-            BenchTarget::Sink(args) => bench::run_sink(&kafka, args).await,
-            BenchTarget::Relay(args) => bench::run_relay(&kafka, args).await,
-            BenchTarget::Dedup(args) => bench::run_dedup(args).await,
-            BenchTarget::Pipeline(args) => bench::run_pipeline(kafka, args).await,
-        },
         Command::Trace(args) => trace::run(args).await,
         Command::Held(command) => held::run(command).await,
-        Command::Demo(args) => Ok(if demo::run(kafka, args).await? {
-            Status::Success
-        } else {
-            Status::ViolationsFound
-        }),
     }
 }
 
 /// A bar on stderr when it is a terminal, hidden otherwise (pipes, CI logs).
-pub(crate) fn progress_bar(length: u64, unit: &'static str) -> ProgressBar {
+pub fn progress_bar(length: u64, unit: &'static str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -42,7 +42,7 @@ pub(crate) async fn run(kafka: KafkaSettings, args: ProduceArgs) -> anyhow::Resu
 
 /// The workload and where it goes, from the command line; a random seed and now as the base
 /// time unless given.
-pub(crate) fn options(args: &ProduceArgs) -> anyhow::Result<ProduceOptions> {
+pub fn options(args: &ProduceArgs) -> anyhow::Result<ProduceOptions> {
     let spec = WorkloadSpec {
         seed: args.seed.unwrap_or_else(random_seed),
         count: args.count,

@@ -17,7 +17,8 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// One request to Jaeger.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(crate) async fn run(args: TraceArgs) -> anyhow::Result<Status> {
+/// Shows the trace `args` names (eos-lab's demo shows its sample event's so).
+pub async fn run(args: TraceArgs) -> anyhow::Result<Status> {
     let client = JaegerClient::new(&args.jaeger_url, REQUEST_TIMEOUT)?;
     let search = search_until_settled(&client, &args.event_id, args.lookback, args.wait).await?;
     if search.spans.is_empty() {

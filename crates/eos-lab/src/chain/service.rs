@@ -23,7 +23,7 @@ pub(crate) struct Service {
     /// Secrets go here rather than in `args`: a command line is visible to every user of the
     /// machine (`ps`), a process's environment only to its owner.
     envs: Vec<(String, String)>,
-    /// eosctl's Kafka properties, for a Kafka service (a file named in its environment: they
+    /// eos-lab's Kafka properties, for a Kafka service (a file named in its environment: they
     /// may hold a SASL password).
     kafka_properties: Option<Arc<ChildKafkaProperties>>,
     pub(crate) log: PathBuf,
@@ -72,7 +72,7 @@ impl Service {
         self
     }
 
-    /// Makes it a Kafka client with eosctl's own Kafka properties.
+    /// Makes it a Kafka client with eos-lab's own Kafka properties.
     pub(crate) fn with_kafka_properties(mut self, properties: &Arc<ChildKafkaProperties>) -> Self {
         self.kafka_properties = Some(Arc::clone(properties));
         self

@@ -1,4 +1,4 @@
-//! `eosctl demo`: the whole pipeline under faults, and one report that says, boundary by
+//! `eos-lab demo`: the whole pipeline under faults, and one report that says, boundary by
 //! boundary, whether every event had exactly one effect.
 //!
 //! HTTP clients → payments-api (payment row + outbox row in one PostgreSQL transaction) →
@@ -16,7 +16,7 @@
 //!
 //! Every service is a real child process of the binaries next to this one; their logs, the sink's
 //! targets file and the reports stay in the run's directory. The clients, the producer, the lag
-//! waits and the audit are this eosctl's own code, run in-process.
+//! waits and the audit are this eos-lab's own code, run in-process.
 
 mod aimed_kill;
 mod database;
@@ -39,20 +39,20 @@ use serde_json::Value;
 
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
-use crate::cli::{AuditArgs, ProduceArgs, TraceArgs};
 use crate::commands::demo::aimed_kill::{AimedKill, KillAim};
 use crate::commands::demo::database::{outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
-use crate::commands::{self, audit, progress_bar};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
-use eos_runtime::loopback_ports::free_loopback_addr;
+use eos_testkit::loopback_ports::free_loopback_addr;
+use eosctl::cli::{AuditArgs, ProduceArgs, TraceArgs};
+use eosctl::commands::{self, audit, progress_bar};
 
-use crate::kafka_client::{KafkaSettings, TopicLayout, ensure_topic};
-use crate::produce;
-use crate::report::grouped;
+use eosctl::kafka_client::{KafkaSettings, TopicLayout, ensure_topic};
+use eosctl::produce;
+use eosctl::report::grouped;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -141,7 +141,7 @@ pub struct DemoArgs {
     )]
     pub database_url: String,
 
-    /// Where the service binaries are [default: the directory of this eosctl].
+    /// Where the service binaries are [default: the directory of this eos-lab].
     #[arg(long, env = "EOS_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
 
@@ -208,8 +208,8 @@ fn say(line: impl AsRef<str>) {
 /// A subcommand's arguments from the words a user would type after it: the demo runs `produce`
 /// and `audit` in-process with exactly the defaults of their command lines.
 fn command_args<A: clap::Args + clap::FromArgMatches>(words: &[&str]) -> anyhow::Result<A> {
-    let matches = A::augment_args(clap::Command::new("eosctl"))
-        .try_get_matches_from(std::iter::once("eosctl").chain(words.iter().copied()))?;
+    let matches = A::augment_args(clap::Command::new("eos-lab"))
+        .try_get_matches_from(std::iter::once("eos-lab").chain(words.iter().copied()))?;
     Ok(A::from_arg_matches(&matches)?)
 }
 
@@ -218,13 +218,13 @@ fn strings(args: &[&str]) -> Vec<String> {
 }
 
 pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
-    let self_exe = std::env::current_exe().context("locating eosctl")?;
+    let self_exe = std::env::current_exe().context("locating eos-lab")?;
     let bootstrap_servers = kafka.bootstrap_servers.as_str();
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => self_exe
             .parent()
-            .context("eosctl has no directory")?
+            .context("eos-lab has no directory")?
             .to_path_buf(),
     };
     let mut binaries = vec![
@@ -253,7 +253,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let run_dir = args.runs_dir.join(&run_id);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let run_dir = run_dir.canonicalize()?;
-    // The Kafka services connect as eosctl does (TLS, SASL): its properties, secrets included,
+    // The Kafka services connect as eos-lab does (TLS, SASL): its properties, secrets included,
     // reach them through an owner-only file named in their environment, removed at the end.
     let kafka_for_services = Arc::new(
         kafka
@@ -348,7 +348,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     std::fs::write(
         &targets,
         sink_targets(
-            "eosctl demo",
+            "eos-lab demo",
             Some(&ProviderTarget {
                 name: &provider_name,
                 dedup_url: &dedup_url,
@@ -745,7 +745,7 @@ async fn start_workload(
     // writing next to the relay: one duplicate key, one integer beyond 64 bits, one inexact
     // number. Each must end as a dead letter with its reason, and the audit counts them.
     let ambiguous =
-        crate::workload::Workload::ambiguous_records(seed, time::OffsetDateTime::now_utc())?;
+        eosctl::workload::Workload::ambiguous_records(seed, time::OffsetDateTime::now_utc())?;
     produce::write_records(
         kafka,
         produce::SendOptions {

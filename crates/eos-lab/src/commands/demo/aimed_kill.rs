@@ -17,10 +17,10 @@ use anyhow::Context as _;
 use serde_json::Value;
 
 use crate::chain::service::Service;
-use crate::group_offsets::GroupOffsetReader;
-use crate::kafka_client::{KafkaSettings, METADATA_TIMEOUT};
-use crate::source_record::SourceRecord;
-use crate::topic_reader::read_topics;
+use eosctl::group_offsets::GroupOffsetReader;
+use eosctl::kafka_client::{KafkaSettings, METADATA_TIMEOUT};
+use eosctl::source_record::SourceRecord;
+use eosctl::topic_reader::read_topics;
 
 /// Long enough for requests the processor had already sent when it was frozen (a produce, an
 /// offset commit) to be applied by the broker, so what is read is what a restart finds.

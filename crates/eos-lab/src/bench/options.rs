@@ -1,4 +1,4 @@
-//! What `eosctl bench processor` runs, resolved and checked from its command line.
+//! What `eos-lab bench processor` runs, resolved and checked from its command line.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -46,7 +46,7 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// The processor defaults to the `eos-processor` next to the running `eosctl` (the same
+    /// The processor defaults to the `eos-processor` next to the running `eos-lab` (the same
     /// cargo profile directory).
     pub fn from_args(args: &ProcessorBenchArgs) -> anyhow::Result<Self> {
         let processor_bin = match &args.processor_bin {
@@ -165,7 +165,7 @@ mod tests {
         let bin = std::env::current_exe().expect("the test binary exists");
         let args = |instances: &str, partitions: &str| {
             let cli = Cli::try_parse_from([
-                "eosctl",
+                "eos-lab",
                 "bench",
                 "processor",
                 "--processor-bin",

@@ -9,7 +9,7 @@ use eos_core::Guarantee;
 use serde::Serialize;
 
 use crate::bench::figures::{LatencySummary, LatencyTrend, median, megabytes_per_second};
-use crate::report::grouped;
+use eosctl::report::grouped;
 
 /// The exactly-once/at-least-once throughput ratio aimed at, from this record size up
 /// (docs/BENCHMARKS.md).
@@ -138,7 +138,7 @@ pub struct RoundFigures {
     /// From the process start to the first commit seen (not part of the rate).
     pub startup_seconds: f64,
     /// CPU time (user + system) per 1,000 input records of the process that did the work: the
-    /// processor over its whole life, start-up included, or this eosctl during the pass-through
+    /// processor over its whole life, start-up included, or this eos-lab during the pass-through
     /// copy. Unlike the rate, hardly affected by other work on the machine.
     pub cpu_ms_per_1000_records: Option<f64>,
 }
@@ -244,8 +244,8 @@ pub fn bench_text(report: &BenchReport) -> String {
         "{} partitions, commit interval {} ms, max batch {}, {} round{} of each path \
          (interleaved EO, ALO, pass-through, ...), fresh group per round; processor rates from the \
          first commit to the end of the input, pass-through (a plain consumer -> producer copy in \
-         eosctl) from the first record read to the last acknowledged; CPU ms/1k = CPU time per \
-         1,000 records of the processor (of eosctl for the pass-through)",
+         eos-lab) from the first record read to the last acknowledged; CPU ms/1k = CPU time per \
+         1,000 records of the processor (of eos-lab for the pass-through)",
         report.partitions,
         report.commit_interval_ms,
         report.max_batch,

@@ -15,7 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Deserialize;
 
 use crate::bench::processor_process::ProcessorProcess;
-use crate::kafka_client::KafkaSettings;
+use eosctl::kafka_client::KafkaSettings;
 
 /// The part of a ledger output record the latency run needs: where its input came from.
 #[derive(Debug, Deserialize)]
@@ -252,7 +252,7 @@ pub(super) fn read_timestamps(
 /// never join or commit, so a throw-away id leaves no trace.
 fn reader_group(purpose: &str) -> String {
     format!(
-        "eosctl-bench-reader-{purpose}-{}-{}",
+        "eos-lab-bench-reader-{purpose}-{}-{}",
         std::process::id(),
         now_ms()
     )

@@ -24,7 +24,6 @@ use crate::bench::latency_collector::{
     ArrivalCollector, append_samples, latency_samples, read_timestamps,
 };
 use crate::bench::options::{BenchOptions, BenchWorkload};
-use crate::bench::pass_through;
 use crate::bench::processor_process::{ProcessorProcess, children_cpu};
 use crate::bench::report::{
     BenchReport, KillResumeFigures, LatencyFigures, LatencyRateBasis, MachineLoad,
@@ -32,12 +31,13 @@ use crate::bench::report::{
     SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
-use crate::group_offsets::{GroupOffsetReader, watermarks};
-use crate::kafka_client::{
+use crate::bench::{card_workload, pass_through};
+use eosctl::group_offsets::{GroupOffsetReader, watermarks};
+use eosctl::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
 };
-use crate::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
-use crate::workload::{self, WorkloadSpec};
+use eosctl::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
+use eosctl::workload::WorkloadSpec;
 
 /// How often the group's committed offsets are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -96,7 +96,7 @@ pub(super) struct Bench {
     run_id: String,
     seed_base: u64,
     log_dir: PathBuf,
-    /// eosctl's Kafka properties for the processors it starts (a file in `log_dir`, owner-only:
+    /// eos-lab's Kafka properties for the processors it starts (a file in `log_dir`, owner-only:
     /// it may hold a SASL password).
     kafka_for_processors: ChildKafkaProperties,
     /// Every topic this run created or had a processor create, not yet deleted.
@@ -118,7 +118,7 @@ impl Bench {
         // Distinct per run, short enough to read in topic names.
         let seed_base = u64::from((nanos as u32) ^ std::process::id().rotate_left(16));
         let run_id = format!("{seed_base:08x}");
-        let log_dir = std::env::temp_dir().join(format!("eosctl-bench-{run_id}"));
+        let log_dir = std::env::temp_dir().join(format!("eos-lab-bench-{run_id}"));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
         let kafka_for_processors = settings
@@ -831,7 +831,7 @@ impl Bench {
         }
         if let Some(flagged) = &run.flagged {
             // Where card authorisations keep their id, card and time, and the flagged output
-            // (workload::card_authorisations).
+            // (card_workload::card_authorisations).
             args.extend(
                 [
                     "--event-id",
@@ -869,7 +869,7 @@ impl Bench {
             self.topics.push(topic.to_owned());
         }
         if self.options.workload == BenchWorkload::CardAuthorisations {
-            let records = workload::card_authorisations(
+            let records = card_workload::card_authorisations(
                 seed,
                 count,
                 CARDS,
@@ -948,7 +948,7 @@ impl Bench {
     }
 
     fn name(&self, what: &str) -> String {
-        format!("eosctl-bench-{}-{what}", self.run_id)
+        format!("eos-lab-bench-{}-{what}", self.run_id)
     }
 
     fn check_interrupted(&self) -> anyhow::Result<()> {
@@ -1046,7 +1046,7 @@ fn mean_value_bytes(summary: &ProduceSummary) -> f64 {
 
 /// The 1-minute load average (the report keeps only that one).
 fn load_average() -> Option<f64> {
-    eos_runtime::bench_figures::load_average().map(|[one_minute, _, _]| one_minute)
+    eos_testkit::bench_figures::load_average().map(|[one_minute, _, _]| one_minute)
 }
 
 /// eos-processor's counter of committed output records.

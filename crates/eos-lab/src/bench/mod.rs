@@ -1,4 +1,4 @@
-//! `eosctl bench processor`: measures the real `eos-processor` binary against the real broker and
+//! `eos-lab bench processor`: measures the real `eos-processor` binary against the real broker and
 //! prints figures (it is a benchmark, not a test: missing a target does not fail it).
 //!
 //! 1. Throughput, exactly-once vs at-least-once vs a pass-through copy: one input topic per record
@@ -18,7 +18,7 @@
 //!    committed output (its records-out counter, which moves only after a commit), reported as
 //!    the median and the worst.
 //!
-//! Committed offsets are read with `read_committed` ([`crate::group_offsets`]) every 50 ms.
+//! Committed offsets are read with `read_committed` ([`eosctl::group_offsets`]) every 50 ms.
 //! Everything the benchmark creates (topics, consumer groups) is deleted at the end unless
 //! `--keep-topics`; each processor's stdout and stderr go to a log file whose path is part of any
 //! error.
@@ -27,6 +27,8 @@
 //! latency run's outputs, [`figures`] does the arithmetic and [`report`] holds and prints the
 //! result.
 
+pub mod card_workload;
+pub mod dedup;
 mod driver;
 pub mod figures;
 mod latency_collector;
@@ -34,7 +36,10 @@ pub mod options;
 mod pass_through;
 pub mod pipeline;
 mod processor_process;
+pub mod relay;
 pub mod report;
+pub mod sink;
+pub mod state;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +51,7 @@ use tokio::runtime::Handle;
 use crate::bench::driver::Bench;
 pub use crate::bench::options::BenchOptions;
 pub use crate::bench::report::{BenchReport, bench_text};
-use crate::kafka_client::KafkaSettings;
+use eosctl::kafka_client::KafkaSettings;
 
 /// The latency run's producer is new, and its first records wait for it to connect and get a
 /// producer id: records sent in its first seconds are not measured.

@@ -1,5 +1,5 @@
-//! `eosctl bench pipeline`: the whole chain as real child processes, with no faults — this
-//! eosctl's producer → eos-processor → sink-writer → its PostgreSQL tables, and sink-writer →
+//! `eos-lab bench pipeline`: the whole chain as real child processes, with no faults — this
+//! eos-lab's producer → eos-processor → sink-writer → its PostgreSQL tables, and sink-writer →
 //! dedup-service → provider-sim for each event's charge.
 //!
 //! 1. Throughput, two chains in interleaved rounds (the order alternating): the tables alone, and
@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use indicatif::ProgressBar;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
@@ -43,12 +43,12 @@ use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::PipelineBenchArgs;
-use crate::kafka_client::{ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic};
-use crate::produce::{self, ProduceOptions, ProduceSummary};
-use crate::report::grouped;
-use crate::topic_reader::read_topics;
-use crate::workload::WorkloadSpec;
-use eos_runtime::loopback_ports::free_loopback_addr;
+use eos_testkit::loopback_ports::free_loopback_addr;
+use eosctl::kafka_client::{ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic};
+use eosctl::produce::{self, ProduceOptions, ProduceSummary};
+use eosctl::report::grouped;
+use eosctl::topic_reader::read_topics;
+use eosctl::workload::WorkloadSpec;
 
 /// How often the sink's checkpoints are read in the latency run: the latency figures are late by
 /// up to this much.
@@ -197,9 +197,9 @@ pub async fn run(kafka: KafkaSettings, args: PipelineBenchArgs) -> anyhow::Resul
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()
-            .context("locating eosctl")?
+            .context("locating eos-lab")?
             .parent()
-            .context("eosctl has no directory")?
+            .context("eos-lab has no directory")?
             .to_path_buf(),
     };
     for binary in [
@@ -283,7 +283,7 @@ impl Bench {
             .map_or(0, |elapsed| elapsed.as_nanos());
         let seed_base = u64::from((nanos as u32) ^ std::process::id().rotate_left(16));
         let run_id = format!("{seed_base:08x}");
-        let dir = std::env::temp_dir().join(format!("eosctl-bench-pipeline-{run_id}"));
+        let dir = std::env::temp_dir().join(format!("eos-lab-bench-pipeline-{run_id}"));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create the run directory {}", dir.display()))?;
         let kafka_for_services = Arc::new(
@@ -514,7 +514,7 @@ impl Bench {
     async fn start_chain(&mut self, targets: Targets) -> anyhow::Result<Chain> {
         self.chains_started += 1;
         let label = format!("{:02}-{}", self.chains_started, targets.label());
-        let name = |what: &str| format!("eosctl-bench-pipeline-{}-{label}-{what}", self.run_id);
+        let name = |what: &str| format!("eos-lab-bench-pipeline-{}-{label}-{what}", self.run_id);
         let (input, output) = (name("in"), name("out"));
         let (dlq, changelog, sink_dlq) =
             (name("dlq"), name("changelog"), format!("{output}.sink-dlq"));
@@ -554,7 +554,7 @@ impl Bench {
         std::fs::write(
             &targets_path,
             sink_targets(
-                "eosctl bench pipeline",
+                "eos-lab bench pipeline",
                 (targets == Targets::TablesAndCharge).then_some(&provider),
             ),
         )?;
@@ -762,9 +762,9 @@ impl Bench {
         let topic = topic.to_owned();
         tokio::task::spawn_blocking(move || {
             let metadata = kafka.metadata_client()?;
-            let partitions = crate::kafka_client::topic_partitions(&metadata, &kafka, &topic)?
+            let partitions = eosctl::kafka_client::topic_partitions(&metadata, &kafka, &topic)?
                 .with_context(|| format!("topic {topic:?} disappeared"))?;
-            let ends = crate::group_offsets::watermarks(&kafka, &metadata, &topic, &partitions)?;
+            let ends = eosctl::group_offsets::watermarks(&kafka, &metadata, &topic, &partitions)?;
             anyhow::Ok(ends.into_iter().map(|(p, (_, end))| (p, end)).collect())
         })
         .await

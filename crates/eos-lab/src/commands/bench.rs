@@ -1,10 +1,10 @@
-//! `eosctl bench processor|sink|relay|dedup|pipeline`: runs a benchmark and prints its figures, as a
-//! table or `--json`.
+//! `eos-lab bench processor|sink|relay|dedup|state|pipeline`: runs a benchmark and prints its
+//! figures, as a table or `--json`.
 
 use crate::bench::{self, BenchOptions};
 use crate::cli;
-use crate::commands::Status;
-use crate::kafka_client::KafkaSettings;
+use eosctl::Status;
+use eosctl::kafka_client::KafkaSettings;
 
 pub(crate) async fn run_processor(
     kafka: KafkaSettings,
@@ -19,7 +19,7 @@ pub(crate) async fn run_sink(
     kafka: &KafkaSettings,
     args: cli::SinkBenchArgs,
 ) -> anyhow::Result<Status> {
-    let report = sink_writer::bench::measure(&args.bench, kafka).await?;
+    let report = bench::sink::measure(&args.bench, kafka).await?;
     print_report(&report, args.json, || report.table())
 }
 
@@ -27,12 +27,20 @@ pub(crate) async fn run_relay(
     kafka: &KafkaSettings,
     args: cli::RelayBenchArgs,
 ) -> anyhow::Result<Status> {
-    let report = outbox_relay::bench::measure(&args.bench, kafka).await?;
+    let report = bench::relay::measure(&args.bench, kafka).await?;
     print_report(&report, args.json, || report.table())
 }
 
 pub(crate) async fn run_dedup(args: cli::DedupBenchArgs) -> anyhow::Result<Status> {
-    let report = dedup_service::bench::measure(&args.bench).await?;
+    let report = bench::dedup::measure(&args.bench).await?;
+    print_report(&report, args.json, || report.table())
+}
+
+pub(crate) async fn run_state(
+    kafka: &KafkaSettings,
+    args: cli::StateBenchArgs,
+) -> anyhow::Result<Status> {
+    let report = bench::state::run(&bench::state::BenchConfig::new(&args.bench, kafka)).await?;
     print_report(&report, args.json, || report.table())
 }
 

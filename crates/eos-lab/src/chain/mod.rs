@@ -1,4 +1,4 @@
-//! The whole chain as child processes, for `eosctl demo` and `eosctl bench pipeline`: the
+//! The whole chain as child processes, for `eos-lab demo` and `eos-lab bench pipeline`: the
 //! services ([`service`]), the run's own PostgreSQL database, and the sink's targets file.
 
 pub(crate) mod service;
@@ -22,7 +22,7 @@ pub(crate) async fn create_database(server_url: &str, database: &str) -> anyhow:
 }
 
 pub(crate) async fn drop_database(server_url: &str, database: &str) -> anyhow::Result<()> {
-    eos_runtime::scratch_database::drop_database(server_url, database)
+    eos_testkit::scratch_database::drop_database(server_url, database)
         .await
         .with_context(|| format!("dropping database {database}"))
 }

@@ -1,4 +1,4 @@
-//! The arithmetic of `eosctl bench`: rates from committed-offset samples, medians, ratios and
+//! The arithmetic of `eos-lab bench`: rates from committed-offset samples, medians, ratios and
 //! latency percentiles. Pure, so every figure the benchmark prints is unit-tested.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! `eosctl bench sink`: figures for the sink's write path, printed, not asserted.
+//! `eos-lab bench sink`: figures for the sink's write path, printed, not asserted.
 //!
 //! On the same indexed table shape (`event_sink`), in interleaved rounds (the order of the
 //! variants rotates every round) so drift (autovacuum, caches, other load) hits every variant
@@ -16,20 +16,20 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Args, Parser as _};
 use eos_core::Checkpoint;
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
 use eos_runtime::kafka_settings::KafkaSettings;
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint_store::{self, Move};
-use crate::decision::{self, TargetView};
-use crate::mapping::InputRecord;
-use crate::schema::{self, PreparedTarget};
-use crate::table_writer::WritePath;
-use crate::{migrator, targets};
+use sink_writer::checkpoint_store::{self, Move};
+use sink_writer::decision::{self, TargetView};
+use sink_writer::mapping::{self, EventFormat, InputRecord};
+use sink_writer::schema::{self, PreparedTarget};
+use sink_writer::table_writer::{self, WritePath};
+use sink_writer::{migrator, targets};
 
 /// Prints throughput figures of the sink's write path against a real PostgreSQL (and Kafka for
 /// the end-to-end figure). Use a scratch database: the bench truncates event_sink.
@@ -93,7 +93,7 @@ async fn idempotent(
     }];
     let started = Instant::now();
     for chunk in rows.chunks(batch) {
-        let decided = decision::decide(chunk, &views, &crate::mapping::EventFormat::ledger());
+        let decided = decision::decide(chunk, &views, &EventFormat::ledger());
         let mut tx = pool.begin().await?;
         if let Some(epoch) = checkpoint {
             let next_offset = chunk.last().map(|r| r.offset + 1).unwrap_or(0);
@@ -108,7 +108,7 @@ async fn idempotent(
             let moved = checkpoint_store::advance(&mut tx, "bench", &moves).await?;
             anyhow::ensure!(moved.len() == 1, "bench checkpoint not fenced to us");
         }
-        crate::table_writer::write_target_via(
+        table_writer::write_target_via(
             &mut tx,
             target,
             &decided.candidates[0],
@@ -127,7 +127,7 @@ async fn raw_copy(pool: &PgPool, rows: &[InputRecord], batch: usize) -> anyhow::
     for chunk in rows.chunks(batch) {
         let mut text = String::new();
         for record in chunk {
-            let event = crate::mapping::decode(record, &crate::mapping::EventFormat::ledger())
+            let event = mapping::decode(record, &EventFormat::ledger())
                 .map_err(|r| anyhow::anyhow!("{r:?}"))?;
             let payload = event
                 .raw
@@ -203,7 +203,7 @@ async fn end_to_end(
         .iter()
         .flat_map(|(key, value)| ["-X".to_owned(), format!("{key}={value}")])
         .collect();
-    let config = crate::Config::try_parse_from(
+    let config = sink_writer::Config::try_parse_from(
         [
             "sink-writer",
             "--database-url",
@@ -225,7 +225,7 @@ async fn end_to_end(
     )?;
     let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let service = tokio::spawn(crate::run(config, shutdown.clone()));
+    let service = tokio::spawn(sink_writer::run(config, shutdown.clone()));
     let deadline = started + Duration::from_secs(600);
     loop {
         let done: Option<i64> = sqlx::query_scalar!(

@@ -2,12 +2,13 @@
 //! the processor's own restore (cold into an empty store, warm from the local checkpoint after a
 //! 1% tail), the resident memory while it holds that state, and the throughput of the state path
 //! (decide every record, write each committed batch to the store) with that state versus an
-//! empty store. Runs against a real broker; `examples/state_bench.rs` prints it as a table or
+//! empty store. Runs against a real broker; `eos-lab bench state` prints it as a table or
 //! JSON.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -15,13 +16,16 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, Threa
 use serde::Serialize;
 
 use eos_core::Fingerprint;
-use eos_runtime::bench_figures::{self, Figure};
+use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::topic_config::KEYED_STATE_TOPIC_CONFIG;
+use eos_testkit::bench_figures::{self, Figure};
 
-use crate::changelog::{self, RestoreOutcome};
-use crate::partition_state::{DecisionPolicy, InputRecord, Overlay, PartitionState, SeenEvent};
-use crate::state_store::{StateStore, StoreError};
-use crate::transform::{LedgerTotals, LedgerTransform, SourcePosition};
+use eos_processor::changelog::{self, RestoreOutcome};
+use eos_processor::partition_state::{
+    DecisionPolicy, InputRecord, Overlay, PartitionState, SeenEvent,
+};
+use eos_processor::state_store::{StateStore, StoreError};
+use eos_processor::transform::{LedgerTotals, LedgerTransform, SourcePosition};
 
 /// Entities the benchmark's events are spread over.
 const ENTITIES: u64 = 1_000;
@@ -40,14 +44,29 @@ pub enum BenchError {
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error("{0}")]
-    Processor(#[from] crate::ProcessorError),
+    Processor(#[from] eos_processor::ProcessorError),
     #[error("{0}")]
     Setup(String),
 }
 
+/// Restore time (cold, warm), resident memory and state-path throughput with N ids in state.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Distinct event ids in state.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub ids: u64,
+    /// Events per throughput round and store (three interleaved rounds of each).
+    #[arg(long, default_value_t = 200_000)]
+    pub throughput_events: u64,
+    /// Where the stores go during the run (removed at the end).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    pub bootstrap_servers: String,
+    /// The Kafka clients' settings: eos-lab's `--bootstrap-servers` and properties.
+    pub client: ClientConfig,
     /// Distinct event ids in state.
     pub ids: u64,
     /// Changelog records written after the checkpoint, for the warm restore.
@@ -138,25 +157,20 @@ fn produce_state(
     let expires_at = time::OffsetDateTime::now_utc().unix_timestamp() + HORIZON_SECS;
     let mut written = 0;
     let send = |key: String, value: Vec<u8>| -> Result<(), BenchError> {
-        let mut record = BaseRecord::<String, Vec<u8>>::to(topic)
+        let record = BaseRecord::<String, Vec<u8>>::to(topic)
             .partition(0)
             .key(&key)
             .payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ),
-                    back,
-                )) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((error, _)) => return Err(error.into()),
-            }
-        }
+        #[expect(
+            clippy::result_large_err,
+            reason = "rdkafka's send hands the record back inside its error"
+        )]
+        let sent = eos_runtime::backoff::send_when_queue_has_room(
+            record,
+            |record| producer.send(record),
+            std::thread::sleep,
+        );
+        sent.map_err(|(error, _)| error.into())
     };
     for entity in 0..ENTITIES {
         let state = LedgerTotals {
@@ -200,7 +214,7 @@ fn state_path_rate(
             max_record_bytes: 1 << 20,
             ..eos_core::EventContract::ledger()
         },
-        outputs: [crate::transform::DEFAULT_OUTPUT.to_owned()].into(),
+        outputs: [eos_processor::transform::DEFAULT_OUTPUT.to_owned()].into(),
     };
     let source = SourcePosition {
         topic: "bench".into(),
@@ -258,14 +272,28 @@ fn restore(
     Ok((outcome, started.elapsed().as_secs_f64()))
 }
 
+impl BenchConfig {
+    /// What `args` asks for, on the lab's Kafka; the warm restore's tail is 1% of the ids.
+    pub fn new(args: &BenchArgs, kafka: &KafkaSettings) -> Self {
+        Self {
+            client: kafka.client_config(),
+            ids: args.ids,
+            tail: (args.ids / 100).max(1),
+            throughput_events: args.throughput_events,
+            work_dir: args.work_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("eos-state-bench-{}", std::process::id()))
+            }),
+        }
+    }
+}
+
 /// Runs the benchmark; creates and deletes its own changelog topic and stores.
 pub async fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &config.bootstrap_servers);
+    let client = config.client.clone();
     let topic = format!(
         "eos-state-bench-{}-{}",
         std::process::id(),
-        crate::state_store::now_unix_ms()
+        eos_processor::state_store::now_unix_ms()
     );
     let admin: AdminClient<DefaultClientContext> = client.create()?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));

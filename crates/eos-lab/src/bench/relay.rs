@@ -1,4 +1,4 @@
-//! `eosctl bench relay`: the relay's figures, printed, not asserted.
+//! `eos-lab bench relay`: the relay's figures, printed, not asserted.
 //!
 //! - Throughput: the relay publishing a backlog of 1 KB events (exactly-once, in transactions)
 //!   ÷ a plain idempotent producer sending the same records to the same broker, in interleaved
@@ -26,11 +26,11 @@ use tokio_util::sync::CancellationToken;
 use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_outbox::relay_positions::relayed_position;
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
 use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::ops_http::Readiness;
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 
-use crate::relay_loop::{RelayLoop, RelaySettings};
+use outbox_relay::relay_loop::{RelayLoop, RelaySettings};
 
 /// Prints the relay's throughput against a plain producer, and its commit-to-visible latency.
 /// Use a scratch database: the bench empties the outbox tables.
@@ -105,16 +105,17 @@ fn plain_producer_rate(
         .collect();
     let started = Instant::now();
     for (key, value) in &values {
-        let mut record = BaseRecord::<str, [u8]>::to(topic).key(key).payload(value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, returned)) => {
-                    record = returned;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
+        let record = BaseRecord::<str, [u8]>::to(topic).key(key).payload(value);
+        #[expect(
+            clippy::result_large_err,
+            reason = "rdkafka's send hands the record back inside its error"
+        )]
+        let sent = eos_runtime::backoff::send_when_queue_has_room(
+            record,
+            |record| producer.send(record),
+            std::thread::sleep,
+        );
+        sent.map_err(|(error, _)| error)?;
     }
     producer.flush(Duration::from_secs(120))?;
     Ok(args.events as f64 / started.elapsed().as_secs_f64())
@@ -153,7 +154,7 @@ async fn start_relay(
     tokio::task::JoinHandle<anyhow::Result<()>>,
 )> {
     let settings = settings(args, kafka, relay_name);
-    crate::position_topic::ensure_positions_topic(
+    outbox_relay::position_topic::ensure_positions_topic(
         &settings.client_config,
         &settings.positions_topic,
         &eos_runtime::topic_config::TopicReplicationFlags::default(),

@@ -1,4 +1,4 @@
-//! `eosctl bench dedup`: Begin+Complete throughput and latency of a running dedup-service, next
+//! `eos-lab bench dedup`: Begin+Complete throughput and latency of a running dedup-service, next
 //! to the same SQL run directly against its PostgreSQL (no gRPC), at 1, 16 and 64 concurrent
 //! clients, single and batched, in interleaved rounds (gRPC, SQL, gRPC, …); then p50/p99 at half
 //! the single-pair peak. A command that prints figures, not a test.
@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use dedup_client::state_machine::BeginOutcome as Outcome;
 use dedup_client::{BeginOutcome, BeginParams, DedupClient, FencingToken};
-use eos_runtime::bench_figures::{Figure, load_average, load_text};
+use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use crate::intent_store::{self, HolderReport, IntentStore};
-use crate::validation::{BeginItem, CompleteItem};
+use dedup_service::intent_store::{self, HolderReport, IntentStore};
+use dedup_service::validation::{BeginItem, CompleteItem};
 
 /// The bench's arguments.
 #[derive(Debug, Clone, Args)]

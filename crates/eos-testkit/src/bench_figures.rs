@@ -1,4 +1,4 @@
-//! What the services' benchmarks share (`eosctl bench sink|relay|dedup`): a figure over
+//! What the benchmarks share (`eos-lab bench sink|relay|dedup|state`): a figure over
 //! interleaved rounds, reported as its median and spread, and the machine's load before a run.
 
 use serde::Serialize;

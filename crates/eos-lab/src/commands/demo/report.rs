@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::commands::demo::payments_workload::PaymentsSummary;
 use crate::commands::demo::{DemoArgs, DemoGuarantee};
-use crate::report::grouped;
+use eosctl::report::grouped;
 
 /// One line of the report.
 #[derive(Debug, Clone, Serialize)]

@@ -12,16 +12,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
+use eos_runtime::backoff::send_when_queue_has_room;
 use nix::sys::resource::UsageWho;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::bench::processor_process::cpu_time;
 use crate::bench::report::RoundFigures;
-use crate::kafka_client::KafkaSettings;
+use eosctl::kafka_client::KafkaSettings;
 
 /// Counts failed deliveries: a copy that lost records measured nothing.
 #[derive(Debug, Default)]
@@ -153,21 +153,22 @@ pub(super) fn copy(
 
 fn send(
     producer: &BaseProducer<DeliveryFailures>,
-    mut record: BaseRecord<'_, [u8], [u8]>,
+    record: BaseRecord<'_, [u8], [u8]>,
 ) -> anyhow::Result<()> {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((
-                rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
-                r,
-            )) => {
-                record = r;
-                producer.poll(Duration::from_millis(1));
-            }
-            Err((error, _)) => return Err(error).context("pass-through: cannot send"),
-        }
-    }
+    #[expect(
+        clippy::result_large_err,
+        reason = "rdkafka's send hands the record back inside its error"
+    )]
+    let sent = send_when_queue_has_room(
+        record,
+        |record| producer.send(record),
+        // A BaseProducer serves its acknowledgements only in poll, which makes room.
+        |delay| {
+            producer.poll(delay);
+        },
+    );
+    sent.map_err(|(error, _)| error)
+        .context("pass-through: cannot send")
 }
 
 /// User plus system CPU time of this process so far (the copy is the only work it does
