@@ -61,7 +61,7 @@ macro_rules! numbers_as_text {
 }
 numbers_as_text!(i32, i64, u16, u32, u64, usize);
 
-/// Appends the flag of `C`'s argument `field` (a field path as [`argv!`] writes it, e.g.
+/// Appends the flag of `C`'s argument `field` (a field path as [`argv!`](crate::argv!) writes it, e.g.
 /// `kafka . bootstrap_servers`; the argument is its last field) with `value`.
 ///
 /// # Panics
