@@ -139,6 +139,8 @@ fn settings(args: &BenchArgs, kafka: &ClientConfig, relay_name: &str) -> RelaySe
         batch_size: args.batch_size,
         poll_interval: Duration::from_millis(100),
         transaction_timeout: Duration::from_secs(10),
+        logical: None,
+        idle_position_interval: Duration::from_secs(5),
     }
 }
 
