@@ -45,6 +45,22 @@ const DOMAIN_SCHEMA: &str = "
         event_id TEXT PRIMARY KEY, entity_id TEXT NOT NULL, amount BIGINT NOT NULL,
         version BIGINT NOT NULL)";
 
+/// How the exactly-once relay finds committed rows (`--mode`); at-least-once runs in xmin mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Xmin,
+    Logical,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Xmin => "xmin",
+            Self::Logical => "logical",
+        }
+    }
+}
+
 /// One outbox, its topic and its relay's names.
 struct Outbox {
     db: TestDatabase,
@@ -52,28 +68,34 @@ struct Outbox {
     topic: String,
     positions_topic: String,
     relay_name: String,
+    mode: Mode,
+    /// The logical mode's replication slot (dropped with the database).
+    slot: String,
 }
 
 impl Outbox {
-    async fn create() -> anyhow::Result<Self> {
-        Self::on(TestDatabase::create().await?).await
+    async fn create(mode: Mode) -> anyhow::Result<Self> {
+        Self::on(TestDatabase::create().await?, mode).await
     }
 
-    async fn on(db: TestDatabase) -> anyhow::Result<Self> {
-        Self::on_broker(db, bootstrap_servers()).await
+    async fn on(db: TestDatabase, mode: Mode) -> anyhow::Result<Self> {
+        Self::on_broker(db, bootstrap_servers(), mode).await
     }
 
-    async fn on_broker(db: TestDatabase, bootstrap: String) -> anyhow::Result<Self> {
+    async fn on_broker(db: TestDatabase, bootstrap: String, mode: Mode) -> anyhow::Result<Self> {
         eos_outbox::migrator().run(&db.pool).await?;
         sqlx::raw_sql(DOMAIN_SCHEMA).execute(&db.pool).await?;
         let topic = unique_name("outbox-payments");
         create_topic_on(&bootstrap, &topic, 3).await?;
+        let relay_name = unique_name("relay");
         Ok(Self {
+            slot: format!("eos_it_{}", relay_name.replace('-', "_")),
             db,
             bootstrap,
             topic,
             positions_topic: unique_name("outbox-positions"),
-            relay_name: unique_name("relay"),
+            relay_name,
+            mode,
         })
     }
 
@@ -98,6 +120,14 @@ impl Outbox {
         ]
         .map(str::to_owned)
         .to_vec();
+        if guarantee == "exactly-once" {
+            args.extend(["--mode".to_owned(), self.mode.as_str().to_owned()]);
+            if self.mode == Mode::Logical {
+                args.extend(
+                    ["--slot", &self.slot, "--idle-position-interval", "500ms"].map(str::to_owned),
+                );
+            }
+        }
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         // Its database sessions carry its name, so a test can find those of a killed relay.
         ServiceProcess::spawn("outbox-relay", &args, &[("PGAPPNAME", &self.relay_name)])
@@ -133,6 +163,26 @@ impl Outbox {
         let line = tokio::task::block_in_place(|| {
             relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
         })?;
+        if line.contains("mode=\"logical\"") || line.contains("mode=logical") {
+            // The slot moves only after Kafka committed the position it moves to.
+            let resumed = log_field(&line, "lsn")?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let confirmed = self.slot_lsn().await?;
+                if confirmed.is_some_and(|confirmed| confirmed > resumed) || idle() {
+                    return Ok(());
+                }
+                if !relay.is_running() || Instant::now() > deadline {
+                    bail!(
+                        "{} resumed after WAL {resumed} but its slot did not move (at \
+                         {confirmed:?})\n{}",
+                        relay.name(),
+                        relay.log_tail(40)
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         let resumed = OutboxCursor {
             order_xid: log_field(&line, "order_xid")?,
             position: log_field(&line, "position")?,
@@ -218,9 +268,48 @@ impl Outbox {
         ))
     }
 
+    /// The logical slot's confirmed position in bytes, if the slot exists.
+    async fn slot_lsn(&self) -> anyhow::Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT (confirmed_flush_lsn - '0/0')::BIGINT FROM pg_replication_slots \
+             WHERE slot_name = $1",
+        )
+        .bind(&self.slot)
+        .fetch_optional(&self.db.pool)
+        .await?
+        .flatten())
+    }
+
+    /// Logical mode: waits until the slot has moved past the end of the WAL as it is now — the
+    /// relay advances it only to positions Kafka committed, so everything committed before this
+    /// call is in Kafka.
+    async fn wait_slot_past_now(&self, relay: &ServiceProcess) -> anyhow::Result<()> {
+        let now: i64 = sqlx::query_scalar("SELECT (pg_current_wal_flush_lsn() - '0/0')::BIGINT")
+            .fetch_one(&self.db.pool)
+            .await?;
+        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        loop {
+            let confirmed = self.slot_lsn().await?;
+            if confirmed.is_some_and(|confirmed| confirmed >= now) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "slot at {confirmed:?}, WAL at {now} after {CATCH_UP_TIMEOUT:?}\n{}",
+                    relay.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until the relay records, in PostgreSQL, the last row of the outbox as published.
-    /// In exactly-once mode it records a position only after Kafka committed it.
+    /// In exactly-once mode it records a position only after Kafka committed it. In logical mode,
+    /// until its slot has passed the end of the WAL.
     async fn wait_relayed(&self, relay: &ServiceProcess) -> anyhow::Result<()> {
+        if self.mode == Mode::Logical {
+            return self.wait_slot_past_now(relay).await;
+        }
         let last = sqlx::query_as::<_, (i64, i64)>(
             "SELECT order_xid, position FROM eos_outbox ORDER BY order_xid DESC, position DESC \
              LIMIT 1",
@@ -271,8 +360,20 @@ impl Outbox {
         Ok(OutboxAudit::of(&committed, &records))
     }
 
+    /// Drops the database, and with it its slot and publication (a slot left behind would hold
+    /// WAL on the server for good).
     async fn drop_database(self) -> anyhow::Result<()> {
-        self.db.drop_database().await
+        let name = self.db.name.clone();
+        self.db.drop_database().await?;
+        let admin = PgPool::connect(&integration_tests::database_url()).await?;
+        let left: Vec<String> =
+            sqlx::query_scalar("SELECT slot_name::TEXT FROM pg_replication_slots WHERE database = $1")
+                .bind(&name)
+                .fetch_all(&admin)
+                .await?;
+        admin.close().await;
+        ensure!(left.is_empty(), "slots left on {name}: {left:?}");
+        Ok(())
     }
 }
 
@@ -597,7 +698,17 @@ async fn join_writer(
 #[tokio::test(flavor = "multi_thread")]
 async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_backend()
 -> anyhow::Result<()> {
-    let outbox = Outbox::create().await?;
+    no_dual_write_gap_in(Mode::Xmin).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_backend_logical()
+-> anyhow::Result<()> {
+    no_dual_write_gap_in(Mode::Logical).await
+}
+
+async fn no_dual_write_gap_in(mode: Mode) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
     let mut relay = outbox.spawn_relay("exactly-once", &[])?;
     let summary = join_writer(
         outbox
@@ -822,12 +933,28 @@ async fn the_purge_never_removes_a_row_the_relay_has_not_published() -> anyhow::
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() -> anyhow::Result<()>
 {
-    let outbox = Outbox::create().await?;
+    relay_under_kills_and_a_zombie_in(Mode::Xmin, 20_000, 6).await
+}
+
+/// The same in logical mode, shorter: each kill lands mid-transaction or between the Kafka
+/// commit and the slot's advance, and the zombie is fenced as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order_logical()
+-> anyhow::Result<()> {
+    relay_under_kills_and_a_zombie_in(Mode::Logical, 8_000, 4).await
+}
+
+async fn relay_under_kills_and_a_zombie_in(
+    mode: Mode,
+    events: u64,
+    kills: usize,
+) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
     // Built before the writer starts, so the kills land while rows are being written.
     integration_tests::workspace_binary("outbox-relay")?;
-    let writer = outbox.writer(WritePlan::commits_only(20_000, 2)).spawn();
+    let writer = outbox.writer(WritePlan::commits_only(events, 2)).spawn();
     let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-    for _ in 0..6 {
+    for _ in 0..kills {
         let mut relay = outbox.spawn_relay("exactly-once", &[])?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(700..2_200))).await;
         let status = relay.kill_hard()?;
@@ -848,7 +975,7 @@ async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() 
     tokio::time::sleep(Duration::from_secs(3)).await;
     zombie.resume()?;
     let summary = join_writer(writer).await?;
-    assert!(summary.committed.load(Ordering::Relaxed) >= 20_000);
+    assert!(summary.committed.load(Ordering::Relaxed) >= events);
     // More rows after the resume, so the zombie tries to publish even if it was idle when paused.
     join_writer(outbox.writer(WritePlan::commits_only(500, 12)).spawn()).await?;
     let status = zombie
@@ -880,7 +1007,7 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
     const KILLS: usize = 8;
     // How long one kill may wait for its state before the test gives up on the precondition.
     const AIM_WITHIN: Duration = Duration::from_secs(30);
-    let outbox = Outbox::create().await?;
+    let outbox = Outbox::create(Mode::Xmin).await?;
     integration_tests::workspace_binary("outbox-relay")?;
     // Rows keep coming until the last kill: a kill repeats records only while the relay has
     // published some that it has not recorded yet, which an idle relay never has.
@@ -1010,68 +1137,100 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
 }
 
 /// PostgreSQL stops for longer than the pool's acquire timeout while rows are written and
-/// relayed: the relay waits, then goes on; the topic is exact.
+/// relayed, by one relay in each mode (one restart for both): each waits, then goes on; each
+/// topic is exact.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<()> {
     let server = PostgresRestartGuard::acquire().await?;
-    let outbox = Outbox::on(server.create_database().await?).await?;
-    let writer = outbox.writer(WritePlan::commits_only(8_000, 4)).spawn();
-    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
-    // Its start-up gives up on a database error (an orchestrator restarts it); only its loop
-    // waits for PostgreSQL, so the server stops once the relay is publishing.
-    outbox.wait_publishing(&mut relay, || false).await?;
+    let mut runs = Vec::new();
+    for (mode, events, seed) in [(Mode::Xmin, 8_000, 4), (Mode::Logical, 5_000, 14)] {
+        let outbox = Outbox::on(server.create_database().await?, mode).await?;
+        let writer = outbox.writer(WritePlan::commits_only(events, seed)).spawn();
+        let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+        // Its start-up gives up on a database error (an orchestrator restarts it); only its loop
+        // waits for PostgreSQL, so the server stops once the relay is publishing.
+        outbox.wait_publishing(&mut relay, || false).await?;
+        runs.push((outbox, writer, relay));
+    }
     server.stop()?;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert!(
-        relay.is_running(),
-        "the relay waits for PostgreSQL\n{}",
-        relay.log_tail(30)
-    );
+    for (outbox, _, relay) in &mut runs {
+        assert!(
+            relay.is_running(),
+            "the {:?} relay waits for PostgreSQL\n{}",
+            outbox.mode,
+            relay.log_tail(30)
+        );
+    }
     server.start()?;
-    join_writer(writer).await?;
-    outbox.wait_relayed(&relay).await?;
-    relay.stop_gracefully()?;
-    outbox.audit().await?.assert_exact();
-    outbox.drop_database().await
+    for (outbox, writer, mut relay) in runs {
+        join_writer(writer).await?;
+        outbox.wait_relayed(&relay).await?;
+        relay.stop_gracefully()?;
+        outbox.audit().await?.assert_exact();
+        outbox.drop_database().await?;
+    }
+    Ok(())
 }
 
-/// The relay's broker is SIGKILLed mid-run and restarted: the relay keeps trying (or, if it gave
-/// up, its orchestrator restarts it), and the topic is exact.
+/// The relays' broker is SIGKILLed mid-run and restarted, under one relay in each mode: each
+/// keeps trying (or, if it gave up, its orchestrator restarts it), and each topic is exact.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_killed_mid_run_and_restarted_leaves_the_topic_exact() -> anyhow::Result<()> {
     let broker = crate::processor::PrivateBroker::start()?;
-    let outbox = Outbox::on_broker(TestDatabase::create().await?, broker.bootstrap()).await?;
     integration_tests::workspace_binary("outbox-relay")?;
-    let writer = outbox.writer(WritePlan::commits_only(8_000, 6)).spawn();
-    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    let mut runs = Vec::new();
+    for (mode, events, seed) in [(Mode::Xmin, 8_000, 6), (Mode::Logical, 5_000, 16)] {
+        let outbox =
+            Outbox::on_broker(TestDatabase::create().await?, broker.bootstrap(), mode).await?;
+        let writer = outbox.writer(WritePlan::commits_only(events, seed)).spawn();
+        let relay = outbox.spawn_relay("exactly-once", &[])?;
+        runs.push((outbox, writer, relay));
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     broker.kill_hard()?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     broker.stack(&["up", "kafka"])?;
-    join_writer(writer).await?;
-    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    loop {
-        if !relay.is_running() {
-            relay = outbox.spawn_relay("exactly-once", &[])?;
+    for (outbox, writer, mut relay) in runs {
+        join_writer(writer).await?;
+        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        loop {
+            if !relay.is_running() {
+                relay = outbox.spawn_relay("exactly-once", &[])?;
+            }
+            match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await
+            {
+                Ok(Ok(())) => break,
+                Ok(Err(error)) => return Err(error),
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => bail!("the relay did not catch up\n{}", relay.log_tail(40)),
+            }
         }
-        match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await {
-            Ok(Ok(())) => break,
-            Ok(Err(error)) => return Err(error),
-            Err(_) if Instant::now() < deadline => {}
-            Err(_) => bail!("the relay did not catch up\n{}", relay.log_tail(40)),
-        }
+        relay.stop_gracefully()?;
+        outbox.audit().await?.assert_exact();
+        outbox.drop_database().await?;
     }
-    relay.stop_gracefully()?;
-    outbox.audit().await?.assert_exact();
-    outbox.drop_database().await
+    Ok(())
 }
 
 /// With a zero retention the purge runs right behind the relay under load: no row it has not
 /// published is ever deleted (else the topic would miss it), and the table stays small.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing() -> anyhow::Result<()> {
-    let outbox = Outbox::create().await?;
-    let writer = outbox.writer(WritePlan::commits_only(6_000, 5)).spawn();
+    purge_under_load_in(Mode::Xmin, 6_000).await
+}
+
+/// The same in logical mode, where the purge goes up to a snapshot's xmin once the position has
+/// passed the WAL written when it was read.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing_logical()
+-> anyhow::Result<()> {
+    purge_under_load_in(Mode::Logical, 4_000).await
+}
+
+async fn purge_under_load_in(mode: Mode, events: u64) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
+    let writer = outbox.writer(WritePlan::commits_only(events, 5)).spawn();
     let mut relay = outbox.spawn_relay(
         "exactly-once",
         &[
@@ -1108,7 +1267,7 @@ async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing() -> any
     assert_eq!(left, 0, "every published row is purged after the retention");
     assert!(
         largest < 3_000,
-        "the table stays bounded while 6,000 events pass (largest {largest} rows)"
+        "the table stays bounded while {events} events pass (largest {largest} rows)"
     );
     outbox.drop_database().await
 }
