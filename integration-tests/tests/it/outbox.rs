@@ -124,8 +124,12 @@ impl Outbox {
             args.extend(["--mode".to_owned(), self.mode.as_str().to_owned()]);
             if self.mode == Mode::Logical {
                 args.extend(
-                    ["--slot", &self.slot, "--idle-position-interval", "500ms"].map(str::to_owned),
+                    ["--publication", &self.slot, "--idle-position-interval", "500ms"]
+                        .map(str::to_owned),
                 );
+                if !extra.contains(&"--slot") {
+                    args.extend(["--slot".to_owned(), self.slot.clone()]);
+                }
             }
         }
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
@@ -1269,5 +1273,253 @@ async fn purge_under_load_in(mode: Mode, events: u64) -> anyhow::Result<()> {
         largest < 3_000,
         "the table stays bounded while {events} events pass (largest {largest} rows)"
     );
+    outbox.drop_database().await
+}
+
+/// One payment as the writer makes it (the account's version bumped, the payment row, its event),
+/// inside the caller's transaction.
+async fn pay(
+    conn: &mut PgConnection,
+    topic: &str,
+    event_id: &str,
+    entity_id: &str,
+) -> anyhow::Result<()> {
+    let version: i64 = sqlx::query_scalar(
+        "INSERT INTO accounts (entity_id, version) VALUES ($1, 1) ON CONFLICT (entity_id) \
+         DO UPDATE SET version = accounts.version + 1 RETURNING version",
+    )
+    .bind(entity_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO domain_payments (event_id, entity_id, amount, version) VALUES ($1, $2, 100, $3)",
+    )
+    .bind(event_id)
+    .bind(entity_id)
+    .bind(version)
+    .execute(&mut *conn)
+    .await?;
+    eos_outbox::enqueue(
+        &mut *conn,
+        &event(topic, event_id, entity_id, version as u64)?,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Transactions that take positions in one order and commit in the reverse order, each with a
+/// savepoint rolled back that had enqueued an event, and a whole transaction rolled back per
+/// round, through a running relay: every committed event once, no rolled-back one, each entity
+/// in commit order.
+async fn late_commits_and_savepoint_rollbacks_in(mode: Mode) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    for round in 0..10 {
+        let mut open = Vec::new();
+        for n in 0..4 {
+            let mut conn = PgConnection::connect(&outbox.db.url).await?;
+            sqlx::query("BEGIN").execute(&mut conn).await?;
+            // Entities shared across rounds, not within one: a round's transactions never wait
+            // for each other's entity lock.
+            let entity = format!("acct-{n}");
+            pay(&mut conn, &outbox.topic, &format!("r{round}-t{n}"), &entity).await?;
+            sqlx::query("SAVEPOINT undone").execute(&mut conn).await?;
+            pay(&mut conn, &outbox.topic, &format!("r{round}-t{n}-undone"), &entity).await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT undone").execute(&mut conn).await?;
+            open.push(conn);
+        }
+        // The youngest position commits first; the first transaction rolls back entirely.
+        while let Some(mut conn) = open.pop() {
+            let end = if open.is_empty() && round % 2 == 0 { "ROLLBACK" } else { "COMMIT" };
+            sqlx::query(end).execute(&mut conn).await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    outbox.wait_relayed(&relay).await?;
+    relay.stop_gracefully()?;
+    let audit = outbox.audit().await?;
+    audit.assert_exact();
+    assert_eq!(audit.committed, 10 * 4 - 5, "{}", audit.summary());
+    outbox.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn late_commits_and_savepoint_rollbacks_through_the_relay() -> anyhow::Result<()> {
+    late_commits_and_savepoint_rollbacks_in(Mode::Xmin).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn late_commits_and_savepoint_rollbacks_through_the_relay_logical() -> anyhow::Result<()> {
+    late_commits_and_savepoint_rollbacks_in(Mode::Logical).await
+}
+
+/// The event ids in `outbox`'s topic, for `read_committed` readers.
+async fn visible_event_ids(outbox: &Outbox) -> anyhow::Result<HashSet<String>> {
+    let (bootstrap, topic) = (outbox.bootstrap.clone(), outbox.topic.clone());
+    let records = tokio::task::spawn_blocking(move || {
+        read_topic_on(&bootstrap, &topic, Isolation::ReadCommitted)
+    })
+    .await??;
+    Ok(records
+        .iter()
+        .filter_map(|record| EventEnvelope::parse(record.payload()?).ok())
+        .map(|envelope| envelope.event_id.to_string())
+        .collect())
+}
+
+/// Commits one event alone.
+async fn commit_event(outbox: &Outbox, event_id: &str) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(&outbox.db.url).await?;
+    sqlx::query("BEGIN").execute(&mut conn).await?;
+    pay(&mut conn, &outbox.topic, event_id, "acct-1").await?;
+    sqlx::query("COMMIT").execute(&mut conn).await?;
+    Ok(())
+}
+
+/// How long until `event_id` is visible, polling; `None` past `timeout`.
+async fn time_to_visible(
+    outbox: &Outbox,
+    event_id: &str,
+    timeout: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if visible_event_ids(outbox).await?.contains(event_id) {
+            return Ok(Some(started.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(None)
+}
+
+/// A write transaction in another database of the server, open for 5 s: the logical relay
+/// publishes an event committed meanwhile at once; the xmin relay only once it ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_transaction_in_another_database_delays_xmin_mode_but_not_logical_mode()
+-> anyhow::Result<()> {
+    const BLOCKER: Duration = Duration::from_secs(5);
+    let logical = Outbox::create(Mode::Logical).await?;
+    let xmin = Outbox::create(Mode::Xmin).await?;
+    let mut relays = Vec::new();
+    for outbox in [&logical, &xmin] {
+        let relay = outbox.spawn_relay("exactly-once", &[])?;
+        // Past start-up (a new slot waits for the transactions running when it is created).
+        commit_event(outbox, "warm-up").await?;
+        time_to_visible(outbox, "warm-up", Duration::from_secs(60))
+            .await?
+            .with_context(|| format!("warm-up not published\n{}", relay.log_tail(30)))?;
+        relays.push(relay);
+    }
+    let other = TestDatabase::create().await?;
+    let mut blocker = PgConnection::connect(&other.url).await?;
+    sqlx::query("BEGIN").execute(&mut blocker).await?;
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut blocker)
+        .await?;
+    let blocked_at = Instant::now();
+    commit_event(&logical, "during").await?;
+    commit_event(&xmin, "during").await?;
+    let logical_took = time_to_visible(&logical, "during", BLOCKER).await?;
+    let xmin_seen_early = visible_event_ids(&xmin).await?.contains("during");
+    let still_blocked = blocked_at.elapsed() < BLOCKER;
+    tokio::time::sleep(BLOCKER.saturating_sub(blocked_at.elapsed())).await;
+    sqlx::query("COMMIT").execute(&mut blocker).await?;
+    let xmin_took = time_to_visible(&xmin, "during", Duration::from_secs(30)).await?;
+    eprintln!(
+        "blocker {BLOCKER:?} in another database: logical visible after {logical_took:?}, xmin \
+         {xmin_took:?} after the blocker ended"
+    );
+    let logical_took = logical_took.context("logical mode: not visible while the blocker ran")?;
+    assert!(
+        logical_took < Duration::from_secs(2),
+        "logical mode took {logical_took:?}"
+    );
+    assert!(
+        still_blocked && !xmin_seen_early,
+        "xmin mode waits for the blocker (the check ran while it was open: {still_blocked})"
+    );
+    xmin_took.context("xmin mode: not visible after the blocker ended")?;
+    for mut relay in relays {
+        relay.stop_gracefully()?;
+    }
+    blocker.close().await?;
+    other.drop_database().await?;
+    logical.drop_database().await?;
+    xmin.drop_database().await
+}
+
+/// Logical mode: the slot is dropped while Kafka holds the relay's position. The relay refuses
+/// to start, names the slot and the position, and publishes nothing; it creates no slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_slot_is_refused_and_nothing_is_published() -> anyhow::Result<()> {
+    let outbox = Outbox::create(Mode::Logical).await?;
+    join_writer(outbox.writer(WritePlan::commits_only(300, 21)).spawn()).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    outbox.wait_relayed(&relay).await?;
+    relay.stop_gracefully()?;
+    outbox.audit().await?.assert_exact();
+    let before = visible_event_ids(&outbox).await?.len();
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&outbox.slot)
+        .execute(&outbox.db.pool)
+        .await?;
+    join_writer(outbox.writer(WritePlan::commits_only(100, 22)).spawn()).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    let status = relay
+        .wait_timeout(Duration::from_secs(60))?
+        .with_context(|| format!("the relay kept running\n{}", relay.log_tail(30)))?;
+    assert!(!status.success(), "exits non-zero\n{}", relay.log_tail(30));
+    let log = relay.log();
+    assert!(
+        log.contains(&outbox.slot) && log.contains("does not exist") && log.contains("position"),
+        "names the slot and the position\n{}",
+        relay.log_tail(30)
+    );
+    assert_eq!(visible_event_ids(&outbox).await?.len(), before, "nothing more published");
+    assert_eq!(outbox.slot_lsn().await?, None, "no slot created in its place");
+    outbox.drop_database().await
+}
+
+/// Logical mode: a copy of the relay's slot made before it published is far behind Kafka's
+/// position. The relay SIGKILLed mid-run and restarted on the copy skips what Kafka holds and
+/// goes on: no duplicate, no gap.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_behind_kafkas_position_resumes_exactly() -> anyhow::Result<()> {
+    let mut outbox = Outbox::create(Mode::Logical).await?;
+    let copy = format!("{}_copy", outbox.slot);
+    sqlx::query(&format!(
+        "CREATE PUBLICATION \"{}\" FOR TABLE eos_outbox WITH (publish = 'insert')",
+        outbox.slot
+    ))
+    .execute(&outbox.db.pool)
+    .await?;
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&outbox.slot)
+        .execute(&outbox.db.pool)
+        .await?;
+    sqlx::query("SELECT pg_copy_logical_replication_slot($1, $2)")
+        .bind(&outbox.slot)
+        .bind(&copy)
+        .execute(&outbox.db.pool)
+        .await?;
+    let writer = outbox.writer(WritePlan::commits_only(4_000, 23)).spawn();
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    outbox.wait_publishing(&mut relay, || false).await?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    relay.kill_hard()?;
+    let ahead = outbox.slot_lsn().await?.context("the relay's slot")?;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&outbox.slot)
+        .execute(&outbox.db.pool)
+        .await?;
+    outbox.slot = copy;
+    let behind = outbox.slot_lsn().await?.context("the copy")?;
+    assert!(behind < ahead, "the copy ({behind}) is behind ({ahead})");
+    let slot = outbox.slot.clone();
+    let mut relay = outbox.spawn_relay("exactly-once", &["--slot", &slot])?;
+    join_writer(writer).await?;
+    outbox.wait_relayed(&relay).await?;
+    relay.stop_gracefully()?;
+    outbox.audit().await?.assert_exact();
     outbox.drop_database().await
 }
