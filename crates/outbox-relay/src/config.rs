@@ -63,10 +63,11 @@ pub struct Config {
     #[arg(long, env = "OUTBOX_SLOT")]
     pub slot: Option<String>,
 
-    /// Logical mode: the publication of eos_outbox's inserts (created when missing; default the
-    /// slot's name).
-    #[arg(long, env = "OUTBOX_PUBLICATION")]
-    pub publication: Option<String>,
+    /// Logical mode: the publication of eos_outbox's inserts. The migrations create eos_outbox;
+    /// another name is created when missing (the role then needs CREATE on the database and to
+    /// own the table).
+    #[arg(long, env = "OUTBOX_PUBLICATION", default_value = "eos_outbox")]
+    pub publication: String,
 
     /// Logical mode: with nothing to publish, how often the position still moves to the end of
     /// the WAL decoded (a Kafka transaction holding only the position), so the slot releases the
@@ -145,8 +146,9 @@ impl std::fmt::Display for RelayMode {
     }
 }
 
-/// A replication slot's name may hold only lowercase letters, digits and underscores, at most 63.
-fn slot_name_from(relay_name: &str) -> String {
+/// The logical mode's default slot for a relay name. A replication slot's name may hold only
+/// lowercase letters, digits and underscores, at most 63.
+pub fn slot_name_from(relay_name: &str) -> String {
     let mut name: String = format!("eos_outbox_{relay_name}")
         .chars()
         .map(|c| {
@@ -188,7 +190,7 @@ impl Config {
 
     /// The publication of the logical mode.
     pub fn publication_name(&self) -> String {
-        self.publication.clone().unwrap_or_else(|| self.slot_name())
+        self.publication.clone()
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -258,7 +260,7 @@ mod tests {
         assert_eq!(config.transactional_id(), "outbox-relay-default");
         assert_eq!(config.mode(), RelayMode::Logical);
         assert_eq!(config.slot_name(), "eos_outbox_default");
-        assert_eq!(config.publication_name(), "eos_outbox_default");
+        assert_eq!(config.publication_name(), "eos_outbox");
         assert_eq!(config.validate(), Ok(()));
     }
 

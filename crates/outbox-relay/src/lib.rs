@@ -19,6 +19,7 @@ pub mod position_topic;
 pub mod purge;
 pub mod relay_loop;
 pub mod server_watch;
+pub mod staleness_bench;
 
 use anyhow::Context as _;
 use sqlx::postgres::PgPoolOptions;

@@ -683,6 +683,15 @@ async fn recover_logical(
                     settings.relay_name, settings.positions_topic
                 )));
             }
+            let end = source.marks().await?.flush_lsn;
+            if lsn > end {
+                return Err(slot_error(format!(
+                    "relay {}'s position in {} is WAL {lsn}, past the end of this server's WAL \
+                     ({end}): another server's position, or a failover lost WAL whose rows were \
+                     published. Not guessing (docs/ARCHITECTURE.md \"Outbox\")",
+                    settings.relay_name, settings.positions_topic
+                )));
+            }
             // Behind Kafka: the transactions in between are in Kafka already.
             source.advance(lsn).await?;
             return Ok(RelayPosition::Logical { lsn, table_after });

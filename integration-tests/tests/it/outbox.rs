@@ -123,10 +123,7 @@ impl Outbox {
         if guarantee == "exactly-once" {
             args.extend(["--mode".to_owned(), self.mode.as_str().to_owned()]);
             if self.mode == Mode::Logical {
-                args.extend(
-                    ["--publication", &self.slot, "--idle-position-interval", "500ms"]
-                        .map(str::to_owned),
-                );
+                args.extend(["--idle-position-interval", "500ms"].map(str::to_owned));
                 if !extra.contains(&"--slot") {
                     args.extend(["--slot".to_owned(), self.slot.clone()]);
                 }
@@ -370,11 +367,12 @@ impl Outbox {
         let name = self.db.name.clone();
         self.db.drop_database().await?;
         let admin = PgPool::connect(&integration_tests::database_url()).await?;
-        let left: Vec<String> =
-            sqlx::query_scalar("SELECT slot_name::TEXT FROM pg_replication_slots WHERE database = $1")
-                .bind(&name)
-                .fetch_all(&admin)
-                .await?;
+        let left: Vec<String> = sqlx::query_scalar(
+            "SELECT slot_name::TEXT FROM pg_replication_slots WHERE database = $1",
+        )
+        .bind(&name)
+        .fetch_all(&admin)
+        .await?;
         admin.close().await;
         ensure!(left.is_empty(), "slots left on {name}: {left:?}");
         Ok(())
@@ -1202,8 +1200,7 @@ async fn a_broker_killed_mid_run_and_restarted_leaves_the_topic_exact() -> anyho
             if !relay.is_running() {
                 relay = outbox.spawn_relay("exactly-once", &[])?;
             }
-            match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await
-            {
+            match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await {
                 Ok(Ok(())) => break,
                 Ok(Err(error)) => return Err(error),
                 Err(_) if Instant::now() < deadline => {}
@@ -1324,13 +1321,25 @@ async fn late_commits_and_savepoint_rollbacks_in(mode: Mode) -> anyhow::Result<(
             let entity = format!("acct-{n}");
             pay(&mut conn, &outbox.topic, &format!("r{round}-t{n}"), &entity).await?;
             sqlx::query("SAVEPOINT undone").execute(&mut conn).await?;
-            pay(&mut conn, &outbox.topic, &format!("r{round}-t{n}-undone"), &entity).await?;
-            sqlx::query("ROLLBACK TO SAVEPOINT undone").execute(&mut conn).await?;
+            pay(
+                &mut conn,
+                &outbox.topic,
+                &format!("r{round}-t{n}-undone"),
+                &entity,
+            )
+            .await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT undone")
+                .execute(&mut conn)
+                .await?;
             open.push(conn);
         }
         // The youngest position commits first; the first transaction rolls back entirely.
         while let Some(mut conn) = open.pop() {
-            let end = if open.is_empty() && round % 2 == 0 { "ROLLBACK" } else { "COMMIT" };
+            let end = if open.is_empty() && round % 2 == 0 {
+                "ROLLBACK"
+            } else {
+                "COMMIT"
+            };
             sqlx::query(end).execute(&mut conn).await?;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1475,8 +1484,16 @@ async fn a_dropped_slot_is_refused_and_nothing_is_published() -> anyhow::Result<
         "names the slot and the position\n{}",
         relay.log_tail(30)
     );
-    assert_eq!(visible_event_ids(&outbox).await?.len(), before, "nothing more published");
-    assert_eq!(outbox.slot_lsn().await?, None, "no slot created in its place");
+    assert_eq!(
+        visible_event_ids(&outbox).await?.len(),
+        before,
+        "nothing more published"
+    );
+    assert_eq!(
+        outbox.slot_lsn().await?,
+        None,
+        "no slot created in its place"
+    );
     outbox.drop_database().await
 }
 
@@ -1487,12 +1504,7 @@ async fn a_dropped_slot_is_refused_and_nothing_is_published() -> anyhow::Result<
 async fn a_slot_behind_kafkas_position_resumes_exactly() -> anyhow::Result<()> {
     let mut outbox = Outbox::create(Mode::Logical).await?;
     let copy = format!("{}_copy", outbox.slot);
-    sqlx::query(&format!(
-        "CREATE PUBLICATION \"{}\" FOR TABLE eos_outbox WITH (publish = 'insert')",
-        outbox.slot
-    ))
-    .execute(&outbox.db.pool)
-    .await?;
+    // The migrations made the publication; the slot is made here, as an operator would.
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&outbox.slot)
         .execute(&outbox.db.pool)
