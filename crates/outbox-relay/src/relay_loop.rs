@@ -60,6 +60,10 @@ const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
 const AGE_INTERVAL: Duration = Duration::from_secs(5);
 /// How many rows at the head of the read order that measure looks at.
 const AGE_HEAD_ROWS: i64 = 1000;
+/// Logical mode: the slot is advanced at most this often. Each advance decodes from the slot's
+/// restart_lsn like a read does, and a slot behind the position costs nothing but WAL kept a
+/// little longer (reads skip what Kafka holds).
+const ADVANCE_INTERVAL: Duration = Duration::from_secs(1);
 /// Purge marks waiting for the position to pass them; older ones are dropped past this many (a
 /// later mark covers more).
 const PURGE_MARKS_KEPT: usize = 64;
@@ -116,6 +120,8 @@ pub struct RelayLoop {
     committed_at: Instant,
     /// Logical mode: purge marks of published batches, oldest first.
     purge_marks: VecDeque<PurgeMark>,
+    /// Logical mode: when the slot was last advanced.
+    advanced_at: Option<Instant>,
     /// The write of the last published position to PostgreSQL, if still running.
     recording: Option<JoinHandle<()>>,
 }
@@ -198,6 +204,7 @@ impl RelayLoop {
             committed: position,
             committed_at: Instant::now(),
             purge_marks: VecDeque::new(),
+            advanced_at: None,
             recording: None,
         })
     }
@@ -463,9 +470,13 @@ impl RelayLoop {
             RelayPosition::Xmin(cursor) => Some(cursor),
             RelayPosition::Logical { lsn, table_after } => {
                 gauge!(m::POSITION_LSN).set(lsn.0 as f64);
-                if let Some(source) = &self.settings.logical {
+                let due = self
+                    .advanced_at
+                    .is_none_or(|at| at.elapsed() >= ADVANCE_INTERVAL);
+                if let (Some(source), true) = (&self.settings.logical, due) {
                     // A slot that lags is harmless (the next read skips what Kafka holds), so a
                     // failed advance only waits for the next batch.
+                    self.advanced_at = Some(Instant::now());
                     if let Err(error) = source.advance(lsn).await {
                         warn!(%error, slot = source.slot(), %lsn, "cannot advance the replication slot; it moves with the next batch");
                     }

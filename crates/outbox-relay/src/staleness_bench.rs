@@ -220,9 +220,14 @@ async fn run(
     // Let the consumer join its group before the first commit.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    // A write, as a migration or a batch job makes: its first WAL record is what the slot's
+    // restart_lsn stays behind (an xid taken with no write holds the xmin but writes no WAL).
     let mut held = blocker_pool.acquire().await?;
+    sqlx::query("CREATE TABLE blocker (n BIGINT)")
+        .execute(&mut *held)
+        .await?;
     sqlx::query("BEGIN").execute(&mut *held).await?;
-    sqlx::query("SELECT pg_current_xact_id()")
+    sqlx::query("INSERT INTO blocker VALUES (1)")
         .execute(&mut *held)
         .await?;
     let blocked_at = Instant::now();

@@ -1421,8 +1421,11 @@ async fn a_write_transaction_in_another_database_delays_xmin_mode_but_not_logica
     }
     let other = TestDatabase::create().await?;
     let mut blocker = PgConnection::connect(&other.url).await?;
+    sqlx::query("CREATE TABLE blocker (n BIGINT)")
+        .execute(&mut blocker)
+        .await?;
     sqlx::query("BEGIN").execute(&mut blocker).await?;
-    sqlx::query("SELECT pg_current_xact_id()")
+    sqlx::query("INSERT INTO blocker VALUES (1)")
         .execute(&mut blocker)
         .await?;
     let blocked_at = Instant::now();
