@@ -29,17 +29,15 @@ pub async fn drop_database(server_url: &str, database: &str) -> Result<(), sqlx:
     let outcome = loop {
         // Only slots no session uses: a service still decoding is ended by FORCE, then its slot
         // goes on the next attempt.
-        if let Err(error) = sqlx::query(
+        let slots = sqlx::query(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
               WHERE database = $1 AND NOT active",
         )
         .bind(database)
         .execute(&mut conn)
-        .await
-        {
-            if attempt == ATTEMPTS {
-                break Err(error);
-            }
+        .await;
+        if let (Err(error), true) = (slots, attempt == ATTEMPTS) {
+            break Err(error);
         }
         let error = match sqlx::query(&forced).execute(&mut conn).await {
             Ok(_) => break Ok(()),
