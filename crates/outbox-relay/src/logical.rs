@@ -27,6 +27,9 @@ const OUTBOX_TABLE: &str = "eos_outbox";
 /// How long the first start waits for the WAL it read to be flushed (an asynchronous commit is
 /// flushed within three `wal_writer_delay`s).
 const FLUSH_WAIT: Duration = Duration::from_secs(30);
+/// How long a decoded row may stay invisible (its transaction committed in the WAL, not yet in
+/// the snapshots: a synchronous standby's confirmation) before the relay stops.
+const VISIBLE_WAIT: Duration = Duration::from_secs(60);
 
 /// What `pg_replication_slots` says of the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -471,10 +474,36 @@ impl LogicalSource {
         cursor: OutboxCursor,
         limit: i64,
     ) -> Result<LogicalRead, RelayError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
+        let deadline = Instant::now() + VISIBLE_WAIT;
+        let mut tx = loop {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            // A transaction is committed in the WAL (and in pg_xact) before snapshots see it — for
+            // as long as a synchronous standby takes to confirm it. One that committed before the
+            // slot's consistent point and that this snapshot does not see would be in neither the
+            // table pass nor the stream: so the snapshot must see every committed transaction.
+            let unseen: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) AS xip
+                  WHERE pg_xact_status(xip) = 'committed'",
+            )
+            .fetch_one(&mut *tx)
             .await?;
+            if unseen == 0 {
+                break tx;
+            }
+            tx.rollback().await?;
+            if Instant::now() > deadline {
+                return Err(slot_error(
+                    &self.slot,
+                    format!(
+                        "{unseen} committed transactions stayed invisible for {VISIBLE_WAIT:?}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
         let scanned = read_visible_after(&mut *tx, cursor, limit).await?;
         // Read after the snapshot: every transaction the snapshot sees committed before it.
         let after_snapshot: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::TEXT")
@@ -526,14 +555,25 @@ impl LogicalSource {
         }
     }
 
-    /// The rows at `positions`; every one must exist, since nothing deletes a row before it is
-    /// published (the purge stays behind the position).
+    /// The rows at `positions`. A transaction's commit record is in the WAL (and decodable)
+    /// before the transaction is visible to other snapshots — for as long as a synchronous
+    /// standby takes to confirm it — so rows not found yet are looked for again; past
+    /// `VISIBLE_WAIT` a row still missing was deleted before it was published, and the relay
+    /// stops rather than skip it (the purge stays behind the position).
     async fn load(&self, positions: &[i64]) -> Result<Vec<OutboxRow>, RelayError> {
         if positions.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = read_positions(&self.pool, positions).await?;
-        if rows.len() != positions.len() {
+        let deadline = Instant::now() + VISIBLE_WAIT;
+        loop {
+            let rows = read_positions(&self.pool, positions).await?;
+            if rows.len() == positions.len() {
+                return Ok(rows);
+            }
+            if Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
             let found: HashSet<i64> = rows.iter().map(|row| row.cursor.position).collect();
             let missing: Vec<i64> = positions
                 .iter()
@@ -544,12 +584,12 @@ impl LogicalSource {
             return Err(slot_error(
                 &self.slot,
                 format!(
-                    "decoded outbox rows that are no longer in {OUTBOX_TABLE} (positions \
-                     {missing:?}...): deleted before they were published. Not skipping them"
+                    "decoded outbox rows that are not in {OUTBOX_TABLE} after {VISIBLE_WAIT:?} \
+                     (positions {missing:?}...): deleted before they were published. Not \
+                     skipping them"
                 ),
             ));
         }
-        Ok(rows)
     }
 }
 
