@@ -16,7 +16,7 @@ pub mod reader;
 pub mod relay_positions;
 
 pub use enqueue::{OutboxError, OutboxEvent, OutboxMessage, enqueue, enqueue_message};
-pub use reader::{OutboxCursor, OutboxRow, read_after};
+pub use reader::{OutboxCursor, OutboxRow, read_after, read_positions, read_visible_after};
 
 /// The embedded migrations: the outbox table, the entity order table, the relay positions and
 /// the `eos_outbox_enqueue` and `eos_outbox_enqueue_event` functions. They share `_sqlx_migrations` with other services'

@@ -5,11 +5,11 @@
 //! (the oldest transaction still running). Why that is gap-free, and why a reader of
 //! `position > last` is not, is told in the migration's comment on `eos_outbox_enqueue`.
 //!
-//! Logical decoding would give commit order directly, but it needs `wal_level = logical`, a
-//! replication slot that holds WAL while the relay is down, and a role with the REPLICATION
-//! attribute: settings a managed PostgreSQL often does not grant to an application. This order
-//! needs none of that. Its cost: a long-running writing transaction anywhere on the server holds
-//! the xmin back, and so delays (never loses) the rows committed after it started.
+//! This order needs no server setting and no privilege, so outbox-relay keeps it as its `xmin`
+//! mode. Its cost: a long-running writing transaction anywhere on the server holds the xmin back,
+//! and so delays (never loses) the rows committed after it started. The relay's `logical` mode
+//! reads commit order from a replication slot instead and loads the rows with
+//! [`read_positions`] (docs/ARCHITECTURE.md "Outbox").
 
 use serde_json::{Map, Value};
 use sqlx::PgExecutor;
@@ -92,29 +92,27 @@ impl OutboxRow {
     }
 }
 
-/// Up to `limit` rows after `cursor`, in read order, from transactions that have all ended.
-pub async fn read_after<'c>(
-    executor: impl PgExecutor<'c>,
-    cursor: OutboxCursor,
-    limit: i64,
-) -> Result<Vec<OutboxRow>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"SELECT position, order_xid, topic, message_key, event_id, entity_id, value, version,
-                  payload, occurred_at, trace_context, enqueued_at, record, headers
-             FROM eos_outbox
-            WHERE (order_xid, position) > ($1, $2)
-              AND order_xid < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT
-            ORDER BY order_xid, position
-            LIMIT $3"#,
-        cursor.order_xid,
-        cursor.position,
-        limit,
-    )
-    .fetch_all(executor)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| OutboxRow {
+/// A row as the queries below select it.
+struct StoredRow {
+    position: i64,
+    order_xid: i64,
+    topic: String,
+    message_key: String,
+    event_id: String,
+    entity_id: String,
+    value: Option<i64>,
+    version: Option<i64>,
+    payload: Option<Value>,
+    occurred_at: Option<OffsetDateTime>,
+    trace_context: Option<String>,
+    enqueued_at: OffsetDateTime,
+    record: Option<Value>,
+    headers: Option<Value>,
+}
+
+impl From<StoredRow> for OutboxRow {
+    fn from(row: StoredRow) -> Self {
+        Self {
             cursor: OutboxCursor {
                 order_xid: row.order_xid,
                 position: row.position,
@@ -131,6 +129,83 @@ pub async fn read_after<'c>(
             occurred_at: row.occurred_at,
             trace_context: row.trace_context,
             enqueued_at: row.enqueued_at,
-        })
+        }
+    }
+}
+
+/// Up to `limit` rows after `cursor`, in read order, from transactions that have all ended.
+pub async fn read_after<'c>(
+    executor: impl PgExecutor<'c>,
+    cursor: OutboxCursor,
+    limit: i64,
+) -> Result<Vec<OutboxRow>, sqlx::Error> {
+    let rows = sqlx::query_as!(
+        StoredRow,
+        r#"SELECT position, order_xid, topic, message_key, event_id, entity_id, value, version,
+                  payload, occurred_at, trace_context, enqueued_at, record, headers
+             FROM eos_outbox
+            WHERE (order_xid, position) > ($1, $2)
+              AND order_xid < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT
+            ORDER BY order_xid, position
+            LIMIT $3"#,
+        cursor.order_xid,
+        cursor.position,
+        limit,
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows.into_iter().map(OutboxRow::from).collect())
+}
+
+/// Up to `limit` rows after `cursor` in read order that the statement's snapshot sees, whether
+/// or not a transaction below them still runs. Only for rows known to be final by other means:
+/// outbox-relay's logical mode reads the rows committed before its replication slot existed this
+/// way (docs/ARCHITECTURE.md "Outbox").
+pub async fn read_visible_after<'c>(
+    executor: impl PgExecutor<'c>,
+    cursor: OutboxCursor,
+    limit: i64,
+) -> Result<Vec<OutboxRow>, sqlx::Error> {
+    let rows = sqlx::query_as!(
+        StoredRow,
+        r#"SELECT position, order_xid, topic, message_key, event_id, entity_id, value, version,
+                  payload, occurred_at, trace_context, enqueued_at, record, headers
+             FROM eos_outbox
+            WHERE (order_xid, position) > ($1, $2)
+            ORDER BY order_xid, position
+            LIMIT $3"#,
+        cursor.order_xid,
+        cursor.position,
+        limit,
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows.into_iter().map(OutboxRow::from).collect())
+}
+
+/// The rows at `positions`, in the order given; a position with no row is left out (the caller
+/// compares lengths). outbox-relay's logical mode decodes only each insert's position from the
+/// write-ahead log and loads the rows here.
+pub async fn read_positions<'c>(
+    executor: impl PgExecutor<'c>,
+    positions: &[i64],
+) -> Result<Vec<OutboxRow>, sqlx::Error> {
+    let rows = sqlx::query_as!(
+        StoredRow,
+        r#"SELECT position, order_xid, topic, message_key, event_id, entity_id, value, version,
+                  payload, occurred_at, trace_context, enqueued_at, record, headers
+             FROM eos_outbox
+            WHERE position = ANY($1)"#,
+        positions,
+    )
+    .fetch_all(executor)
+    .await?;
+    let mut by_position: std::collections::HashMap<i64, OutboxRow> = rows
+        .into_iter()
+        .map(|row| (row.position, OutboxRow::from(row)))
+        .collect();
+    Ok(positions
+        .iter()
+        .filter_map(|position| by_position.remove(position))
         .collect())
 }

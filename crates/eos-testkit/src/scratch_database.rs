@@ -8,6 +8,10 @@
 //! stops autovacuum workers by itself, and waits a few seconds for other sessions; so each
 //! attempt tries both, and a few attempts cover sessions of killed services that are still
 //! closing.
+//!
+//! A logical replication slot on the database (outbox-relay's logical mode creates one) keeps
+//! `DROP DATABASE` from running and would hold WAL on the server for good: the database's
+//! inactive slots are dropped first.
 
 use std::time::Duration;
 
@@ -23,6 +27,18 @@ pub async fn drop_database(server_url: &str, database: &str) -> Result<(), sqlx:
     let plain = format!("DROP DATABASE IF EXISTS \"{database}\"");
     let mut attempt = 1;
     let outcome = loop {
+        // Only slots no session uses: a service still decoding is ended by FORCE, then its slot
+        // goes on the next attempt.
+        let slots = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+              WHERE database = $1 AND NOT active",
+        )
+        .bind(database)
+        .execute(&mut conn)
+        .await;
+        if let (Err(error), true) = (slots, attempt == ATTEMPTS) {
+            break Err(error);
+        }
         let error = match sqlx::query(&forced).execute(&mut conn).await {
             Ok(_) => break Ok(()),
             Err(error) => error,

@@ -19,6 +19,11 @@ use eos_runtime::{KafkaFlags, LogFlags};
 /// a restarted relay with the same name fences the old one. In at-least-once mode the position is
 /// stored in PostgreSQL after Kafka acknowledged the batch, so a crash repeats records.
 /// LISTEN/NOTIFY wakes the relay at each commit; it also polls, in case a notification is missed.
+///
+/// --mode logical (the default) reads the outbox's inserts in commit order from a logical
+/// replication slot (needs wal_level=logical and a role with REPLICATION); --mode xmin reads the
+/// table below the server's oldest running transaction, which needs neither but waits for every
+/// long write transaction on the server.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Config {
@@ -43,6 +48,32 @@ pub struct Config {
     /// per outbox.
     #[arg(long, env = "OUTBOX_RELAY_NAME", default_value = "default")]
     pub relay_name: String,
+
+    /// How committed rows are found: logical (commit order from a logical replication slot; needs
+    /// wal_level=logical and the REPLICATION attribute) or xmin (rows below the server's oldest
+    /// running transaction; needs neither, but one long write transaction anywhere on the server
+    /// delays every row committed after it started). Default: logical; xmin with --guarantee
+    /// at-least-once, whose position lives in PostgreSQL's eos_outbox_relay_positions.
+    #[arg(long, env = "OUTBOX_RELAY_MODE", value_enum)]
+    pub mode: Option<RelayMode>,
+
+    /// Logical mode: the replication slot (created at the first start; default
+    /// eos_outbox_<relay name>, lowercased, other characters than a-z, 0-9 and _ as _). It holds
+    /// WAL while the relay is down: drop it (pg_drop_replication_slot) when the relay is retired.
+    #[arg(long, env = "OUTBOX_SLOT")]
+    pub slot: Option<String>,
+
+    /// Logical mode: the publication of eos_outbox's inserts. The migrations create eos_outbox;
+    /// another name is created when missing (the role then needs CREATE on the database and to
+    /// own the table).
+    #[arg(long, env = "OUTBOX_PUBLICATION", default_value = "eos_outbox")]
+    pub publication: String,
+
+    /// Logical mode: with nothing to publish, how often the position still moves to the end of
+    /// the WAL decoded (a Kafka transaction holding only the position), so the slot releases the
+    /// WAL other databases write.
+    #[arg(long, env = "OUTBOX_IDLE_POSITION_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub idle_position_interval: Duration,
 
     /// exactly-once (Kafka transactions with the position inside) or at-least-once (position in
     /// PostgreSQL after delivery: a crash repeats records, consumers must dedup by event_id).
@@ -91,6 +122,48 @@ pub struct Config {
     pub log: LogFlags,
 }
 
+/// How the relay finds committed rows (docs/ARCHITECTURE.md "Outbox").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayMode {
+    /// Commit order from a logical replication slot (pgoutput).
+    Logical,
+    /// (order_xid, position) order below the snapshot's xmin.
+    Xmin,
+}
+
+impl RelayMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Logical => "logical",
+            Self::Xmin => "xmin",
+        }
+    }
+}
+
+impl std::fmt::Display for RelayMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The logical mode's default slot for a relay name. A replication slot's name may hold only
+/// lowercase letters, digits and underscores, at most 63.
+pub fn slot_name_from(relay_name: &str) -> String {
+    let mut name: String = format!("eos_outbox_{relay_name}")
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    name.truncate(63);
+    name
+}
+
 /// Kafka properties the relay takes from its own flags (--transaction-timeout), refused in the
 /// passthrough on top of eos-runtime's list of what exactly-once depends on.
 pub const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
@@ -98,6 +171,26 @@ pub const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
 impl Config {
     pub fn transactional_id(&self) -> String {
         format!("outbox-relay-{}", self.relay_name)
+    }
+
+    /// The mode the relay runs in (`--mode`, or its default for the guarantee).
+    pub fn mode(&self) -> RelayMode {
+        self.mode.unwrap_or(match self.guarantee {
+            Guarantee::ExactlyOnce => RelayMode::Logical,
+            Guarantee::AtLeastOnce => RelayMode::Xmin,
+        })
+    }
+
+    /// The replication slot of the logical mode.
+    pub fn slot_name(&self) -> String {
+        self.slot
+            .clone()
+            .unwrap_or_else(|| slot_name_from(&self.relay_name))
+    }
+
+    /// The publication of the logical mode.
+    pub fn publication_name(&self) -> String {
+        self.publication.clone()
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -115,6 +208,33 @@ impl Config {
         }
         if self.positions_topic.is_empty() {
             return Err("--positions-topic must not be empty".into());
+        }
+        let slot = self.slot_name();
+        if slot.is_empty()
+            || slot.len() > 63
+            || !slot
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(format!(
+                "--slot {slot:?}: a replication slot's name is 1 to 63 of a-z, 0-9 and _"
+            ));
+        }
+        let publication = self.publication_name();
+        if publication.is_empty() || publication.len() > 63 || publication.contains('"') {
+            return Err(format!(
+                "--publication {publication:?}: 1 to 63 characters, no double quote"
+            ));
+        }
+        if self.mode() == RelayMode::Logical && self.guarantee == Guarantee::AtLeastOnce {
+            return Err(
+                "--mode logical runs exactly-once only (its position is kept in Kafka with the \
+                 records); at-least-once runs in --mode xmin"
+                    .into(),
+            );
+        }
+        if self.idle_position_interval.is_zero() {
+            return Err("--idle-position-interval must be above 0".into());
         }
         Ok(())
     }
@@ -138,7 +258,36 @@ mod tests {
         let config = parse(&[]).expect("defaults parse");
         assert_eq!(config.guarantee, Guarantee::ExactlyOnce);
         assert_eq!(config.transactional_id(), "outbox-relay-default");
+        assert_eq!(config.mode(), RelayMode::Logical);
+        assert_eq!(config.slot_name(), "eos_outbox_default");
+        assert_eq!(config.publication_name(), "eos_outbox");
         assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_slot_is_named_after_the_relay_in_the_characters_a_slot_allows() {
+        let config = parse(&["--relay-name", "Payments-EU.1"]).expect("parses");
+        assert_eq!(config.slot_name(), "eos_outbox_payments_eu_1");
+        let long = "r".repeat(80);
+        let config = parse(&["--relay-name", &long]).expect("parses");
+        assert_eq!(config.slot_name().len(), 63);
+        assert_eq!(config.validate(), Ok(()));
+        let config = parse(&["--slot", "Bad-Slot"]).expect("parses");
+        assert!(config.validate().is_err());
+        let config =
+            parse(&["--mode", "xmin", "--slot", "mine", "--publication", "pub"]).expect("parses");
+        assert_eq!(
+            (config.mode(), config.slot_name(), config.publication_name()),
+            (RelayMode::Xmin, "mine".to_owned(), "pub".to_owned())
+        );
+        assert!(parse(&["--mode", "wal"]).is_err());
+        let config = parse(&["--guarantee", "at-least-once"]).expect("parses");
+        assert_eq!(
+            (config.mode(), config.validate()),
+            (RelayMode::Xmin, Ok(()))
+        );
+        let config = parse(&["--guarantee", "at-least-once", "--mode", "logical"]).expect("parses");
+        assert!(config.validate().is_err());
     }
 
     #[test]

@@ -14,6 +14,11 @@ pub enum RelayError {
     /// lost data: starting would repeat or skip rows, so do not.
     #[error("position of relay {relay}: {detail}")]
     Position { relay: String, detail: String },
+    /// Logical mode: the replication slot is missing, invalidated, ahead of Kafka's position or
+    /// not the relay's, or returned what cannot be decoded. Resuming would skip or repeat rows,
+    /// so stop and let an operator decide (docs/ARCHITECTURE.md "Outbox").
+    #[error("replication slot {slot}: {detail}")]
+    Slot { slot: String, detail: String },
     /// A row cannot be turned into a valid envelope (it was written around the table's checks):
     /// stop rather than skip it.
     #[error(

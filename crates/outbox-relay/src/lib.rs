@@ -3,16 +3,21 @@
 //! Guarantee (exactly-once mode): every committed outbox row becomes exactly one record for
 //! `read_committed` readers, in each entity's commit order, through relay crashes, zombie relays
 //! and restarts of PostgreSQL or the broker. The rows are read in an order that never skips a
-//! committed row (`eos_outbox::reader`); each batch and the relay's position are one Kafka
-//! transaction; a restarted relay with the same name fences its zombie. In at-least-once mode a
-//! crash repeats records, which consumers absorb by `event_id` (eos-processor does).
+//! committed row — commit order from a logical replication slot (`logical` mode, [`logical`]) or
+//! the xmin order of `eos_outbox::reader` (`xmin` mode); each batch and the relay's position are
+//! one Kafka transaction; a restarted relay with the same name fences its zombie. In
+//! at-least-once mode a crash repeats records, which consumers absorb by `event_id`
+//! (eos-processor does).
 
 pub mod config;
 pub mod error;
+pub mod logical;
 pub mod metrics;
+pub mod pgoutput;
 pub mod position_topic;
 pub mod purge;
 pub mod relay_loop;
+pub mod server_watch;
 
 use anyhow::Context as _;
 use sqlx::postgres::PgPoolOptions;
@@ -23,15 +28,24 @@ use eos_runtime::ops_http::OpsEndpoint;
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
-pub use config::Config;
+pub use config::{Config, RelayMode};
 pub use error::RelayError;
 use relay_loop::{RelayLoop, RelaySettings};
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
-    let input =
-        "postgres table=eos_outbox, read by (order_xid, position) below the snapshot's xmin"
-            .to_owned();
+    let input = match config.mode() {
+        RelayMode::Xmin => {
+            "postgres table=eos_outbox, read by (order_xid, position) below the snapshot's xmin"
+                .to_owned()
+        }
+        RelayMode::Logical => format!(
+            "postgres table=eos_outbox, its inserts in commit order from replication slot {} \
+             (pgoutput, publication {})",
+            config.slot_name(),
+            config.publication_name()
+        ),
+    };
     let result = "kafka topics named by each row, keyed by each row's key".to_owned();
     match config.guarantee {
         Guarantee::ExactlyOnce => Boundary {
@@ -44,7 +58,12 @@ pub fn boundary(config: &Config) -> Boundary {
                 config.positions_topic,
                 config.relay_name,
                 config.transactional_id()
-            ),
+            ) + match config.mode() {
+                RelayMode::Xmin => "",
+                RelayMode::Logical => {
+                    "; the slot is advanced to a position only after Kafka committed it"
+                }
+            },
             recovery: "init_transactions fences the previous relay and aborts its open \
                        transaction; the position is read back with read_committed and reading \
                        resumes after it"
@@ -131,6 +150,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         batch_size: config.batch_size,
         poll_interval: config.poll_interval,
         transaction_timeout: config.transaction_timeout,
+        logical: (config.mode() == RelayMode::Logical).then(|| {
+            logical::LogicalSource::new(pool.clone(), config.slot_name(), config.publication_name())
+        }),
+        idle_position_interval: config.idle_position_interval,
     };
     let relay = RelayLoop::start(settings, pool.clone()).await?;
     let purge = tokio::spawn(purge::run(

@@ -20,14 +20,118 @@ use eos_runtime::topic_config::{
 use eos_runtime::transactional_producer::PendingRecord;
 
 use crate::error::RelayError;
+use crate::pgoutput::Lsn;
 
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The record value: where the relay has got to.
+/// Where a relay has got to: what its position record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayPosition {
+    /// xmin mode: every row up to this key in (order_xid, position) order is published.
+    Xmin(OutboxCursor),
+    /// logical mode: every outbox row of a transaction whose commit record starts before `lsn`
+    /// is published — except, while `table_after` is set, the rows committed before the slot
+    /// existed that come after that key in (order_xid, position) order (docs/ARCHITECTURE.md
+    /// "Outbox").
+    Logical {
+        lsn: Lsn,
+        table_after: Option<OutboxCursor>,
+    },
+}
+
+impl Default for RelayPosition {
+    fn default() -> Self {
+        Self::Xmin(OutboxCursor::default())
+    }
+}
+
+/// The record value. An xmin position keeps the shape it had before the logical mode existed, so
+/// either relay version reads the other's xmin records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-struct PositionValue {
+#[serde(untagged)]
+enum PositionValue {
+    Logical {
+        mode: LogicalTag,
+        lsn: LsnText,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        table_after: Option<CursorValue>,
+    },
+    Xmin(CursorValue),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum LogicalTag {
+    Logical,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct CursorValue {
     order_xid: i64,
     position: i64,
+}
+
+/// An LSN as PostgreSQL writes it, so an operator reads the record as psql shows the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+struct LsnText(Lsn);
+
+impl TryFrom<String> for LsnText {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse().map(Self)
+    }
+}
+
+impl From<LsnText> for String {
+    fn from(lsn: LsnText) -> Self {
+        lsn.0.to_string()
+    }
+}
+
+impl From<CursorValue> for OutboxCursor {
+    fn from(value: CursorValue) -> Self {
+        Self {
+            order_xid: value.order_xid,
+            position: value.position,
+        }
+    }
+}
+
+impl From<OutboxCursor> for CursorValue {
+    fn from(cursor: OutboxCursor) -> Self {
+        Self {
+            order_xid: cursor.order_xid,
+            position: cursor.position,
+        }
+    }
+}
+
+impl From<RelayPosition> for PositionValue {
+    fn from(position: RelayPosition) -> Self {
+        match position {
+            RelayPosition::Xmin(cursor) => Self::Xmin(cursor.into()),
+            RelayPosition::Logical { lsn, table_after } => Self::Logical {
+                mode: LogicalTag::Logical,
+                lsn: LsnText(lsn),
+                table_after: table_after.map(CursorValue::from),
+            },
+        }
+    }
+}
+
+impl From<PositionValue> for RelayPosition {
+    fn from(value: PositionValue) -> Self {
+        match value {
+            PositionValue::Xmin(cursor) => Self::Xmin(cursor.into()),
+            PositionValue::Logical {
+                lsn, table_after, ..
+            } => Self::Logical {
+                lsn: lsn.0,
+                table_after: table_after.map(OutboxCursor::from),
+            },
+        }
+    }
 }
 
 fn topic_error(topic: &str, detail: impl Into<String>) -> RelayError {
@@ -77,13 +181,10 @@ pub async fn ensure_positions_topic(
     require_compact_only(&policy).map_err(|detail| topic_error(topic, detail))
 }
 
-/// The record that moves `relay_name`'s position to `cursor`, sent inside the batch's
+/// The record that moves `relay_name`'s position to `position`, sent inside the batch's
 /// transaction.
-pub fn position_record(topic: &str, relay_name: &str, cursor: OutboxCursor) -> PendingRecord {
-    let value = PositionValue {
-        order_xid: cursor.order_xid,
-        position: cursor.position,
-    };
+pub fn position_record(topic: &str, relay_name: &str, position: RelayPosition) -> PendingRecord {
+    let value = PositionValue::from(position);
     PendingRecord {
         topic: topic.to_owned(),
         partition: Some(0),
@@ -93,7 +194,8 @@ pub fn position_record(topic: &str, relay_name: &str, cursor: OutboxCursor) -> P
     }
 }
 
-/// `relay_name`'s last committed position (`None`: it never committed one). Call after the
+/// `relay_name`'s last committed position (`None`: it never committed one, or an operator
+/// deleted it with a tombstone). Call after the
 /// producer's `init_transactions`, which aborts this relay's open transaction; an open
 /// transaction of another relay on the topic is waited for, up to `timeout`.
 pub fn read_position(
@@ -101,7 +203,7 @@ pub fn read_position(
     topic: &str,
     relay_name: &str,
     timeout: Duration,
-) -> Result<Option<OutboxCursor>, RelayError> {
+) -> Result<Option<RelayPosition>, RelayError> {
     let position_error = |detail: String| RelayError::Position {
         relay: relay_name.to_owned(),
         detail,
@@ -140,10 +242,7 @@ pub fn read_position(
                                 message.offset()
                             ))
                         })?;
-                        Some(OutboxCursor {
-                            order_xid: value.order_xid,
-                            position: value.position,
-                        })
+                        Some(RelayPosition::from(value))
                     }
                 };
             }
@@ -173,17 +272,58 @@ pub fn read_position(
 mod tests {
     use super::*;
 
+    fn round_trip(position: RelayPosition) -> (String, RelayPosition) {
+        let record = position_record("positions", "default", position);
+        assert_eq!(record.partition, Some(0));
+        assert_eq!(record.key.as_deref(), Some(b"default".as_slice()));
+        let bytes = record.payload.unwrap_or_default();
+        let value: PositionValue = serde_json::from_slice(&bytes).expect("decodes");
+        (
+            String::from_utf8(bytes).expect("JSON is UTF-8"),
+            RelayPosition::from(value),
+        )
+    }
+
     #[test]
     fn the_position_record_is_keyed_by_relay_and_round_trips() {
         let cursor = OutboxCursor {
             order_xid: 826_260,
             position: 42,
         };
-        let record = position_record("positions", "default", cursor);
-        assert_eq!(record.partition, Some(0));
-        assert_eq!(record.key.as_deref(), Some(b"default".as_slice()));
+        let (json, back) = round_trip(RelayPosition::Xmin(cursor));
+        assert_eq!(back, RelayPosition::Xmin(cursor));
+        assert_eq!(
+            json, r#"{"order_xid":826260,"position":42}"#,
+            "an xmin position keeps the record shape older relays wrote and read"
+        );
+        for table_after in [None, Some(cursor)] {
+            let logical = RelayPosition::Logical {
+                lsn: Lsn(0x16_B374_D848),
+                table_after,
+            };
+            let (json, back) = round_trip(logical);
+            assert_eq!(back, logical);
+            assert!(
+                json.contains(r#""mode":"logical","lsn":"16/B374D848""#),
+                "{json}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_written_before_the_logical_mode_reads_as_an_xmin_position() {
         let value: PositionValue =
-            serde_json::from_slice(record.payload.as_deref().unwrap_or_default()).expect("decodes");
-        assert_eq!((value.order_xid, value.position), (826_260, 42));
+            serde_json::from_str(r#"{"order_xid":7,"position":3}"#).expect("decodes");
+        assert_eq!(
+            RelayPosition::from(value),
+            RelayPosition::Xmin(OutboxCursor {
+                order_xid: 7,
+                position: 3
+            })
+        );
+        assert!(
+            serde_json::from_str::<PositionValue>(r#"{"mode":"logical","lsn":"nonsense"}"#)
+                .is_err()
+        );
     }
 }

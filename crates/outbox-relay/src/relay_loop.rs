@@ -10,13 +10,19 @@
 //! the position is stored in PostgreSQL after Kafka acknowledged the batch, so a crash in between
 //! publishes the batch again.
 //!
+//! Rows are found in one of two ways (docs/ARCHITECTURE.md "Outbox"): `xmin` mode reads the table
+//! below the server's oldest running transaction (`eos_outbox::reader`); `logical` mode decodes
+//! the outbox's inserts in commit order from a replication slot ([`crate::logical`]), which moves
+//! only after Kafka committed the position it moves to.
+//!
 //! The producer's calls block, so they run under `block_in_place`. Two things overlap with a
 //! batch's Kafka transaction, since they do not depend on its outcome: reading (and building) the
-//! next batch, which starts after this batch's last row — safe at any time, because the read
-//! order only ever returns rows no later transaction can precede (see `eos_outbox::reader`) — and
-//! dropped if the batch does not commit; and recording the previous batch's position in
-//! PostgreSQL.
+//! next batch, which starts after this batch's position — safe at any time, because the xmin
+//! order only ever returns rows no later transaction can precede, and the logical reader skips
+//! every transaction that commits before the position it reads after — and dropped if the batch
+//! does not commit; and recording the previous batch's position in PostgreSQL.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
@@ -33,6 +39,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use eos_core::Guarantee;
 use eos_outbox::relay_positions::{record_relayed, relayed_position};
 use eos_outbox::{OutboxCursor, OutboxRow, read_after};
+use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::trace_context;
 use eos_runtime::transaction_recovery::{LostTransaction, Recovery, cause};
@@ -40,17 +47,27 @@ use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, 
 use opentelemetry::trace::TraceContextExt as _;
 
 use crate::error::RelayError;
+use crate::logical::{LogicalSource, PurgeMark};
 use crate::metrics as m;
-use crate::position_topic::{position_record, read_position};
+use crate::position_topic::{RelayPosition, position_record, read_position};
+use crate::server_watch;
 
 /// The channel `eos_outbox_enqueue` notifies at commit.
 pub const NOTIFY_CHANNEL: &str = "eos_outbox";
 /// Longest wait between attempts while PostgreSQL or the broker is unreachable.
 const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
-/// How often the age of the oldest unpublished row is measured (one indexed query).
+/// How often the age of the oldest unpublished row (xmin mode), what holds the xmin back (xmin
+/// mode) or the slot's retained WAL (logical mode) is measured.
 const AGE_INTERVAL: Duration = Duration::from_secs(5);
 /// How many rows at the head of the read order that measure looks at.
 const AGE_HEAD_ROWS: i64 = 1000;
+/// Logical mode: the slot is advanced at most this often. Each advance decodes from the slot's
+/// restart_lsn like a read does, and a slot behind the position costs nothing but WAL kept a
+/// little longer (reads skip what Kafka holds).
+const ADVANCE_INTERVAL: Duration = Duration::from_secs(1);
+/// Purge marks waiting for the position to pass them; older ones are dropped past this many (a
+/// later mark covers more).
+const PURGE_MARKS_KEPT: usize = 64;
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -63,6 +80,10 @@ pub struct RelaySettings {
     pub batch_size: i64,
     pub poll_interval: Duration,
     pub transaction_timeout: Duration,
+    /// Logical mode: the slot's source (`None`: xmin mode).
+    pub logical: Option<LogicalSource>,
+    /// Logical mode: how often an idle relay still moves its position.
+    pub idle_position_interval: Duration,
 }
 
 impl RelaySettings {
@@ -92,33 +113,80 @@ pub struct RelayLoop {
     settings: RelaySettings,
     pool: PgPool,
     producer: TransactionalProducer,
-    /// The last row known to be published.
-    cursor: OutboxCursor,
+    /// Where the next read starts: the last position published, or one past rows that need no
+    /// publishing (logical mode).
+    position: RelayPosition,
+    /// The last position committed to Kafka (exactly-once) or acknowledged (at-least-once).
+    committed: RelayPosition,
+    committed_at: Instant,
+    /// Logical mode: purge marks of published batches, oldest first.
+    purge_marks: VecDeque<PurgeMark>,
+    /// Logical mode: when the slot was last advanced.
+    advanced_at: Option<Instant>,
     /// The write of the last published position to PostgreSQL, if still running.
     recording: Option<JoinHandle<()>>,
 }
 
-/// Rows read after a cursor, with the records they become.
+/// Rows read after a position, with the records they become.
 #[derive(Debug)]
 struct Batch {
-    after: OutboxCursor,
+    after: RelayPosition,
+    /// The position once the batch is published.
+    position: RelayPosition,
     rows: Vec<OutboxRow>,
     records: Vec<PendingRecord>,
+    /// The read stopped at its limit: more may be there already.
+    more: bool,
+    purge_mark: Option<PurgeMark>,
 }
 
 impl Batch {
-    async fn read(pool: PgPool, after: OutboxCursor, limit: i64) -> Result<Self, RelayError> {
-        let rows = read_after(&pool, after, limit).await?;
+    async fn read(
+        pool: PgPool,
+        logical: Option<LogicalSource>,
+        after: RelayPosition,
+        limit: i64,
+    ) -> Result<Self, RelayError> {
+        let (rows, position, more, purge_mark) = match (&logical, after) {
+            (None, RelayPosition::Xmin(cursor)) => {
+                let rows = read_after(&pool, cursor, limit).await?;
+                let last = rows.last().map_or(cursor, |row| row.cursor);
+                let more = rows.len() as i64 >= limit;
+                (rows, RelayPosition::Xmin(last), more, None)
+            }
+            (Some(source), RelayPosition::Logical { .. }) => {
+                let read = source.read(after, limit).await?;
+                report_read_age(&read.rows, read.more);
+                (read.rows, read.position, read.more, read.purge_mark)
+            }
+            (_, position) => {
+                return Err(RelayError::Config(format!(
+                    "position {position:?} does not belong to this relay's mode"
+                )));
+            }
+        };
         let records = rows.iter().map(record_for).collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             after,
+            position,
             rows,
             records,
+            more,
+            purge_mark,
         })
     }
+}
 
-    fn last(&self) -> Option<OutboxCursor> {
-        self.rows.last().map(|row| row.cursor)
+/// Logical mode: the age of the oldest row a read found unpublished (0 when caught up). Each
+/// read sets it, so it keeps growing while the same rows are read and not published.
+fn report_read_age(rows: &[OutboxRow], more: bool) {
+    let now = OffsetDateTime::now_utc();
+    match rows.iter().map(|row| row.enqueued_at).min() {
+        Some(oldest) => {
+            gauge!(m::OLDEST_UNPUBLISHED_AGE).set((now - oldest).as_seconds_f64().max(0.0));
+        }
+        None if !more => gauge!(m::OLDEST_UNPUBLISHED_AGE).set(0.0),
+        None => {}
     }
 }
 
@@ -127,19 +195,17 @@ impl RelayLoop {
     /// resume.
     pub async fn start(settings: RelaySettings, pool: PgPool) -> Result<Self, RelayError> {
         let producer = block_in_place(|| settings.create_producer())?;
-        let cursor = recover_cursor(&settings, &pool).await?;
-        info!(
-            relay = %settings.relay_name,
-            order_xid = cursor.order_xid,
-            position = cursor.position,
-            guarantee = %settings.guarantee,
-            "resuming after this outbox position"
-        );
+        let position = recover_position(&settings, &pool).await?;
+        log_resuming(&settings, position);
         Ok(Self {
             settings,
             pool,
             producer,
-            cursor,
+            position,
+            committed: position,
+            committed_at: Instant::now(),
+            purge_marks: VecDeque::new(),
+            advanced_at: None,
             recording: None,
         })
     }
@@ -155,26 +221,36 @@ impl RelayLoop {
         listener.listen(NOTIFY_CHANNEL).await?;
         readiness.set(true);
         let mut database_failures = 0u32;
+        let mut read_delays = retry_delays();
         let mut next: Option<JoinHandle<Result<Batch, RelayError>>> = None;
-        let mut age_measured: Option<Instant> = None;
+        let mut measured: Option<Instant> = None;
+        let mut blocker_log = server_watch::BlockerLog::default();
         while !shutdown.is_cancelled() {
-            if age_measured.is_none_or(|at| at.elapsed() >= AGE_INTERVAL) {
-                age_measured = Some(Instant::now());
-                self.report_unpublished_age().await;
+            if measured.is_none_or(|at| at.elapsed() >= AGE_INTERVAL) {
+                measured = Some(Instant::now());
+                self.measure(&mut blocker_log).await;
             }
             let read = match next.take() {
                 // Never aborted while awaited here: an error is the read task's panic.
                 Some(prefetched) => prefetched
                     .await
                     .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic())),
-                None => Batch::read(self.pool.clone(), self.cursor, self.settings.batch_size).await,
+                None => {
+                    Batch::read(
+                        self.pool.clone(),
+                        self.settings.logical.clone(),
+                        self.position,
+                        self.settings.batch_size,
+                    )
+                    .await
+                }
             };
             let batch = match read {
                 Ok(batch) => batch,
                 Err(RelayError::Database(error)) => {
                     database_failures += 1;
                     readiness.set(false);
-                    let delay = retry_backoff(database_failures);
+                    let delay = read_delays.next().unwrap_or(MAX_RETRY_BACKOFF);
                     warn!(%error, attempt = database_failures, ?delay, "cannot read the outbox; retrying");
                     sleep_or_shutdown(delay, shutdown).await;
                     continue;
@@ -183,26 +259,37 @@ impl RelayLoop {
             };
             if database_failures > 0 {
                 database_failures = 0;
+                read_delays = retry_delays();
                 readiness.set(true);
                 info!("reading the outbox again");
             }
-            let Some(last) = batch.last() else {
-                self.wait_for_rows(&mut listener, shutdown).await;
+            debug_assert_eq!(batch.after, self.position);
+            if batch.rows.is_empty() {
+                if self.idle_position_due(&batch) {
+                    // Nothing to publish, but the slot would hold the WAL written since.
+                    self.publish(&batch).await?;
+                } else {
+                    // Nothing decoded needs publishing up to there; Kafka's position catches up
+                    // with the next batch (a restart reads that stretch again).
+                    self.position = batch.position;
+                }
+                if !batch.more {
+                    self.wait_for_rows(&mut listener, shutdown).await;
+                }
                 continue;
-            };
-            debug_assert_eq!(batch.after, self.cursor);
-            // Only behind (a full batch) is the next batch worth reading now: caught up, a read
+            }
+            // Only behind (a full read) is the next batch worth reading now: caught up, a read
             // after the commit also finds the rows committed meanwhile, a cycle sooner.
-            let full = batch.rows.len() as i64 >= self.settings.batch_size;
-            next = full.then(|| {
+            next = batch.more.then(|| {
                 tokio::spawn(Batch::read(
                     self.pool.clone(),
-                    last,
+                    self.settings.logical.clone(),
+                    batch.position,
                     self.settings.batch_size,
                 ))
             });
             self.publish(&batch).await?;
-            if self.cursor != last {
+            if self.position != batch.position {
                 // Not published (aborted, or recovered to an earlier position): read again from
                 // where Kafka says the relay is.
                 if let Some(prefetched) = next.take() {
@@ -220,21 +307,49 @@ impl RelayLoop {
         Ok(())
     }
 
-    /// Sets `eos_outbox_oldest_unpublished_age_seconds`: the oldest committed row after the
-    /// cursor, whether or not the read order may return it yet. A long transaction anywhere on
-    /// the server holds the read order back (docs/ARCHITECTURE.md "Outbox") while the rows
-    /// committed after it wait; the batches alone would not show them. Only the next
+    /// Logical mode, nothing to publish: whether to commit the position alone, so the slot can
+    /// release the WAL decoded meanwhile (other databases' writes, rolled-back transactions).
+    fn idle_position_due(&self, batch: &Batch) -> bool {
+        matches!(
+            batch.position,
+            RelayPosition::Logical {
+                table_after: None,
+                ..
+            }
+        ) && batch.position != self.committed
+            && self.committed_at.elapsed() >= self.settings.idle_position_interval
+            && self.settings.guarantee == Guarantee::ExactlyOnce
+    }
+
+    /// The gauges that need a query of their own, every `AGE_INTERVAL`.
+    async fn measure(&self, blocker_log: &mut server_watch::BlockerLog) {
+        match &self.settings.logical {
+            None => {
+                self.report_unpublished_age().await;
+                server_watch::report_xmin_blocker(&self.pool, blocker_log).await;
+            }
+            Some(source) => server_watch::report_slot(source).await,
+        }
+    }
+
+    /// Sets `eos_outbox_oldest_unpublished_age_seconds` (xmin mode): the oldest committed row
+    /// after the cursor, whether or not the read order may return it yet. A long transaction
+    /// anywhere on the server holds the read order back (docs/ARCHITECTURE.md "Outbox") while the
+    /// rows committed after it wait; the batches alone would not show them. Only the next
     /// `AGE_HEAD_ROWS` rows in read order are looked at, so a large backlog costs no more: the
     /// order follows transaction ids, so the rows further back are younger but for rare ones.
     async fn report_unpublished_age(&self) {
+        let RelayPosition::Xmin(cursor) = self.position else {
+            return;
+        };
         let age = sqlx::query_scalar!(
             r#"SELECT EXTRACT(EPOCH FROM now() - min(enqueued_at))::FLOAT8 AS "age"
                  FROM (SELECT enqueued_at FROM eos_outbox
                         WHERE (order_xid, position) > ($1, $2)
                         ORDER BY order_xid, position
                         LIMIT $3) AS head"#,
-            self.cursor.order_xid,
-            self.cursor.position,
+            cursor.order_xid,
+            cursor.position,
             AGE_HEAD_ROWS,
         )
         .fetch_one(&self.pool)
@@ -262,35 +377,21 @@ impl RelayLoop {
     }
 
     async fn publish(&mut self, batch: &Batch) -> Result<(), RelayError> {
-        let Some(last) = batch.last() else {
-            return Ok(());
-        };
         match self.settings.guarantee {
-            Guarantee::ExactlyOnce => {
-                self.publish_in_transaction(&batch.records, &batch.rows, last)
-                    .await
-            }
-            Guarantee::AtLeastOnce => {
-                self.publish_then_record(&batch.records, &batch.rows, last)
-                    .await
-            }
+            Guarantee::ExactlyOnce => self.publish_in_transaction(batch).await,
+            Guarantee::AtLeastOnce => self.publish_then_record(batch).await,
         }
     }
 
-    async fn publish_in_transaction(
-        &mut self,
-        records: &[PendingRecord],
-        rows: &[OutboxRow],
-        last: OutboxCursor,
-    ) -> Result<(), RelayError> {
+    async fn publish_in_transaction(&mut self, batch: &Batch) -> Result<(), RelayError> {
         let position = position_record(
             &self.settings.positions_topic,
             &self.settings.relay_name,
-            last,
+            batch.position,
         );
         let outcome = block_in_place(|| {
             self.producer.begin()?;
-            for record in records.iter().chain(std::iter::once(&position)) {
+            for record in batch.records.iter().chain(std::iter::once(&position)) {
                 self.producer.send(record).map_err(TxnFailure::from)?;
             }
             self.producer.commit()
@@ -298,10 +399,10 @@ impl RelayLoop {
         match outcome {
             Ok(()) => {
                 counter!(m::TRANSACTIONS, "outcome" => "committed").increment(1);
-                self.published(rows, last).await;
+                self.published(batch).await;
                 Ok(())
             }
-            Err(failure) => self.batch_failed(failure, rows.len()).await,
+            Err(failure) => self.batch_failed(failure, batch.rows.len()).await,
         }
     }
 
@@ -341,43 +442,97 @@ impl RelayLoop {
         self.recover().await
     }
 
-    async fn publish_then_record(
-        &mut self,
-        records: &[PendingRecord],
-        rows: &[OutboxRow],
-        last: OutboxCursor,
-    ) -> Result<(), RelayError> {
+    async fn publish_then_record(&mut self, batch: &Batch) -> Result<(), RelayError> {
         block_in_place(|| -> Result<(), RelayError> {
-            for record in records {
+            for record in &batch.records {
                 self.producer.send(record)?;
             }
             Ok(self.producer.flush_delivered()?)
         })?;
-        self.published(rows, last).await;
+        self.published(batch).await;
         Ok(())
     }
 
-    /// After Kafka has the batch: move the cursor and tell PostgreSQL (the authority in
-    /// at-least-once mode; in exactly-once mode a lagging copy that bounds the purge).
-    async fn published(&mut self, rows: &[OutboxRow], last: OutboxCursor) {
-        self.cursor = last;
-        counter!(m::RECORDS_PUBLISHED).increment(rows.len() as u64);
-        gauge!(m::POSITION).set(last.position as f64);
+    /// After Kafka has the batch: move the position, then the slot (logical mode), and tell
+    /// PostgreSQL (the authority in at-least-once mode; in exactly-once mode a lagging copy that
+    /// bounds the purge).
+    async fn published(&mut self, batch: &Batch) {
+        self.position = batch.position;
+        self.committed = batch.position;
+        self.committed_at = Instant::now();
+        counter!(m::RECORDS_PUBLISHED).increment(batch.rows.len() as u64);
+        if let Some(row) = batch.rows.last() {
+            gauge!(m::POSITION).set(row.cursor.position as f64);
+        }
         let now = OffsetDateTime::now_utc();
-        for row in rows {
+        for row in &batch.rows {
             histogram!(m::ENQUEUE_TO_PUBLISH_SECONDS)
                 .record((now - row.enqueued_at).as_seconds_f64().max(0.0));
         }
+        let purge_cursor = match batch.position {
+            RelayPosition::Xmin(cursor) => Some(cursor),
+            RelayPosition::Logical { lsn, table_after } => {
+                gauge!(m::POSITION_LSN).set(lsn.0 as f64);
+                let due = self
+                    .advanced_at
+                    .is_none_or(|at| at.elapsed() >= ADVANCE_INTERVAL);
+                if let (Some(source), true) = (&self.settings.logical, due) {
+                    // A slot that lags is harmless (the next read skips what Kafka holds), so a
+                    // failed advance only waits for the next batch.
+                    self.advanced_at = Some(Instant::now());
+                    if let Err(error) = source.advance(lsn).await {
+                        warn!(%error, slot = source.slot(), %lsn, "cannot advance the replication slot; it moves with the next batch");
+                    }
+                }
+                if table_after.is_none() {
+                    self.purge_cursor(batch.purge_mark, lsn)
+                } else {
+                    None
+                }
+            }
+        };
+        let Some(cursor) = purge_cursor else {
+            return;
+        };
         // One write in flight at a time; they only move the recorded position forwards.
         if let Some(previous) = self.recording.take() {
             previous.await.ok();
         }
         let (pool, relay_name) = (self.pool.clone(), self.settings.relay_name.clone());
         self.recording = Some(tokio::spawn(async move {
-            if let Err(error) = record_relayed(&pool, &relay_name, last).await {
-                warn!(%error, position = last.position, "cannot record the published position in PostgreSQL; it catches up with the next batch");
+            if let Err(error) = record_relayed(&pool, &relay_name, cursor).await {
+                warn!(%error, order_xid = cursor.order_xid, position = cursor.position, "cannot record the published position in PostgreSQL; it catches up with the next batch");
             }
         }));
+    }
+
+    /// Logical mode: the xmin-order cursor behind which every row is published, for the purge.
+    /// A mark `(xmin, lsn)` holds once the position reaches `lsn`: every transaction below `xmin`
+    /// had written its commit record by then, so its rows are decoded and published (or, from
+    /// before the slot, published from the table first).
+    fn purge_cursor(
+        &mut self,
+        mark: Option<PurgeMark>,
+        position: crate::pgoutput::Lsn,
+    ) -> Option<OutboxCursor> {
+        if let Some(mark) = mark {
+            if self.purge_marks.len() >= PURGE_MARKS_KEPT {
+                self.purge_marks.pop_front();
+            }
+            self.purge_marks.push_back(mark);
+        }
+        let mut reached = None;
+        while let Some(&(xmin, lsn)) = self.purge_marks.front() {
+            if lsn > position {
+                break;
+            }
+            reached = Some(xmin);
+            self.purge_marks.pop_front();
+        }
+        reached.map(|xmin| OutboxCursor {
+            order_xid: xmin,
+            position: 0,
+        })
     }
 
     /// A new producer (whose `init_transactions` settles the open transaction) and the position
@@ -385,23 +540,25 @@ impl RelayLoop {
     /// this keeps trying: only a fatal error or a position that cannot be trusted stops it.
     async fn recover(&mut self) -> Result<(), RelayError> {
         let mut attempt = 0u32;
+        let mut delays = retry_delays();
         loop {
             attempt += 1;
             let recovered = match block_in_place(|| self.settings.create_producer()) {
                 Ok(producer) => {
                     self.producer = producer;
-                    recover_cursor(&self.settings, &self.pool).await
+                    recover_position(&self.settings, &self.pool).await
                 }
                 Err(error) => Err(error),
             };
             match recovered {
-                Ok(cursor) => {
-                    self.cursor = cursor;
-                    info!(position = cursor.position, attempt, "recovered; resuming");
+                Ok(position) => {
+                    self.position = position;
+                    self.committed = position;
+                    info!(?position, attempt, "recovered; resuming");
                     return Ok(());
                 }
                 Err(error @ (RelayError::Kafka(_) | RelayError::Database(_))) => {
-                    let delay = retry_backoff(attempt);
+                    let delay = delays.next().unwrap_or(MAX_RETRY_BACKOFF);
                     warn!(%error, attempt, ?delay, "cannot recover yet; retrying");
                     tokio::time::sleep(delay).await;
                 }
@@ -411,15 +568,41 @@ impl RelayLoop {
     }
 }
 
-/// Where to resume. Exactly-once: the position committed in Kafka, unless PostgreSQL records a
-/// later one, which means Kafka lost committed records: refuse rather than publish again.
-async fn recover_cursor(
+/// The line tests and operators look for: the relay knows where it resumes, its producer is
+/// initialised (any earlier relay of its name fenced).
+fn log_resuming(settings: &RelaySettings, position: RelayPosition) {
+    let relay = &settings.relay_name;
+    let guarantee = &settings.guarantee;
+    match position {
+        RelayPosition::Xmin(cursor) => info!(
+            relay = %relay,
+            mode = "xmin",
+            order_xid = cursor.order_xid,
+            position = cursor.position,
+            guarantee = %guarantee,
+            "resuming after this outbox position"
+        ),
+        RelayPosition::Logical { lsn, table_after } => info!(
+            relay = %relay,
+            mode = "logical",
+            slot = settings.logical.as_ref().map(LogicalSource::slot),
+            lsn = lsn.0,
+            at = %lsn,
+            table_after = ?table_after,
+            guarantee = %guarantee,
+            "resuming after this outbox position"
+        ),
+    }
+}
+
+/// Where to resume: [`recover_xmin`] or [`recover_logical`].
+async fn recover_position(
     settings: &RelaySettings,
     pool: &PgPool,
-) -> Result<OutboxCursor, RelayError> {
+) -> Result<RelayPosition, RelayError> {
     let recorded = relayed_position(pool, &settings.relay_name).await?;
     if settings.guarantee == Guarantee::AtLeastOnce {
-        return Ok(recorded.unwrap_or_default());
+        return Ok(RelayPosition::Xmin(recorded.unwrap_or_default()));
     }
     let committed = block_in_place(|| {
         read_position(
@@ -429,17 +612,43 @@ async fn recover_cursor(
             settings.position_read_timeout(),
         )
     })?;
-    match (committed, recorded) {
-        (Some(committed), Some(recorded)) if recorded > committed => Err(RelayError::Position {
-            relay: settings.relay_name.clone(),
-            detail: format!(
-                "PostgreSQL records position {recorded:?} as published, but the last position \
-                 committed to {} is {committed:?}: Kafka lost committed records, so the records \
-                 after it may be missing or would be published twice. Check the topics, then \
-                 update or delete the relay's row in eos_outbox_relay_positions",
+    match &settings.logical {
+        None => recover_xmin(settings, committed, recorded).map(RelayPosition::Xmin),
+        Some(source) => recover_logical(settings, source, committed, recorded).await,
+    }
+}
+
+/// xmin mode: the position committed in Kafka, unless PostgreSQL records a later one, which means
+/// Kafka lost committed records: refuse rather than publish again.
+fn recover_xmin(
+    settings: &RelaySettings,
+    committed: Option<RelayPosition>,
+    recorded: Option<OutboxCursor>,
+) -> Result<OutboxCursor, RelayError> {
+    let position_error = |detail: String| RelayError::Position {
+        relay: settings.relay_name.clone(),
+        detail,
+    };
+    let committed = match committed {
+        Some(RelayPosition::Xmin(cursor)) => Some(cursor),
+        Some(RelayPosition::Logical { lsn, .. }) => {
+            return Err(position_error(format!(
+                "the last position committed to {} is a logical one (WAL {lsn}); --mode xmin \
+                 cannot tell which rows it covers. Run with --mode logical, or see \
+                 docs/ARCHITECTURE.md \"Outbox\" for switching modes",
                 settings.positions_topic
-            ),
-        }),
+            )));
+        }
+        None => None,
+    };
+    match (committed, recorded) {
+        (Some(committed), Some(recorded)) if recorded > committed => Err(position_error(format!(
+            "PostgreSQL records position {recorded:?} as published, but the last position \
+             committed to {} is {committed:?}: Kafka lost committed records, so the records \
+             after it may be missing or would be published twice. Check the topics, then \
+             update or delete the relay's row in eos_outbox_relay_positions",
+            settings.positions_topic
+        ))),
         (None, Some(recorded)) => {
             warn!(
                 topic = %settings.positions_topic,
@@ -451,6 +660,82 @@ async fn recover_cursor(
         }
         (committed, _) => Ok(committed.unwrap_or_default()),
     }
+}
+
+/// logical mode (docs/ARCHITECTURE.md "Outbox"). Kafka's position is the authority; the slot
+/// must be at or behind it (it is moved up to it here) and still hold its WAL. With no logical
+/// position yet, the slot is created if missing and the rows committed before it existed are
+/// published from the table first: all of them, or those after an xmin-mode position (a relay
+/// switching modes), or after PostgreSQL's record when Kafka has none.
+async fn recover_logical(
+    settings: &RelaySettings,
+    source: &LogicalSource,
+    committed: Option<RelayPosition>,
+    recorded: Option<OutboxCursor>,
+) -> Result<RelayPosition, RelayError> {
+    source.prepare().await?;
+    let slot = source.usable_slot().await?;
+    let slot_error = |detail: String| RelayError::Slot {
+        slot: source.slot().to_owned(),
+        detail,
+    };
+    let table_after = match committed {
+        Some(RelayPosition::Logical { lsn, table_after }) => {
+            let Some((_, confirmed)) = slot else {
+                return Err(slot_error(format!(
+                    "does not exist, but relay {}'s position in {} is WAL {lsn}: the changes \
+                     after it can no longer be decoded (a dropped slot, or a failover to a \
+                     standby without it). Not guessing where to resume: see docs/ARCHITECTURE.md \
+                     \"Outbox\" for the recovery",
+                    settings.relay_name, settings.positions_topic
+                )));
+            };
+            if confirmed > lsn {
+                return Err(slot_error(format!(
+                    "is at WAL {confirmed}, past relay {}'s position {lsn} in {}: the WAL \
+                     between them is released, so rows may be missing from Kafka. Not guessing \
+                     (docs/ARCHITECTURE.md \"Outbox\")",
+                    settings.relay_name, settings.positions_topic
+                )));
+            }
+            let end = source.marks().await?.flush_lsn;
+            if lsn > end {
+                return Err(slot_error(format!(
+                    "relay {}'s position in {} is WAL {lsn}, past the end of this server's WAL \
+                     ({end}): another server's position, or a failover lost WAL whose rows were \
+                     published. Not guessing (docs/ARCHITECTURE.md \"Outbox\")",
+                    settings.relay_name, settings.positions_topic
+                )));
+            }
+            // Behind Kafka: the transactions in between are in Kafka already.
+            source.advance(lsn).await?;
+            return Ok(RelayPosition::Logical { lsn, table_after });
+        }
+        Some(RelayPosition::Xmin(cursor)) => cursor,
+        None => {
+            if let Some(recorded) = recorded {
+                warn!(
+                    topic = %settings.positions_topic,
+                    order_xid = recorded.order_xid,
+                    position = recorded.position,
+                    "the position topic has no position for this relay; publishing the outbox's \
+                     rows after PostgreSQL's record of it (rows published after it but before the \
+                     last crash are published again)"
+                );
+            }
+            recorded.unwrap_or_default()
+        }
+    };
+    // No logical position in Kafka: the rows committed before the slot's position come from the
+    // table (after `table_after`), those committed after it from the slot.
+    let consistent = match slot {
+        Some((_, confirmed)) => confirmed,
+        None => source.create_slot().await?,
+    };
+    Ok(RelayPosition::Logical {
+        lsn: consistent,
+        table_after: Some(table_after),
+    })
 }
 
 /// The record for one row: key and value as the row says, the event id header, and the trace
@@ -505,9 +790,11 @@ fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
     })
 }
 
-fn retry_backoff(failures: u32) -> Duration {
-    let millis = 100u64.saturating_mul(1 << failures.min(6));
-    Duration::from_millis(millis).min(MAX_RETRY_BACKOFF)
+/// The waits between attempts while PostgreSQL or the broker is unreachable.
+fn retry_delays() -> ExponentialBackoff {
+    doubling(Duration::from_millis(200), MAX_RETRY_BACKOFF)
+        .with_jitter()
+        .build()
 }
 
 async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) {
@@ -520,13 +807,6 @@ async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_backoff_doubles_up_to_its_cap() {
-        assert_eq!(retry_backoff(1), Duration::from_millis(200));
-        assert_eq!(retry_backoff(2), Duration::from_millis(400));
-        assert_eq!(retry_backoff(30), MAX_RETRY_BACKOFF);
-    }
 
     #[test]
     fn a_record_carries_the_row_key_envelope_and_event_id() {

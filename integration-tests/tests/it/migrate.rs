@@ -313,13 +313,16 @@ async fn services_that_skip_migrations_refuse_an_unmigrated_database() -> anyhow
 /// `payments-api migrate` and `outbox-relay migrate` as the owner, then both services with
 /// --skip-migrations as the runtime role: a payment is recorded with its outbox row
 /// (`eos_outbox_enqueue` needs only row privileges), the relay publishes it and records its
-/// position, and neither changes the schema.
+/// position, and neither changes the schema. The relay runs in its default logical mode, for
+/// which the role has the REPLICATION attribute and nothing more (the migration made the
+/// publication).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
     let role = RuntimeRole::create(&db.name)?;
     let runtime_url = role.url(&db.url)?;
     grant_row_privileges(&db, &role).await?;
+    role.superuser_sql(None, &format!("ALTER ROLE \"{}\" REPLICATION", role.name))?;
     run_migrate("outbox-relay", &db.url)?;
     run_migrate("payments-api", &db.url)?;
     for table in [

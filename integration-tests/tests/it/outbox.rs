@@ -45,6 +45,22 @@ const DOMAIN_SCHEMA: &str = "
         event_id TEXT PRIMARY KEY, entity_id TEXT NOT NULL, amount BIGINT NOT NULL,
         version BIGINT NOT NULL)";
 
+/// How the exactly-once relay finds committed rows (`--mode`); at-least-once runs in xmin mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Xmin,
+    Logical,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Xmin => "xmin",
+            Self::Logical => "logical",
+        }
+    }
+}
+
 /// One outbox, its topic and its relay's names.
 struct Outbox {
     db: TestDatabase,
@@ -52,28 +68,34 @@ struct Outbox {
     topic: String,
     positions_topic: String,
     relay_name: String,
+    mode: Mode,
+    /// The logical mode's replication slot (dropped with the database).
+    slot: String,
 }
 
 impl Outbox {
-    async fn create() -> anyhow::Result<Self> {
-        Self::on(TestDatabase::create().await?).await
+    async fn create(mode: Mode) -> anyhow::Result<Self> {
+        Self::on(TestDatabase::create().await?, mode).await
     }
 
-    async fn on(db: TestDatabase) -> anyhow::Result<Self> {
-        Self::on_broker(db, bootstrap_servers()).await
+    async fn on(db: TestDatabase, mode: Mode) -> anyhow::Result<Self> {
+        Self::on_broker(db, bootstrap_servers(), mode).await
     }
 
-    async fn on_broker(db: TestDatabase, bootstrap: String) -> anyhow::Result<Self> {
+    async fn on_broker(db: TestDatabase, bootstrap: String, mode: Mode) -> anyhow::Result<Self> {
         eos_outbox::migrator().run(&db.pool).await?;
         sqlx::raw_sql(DOMAIN_SCHEMA).execute(&db.pool).await?;
         let topic = unique_name("outbox-payments");
         create_topic_on(&bootstrap, &topic, 3).await?;
+        let relay_name = unique_name("relay");
         Ok(Self {
+            slot: format!("eos_it_{}", relay_name.replace('-', "_")),
             db,
             bootstrap,
             topic,
             positions_topic: unique_name("outbox-positions"),
-            relay_name: unique_name("relay"),
+            relay_name,
+            mode,
         })
     }
 
@@ -98,6 +120,15 @@ impl Outbox {
         ]
         .map(str::to_owned)
         .to_vec();
+        if guarantee == "exactly-once" {
+            args.extend(["--mode".to_owned(), self.mode.as_str().to_owned()]);
+            if self.mode == Mode::Logical {
+                args.extend(["--idle-position-interval", "500ms"].map(str::to_owned));
+                if !extra.contains(&"--slot") {
+                    args.extend(["--slot".to_owned(), self.slot.clone()]);
+                }
+            }
+        }
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         // Its database sessions carry its name, so a test can find those of a killed relay.
         ServiceProcess::spawn("outbox-relay", &args, &[("PGAPPNAME", &self.relay_name)])
@@ -133,6 +164,26 @@ impl Outbox {
         let line = tokio::task::block_in_place(|| {
             relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
         })?;
+        if line.contains("mode=\"logical\"") || line.contains("mode=logical") {
+            // The slot moves only after Kafka committed the position it moves to.
+            let resumed = log_field(&line, "lsn")?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let confirmed = self.slot_lsn().await?;
+                if confirmed.is_some_and(|confirmed| confirmed > resumed) || idle() {
+                    return Ok(());
+                }
+                if !relay.is_running() || Instant::now() > deadline {
+                    bail!(
+                        "{} resumed after WAL {resumed} but its slot did not move (at \
+                         {confirmed:?})\n{}",
+                        relay.name(),
+                        relay.log_tail(40)
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         let resumed = OutboxCursor {
             order_xid: log_field(&line, "order_xid")?,
             position: log_field(&line, "position")?,
@@ -218,8 +269,23 @@ impl Outbox {
         ))
     }
 
+    /// The logical slot's confirmed position in bytes, if the slot exists.
+    async fn slot_lsn(&self) -> anyhow::Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT (confirmed_flush_lsn - '0/0')::BIGINT FROM pg_replication_slots \
+             WHERE slot_name = $1",
+        )
+        .bind(&self.slot)
+        .fetch_optional(&self.db.pool)
+        .await?
+        .flatten())
+    }
+
     /// Waits until the relay records, in PostgreSQL, the last row of the outbox as published.
-    /// In exactly-once mode it records a position only after Kafka committed it.
+    /// In exactly-once mode it records a position only after Kafka committed it. In logical mode
+    /// the record is `(xmin, 0)` of a snapshot whose every earlier transaction is published — the
+    /// purge's bound, so this checks it too; the slot's own position says nothing while the rows
+    /// from before it are published from the table.
     async fn wait_relayed(&self, relay: &ServiceProcess) -> anyhow::Result<()> {
         let last = sqlx::query_as::<_, (i64, i64)>(
             "SELECT order_xid, position FROM eos_outbox ORDER BY order_xid DESC, position DESC \
@@ -271,8 +337,21 @@ impl Outbox {
         Ok(OutboxAudit::of(&committed, &records))
     }
 
+    /// Drops the database, and with it its slot and publication (a slot left behind would hold
+    /// WAL on the server for good).
     async fn drop_database(self) -> anyhow::Result<()> {
-        self.db.drop_database().await
+        let name = self.db.name.clone();
+        self.db.drop_database().await?;
+        let admin = PgPool::connect(&integration_tests::database_url()).await?;
+        let left: Vec<String> = sqlx::query_scalar(
+            "SELECT slot_name::TEXT FROM pg_replication_slots WHERE database = $1",
+        )
+        .bind(&name)
+        .fetch_all(&admin)
+        .await?;
+        admin.close().await;
+        ensure!(left.is_empty(), "slots left on {name}: {left:?}");
+        Ok(())
     }
 }
 
@@ -597,7 +676,17 @@ async fn join_writer(
 #[tokio::test(flavor = "multi_thread")]
 async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_backend()
 -> anyhow::Result<()> {
-    let outbox = Outbox::create().await?;
+    no_dual_write_gap_in(Mode::Xmin).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_dual_write_gap_when_transactions_commit_roll_back_or_lose_their_backend_logical()
+-> anyhow::Result<()> {
+    no_dual_write_gap_in(Mode::Logical).await
+}
+
+async fn no_dual_write_gap_in(mode: Mode) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
     let mut relay = outbox.spawn_relay("exactly-once", &[])?;
     let summary = join_writer(
         outbox
@@ -822,12 +911,28 @@ async fn the_purge_never_removes_a_row_the_relay_has_not_published() -> anyhow::
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() -> anyhow::Result<()>
 {
-    let outbox = Outbox::create().await?;
+    relay_under_kills_and_a_zombie_in(Mode::Xmin, 20_000, 6).await
+}
+
+/// The same in logical mode, shorter: each kill lands mid-transaction or between the Kafka
+/// commit and the slot's advance, and the zombie is fenced as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order_logical()
+-> anyhow::Result<()> {
+    relay_under_kills_and_a_zombie_in(Mode::Logical, 8_000, 4).await
+}
+
+async fn relay_under_kills_and_a_zombie_in(
+    mode: Mode,
+    events: u64,
+    kills: usize,
+) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
     // Built before the writer starts, so the kills land while rows are being written.
     integration_tests::workspace_binary("outbox-relay")?;
-    let writer = outbox.writer(WritePlan::commits_only(20_000, 2)).spawn();
+    let writer = outbox.writer(WritePlan::commits_only(events, 2)).spawn();
     let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-    for _ in 0..6 {
+    for _ in 0..kills {
         let mut relay = outbox.spawn_relay("exactly-once", &[])?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(700..2_200))).await;
         let status = relay.kill_hard()?;
@@ -848,7 +953,7 @@ async fn the_relay_under_kills_and_a_zombie_publishes_every_row_once_in_order() 
     tokio::time::sleep(Duration::from_secs(3)).await;
     zombie.resume()?;
     let summary = join_writer(writer).await?;
-    assert!(summary.committed.load(Ordering::Relaxed) >= 20_000);
+    assert!(summary.committed.load(Ordering::Relaxed) >= events);
     // More rows after the resume, so the zombie tries to publish even if it was idle when paused.
     join_writer(outbox.writer(WritePlan::commits_only(500, 12)).spawn()).await?;
     let status = zombie
@@ -880,7 +985,7 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
     const KILLS: usize = 8;
     // How long one kill may wait for its state before the test gives up on the precondition.
     const AIM_WITHIN: Duration = Duration::from_secs(30);
-    let outbox = Outbox::create().await?;
+    let outbox = Outbox::create(Mode::Xmin).await?;
     integration_tests::workspace_binary("outbox-relay")?;
     // Rows keep coming until the last kill: a kill repeats records only while the relay has
     // published some that it has not recorded yet, which an idle relay never has.
@@ -1010,68 +1115,99 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
 }
 
 /// PostgreSQL stops for longer than the pool's acquire timeout while rows are written and
-/// relayed: the relay waits, then goes on; the topic is exact.
+/// relayed, by one relay in each mode (one restart for both): each waits, then goes on; each
+/// topic is exact.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<()> {
     let server = PostgresRestartGuard::acquire().await?;
-    let outbox = Outbox::on(server.create_database().await?).await?;
-    let writer = outbox.writer(WritePlan::commits_only(8_000, 4)).spawn();
-    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
-    // Its start-up gives up on a database error (an orchestrator restarts it); only its loop
-    // waits for PostgreSQL, so the server stops once the relay is publishing.
-    outbox.wait_publishing(&mut relay, || false).await?;
+    let mut runs = Vec::new();
+    for (mode, events, seed) in [(Mode::Xmin, 8_000, 4), (Mode::Logical, 5_000, 14)] {
+        let outbox = Outbox::on(server.create_database().await?, mode).await?;
+        let writer = outbox.writer(WritePlan::commits_only(events, seed)).spawn();
+        let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+        // Its start-up gives up on a database error (an orchestrator restarts it); only its loop
+        // waits for PostgreSQL, so the server stops once the relay is publishing.
+        outbox.wait_publishing(&mut relay, || false).await?;
+        runs.push((outbox, writer, relay));
+    }
     server.stop()?;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert!(
-        relay.is_running(),
-        "the relay waits for PostgreSQL\n{}",
-        relay.log_tail(30)
-    );
+    for (outbox, _, relay) in &mut runs {
+        assert!(
+            relay.is_running(),
+            "the {:?} relay waits for PostgreSQL\n{}",
+            outbox.mode,
+            relay.log_tail(30)
+        );
+    }
     server.start()?;
-    join_writer(writer).await?;
-    outbox.wait_relayed(&relay).await?;
-    relay.stop_gracefully()?;
-    outbox.audit().await?.assert_exact();
-    outbox.drop_database().await
+    for (outbox, writer, mut relay) in runs {
+        join_writer(writer).await?;
+        outbox.wait_relayed(&relay).await?;
+        relay.stop_gracefully()?;
+        outbox.audit().await?.assert_exact();
+        outbox.drop_database().await?;
+    }
+    Ok(())
 }
 
-/// The relay's broker is SIGKILLed mid-run and restarted: the relay keeps trying (or, if it gave
-/// up, its orchestrator restarts it), and the topic is exact.
+/// The relays' broker is SIGKILLed mid-run and restarted, under one relay in each mode: each
+/// keeps trying (or, if it gave up, its orchestrator restarts it), and each topic is exact.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_killed_mid_run_and_restarted_leaves_the_topic_exact() -> anyhow::Result<()> {
     let broker = crate::processor::PrivateBroker::start()?;
-    let outbox = Outbox::on_broker(TestDatabase::create().await?, broker.bootstrap()).await?;
     integration_tests::workspace_binary("outbox-relay")?;
-    let writer = outbox.writer(WritePlan::commits_only(8_000, 6)).spawn();
-    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    let mut runs = Vec::new();
+    for (mode, events, seed) in [(Mode::Xmin, 8_000, 6), (Mode::Logical, 5_000, 16)] {
+        let outbox =
+            Outbox::on_broker(TestDatabase::create().await?, broker.bootstrap(), mode).await?;
+        let writer = outbox.writer(WritePlan::commits_only(events, seed)).spawn();
+        let relay = outbox.spawn_relay("exactly-once", &[])?;
+        runs.push((outbox, writer, relay));
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     broker.kill_hard()?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     broker.stack(&["up", "kafka"])?;
-    join_writer(writer).await?;
-    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    loop {
-        if !relay.is_running() {
-            relay = outbox.spawn_relay("exactly-once", &[])?;
+    for (outbox, writer, mut relay) in runs {
+        join_writer(writer).await?;
+        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        loop {
+            if !relay.is_running() {
+                relay = outbox.spawn_relay("exactly-once", &[])?;
+            }
+            match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await {
+                Ok(Ok(())) => break,
+                Ok(Err(error)) => return Err(error),
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => bail!("the relay did not catch up\n{}", relay.log_tail(40)),
+            }
         }
-        match tokio::time::timeout(Duration::from_secs(10), outbox.wait_relayed(&relay)).await {
-            Ok(Ok(())) => break,
-            Ok(Err(error)) => return Err(error),
-            Err(_) if Instant::now() < deadline => {}
-            Err(_) => bail!("the relay did not catch up\n{}", relay.log_tail(40)),
-        }
+        relay.stop_gracefully()?;
+        outbox.audit().await?.assert_exact();
+        outbox.drop_database().await?;
     }
-    relay.stop_gracefully()?;
-    outbox.audit().await?.assert_exact();
-    outbox.drop_database().await
+    Ok(())
 }
 
 /// With a zero retention the purge runs right behind the relay under load: no row it has not
 /// published is ever deleted (else the topic would miss it), and the table stays small.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing() -> anyhow::Result<()> {
-    let outbox = Outbox::create().await?;
-    let writer = outbox.writer(WritePlan::commits_only(6_000, 5)).spawn();
+    purge_under_load_in(Mode::Xmin, 6_000).await
+}
+
+/// The same in logical mode, where the purge goes up to a snapshot's xmin once the position has
+/// passed the WAL written when it was read.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing_logical()
+-> anyhow::Result<()> {
+    purge_under_load_in(Mode::Logical, 4_000).await
+}
+
+async fn purge_under_load_in(mode: Mode, events: u64) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
+    let writer = outbox.writer(WritePlan::commits_only(events, 5)).spawn();
     let mut relay = outbox.spawn_relay(
         "exactly-once",
         &[
@@ -1108,7 +1244,278 @@ async fn the_purge_under_load_keeps_the_table_bounded_and_loses_nothing() -> any
     assert_eq!(left, 0, "every published row is purged after the retention");
     assert!(
         largest < 3_000,
-        "the table stays bounded while 6,000 events pass (largest {largest} rows)"
+        "the table stays bounded while {events} events pass (largest {largest} rows)"
     );
+    outbox.drop_database().await
+}
+
+/// One payment as the writer makes it (the account's version bumped, the payment row, its event),
+/// inside the caller's transaction.
+async fn pay(
+    conn: &mut PgConnection,
+    topic: &str,
+    event_id: &str,
+    entity_id: &str,
+) -> anyhow::Result<()> {
+    let version: i64 = sqlx::query_scalar(
+        "INSERT INTO accounts (entity_id, version) VALUES ($1, 1) ON CONFLICT (entity_id) \
+         DO UPDATE SET version = accounts.version + 1 RETURNING version",
+    )
+    .bind(entity_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO domain_payments (event_id, entity_id, amount, version) VALUES ($1, $2, 100, $3)",
+    )
+    .bind(event_id)
+    .bind(entity_id)
+    .bind(version)
+    .execute(&mut *conn)
+    .await?;
+    eos_outbox::enqueue(
+        &mut *conn,
+        &event(topic, event_id, entity_id, version as u64)?,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Transactions that take positions in one order and commit in the reverse order, each with a
+/// savepoint rolled back that had enqueued an event, and a whole transaction rolled back per
+/// round, through a running relay: every committed event once, no rolled-back one, each entity
+/// in commit order.
+async fn late_commits_and_savepoint_rollbacks_in(mode: Mode) -> anyhow::Result<()> {
+    let outbox = Outbox::create(mode).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    for round in 0..10 {
+        let mut open = Vec::new();
+        for n in 0..4 {
+            let mut conn = PgConnection::connect(&outbox.db.url).await?;
+            sqlx::query("BEGIN").execute(&mut conn).await?;
+            // Entities shared across rounds, not within one: a round's transactions never wait
+            // for each other's entity lock.
+            let entity = format!("acct-{n}");
+            pay(&mut conn, &outbox.topic, &format!("r{round}-t{n}"), &entity).await?;
+            sqlx::query("SAVEPOINT undone").execute(&mut conn).await?;
+            pay(
+                &mut conn,
+                &outbox.topic,
+                &format!("r{round}-t{n}-undone"),
+                &entity,
+            )
+            .await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT undone")
+                .execute(&mut conn)
+                .await?;
+            open.push(conn);
+        }
+        // The youngest position commits first; the first transaction rolls back entirely.
+        while let Some(mut conn) = open.pop() {
+            let end = if open.is_empty() && round % 2 == 0 {
+                "ROLLBACK"
+            } else {
+                "COMMIT"
+            };
+            sqlx::query(end).execute(&mut conn).await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    outbox.wait_relayed(&relay).await?;
+    relay.stop_gracefully()?;
+    let audit = outbox.audit().await?;
+    audit.assert_exact();
+    assert_eq!(audit.committed, 10 * 4 - 5, "{}", audit.summary());
+    outbox.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn late_commits_and_savepoint_rollbacks_through_the_relay() -> anyhow::Result<()> {
+    late_commits_and_savepoint_rollbacks_in(Mode::Xmin).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn late_commits_and_savepoint_rollbacks_through_the_relay_logical() -> anyhow::Result<()> {
+    late_commits_and_savepoint_rollbacks_in(Mode::Logical).await
+}
+
+/// The event ids in `outbox`'s topic, for `read_committed` readers.
+async fn visible_event_ids(outbox: &Outbox) -> anyhow::Result<HashSet<String>> {
+    let (bootstrap, topic) = (outbox.bootstrap.clone(), outbox.topic.clone());
+    let records = tokio::task::spawn_blocking(move || {
+        read_topic_on(&bootstrap, &topic, Isolation::ReadCommitted)
+    })
+    .await??;
+    Ok(records
+        .iter()
+        .filter_map(|record| EventEnvelope::parse(record.payload()?).ok())
+        .map(|envelope| envelope.event_id.to_string())
+        .collect())
+}
+
+/// Commits one event alone.
+async fn commit_event(outbox: &Outbox, event_id: &str) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(&outbox.db.url).await?;
+    sqlx::query("BEGIN").execute(&mut conn).await?;
+    pay(&mut conn, &outbox.topic, event_id, "acct-1").await?;
+    sqlx::query("COMMIT").execute(&mut conn).await?;
+    Ok(())
+}
+
+/// How long until `event_id` is visible, polling; `None` past `timeout`.
+async fn time_to_visible(
+    outbox: &Outbox,
+    event_id: &str,
+    timeout: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if visible_event_ids(outbox).await?.contains(event_id) {
+            return Ok(Some(started.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(None)
+}
+
+/// A write transaction in another database of the server, open for 5 s: the logical relay
+/// publishes an event committed meanwhile at once; the xmin relay only once it ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_transaction_in_another_database_delays_xmin_mode_but_not_logical_mode()
+-> anyhow::Result<()> {
+    const BLOCKER: Duration = Duration::from_secs(5);
+    // The server to itself: the blocker would hold back every other test's xmin-mode relay (and
+    // theirs this one's).
+    let server = PostgresRestartGuard::acquire().await?;
+    let logical = Outbox::on(server.create_database().await?, Mode::Logical).await?;
+    let xmin = Outbox::on(server.create_database().await?, Mode::Xmin).await?;
+    let mut relays = Vec::new();
+    for outbox in [&logical, &xmin] {
+        let relay = outbox.spawn_relay("exactly-once", &[])?;
+        // Past start-up (a new slot waits for the transactions running when it is created).
+        commit_event(outbox, "warm-up").await?;
+        time_to_visible(outbox, "warm-up", Duration::from_secs(60))
+            .await?
+            .with_context(|| format!("warm-up not published\n{}", relay.log_tail(30)))?;
+        relays.push(relay);
+    }
+    let other = server.create_database().await?;
+    let mut blocker = PgConnection::connect(&other.url).await?;
+    sqlx::query("CREATE TABLE blocker (n BIGINT)")
+        .execute(&mut blocker)
+        .await?;
+    sqlx::query("BEGIN").execute(&mut blocker).await?;
+    sqlx::query("INSERT INTO blocker VALUES (1)")
+        .execute(&mut blocker)
+        .await?;
+    let blocked_at = Instant::now();
+    commit_event(&logical, "during").await?;
+    commit_event(&xmin, "during").await?;
+    let logical_took = time_to_visible(&logical, "during", BLOCKER).await?;
+    let xmin_seen_early = visible_event_ids(&xmin).await?.contains("during");
+    let still_blocked = blocked_at.elapsed() < BLOCKER;
+    tokio::time::sleep(BLOCKER.saturating_sub(blocked_at.elapsed())).await;
+    sqlx::query("COMMIT").execute(&mut blocker).await?;
+    let xmin_took = time_to_visible(&xmin, "during", Duration::from_secs(30)).await?;
+    eprintln!(
+        "blocker {BLOCKER:?} in another database: logical visible after {logical_took:?}, xmin \
+         {xmin_took:?} after the blocker ended"
+    );
+    let logical_took = logical_took.context("logical mode: not visible while the blocker ran")?;
+    assert!(
+        logical_took < Duration::from_secs(2),
+        "logical mode took {logical_took:?}"
+    );
+    assert!(
+        still_blocked && !xmin_seen_early,
+        "xmin mode waits for the blocker (the check ran while it was open: {still_blocked})"
+    );
+    xmin_took.context("xmin mode: not visible after the blocker ended")?;
+    for mut relay in relays {
+        relay.stop_gracefully()?;
+    }
+    blocker.close().await?;
+    other.drop_database().await?;
+    logical.drop_database().await?;
+    xmin.drop_database().await
+}
+
+/// Logical mode: the slot is dropped while Kafka holds the relay's position. The relay refuses
+/// to start, names the slot and the position, and publishes nothing; it creates no slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_slot_is_refused_and_nothing_is_published() -> anyhow::Result<()> {
+    let outbox = Outbox::create(Mode::Logical).await?;
+    join_writer(outbox.writer(WritePlan::commits_only(300, 21)).spawn()).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    outbox.wait_relayed(&relay).await?;
+    relay.stop_gracefully()?;
+    outbox.audit().await?.assert_exact();
+    let before = visible_event_ids(&outbox).await?.len();
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&outbox.slot)
+        .execute(&outbox.db.pool)
+        .await?;
+    join_writer(outbox.writer(WritePlan::commits_only(100, 22)).spawn()).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    let status = relay
+        .wait_timeout(Duration::from_secs(60))?
+        .with_context(|| format!("the relay kept running\n{}", relay.log_tail(30)))?;
+    assert!(!status.success(), "exits non-zero\n{}", relay.log_tail(30));
+    let log = relay.log();
+    assert!(
+        log.contains(&outbox.slot) && log.contains("does not exist") && log.contains("position"),
+        "names the slot and the position\n{}",
+        relay.log_tail(30)
+    );
+    assert_eq!(
+        visible_event_ids(&outbox).await?.len(),
+        before,
+        "nothing more published"
+    );
+    assert_eq!(
+        outbox.slot_lsn().await?,
+        None,
+        "no slot created in its place"
+    );
+    outbox.drop_database().await
+}
+
+/// Logical mode: a copy of the relay's slot made before it published is far behind Kafka's
+/// position. The relay SIGKILLed mid-run and restarted on the copy skips what Kafka holds and
+/// goes on: no duplicate, no gap.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_behind_kafkas_position_resumes_exactly() -> anyhow::Result<()> {
+    let mut outbox = Outbox::create(Mode::Logical).await?;
+    let copy = format!("{}_copy", outbox.slot);
+    // The migrations made the publication; the slot is made here, as an operator would.
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&outbox.slot)
+        .execute(&outbox.db.pool)
+        .await?;
+    sqlx::query("SELECT pg_copy_logical_replication_slot($1, $2)")
+        .bind(&outbox.slot)
+        .bind(&copy)
+        .execute(&outbox.db.pool)
+        .await?;
+    let writer = outbox.writer(WritePlan::commits_only(4_000, 23)).spawn();
+    let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+    outbox.wait_publishing(&mut relay, || false).await?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    relay.kill_hard()?;
+    // Its backend may still be decoding from the slot.
+    outbox.end_sessions_of_a_killed_relay().await?;
+    let ahead = outbox.slot_lsn().await?.context("the relay's slot")?;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&outbox.slot)
+        .execute(&outbox.db.pool)
+        .await?;
+    outbox.slot = copy;
+    let behind = outbox.slot_lsn().await?.context("the copy")?;
+    assert!(behind < ahead, "the copy ({behind}) is behind ({ahead})");
+    let slot = outbox.slot.clone();
+    let mut relay = outbox.spawn_relay("exactly-once", &["--slot", &slot])?;
+    join_writer(writer).await?;
+    outbox.wait_relayed(&relay).await?;
+    relay.stop_gracefully()?;
+    outbox.audit().await?.assert_exact();
     outbox.drop_database().await
 }

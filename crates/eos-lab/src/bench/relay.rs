@@ -6,6 +6,8 @@
 //! - Commit-to-visible latency at half the relay's peak: from a domain transaction's commit
 //!   returning to the record reaching a `read_committed` consumer, p50 and p99. Target p99 ≤
 //!   100 ms.
+//! - With `--blocker <duration>`, instead: commit-to-visible of both relay modes side by side
+//!   while a write transaction stays open in another database (`super::relay_staleness`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,6 +61,35 @@ pub struct BenchArgs {
     /// How long the latency run writes, at half the relay's measured peak.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub latency_run: Duration,
+
+    /// Instead of the runs above: hold a write transaction open in another database of the
+    /// server for this long, and print commit → visible p50/p99 of the xmin and logical modes
+    /// side by side, each relay publishing its own outbox meanwhile (the server needs
+    /// wal_level=logical, the role REPLICATION and CREATEDB).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub blocker: Option<Duration>,
+
+    /// Events per second committed into each mode's outbox during --blocker.
+    #[arg(long, default_value_t = 100.0)]
+    pub staleness_rate: f64,
+}
+
+/// What `eos-lab bench relay` measured: the throughput and latency runs, or, with `--blocker`,
+/// the staleness run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum RelayBench {
+    Throughput(Box<RelayBenchReport>),
+    Staleness(super::relay_staleness::StalenessReport),
+}
+
+impl RelayBench {
+    pub fn table(&self) -> String {
+        match self {
+            Self::Throughput(report) => report.table(),
+            Self::Staleness(report) => report.table(),
+        }
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -140,6 +171,8 @@ fn settings(args: &BenchArgs, kafka: &ClientConfig, relay_name: &str) -> RelaySe
         batch_size: args.batch_size,
         poll_interval: Duration::from_millis(100),
         transaction_timeout: Duration::from_secs(10),
+        logical: None,
+        idle_position_interval: Duration::from_secs(5),
     }
 }
 
@@ -360,8 +393,32 @@ pub struct RelayBenchReport {
     pub latency_p99_ms: f64,
 }
 
-/// Runs the interleaved rounds and the latency run against a scratch database.
-pub async fn measure(args: &BenchArgs, kafka: &KafkaSettings) -> anyhow::Result<RelayBenchReport> {
+/// Runs the interleaved rounds and the latency run against a scratch database, or the staleness
+/// run with `--blocker`.
+pub async fn measure(args: &BenchArgs, kafka: &KafkaSettings) -> anyhow::Result<RelayBench> {
+    if let Some(blocker) = args.blocker {
+        anyhow::ensure!(
+            args.staleness_rate > 0.0,
+            "--staleness-rate must be above 0"
+        );
+        let report = super::relay_staleness::measure(
+            &args.database_url,
+            &kafka.client_config(),
+            blocker,
+            args.staleness_rate,
+        )
+        .await?;
+        return Ok(RelayBench::Staleness(report));
+    }
+    Ok(RelayBench::Throughput(Box::new(
+        measure_throughput(args, kafka).await?,
+    )))
+}
+
+async fn measure_throughput(
+    args: &BenchArgs,
+    kafka: &KafkaSettings,
+) -> anyhow::Result<RelayBenchReport> {
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     let kafka = kafka.client_config();
     let load_before = load_average();

@@ -482,6 +482,9 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- if le (int .Values.outboxRelay.terminationGracePeriodSeconds) (int .Values.outboxRelay.transactionTimeoutSeconds) }}
 {{- fail (printf "outboxRelay.terminationGracePeriodSeconds (%d) must be longer than outboxRelay.transactionTimeoutSeconds (%d): a relay killed mid-transaction leaves it open, holding back read_committed readers, until the broker times it out" (int .Values.outboxRelay.terminationGracePeriodSeconds) (int .Values.outboxRelay.transactionTimeoutSeconds)) }}
 {{- end }}
+{{- if and (eq .Values.outboxRelay.mode "logical") (eq .Values.outboxRelay.guarantee "at-least-once") }}
+{{- fail "outboxRelay.mode logical runs exactly-once only (its position is kept in Kafka next to its replication slot): set outboxRelay.mode xmin for at-least-once" }}
+{{- end }}
 {{- if and .Values.paymentsApi.enabled (not .Values.outboxRelay.enabled) }}
 {{- fail "paymentsApi.enabled needs outboxRelay.enabled: without the relay the payments' events stay in the outbox and never reach Kafka" }}
 {{- end }}

@@ -45,3 +45,22 @@ pub(super) async fn outbox_backlog(database_url: &str, relay_name: &str) -> anyh
     pool.close().await;
     Ok(backlog)
 }
+
+/// Drops outbox-relay's replication slot `slot` if it exists (the logical mode's; none in xmin
+/// mode).
+pub(super) async fn drop_relay_slot(database_url: &str, slot: &str) -> anyhow::Result<()> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await
+        .context("connecting to PostgreSQL for the relay's slot")?;
+    sqlx::query(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+          WHERE slot_name = $1 AND NOT active",
+    )
+    .bind(slot)
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    Ok(())
+}

@@ -40,7 +40,7 @@ use serde_json::Value;
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::commands::demo::aimed_kill::{AimedKill, KillAim};
-use crate::commands::demo::database::{outbox_backlog, unknowns};
+use crate::commands::demo::database::{drop_relay_slot, outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
 use crate::commands::demo::report::build_report;
@@ -477,6 +477,16 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             ));
         }
         stopped_cleanly &= clean;
+    }
+    if let Some(outbox) = &outbox {
+        // The relay's replication slot would hold the server's WAL after the run, kept database
+        // or not.
+        let slot = outbox_relay::config::slot_name_from(&outbox.relay_name);
+        if let Err(error) = drop_relay_slot(&database_url, &slot).await {
+            say(format!(
+                "   cannot drop the relay's replication slot {slot}: {error:#}"
+            ));
+        }
     }
     let Driven {
         drained,

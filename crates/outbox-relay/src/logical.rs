@@ -1,0 +1,714 @@
+//! The logical mode's source (docs/ARCHITECTURE.md "Outbox"): the outbox table's inserts in
+//! commit order, decoded by `pgoutput` from a logical replication slot through the SQL interface
+//! (`pg_logical_slot_peek_binary_changes`). Only each insert's `position` is taken from the WAL;
+//! the rows are then loaded from the table, so `eos_outbox_enqueue` and everything that reads the
+//! table stay as they are.
+//!
+//! A peek leaves the slot where it is: the slot moves (`pg_replication_slot_advance`) only to a
+//! position Kafka has committed, so a crash anywhere re-decodes what Kafka may not hold. A slot
+//! that lags behind Kafka's position is harmless: transactions whose commit record starts before
+//! the position are skipped, exactly as PostgreSQL skips them for a slot at that position.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
+
+use sqlx::{PgPool, Row as _};
+use tokio::sync::Mutex;
+
+use eos_outbox::{OutboxCursor, OutboxRow, read_positions, read_visible_after};
+
+use crate::error::RelayError;
+use crate::pgoutput::{self, Lsn, Message};
+use crate::position_topic::RelayPosition;
+
+/// The outbox table, as the publication names it.
+const OUTBOX_TABLE: &str = "eos_outbox";
+/// How long the first start waits for the WAL it read to be flushed (an asynchronous commit is
+/// flushed within three `wal_writer_delay`s).
+const FLUSH_WAIT: Duration = Duration::from_secs(30);
+/// How long a decoded row may stay invisible (its transaction committed in the WAL, not yet in
+/// the snapshots: a synchronous standby's confirmation) before the relay stops.
+const VISIBLE_WAIT: Duration = Duration::from_secs(60);
+
+/// What `pg_replication_slots` says of the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotState {
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub confirmed_flush: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated: its WAL is gone).
+    pub wal_status: Option<String>,
+    /// WAL the slot keeps from being recycled: the current WAL position minus its restart_lsn.
+    pub retained_bytes: Option<i64>,
+}
+
+/// One committed transaction's outbox inserts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedTxn {
+    pub xid: u32,
+    pub commit_lsn: Lsn,
+    pub end_lsn: Lsn,
+    /// Commit time, microseconds since 2000-01-01.
+    pub commit_time: i64,
+    pub positions: Vec<i64>,
+}
+
+/// What one peek returned.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub txns: Vec<DecodedTxn>,
+    /// Messages returned; at or above the limit asked for, the peek may have stopped early.
+    pub messages: usize,
+}
+
+/// Turns a peek's messages into transactions: begin, inserts into the outbox, commit.
+#[derive(Debug, Default)]
+pub struct TxnAssembler {
+    /// Relation id → index of its `position` column, for the outbox table.
+    relations: HashMap<u32, Option<usize>>,
+    open: Option<DecodedTxn>,
+    done: Decoded,
+}
+
+impl TxnAssembler {
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.done.messages += 1;
+        match pgoutput::decode(bytes).map_err(|e| e.to_string())? {
+            Message::Begin(begin) => {
+                if self.open.is_some() {
+                    return Err(format!("begin of xid {} inside a transaction", begin.xid));
+                }
+                self.open = Some(DecodedTxn {
+                    xid: begin.xid,
+                    commit_lsn: begin.final_lsn,
+                    end_lsn: begin.final_lsn,
+                    commit_time: begin.commit_time,
+                    positions: Vec::new(),
+                });
+            }
+            Message::Relation(relation) => {
+                let position = (relation.name == OUTBOX_TABLE)
+                    .then(|| relation.columns.iter().position(|c| c == "position"))
+                    .flatten();
+                self.relations.insert(relation.id, position);
+            }
+            Message::Insert(insert) => {
+                let txn = self
+                    .open
+                    .as_mut()
+                    .ok_or("an insert outside a transaction")?;
+                let column = self
+                    .relations
+                    .get(&insert.relation_id)
+                    .ok_or_else(|| {
+                        format!(
+                            "an insert into relation {} not described",
+                            insert.relation_id
+                        )
+                    })?
+                    .ok_or_else(|| {
+                        format!(
+                            "an insert into relation {}, which is not {OUTBOX_TABLE} with a \
+                             position column (is the publication only FOR TABLE {OUTBOX_TABLE}?)",
+                            insert.relation_id
+                        )
+                    })?;
+                let position = match insert.columns.get(column) {
+                    Some(pgoutput::Column::Text(text)) => text
+                        .parse::<i64>()
+                        .map_err(|e| format!("position {text:?}: {e}"))?,
+                    other => return Err(format!("an insert whose position is {other:?}")),
+                };
+                txn.positions.push(position);
+            }
+            Message::Commit(commit) => {
+                let mut txn = self.open.take().ok_or("a commit outside a transaction")?;
+                txn.commit_lsn = commit.commit_lsn;
+                txn.end_lsn = commit.end_lsn;
+                txn.commit_time = commit.commit_time;
+                // A transaction with no outbox insert still moves the position (pgoutput before
+                // PostgreSQL 15 sends those too), so it is kept for its LSNs.
+                self.done.txns.push(txn);
+            }
+            Message::Other(_) => {}
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<Decoded, String> {
+        match self.open {
+            // A peek returns whole transactions only.
+            Some(txn) => Err(format!("the peek ended inside transaction {}", txn.xid)),
+            None => Ok(self.done),
+        }
+    }
+}
+
+/// Where the WAL and the server's transactions were at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalMarks {
+    /// The snapshot's xmin: every transaction below it has ended.
+    pub xmin: i64,
+    /// Read after `xmin`: every transaction below `xmin` wrote its commit record before it.
+    pub insert_lsn: Lsn,
+    /// Read after `insert_lsn`: the end of the WAL a peek can decode.
+    pub flush_lsn: Lsn,
+}
+
+/// Set once a batch's position reaches `insert_lsn`: every row with `order_xid` below `xmin` is
+/// then published, so `purge_relayed` may go up to `(xmin, 0)`.
+pub type PurgeMark = (i64, Lsn);
+
+/// One read in logical mode.
+#[derive(Debug)]
+pub struct LogicalRead {
+    pub rows: Vec<OutboxRow>,
+    /// The position once `rows` are published.
+    pub position: RelayPosition,
+    /// The read stopped at its limit: read again at once.
+    pub more: bool,
+    pub purge_mark: Option<PurgeMark>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogicalSource {
+    pool: PgPool,
+    slot: String,
+    publication: String,
+    /// PostgreSQL lets one backend at a time use a slot: a read and an advance take turns.
+    slot_lock: Arc<Mutex<()>>,
+}
+
+fn slot_error(slot: &str, detail: impl Into<String>) -> RelayError {
+    RelayError::Slot {
+        slot: slot.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+impl LogicalSource {
+    pub fn new(pool: PgPool, slot: String, publication: String) -> Self {
+        Self {
+            pool,
+            slot,
+            publication,
+            slot_lock: Arc::new(Mutex::new(())),
+        }
+    }
+
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// The server decodes logically, and the publication exists (created when missing: before
+    /// the slot, since pgoutput looks the publication up as of each decoded transaction).
+    pub async fn prepare(&self) -> Result<(), RelayError> {
+        let wal_level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+            .fetch_one(&self.pool)
+            .await?;
+        if wal_level != "logical" {
+            return Err(RelayError::Config(format!(
+                "--mode logical needs wal_level=logical, the server has {wal_level}: set it \
+                 (a restart) or run the relay with --mode xmin"
+            )));
+        }
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+                .bind(&self.publication)
+                .fetch_one(&self.pool)
+                .await?;
+        if !exists {
+            let create = format!(
+                "CREATE PUBLICATION \"{}\" FOR TABLE {OUTBOX_TABLE} WITH (publish = 'insert')",
+                self.publication
+            );
+            match sqlx::query(&create).execute(&self.pool).await {
+                Ok(_) => tracing::info!(publication = %self.publication, "created publication"),
+                // Another relay created it meanwhile.
+                Err(error)
+                    if error
+                        .as_database_error()
+                        .and_then(|e| e.code())
+                        .is_some_and(|code| code == "42710") => {}
+                Err(error) => {
+                    return Err(RelayError::Config(format!(
+                        "cannot create publication {} (the role needs CREATE on the database \
+                         and to own {OUTBOX_TABLE}, or an administrator creates it: {create}): \
+                         {error}",
+                        self.publication
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn slot_state(&self) -> Result<Option<SlotState>, RelayError> {
+        let row = sqlx::query(
+            "SELECT plugin::TEXT, database::TEXT, confirmed_flush_lsn::TEXT, wal_status,
+                    (pg_current_wal_lsn() - restart_lsn)::BIGINT
+               FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.slot)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let confirmed: Option<String> = row.try_get(2)?;
+        Ok(Some(SlotState {
+            plugin: row.try_get(0)?,
+            database: row.try_get(1)?,
+            confirmed_flush: confirmed
+                .map(|text| text.parse::<Lsn>())
+                .transpose()
+                .map_err(|detail| slot_error(&self.slot, detail))?,
+            wal_status: row.try_get(3)?,
+            retained_bytes: row.try_get(4)?,
+        }))
+    }
+
+    /// The slot, usable by this relay: logical, pgoutput, on this database, not invalidated.
+    pub async fn usable_slot(&self) -> Result<Option<(SlotState, Lsn)>, RelayError> {
+        let Some(state) = self.slot_state().await? else {
+            return Ok(None);
+        };
+        let database: String = sqlx::query_scalar("SELECT current_database()::TEXT")
+            .fetch_one(&self.pool)
+            .await?;
+        if state.plugin.as_deref() != Some("pgoutput")
+            || state.database.as_deref() != Some(&database)
+        {
+            return Err(slot_error(
+                &self.slot,
+                format!(
+                    "is not a pgoutput logical slot on database {database} (plugin {:?}, \
+                     database {:?}): name another slot with --slot",
+                    state.plugin, state.database
+                ),
+            ));
+        }
+        if state.wal_status.as_deref() == Some("lost") {
+            return Err(slot_error(
+                &self.slot,
+                "was invalidated (wal_status lost: the WAL it needed was removed, e.g. past \
+                 max_slot_wal_keep_size), so the changes after its position are gone. Recover \
+                 as for a dropped slot (docs/ARCHITECTURE.md \"Outbox\")",
+            ));
+        }
+        let confirmed = state
+            .confirmed_flush
+            .ok_or_else(|| slot_error(&self.slot, "has no confirmed_flush_lsn"))?;
+        Ok(Some((state, confirmed)))
+    }
+
+    /// Creates the slot; returns its consistent point (its first confirmed position). Waits for
+    /// the transactions running on the server to end, as PostgreSQL does for any new slot.
+    pub async fn create_slot(&self) -> Result<Lsn, RelayError> {
+        let _slot = self.slot_lock.lock().await;
+        let lsn: String = sqlx::query_scalar(
+            "SELECT lsn::TEXT FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+        )
+        .bind(&self.slot)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|error| match privilege_error(&error) {
+            true => RelayError::Config(format!(
+                "cannot create replication slot {}: the relay's role needs the REPLICATION \
+                 attribute (ALTER ROLE ... REPLICATION): {error}",
+                self.slot
+            )),
+            false => RelayError::Database(error),
+        })?;
+        let lsn = lsn
+            .parse()
+            .map_err(|detail: String| slot_error(&self.slot, detail))?;
+        tracing::info!(slot = %self.slot, consistent_point = %lsn, "created replication slot");
+        Ok(lsn)
+    }
+
+    /// Moves the slot to `to`, a position Kafka has committed; never back.
+    pub async fn advance(&self, to: Lsn) -> Result<(), RelayError> {
+        let _slot = self.slot_lock.lock().await;
+        let Some(state) = self.slot_state().await? else {
+            return Err(slot_error(&self.slot, "was dropped while the relay ran"));
+        };
+        if state
+            .confirmed_flush
+            .is_some_and(|confirmed| confirmed >= to)
+        {
+            return Ok(());
+        }
+        sqlx::query("SELECT pg_replication_slot_advance($1, $2::TEXT::pg_lsn)")
+            .bind(&self.slot)
+            .bind(to.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn marks(&self) -> Result<WalMarks, RelayError> {
+        let row = sqlx::query(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT,
+                    pg_current_wal_insert_lsn()::TEXT, pg_current_wal_flush_lsn()::TEXT",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let lsn = |index: usize| -> Result<Lsn, RelayError> {
+            let text: String = row.try_get(index)?;
+            text.parse()
+                .map_err(|detail: String| slot_error(&self.slot, detail))
+        };
+        Ok(WalMarks {
+            xmin: row.try_get(0)?,
+            insert_lsn: lsn(1)?,
+            flush_lsn: lsn(2)?,
+        })
+    }
+
+    /// The slot's transactions that commit before `upto` (the WAL must be flushed there), after
+    /// the slot's position; with `limit`, decoding stops at the first commit past that many
+    /// messages.
+    pub async fn decode(&self, upto: Lsn, limit: Option<i32>) -> Result<Decoded, RelayError> {
+        let _slot = self.slot_lock.lock().await;
+        let rows = sqlx::query(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::TEXT::pg_lsn, $3,
+                 'proto_version', '1', 'publication_names', $4)",
+        )
+        .bind(&self.slot)
+        .bind(upto.to_string())
+        .bind(limit)
+        .bind(format!("\"{}\"", self.publication))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|error| {
+            let code = error
+                .as_database_error()
+                .and_then(|e| e.code())
+                .map(|code| code.into_owned());
+            match code.as_deref() {
+                // undefined_object: the slot (or the publication) is gone.
+                Some("42704") => slot_error(
+                    &self.slot,
+                    format!(
+                        "cannot be read: {error}. The relay does not guess where to resume \
+                         (docs/ARCHITECTURE.md \"Outbox\")"
+                    ),
+                ),
+                // object_not_in_prerequisite_state: invalidated, its WAL removed.
+                Some("55000") => slot_error(&self.slot, format!("cannot be read: {error}")),
+                _ => RelayError::Database(error),
+            }
+        })?;
+        let mut assembler = TxnAssembler::default();
+        for row in rows {
+            let data: Vec<u8> = row.try_get(0)?;
+            assembler
+                .push(&data)
+                .map_err(|detail| slot_error(&self.slot, detail))?;
+        }
+        assembler
+            .finish()
+            .map_err(|detail| slot_error(&self.slot, detail))
+    }
+
+    /// The next batch after `after` (a logical position), at most about `limit` rows in whole
+    /// transactions.
+    pub async fn read(&self, after: RelayPosition, limit: i64) -> Result<LogicalRead, RelayError> {
+        match after {
+            RelayPosition::Logical {
+                lsn,
+                table_after: Some(cursor),
+            } => self.read_table(lsn, cursor, limit).await,
+            RelayPosition::Logical {
+                lsn,
+                table_after: None,
+            } => self.read_stream(lsn, limit).await,
+            RelayPosition::Xmin(_) => Err(RelayError::Config(
+                "an xmin position reached the logical reader".into(),
+            )),
+        }
+    }
+
+    async fn read_stream(&self, after: Lsn, limit: i64) -> Result<LogicalRead, RelayError> {
+        let marks = self.marks().await?;
+        let upto = marks.flush_lsn.max(after);
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let decoded = self.decode(upto, Some(limit)).await?;
+        // Stopped by the limit: what follows the last commit returned is not read yet.
+        let cut = decoded.messages >= limit as usize;
+        let last_end = decoded.txns.last().map(|txn| txn.end_lsn);
+        // A commit record starting before `after` is in Kafka already (the slot lags behind the
+        // position after a crash, or while the batch before this one commits).
+        let positions: Vec<i64> = decoded
+            .txns
+            .iter()
+            .filter(|txn| txn.commit_lsn >= after)
+            .flat_map(|txn| txn.positions.iter().copied())
+            .collect();
+        let rows = self.load(&positions).await?;
+        let lsn = if cut {
+            last_end.unwrap_or(after).max(after)
+        } else {
+            upto
+        };
+        Ok(LogicalRead {
+            rows,
+            position: RelayPosition::Logical {
+                lsn,
+                table_after: None,
+            },
+            more: cut,
+            purge_mark: Some((marks.xmin, marks.insert_lsn)),
+        })
+    }
+
+    /// First start (or a switch from xmin mode): rows committed before the slot's consistent
+    /// point `consistent` are not in its stream, so they come from the table — those visible in
+    /// a snapshot and not decoded by the slot up to a WAL position read after that snapshot,
+    /// in (order_xid, position) order after `cursor`.
+    async fn read_table(
+        &self,
+        consistent: Lsn,
+        cursor: OutboxCursor,
+        limit: i64,
+    ) -> Result<LogicalRead, RelayError> {
+        let deadline = Instant::now() + VISIBLE_WAIT;
+        let mut polls = visibility_polls();
+        let mut tx = loop {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            // A transaction is committed in the WAL (and in pg_xact) before snapshots see it — for
+            // as long as a synchronous standby takes to confirm it. One that committed before the
+            // slot's consistent point and that this snapshot does not see would be in neither the
+            // table pass nor the stream: so the snapshot must see every committed transaction.
+            let unseen: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_snapshot_xip(pg_current_snapshot()) AS xip
+                  WHERE pg_xact_status(xip) = 'committed'",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            if unseen == 0 {
+                break tx;
+            }
+            tx.rollback().await?;
+            if Instant::now() > deadline {
+                return Err(slot_error(
+                    &self.slot,
+                    format!(
+                        "{unseen} committed transactions stayed invisible for {VISIBLE_WAIT:?}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(polls.next().unwrap_or(LONGEST_POLL)).await;
+        };
+        let scanned = read_visible_after(&mut *tx, cursor, limit).await?;
+        // Read after the snapshot: every transaction the snapshot sees committed before it.
+        let after_snapshot: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::TEXT")
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let after_snapshot: Lsn = after_snapshot
+            .parse()
+            .map_err(|detail: String| slot_error(&self.slot, detail))?;
+        self.wait_flushed(after_snapshot).await?;
+        let decoded: HashSet<i64> = self
+            .decode(after_snapshot, None)
+            .await?
+            .txns
+            .into_iter()
+            .flat_map(|txn| txn.positions)
+            .collect();
+        let last = scanned.last().map(|row| row.cursor);
+        let done = (scanned.len() as i64) < limit;
+        let rows: Vec<OutboxRow> = scanned
+            .into_iter()
+            .filter(|row| !decoded.contains(&row.cursor.position))
+            .collect();
+        Ok(LogicalRead {
+            rows,
+            position: RelayPosition::Logical {
+                lsn: consistent,
+                table_after: if done { None } else { last.or(Some(cursor)) },
+            },
+            more: !done,
+            purge_mark: None,
+        })
+    }
+
+    async fn wait_flushed(&self, lsn: Lsn) -> Result<(), RelayError> {
+        let deadline = Instant::now() + FLUSH_WAIT;
+        let mut polls = visibility_polls();
+        loop {
+            let marks = self.marks().await?;
+            if marks.flush_lsn >= lsn {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(slot_error(
+                    &self.slot,
+                    format!("the WAL is not flushed to {lsn} after {FLUSH_WAIT:?}"),
+                ));
+            }
+            tokio::time::sleep(polls.next().unwrap_or(LONGEST_POLL)).await;
+        }
+    }
+
+    /// The rows at `positions`. A transaction's commit record is in the WAL (and decodable)
+    /// before the transaction is visible to other snapshots — for as long as a synchronous
+    /// standby takes to confirm it — so rows not found yet are looked for again; past
+    /// `VISIBLE_WAIT` a row still missing was deleted before it was published, and the relay
+    /// stops rather than skip it (the purge stays behind the position).
+    async fn load(&self, positions: &[i64]) -> Result<Vec<OutboxRow>, RelayError> {
+        if positions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let deadline = Instant::now() + VISIBLE_WAIT;
+        let mut polls = visibility_polls();
+        loop {
+            let rows = read_positions(&self.pool, positions).await?;
+            if rows.len() == positions.len() {
+                return Ok(rows);
+            }
+            if Instant::now() < deadline {
+                tokio::time::sleep(polls.next().unwrap_or(LONGEST_POLL)).await;
+                continue;
+            }
+            let found: HashSet<i64> = rows.iter().map(|row| row.cursor.position).collect();
+            let missing: Vec<i64> = positions
+                .iter()
+                .filter(|p| !found.contains(p))
+                .take(5)
+                .copied()
+                .collect();
+            return Err(slot_error(
+                &self.slot,
+                format!(
+                    "decoded outbox rows that are not in {OUTBOX_TABLE} after {VISIBLE_WAIT:?} \
+                     (positions {missing:?}...): deleted before they were published. Not \
+                     skipping them"
+                ),
+            ));
+        }
+    }
+}
+
+/// SQLSTATE 42501 (insufficient_privilege).
+fn privilege_error(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "42501")
+}
+
+/// The longest wait between two looks at something PostgreSQL finishes on its own (a commit
+/// becoming visible, the WAL flushed).
+const LONGEST_POLL: Duration = Duration::from_millis(20);
+
+/// Waits between those looks: they usually take a millisecond or two, so start small.
+fn visibility_polls() -> ExponentialBackoff {
+    doubling(Duration::from_millis(1), LONGEST_POLL).build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgoutput::tests::{begin, commit, insert, relation};
+
+    const COLUMNS: &[&str] = &["position", "order_xid", "topic"];
+
+    fn assemble(messages: &[Vec<u8>]) -> Result<Decoded, String> {
+        let mut assembler = TxnAssembler::default();
+        for message in messages {
+            assembler.push(message)?;
+        }
+        assembler.finish()
+    }
+
+    #[test]
+    fn transactions_come_out_in_commit_order_with_their_positions_and_lsns() {
+        let decoded = assemble(&[
+            begin(0x200, 11),
+            relation(7, "eos_outbox", COLUMNS),
+            insert(7, &[Some("12"), Some("11"), Some("t")]),
+            insert(7, &[Some("10"), Some("11"), Some("t")]),
+            vec![b'Y', 0, 0],
+            commit(0x200, 0x230),
+            begin(0x300, 9),
+            commit(0x300, 0x330),
+        ])
+        .expect("decodes");
+        assert_eq!(decoded.messages, 8);
+        assert_eq!(
+            decoded.txns,
+            vec![
+                DecodedTxn {
+                    xid: 11,
+                    commit_lsn: Lsn(0x200),
+                    end_lsn: Lsn(0x230),
+                    commit_time: 789_000_001,
+                    positions: vec![12, 10],
+                },
+                DecodedTxn {
+                    xid: 9,
+                    commit_lsn: Lsn(0x300),
+                    end_lsn: Lsn(0x330),
+                    commit_time: 789_000_001,
+                    positions: vec![],
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_position_column_is_found_by_name() {
+        let decoded = assemble(&[
+            begin(0x10, 1),
+            relation(7, "eos_outbox", &["order_xid", "topic", "position"]),
+            insert(7, &[Some("99"), Some("t"), Some("5")]),
+            commit(0x10, 0x20),
+        ])
+        .expect("decodes");
+        assert_eq!(decoded.txns[0].positions, vec![5]);
+    }
+
+    #[test]
+    fn anything_unexpected_is_an_error_not_a_skipped_row() {
+        // An insert into another table: the publication is not the relay's.
+        assert!(
+            assemble(&[
+                begin(0x10, 1),
+                relation(8, "payments", &["position"]),
+                insert(8, &[Some("1")]),
+                commit(0x10, 0x20),
+            ])
+            .is_err()
+        );
+        // An insert with no relation described, outside a transaction, a null position.
+        assert!(assemble(&[begin(0x10, 1), insert(7, &[Some("1")])]).is_err());
+        assert!(
+            assemble(&[
+                relation(7, "eos_outbox", COLUMNS),
+                insert(7, &[Some("1"), None, None])
+            ])
+            .is_err()
+        );
+        assert!(
+            assemble(&[
+                begin(0x10, 1),
+                relation(7, "eos_outbox", COLUMNS),
+                insert(7, &[None, None, None]),
+            ])
+            .is_err()
+        );
+        // A peek that ends mid-transaction, a commit with no begin, a begin inside one.
+        assert!(assemble(&[begin(0x10, 1)]).is_err());
+        assert!(assemble(&[commit(0x10, 0x20)]).is_err());
+        assert!(assemble(&[begin(0x10, 1), begin(0x20, 2)]).is_err());
+    }
+}
