@@ -58,7 +58,7 @@ pub struct Config {
     pub mode: Option<RelayMode>,
 
     /// Logical mode: the replication slot (created at the first start; default
-    /// eos_outbox_<relay name>, lowercased, other characters than a-z, 0-9 and _ as _). It holds
+    /// `eos_outbox_<relay name>`, lowercased, other characters than a-z, 0-9 and _ as _). It holds
     /// WAL while the relay is down: drop it (pg_drop_replication_slot) when the relay is retired.
     #[arg(long, env = "OUTBOX_SLOT")]
     pub slot: Option<String>,
