@@ -24,7 +24,8 @@ fn metrics_addr(service: &mut ServiceProcess) -> anyhow::Result<std::net::Socket
         .parse()?)
 }
 
-/// A transaction left open holds the relay's read order back (docs/ARCHITECTURE.md "Outbox"):
+/// In xmin mode (the mode for a server without `wal_level=logical`), a transaction left open
+/// holds the relay's read order back (docs/ARCHITECTURE.md "Outbox"):
 /// the rows committed after it wait, EosOutboxUnpublishedRowTooOld fires once the oldest has
 /// waited past the rule's bound, and resolves when the transaction ends and the rows go out.
 /// Then the relay is SIGKILLed and EosTargetDown fires for its job.
@@ -49,6 +50,8 @@ async fn outbox_staleness_and_a_dead_relay_fire_their_alerts() -> anyhow::Result
         "127.0.0.1:0",
         "--poll-interval",
         "200ms",
+        "--mode",
+        "xmin",
     ]
     .map(str::to_owned);
     let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;

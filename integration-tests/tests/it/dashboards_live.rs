@@ -221,6 +221,12 @@ fn every_dashboard_panel_returns_data_during_a_demo_and_names_exported_metrics()
     )?;
 
     let _postgres = integration_tests::postgres_in_use()?;
+    // The demo's log, for a failure to be explained.
+    std::fs::create_dir_all(integration_tests::service_process::log_dir())?;
+    let demo_log = integration_tests::service_process::log_dir().join(format!(
+        "{}.log",
+        integration_tests::unique_name("dashboards-demo")
+    ));
     let mut demo = Command::new(workspace_binary("eos-lab")?)
         .args([
             "--bootstrap-servers",
@@ -243,8 +249,8 @@ fn every_dashboard_panel_returns_data_during_a_demo_and_names_exported_metrics()
             "--drop-database",
             "--json",
         ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&demo_log)?)
         .spawn()?;
 
     // Each query is retried until it returns data or the demo ends: a counter appears with the
@@ -274,7 +280,16 @@ fn every_dashboard_panel_returns_data_during_a_demo_and_names_exported_metrics()
     };
     names_seen.extend(prometheus.metric_names()?);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(demo_status.success(), "the demo failed: {demo_status}");
+    if !demo_status.success() {
+        let log = std::fs::read_to_string(&demo_log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        panic!(
+            "the demo failed: {demo_status} ({})\n{}",
+            demo_log.display(),
+            tail.join("\n")
+        );
+    }
     let empty: Vec<String> = pending
         .iter()
         .map(|(index, (file, title, expr))| {

@@ -177,6 +177,8 @@ impl PrivatePostgres {
             format!("ssl_key_file={}", server_cert.key_file.display()),
             "fsync=off".to_owned(),
             "max_connections=60".to_owned(),
+            // outbox-relay's default mode reads a logical replication slot.
+            "wal_level=logical".to_owned(),
         ] {
             command.args(["-c", &setting]);
         }
@@ -337,14 +339,16 @@ async fn every_service_and_migration_connects_with_verify_full_and_a_password_fi
         .await?;
     server_pool.close().await;
     let owner_pool = postgres.owner_pool(DATABASE).await?;
-    // The runtime role with the README's grants, given before the first migrate.
+    // The runtime role with the grants of docs/security.md, given before the first migrate
+    // (REPLICATION: outbox-relay's logical mode).
     let runtime_password = awkward_password("runtime");
     sqlx::raw_sql(&format!(
         "CREATE ROLE {RUNTIME_ROLE} LOGIN PASSWORD '{}';
          GRANT USAGE ON SCHEMA public TO {RUNTIME_ROLE};
          ALTER DEFAULT PRIVILEGES IN SCHEMA public
              GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {RUNTIME_ROLE};
-         ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE ON SEQUENCES TO {RUNTIME_ROLE};",
+         ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE ON SEQUENCES TO {RUNTIME_ROLE};
+         ALTER ROLE {RUNTIME_ROLE} REPLICATION;",
         runtime_password.replace('\'', "''")
     ))
     .execute(&owner_pool)
