@@ -4,8 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use eos_runtime::KafkaFlags;
-use eos_runtime::telemetry::LogFormat;
+use eosctl::cli::{GlobalFlags, global_option};
 
 const EXIT_STATUS: &str = "\
 Exit status:
@@ -13,11 +12,6 @@ Exit status:
   1  demo: the audit found a violation
   2  operational error: bad arguments, Kafka or PostgreSQL unreachable, a service binary missing
      or failing, a benchmark run that stalled";
-
-/// The shared Kafka flags work before and after the subcommand, as in eosctl.
-fn global_option(arg: clap::Arg) -> clap::Arg {
-    arg.global(true).help_heading("Global options")
-}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,22 +26,10 @@ fn global_option(arg: clap::Arg) -> clap::Arg {
     mut_arg("kafka_properties_file", global_option)
 )]
 pub struct Cli {
-    // --bootstrap-servers and the librdkafka property passthrough, the same flags as the
-    // services' (eos-runtime); made global by the `mut_arg`s above. The services the lab starts
-    // get the same settings.
+    // --bootstrap-servers and the librdkafka property passthrough, as eosctl takes them; the
+    // services the lab starts get the same settings.
     #[command(flatten)]
-    pub kafka: KafkaFlags,
-
-    /// Log format on stderr (stdout carries only results): text or json. RUST_LOG filters.
-    /// Traces are exported over OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    #[arg(
-        long,
-        env = "EOS_LOG_FORMAT",
-        default_value = "text",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub log_format: LogFormat,
+    pub global: GlobalFlags,
 
     #[command(subcommand)]
     pub command: Command,

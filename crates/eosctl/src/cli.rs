@@ -19,7 +19,7 @@ Exit status:
 
 /// The shared Kafka flags work before and after the subcommand, like eosctl's other global
 /// options.
-fn global_option(arg: clap::Arg) -> clap::Arg {
+pub fn global_option(arg: clap::Arg) -> clap::Arg {
     arg.global(true).help_heading("Global options")
 }
 
@@ -36,8 +36,19 @@ fn global_option(arg: clap::Arg) -> clap::Arg {
     mut_arg("kafka_properties_file", global_option)
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalFlags,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The options eosctl and eos-lab take before or after their subcommand. Each tool's `Cli` makes
+/// the Kafka flags global with `mut_arg(…, global_option)`.
+#[derive(Debug, Args)]
+pub struct GlobalFlags {
     // --bootstrap-servers and the librdkafka property passthrough, the same flags as the
-    // services' (eos-runtime); made global by the `mut_arg`s above.
+    // services' (eos-runtime).
     #[command(flatten)]
     pub kafka: KafkaFlags,
 
@@ -51,9 +62,6 @@ pub struct Cli {
         help_heading = "Global options"
     )]
     pub log_format: LogFormat,
-
-    #[command(subcommand)]
-    pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
@@ -580,7 +588,7 @@ mod tests {
         let before = std::iter::once("eosctl").chain(kafka).chain(lag);
         let after = std::iter::once("eosctl").chain(lag).chain(kafka);
         for argv in [before.collect::<Vec<_>>(), after.collect()] {
-            let settings = Cli::try_parse_from(&argv)?.kafka.settings(&[])?;
+            let settings = Cli::try_parse_from(&argv)?.global.kafka.settings(&[])?;
             assert_eq!(settings.bootstrap_servers, "broker:9093", "{argv:?}");
             assert_eq!(settings.properties, expected, "{argv:?}");
         }
@@ -594,7 +602,7 @@ mod tests {
             "--topic",
             "t",
         ])?;
-        assert!(cli.kafka.settings(&[]).is_err(), "refused");
+        assert!(cli.global.kafka.settings(&[]).is_err(), "refused");
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("--kafka-properties-file"), "{help}");
         Ok(())

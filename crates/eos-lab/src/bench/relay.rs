@@ -186,7 +186,18 @@ async fn start_relay(
     CancellationToken,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 )> {
-    let settings = settings(args, kafka, relay_name);
+    spawn_relay(settings(args, kafka, relay_name), pool).await
+}
+
+/// Starts a relay with `settings` (its positions topic created when missing), running in this
+/// process until the returned token is cancelled.
+pub(super) async fn spawn_relay(
+    settings: RelaySettings,
+    pool: &PgPool,
+) -> anyhow::Result<(
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+)> {
     outbox_relay::position_topic::ensure_positions_topic(
         &settings.client_config,
         &settings.positions_topic,

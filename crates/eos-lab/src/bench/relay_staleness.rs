@@ -21,14 +21,12 @@ use rdkafka::{ClientConfig, Message as _};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, Connection as _, PgPool};
-use tokio_util::sync::CancellationToken;
 
 use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
-use eos_runtime::ops_http::Readiness;
 use eos_testkit::bench_figures::load_average;
 use outbox_relay::logical::LogicalSource;
-use outbox_relay::relay_loop::{RelayLoop, RelaySettings};
+use outbox_relay::relay_loop::RelaySettings;
 
 /// What one mode measured.
 #[derive(Debug, Clone, Serialize)]
@@ -199,22 +197,7 @@ async fn run(
             }),
             idle_position_interval: Duration::from_secs(5),
         };
-        outbox_relay::position_topic::ensure_positions_topic(
-            &settings.client_config,
-            &settings.positions_topic,
-            &eos_runtime::topic_config::TopicReplicationFlags::default(),
-        )
-        .await?;
-        let relay = RelayLoop::start(settings, pool.clone()).await?;
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move {
-            relay
-                .run(&token, &Readiness::default())
-                .await
-                .map_err(anyhow::Error::from)
-        });
-        relays.push((shutdown, task));
+        relays.push(super::relay::spawn_relay(settings, pool).await?);
     }
     // Let the consumer join its group before the first commit.
     tokio::time::sleep(Duration::from_secs(3)).await;

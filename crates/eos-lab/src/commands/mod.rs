@@ -18,7 +18,7 @@ pub async fn run(cli: Cli) -> ExitCode {
 }
 
 async fn execute(cli: Cli) -> anyhow::Result<Status> {
-    let kafka: KafkaSettings = cli.kafka.settings(&[])?;
+    let kafka: KafkaSettings = cli.global.kafka.settings(&[])?;
     match cli.command {
         Command::Bench(BenchArgs { target }) => match target {
             BenchTarget::Processor(args) => bench::run_processor(kafka, args).await,

@@ -57,7 +57,7 @@ pub fn finish(outcome: anyhow::Result<Status>) -> ExitCode {
 }
 
 async fn execute(cli: Cli) -> anyhow::Result<Status> {
-    let kafka: KafkaSettings = cli.kafka.settings(&[])?;
+    let kafka: KafkaSettings = cli.global.kafka.settings(&[])?;
     match cli.command {
         Command::Produce(args) => produce::run(kafka, args).await,
         Command::Audit(args) => audit::run(kafka, *args).await,
