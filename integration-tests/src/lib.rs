@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use eos_runtime::kafka_clients;
+use eos_runtime::postgres_pool::PoolBuilder;
 use rdkafka::ClientConfig;
 use rdkafka::Message as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -30,7 +32,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{DefaultProducerContext, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 
 pub const DEFAULT_BOOTSTRAP_SERVERS: &str = "127.0.0.1:9092";
 pub const DEFAULT_DATABASE_URL: &str = "postgres://eos:eos@127.0.0.1:5432/eos";
@@ -153,10 +155,8 @@ pub type TestProducer = ThreadedProducer<DefaultProducerContext>;
 
 /// A transactional producer with `init_transactions` done.
 pub fn transactional_producer(transactional_id: &str) -> anyhow::Result<TestProducer> {
-    let producer: TestProducer = client_config()
+    let producer: TestProducer = kafka_clients::idempotent_producer(&client_config())
         .set("transactional.id", transactional_id)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
         .set("transaction.timeout.ms", "30000")
         .create()?;
     rdkafka::producer::Producer::init_transactions(&producer, Duration::from_secs(30))
@@ -164,20 +164,7 @@ pub fn transactional_producer(transactional_id: &str) -> anyhow::Result<TestProd
     Ok(producer)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    ReadCommitted,
-    ReadUncommitted,
-}
-
-impl Isolation {
-    fn as_config(self) -> &'static str {
-        match self {
-            Self::ReadCommitted => "read_committed",
-            Self::ReadUncommitted => "read_uncommitted",
-        }
-    }
-}
+pub use eos_runtime::kafka_clients::Isolation;
 
 /// Every record of `topic` from the beginning to the end, as read with `isolation`.
 ///
@@ -193,11 +180,12 @@ pub fn read_topic_on(
     topic: &str,
     isolation: Isolation,
 ) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer: BaseConsumer = client_config_for(bootstrap_servers)
-        .set("group.id", unique_name("reader"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", isolation.as_config())
-        .create()?;
+    let consumer: BaseConsumer = kafka_clients::consumer(
+        &client_config_for(bootstrap_servers),
+        &unique_name("reader"),
+        isolation,
+    )
+    .create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions: Vec<i32> = metadata
         .topics()
@@ -252,10 +240,12 @@ pub fn wait_until_consumed(
     topic: &str,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let consumer: BaseConsumer = client_config_for(bootstrap_servers)
-        .set("group.id", group)
-        .set("isolation.level", "read_committed")
-        .create()?;
+    let consumer: BaseConsumer = kafka_clients::consumer(
+        &client_config_for(bootstrap_servers),
+        group,
+        Isolation::ReadCommitted,
+    )
+    .create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions: Vec<i32> = metadata
         .topics()
@@ -343,8 +333,7 @@ impl TestDatabase {
     async fn create_locked(server_lock: Option<File>) -> anyhow::Result<Self> {
         let admin_url = database_url();
         let name = unique_name("eos_it").replace('-', "_");
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
+        let admin = PoolBuilder::new(1)
             .connect(&admin_url)
             .await
             .with_context(|| format!("cannot connect to {admin_url}: {STACK_HINT}"))?;
@@ -354,8 +343,7 @@ impl TestDatabase {
             .with_context(|| format!("cannot create database {name}"))?;
         admin.close().await;
         let url = database_url_for(&admin_url, &name);
-        let pool = PgPoolOptions::new()
-            .max_connections(20)
+        let pool = PoolBuilder::new(20)
             .connect(&url)
             .await
             .with_context(|| format!("cannot connect to {url}"))?;
@@ -474,9 +462,7 @@ fn local_cluster() -> anyhow::Result<(String, String)> {
 /// Writes `(key, value)` records to `topic` with an idempotent producer and waits for delivery.
 pub fn produce_records(topic: &str, records: &[(Option<String>, Vec<u8>)]) -> anyhow::Result<()> {
     use rdkafka::producer::{BaseRecord, Producer as _};
-    let producer: TestProducer = client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    let producer: TestProducer = kafka_clients::idempotent_producer(&client_config())
         .set("linger.ms", "5")
         .create()?;
     for (key, value) in records {

@@ -381,6 +381,18 @@ impl Config {
     }
 }
 
+impl eos_runtime::service_flags::LogFormatFlag for Config {
+    fn log_format(&self) -> eos_runtime::LogFormat {
+        self.log_format
+    }
+}
+
+impl eos_runtime::service_flags::LogFormatFlag for MigrateArgs {
+    fn log_format(&self) -> eos_runtime::LogFormat {
+        self.log_format
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use eos_runtime::postgres_pool::PoolBuilder;
+use sqlx::postgres::PgPool;
 use time::OffsetDateTime;
 
 use eos_runtime::backoff::{Retryable as _, doubling};
@@ -65,22 +66,17 @@ pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool,
     Ok(pool)
 }
 
-/// Opens a pool; the schema is left as it is.
-pub async fn open(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
+/// How the store's pool is opened: every statement here is short, so a stuck one is a bug, not
+/// a workload, and the server cancels it.
+pub fn pool_builder(max_connections: u32) -> PoolBuilder {
+    PoolBuilder::new(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                // Every statement here is short; a stuck one is a bug, not a workload.
-                sqlx::query!("SET statement_timeout = '30s'")
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect(database_url)
-        .await
+        .session_setting("SET statement_timeout = '30s'")
+}
+
+/// Opens a pool with one attempt; the schema is left as it is.
+pub async fn open(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    pool_builder(max_connections).connect(database_url).await
 }
 
 fn millis(duration: Duration) -> i64 {

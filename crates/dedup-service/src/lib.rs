@@ -29,6 +29,7 @@ use eos_core::{Boundary, Guarantee};
 use eos_proto::dedup::v1::FILE_DESCRIPTOR_SET;
 use eos_proto::dedup::v1::dedup_server::DedupServer;
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
+use eos_runtime::postgres_pool::START_MAX_BACKOFF;
 use eos_runtime::schema_migrations as migrations;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -142,9 +143,13 @@ async fn serve(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = intent_store::open(config.database.url(), config.db_max_connections)
+    let Some(pool) = intent_store::pool_builder(config.db_max_connections)
+        .connect_at_start(config.database.url(), START_MAX_BACKOFF, &shutdown)
         .await
-        .context("connecting to PostgreSQL")?;
+        .context("connecting to PostgreSQL")?
+    else {
+        return Ok(());
+    };
     migrations::prepare_at_start(
         &pool,
         &intent_store::migrator(),

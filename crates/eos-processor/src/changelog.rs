@@ -16,6 +16,7 @@ use crate::state_format;
 use crate::state_store::{Checkpoint, PartitionStore, StateChanges, now_unix_ms};
 use crate::transform::Transform;
 use eos_runtime::backoff::{BlockingRetryable as _, doubling};
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use eos_runtime::kafka_errors::passes_by_itself;
 use eos_runtime::log_end;
 use rdkafka::Message as _;
@@ -176,15 +177,12 @@ pub fn restore_partition<T: Transform>(
         partition,
         detail,
     };
-    let consumer: BaseConsumer = client_config
-        .clone()
-        // librdkafka refuses to fetch without a group id even for a manual assignment; this group
-        // never commits anything.
-        .set("group.id", format!("{topic}-restore"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .map_err(|e| restore_error(e.to_string()))?;
+    // librdkafka refuses to fetch without a group id even for a manual assignment; this group
+    // never commits anything.
+    let consumer: BaseConsumer =
+        kafka_clients::consumer(client_config, &format!("{topic}-restore"), ReadCommitted)
+            .create()
+            .map_err(|e| restore_error(e.to_string()))?;
     // Read up to the high watermark, not the last stable offset: the previous owner's last
     // batch may be committed with its markers not yet written, while this owner's consumer
     // already resumes after its offsets (see `eos_runtime::log_end`).

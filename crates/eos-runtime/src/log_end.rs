@@ -16,6 +16,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaResult;
 
+use crate::kafka_clients::{self, Isolation};
 use crate::kafka_errors::ReportingContext;
 
 /// A client that asks for partitions' ends as a `read_uncommitted` reader is told them.
@@ -31,10 +32,7 @@ impl std::fmt::Debug for EndQuery {
 
 impl EndQuery {
     pub fn new(client_config: &ClientConfig) -> KafkaResult<Self> {
-        let client = client_config
-            .clone()
-            .set("isolation.level", "read_uncommitted")
-            .set("enable.auto.commit", "false")
+        let client = kafka_clients::reader(client_config, "log-end", Isolation::ReadUncommitted)
             .create_with_context(ReportingContext)?;
         Ok(Self { client })
     }

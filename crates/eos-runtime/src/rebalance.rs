@@ -8,6 +8,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance}
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
+use crate::kafka_clients::{self, Isolation};
+
 /// A consumer subscribed to `topic` for a service that keeps its own positions (in a Kafka
 /// transaction or in PostgreSQL): `read_committed`, no automatic commits or offset stores, and
 /// static membership under `instance_id`, so a restarted instance takes its partitions back at
@@ -19,17 +21,13 @@ pub fn subscribe_static_member(
     instance_id: &str,
     topic: &str,
 ) -> KafkaResult<BaseConsumer<RebalanceRecorder>> {
-    let consumer: BaseConsumer<RebalanceRecorder> = config
-        .clone()
-        .set("group.id", group_id)
-        .set("group.instance.id", instance_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", "10000")
-        .set("heartbeat.interval.ms", "1000")
-        .create_with_context(RebalanceRecorder::new(topic))?;
+    let consumer: BaseConsumer<RebalanceRecorder> =
+        kafka_clients::consumer(config, group_id, Isolation::ReadCommitted)
+            .set("group.instance.id", instance_id)
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .create_with_context(RebalanceRecorder::new(topic))?;
     consumer.subscribe(&[topic])?;
     Ok(consumer)
 }

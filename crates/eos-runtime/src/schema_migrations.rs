@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::migrate::{Migrate as _, MigrateError, Migrator};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgPool};
+
+use crate::postgres_pool::PoolBuilder;
 
 /// Why the schema step failed; each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +59,7 @@ pub struct AppliedMigration {
 /// A one-connection pool for the schema step: it fails (rather than waits) when PostgreSQL is
 /// unreachable, so a migration job reports the problem and its orchestrator retries.
 pub async fn connect(database_url: &str) -> Result<PgPool, MigrationError> {
-    PgPoolOptions::new()
-        .max_connections(1)
+    PoolBuilder::new(1)
         .acquire_timeout(Duration::from_secs(30))
         .connect(database_url)
         .await

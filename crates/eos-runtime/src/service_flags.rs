@@ -55,6 +55,25 @@ pub struct MigrateArgs {
     pub log: LogFlags,
 }
 
+/// The log format a command line asks for, so that one main
+/// ([`serve_or_migrate`](crate::service_main::serve_or_migrate)) sets telemetry up before either
+/// of a service's commands runs.
+pub trait LogFormatFlag {
+    fn log_format(&self) -> LogFormat;
+}
+
+impl LogFormatFlag for LogFlags {
+    fn log_format(&self) -> LogFormat {
+        self.log_format
+    }
+}
+
+impl LogFormatFlag for MigrateArgs {
+    fn log_format(&self) -> LogFormat {
+        self.log.log_format
+    }
+}
+
 /// What the command line of a service with PostgreSQL tables asks for: run the service (the
 /// flags of `Config`) or the `migrate` step (the flags of `Migrate`, [`MigrateArgs`] unless the
 /// service names its own).

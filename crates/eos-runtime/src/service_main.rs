@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::service_flags::{Invocation, LogFormatFlag};
 use crate::shutdown::shutdown_token;
 use crate::telemetry::{self, LogFormat};
 
@@ -61,4 +62,30 @@ where
         }
     })
     .await
+}
+
+/// The whole `main` of a service with PostgreSQL tables: parses the command line, then runs the
+/// service (`serve`, as [`service_main`] does) or its `migrate` step, and returns the exit code.
+pub async fn serve_or_migrate<Config, Migrate, Serving, Migrating>(
+    name: &'static str,
+    serve: impl FnOnce(Config, CancellationToken) -> Serving,
+    migrate: impl FnOnce(Migrate) -> Migrating,
+) -> ExitCode
+where
+    Config: clap::Parser + LogFormatFlag,
+    Migrate: clap::Parser + LogFormatFlag,
+    Serving: Future<Output = anyhow::Result<()>>,
+    Migrating: Future<Output = anyhow::Result<()>>,
+{
+    match Invocation::<Config, Migrate>::parse() {
+        Invocation::Serve(config) => {
+            let log_format = config.log_format();
+            service_main(name, log_format, |shutdown| serve(*config, shutdown)).await
+        }
+        Invocation::Migrate(args) => {
+            let log_format = args.log_format();
+            // The step ends by itself; a signal ends the process as usual.
+            service_main(name, log_format, |_shutdown| migrate(args)).await
+        }
+    }
 }

@@ -21,6 +21,7 @@ use eos_core::Guarantee;
 use crate::backoff::{
     BackoffBuilder as _, BlockingRetryable as _, doubling, immediate, send_when_queue_has_room,
 };
+use crate::kafka_clients;
 use crate::stuck_call_watchdog::{self, CallWatch};
 
 /// Commit attempts whose outcome is unknown before the producer is replaced.
@@ -174,10 +175,8 @@ impl TransactionalProducer {
         transaction_timeout: Duration,
         call_timeout: Duration,
     ) -> Result<Self, ProducerError> {
-        let mut config = client_config.clone();
+        let mut config = kafka_clients::idempotent_producer(client_config);
         config
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
             .set("linger.ms", "5")
             // librdkafka's default backoff makes back-to-back transactions slow: the next
             // AddOffsetsToTxn meets the previous transaction's markers ("concurrent transactions")

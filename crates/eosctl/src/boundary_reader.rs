@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use eos_core::dead_letter::DeadLetterReason;
+use eos_runtime::postgres_pool::PoolBuilder;
 use serde::Deserialize;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 use crate::boundary_audit::{OutputSet, ProviderEffect, SinkRow, StateRow};
 
@@ -57,8 +57,7 @@ pub async fn read_postgres(
     scope: &PostgresScope<'_>,
 ) -> anyhow::Result<PostgresTargets> {
     // The URL may carry a password: errors name the flag, never the URL.
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
+    let pool = PoolBuilder::new(1)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect(database_url)
         .await
@@ -233,8 +232,7 @@ pub async fn read_domain_event_ids(
     database_url: &str,
     query: &str,
 ) -> anyhow::Result<BTreeSet<String>> {
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
+    let pool = PoolBuilder::new(1)
         .connect(database_url)
         .await
         .context("connecting to PostgreSQL (--outbox-database-url)")?;

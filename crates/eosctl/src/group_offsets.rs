@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -43,15 +44,10 @@ impl std::fmt::Debug for GroupOffsetReader {
 
 impl GroupOffsetReader {
     pub fn new(settings: &KafkaSettings, group: &str) -> Result<Self, ClusterError> {
-        let consumer = settings
-            .client_config()
-            .set("group.id", group)
-            // librdkafka asks the broker for *stable* offsets when it is read_committed (KIP-447):
-            // while a transaction holds pending offsets for the group, the fetch is retried
-            // until that transaction ends instead of returning the offsets from before it.
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
+        // librdkafka asks the broker for *stable* offsets when it is read_committed (KIP-447):
+        // while a transaction holds pending offsets for the group, the fetch is retried until
+        // that transaction ends instead of returning the offsets from before it.
+        let consumer = kafka_clients::consumer(&settings.client_config(), group, ReadCommitted)
             .set("allow.auto.create.topics", "false")
             // Those retries back off: keep them short so a poll every few tens of milliseconds
             // sees a commit soon after it lands.

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use eos_runtime::backoff::{BackoffBuilder as _, polling};
+use eos_runtime::kafka_clients::{self, Isolation::ReadUncommitted};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -70,8 +71,7 @@ impl ClusterAccess for KafkaSettings {
     }
 
     fn metadata_client(&self) -> Result<BaseConsumer<ReportingContext>, ClusterError> {
-        self.client_config()
-            .set("isolation.level", "read_uncommitted")
+        kafka_clients::reader(&self.client_config(), "eosctl-metadata", ReadUncommitted)
             .set("allow.auto.create.topics", "false")
             .create_with_context(ReportingContext)
             .map_err(|e| ClusterError::client("cannot create a Kafka client", e))

@@ -12,10 +12,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{CellAlignment, Table};
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -197,28 +198,18 @@ impl LagWatcher {
                 topic: topic.to_owned(),
             }
         })?;
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos());
-        let probe = settings
-            .client_config()
-            // librdkafka assigns partitions only in a consumer with a group id; the probe never
-            // joins or commits, so a throw-away id leaves no trace.
-            .set(
-                "group.id",
-                format!("eosctl-lag-probe-{}-{nanos}", std::process::id()),
-            )
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("allow.auto.create.topics", "false")
-            .set("auto.offset.reset", "earliest")
-            // The probe only needs to see whether one record comes back: no big prefetch.
-            .set("max.partition.fetch.bytes", "65536")
-            .set("queued.max.messages.kbytes", "1024")
-            .set("fetch.wait.max.ms", "50")
-            .create_with_context(ReportingContext)
-            .map_err(|e| ClusterError::client("cannot create the Kafka consumer", e))?;
+        // librdkafka assigns partitions only in a consumer with a group id; the probe never
+        // joins or commits, so a throw-away id leaves no trace.
+        let probe =
+            kafka_clients::reader(&settings.client_config(), "eosctl-lag-probe", ReadCommitted)
+                .set("allow.auto.create.topics", "false")
+                .set("auto.offset.reset", "earliest")
+                // The probe only needs to see whether one record comes back: no big prefetch.
+                .set("max.partition.fetch.bytes", "65536")
+                .set("queued.max.messages.kbytes", "1024")
+                .set("fetch.wait.max.ms", "50")
+                .create_with_context(ReportingContext)
+                .map_err(|e| ClusterError::client("cannot create the Kafka consumer", e))?;
         Ok(Self {
             settings: settings.clone(),
             topic: topic.to_owned(),

@@ -24,6 +24,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use serde::Serialize;
 
 use eos_runtime::backoff::send_when_queue_has_room;
+use eos_runtime::kafka_clients;
 
 use crate::kafka_client::{ClusterError, KafkaSettings, TopicLayout, ensure_topic};
 use crate::workload::{
@@ -290,12 +291,9 @@ fn producer(
     settings: &KafkaSettings,
     delivery_timeout: Duration,
 ) -> Result<ThreadedProducer<DeliveryTracker>, ProduceError> {
-    settings
-        .client_config()
-        // Idempotence: a retry inside the client never adds a duplicate the workload did not
-        // mean to write, and per-partition order is kept.
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    // Idempotence: a retry inside the client never adds a duplicate the workload did not mean
+    // to write, and per-partition order is kept.
+    kafka_clients::idempotent_producer(&settings.client_config())
         .set("allow.auto.create.topics", "false")
         .set("linger.ms", "5")
         .set("batch.size", "1000000")

@@ -9,8 +9,9 @@
 //! and says so.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
@@ -236,17 +237,8 @@ pub fn read_topics(
 }
 
 fn reader(settings: &KafkaSettings) -> Result<BaseConsumer<ReportingContext>, ClusterError> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos());
     // A group id of its own per run: the audit never commits, and never shares a position.
-    let group_id = format!("eosctl-audit-{}-{nanos}", std::process::id());
-    settings
-        .client_config()
-        .set("group.id", group_id)
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
+    kafka_clients::reader(&settings.client_config(), "eosctl-audit", ReadCommitted)
         .set("auto.offset.reset", "earliest")
         .set("allow.auto.create.topics", "false")
         .create_with_context(ReportingContext)

@@ -243,6 +243,12 @@ impl Config {
 /// What the command line asks for: run the service (the flags of [`Config`]) or `outbox-relay migrate`.
 pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
 
+impl eos_runtime::service_flags::LogFormatFlag for Config {
+    fn log_format(&self) -> eos_runtime::LogFormat {
+        self.log.log_format
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,11 +20,11 @@ pub mod relay_loop;
 pub mod server_watch;
 
 use anyhow::Context as _;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
+use eos_runtime::postgres_pool::{PoolBuilder, START_MAX_BACKOFF};
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
@@ -107,11 +107,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ops = OpsEndpoint::start(config.metrics_addr, boundary(&config), metrics::describe).await?;
     let readiness = ops.readiness.clone();
 
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(config.database.url())
+    let Some(pool) = PoolBuilder::new(4)
+        .connect_at_start(config.database.url(), START_MAX_BACKOFF, &shutdown)
         .await
-        .context("connecting to PostgreSQL")?;
+        .context("connecting to PostgreSQL")?
+    else {
+        ops.stop().await;
+        return Ok(());
+    };
     schema_migrations::prepare_at_start(
         &pool,
         &eos_outbox::migrator(),

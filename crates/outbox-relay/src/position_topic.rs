@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use eos_runtime::kafka_errors::ReportingContext;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -208,14 +209,11 @@ pub fn read_position(
         relay: relay_name.to_owned(),
         detail,
     };
-    let consumer: BaseConsumer = client_config
-        .clone()
-        // librdkafka refuses to fetch without a group id even for a manual assignment; this group
-        // never commits anything.
-        .set("group.id", format!("{topic}-reader"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
+    // librdkafka refuses to fetch without a group id even for a manual assignment; this group
+    // never commits anything.
+    let consumer: BaseConsumer =
+        kafka_clients::consumer(client_config, &format!("{topic}-reader"), ReadCommitted)
+            .create()?;
     // Up to the high watermark: another relay's open transaction holds the last stable offset
     // below this relay's own last committed position (see `eos_runtime::log_end`).
     let (low, high) =

@@ -51,3 +51,9 @@ pub struct Config {
 
 /// What the command line asks for: run the service (the flags of [`Config`]) or `payments-api migrate`.
 pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
+
+impl eos_runtime::service_flags::LogFormatFlag for Config {
+    fn log_format(&self) -> eos_runtime::LogFormat {
+        self.log.log_format
+    }
+}

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
+use eos_runtime::postgres_pool::{PoolBuilder, START_MAX_BACKOFF};
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
@@ -72,11 +72,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         http_api::describe_metrics,
     )
     .await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(config.db_max_connections)
-        .connect(config.database.url())
+    let Some(pool) = PoolBuilder::new(config.db_max_connections)
+        .connect_at_start(config.database.url(), START_MAX_BACKOFF, &shutdown)
         .await
-        .context("connecting to PostgreSQL")?;
+        .context("connecting to PostgreSQL")?
+    else {
+        ops.stop().await;
+        return Ok(());
+    };
     for migrator in [eos_outbox::migrator(), migrator()] {
         schema_migrations::prepare_at_start(
             &pool,

@@ -315,6 +315,12 @@ impl Config {
     }
 }
 
+impl eos_runtime::service_flags::LogFormatFlag for Config {
+    fn log_format(&self) -> eos_runtime::LogFormat {
+        self.log.log_format
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use eos_core::{DeadLetterReason, dead_letter};
+use eos_runtime::kafka_clients;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -56,11 +57,8 @@ pub fn create_producer(
     client_config: &ClientConfig,
     max_bytes: usize,
 ) -> Result<DeadLetterProducer, KafkaError> {
-    let producer = client_config
-        .clone()
-        // Idempotent: librdkafka's own retries never duplicate a dead letter.
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    // Idempotent: librdkafka's own retries never duplicate a dead letter.
+    let producer = kafka_clients::idempotent_producer(client_config)
         .set("linger.ms", "2")
         // The broker checks a topic's max.message.bytes against a whole record batch: batches of
         // at most the limit, so that dead letters that each fit are never refused together.

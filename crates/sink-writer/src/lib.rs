@@ -45,9 +45,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::KafkaSettings;
-use eos_runtime::backoff::{Retryable as _, doubling};
 use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
+use eos_runtime::postgres_pool::PoolBuilder;
 use eos_runtime::schema_migrations as migrations;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use rdkafka::ClientConfig;
@@ -56,7 +56,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, MigrateArgs, OffsetsMode};
@@ -321,34 +320,17 @@ async fn serve(
 /// Connects, retrying with backoff while PostgreSQL is unreachable (a sink started before its
 /// database must wait, not crash-loop). `None` when shut down while waiting.
 async fn connect(config: &Config, shutdown: &CancellationToken) -> anyhow::Result<Option<PgPool>> {
-    let options = PgPoolOptions::new()
-        .max_connections(4)
+    // A frozen owner must not hold its checkpoint rows' locks forever: the server ends a
+    // transaction left idle this long, and the fence proceeds. And no statement may block the
+    // loop past Kafka's max.poll.interval.ms (5 min) waiting on a lock: a cancelled statement is
+    // retried like any transient failure.
+    PoolBuilder::new(4)
         .acquire_timeout(Duration::from_secs(5))
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                // A frozen owner must not hold its checkpoint rows' locks forever: the server
-                // ends a transaction left idle this long, and the fence proceeds. And no statement
-                // may block the loop past Kafka's max.poll.interval.ms (5 min) waiting on a lock:
-                // a cancelled statement is retried like any transient failure.
-                sqlx::query!("SET idle_in_transaction_session_timeout = '60s'")
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query!("SET statement_timeout = '120s'")
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(())
-            })
-        });
-    let connecting = (|| options.clone().connect(config.database.url()))
-        .retry(doubling(Duration::from_millis(100), config.max_backoff))
-        .when(|error| error::db_error_class(error) == error::DbErrorClass::Transient)
-        .notify(|error, delay| {
-            tracing::warn!(retry_in_ms = delay.as_millis() as u64, %error, "postgres unavailable at start; retrying");
-        });
-    tokio::select! {
-        () = shutdown.cancelled() => Ok(None),
-        connected = connecting => connected.map(Some).context("connecting to PostgreSQL"),
-    }
+        .session_setting("SET idle_in_transaction_session_timeout = '60s'")
+        .session_setting("SET statement_timeout = '120s'")
+        .connect_at_start(config.database.url(), config.max_backoff, shutdown)
+        .await
+        .context("connecting to PostgreSQL")
 }
 
 /// Creates the dead-letter topic when missing, with as many partitions as the input has (3 when

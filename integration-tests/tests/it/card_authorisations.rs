@@ -12,6 +12,7 @@ use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
 use eos_core::{DeadLetterReason, dead_letter};
 use eos_processor::replay::{self, ReplayInput, ReplayOutput};
 use eos_processor::{DEFAULT_OUTPUT, Transform as _};
+use eos_runtime::kafka_clients;
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -131,9 +132,7 @@ fn processor_args(
 
 /// Writes `records` at about `rate` per second, idempotently.
 fn produce(topic: &str, records: &[Authorisation], rate: u64) -> anyhow::Result<()> {
-    let producer: BaseProducer = client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    let producer: BaseProducer = kafka_clients::idempotent_producer(&client_config())
         .set("linger.ms", "5")
         .create()?;
     let started = std::time::Instant::now();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use eos_core::dead_letter;
+use eos_runtime::kafka_clients;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
@@ -21,10 +22,7 @@ use serde_json::{Value, json};
 
 /// Produces `(key, value, traceparent)` records in order, idempotently.
 fn produce(topic: &str, records: &[(Option<&str>, Value, &str)]) -> anyhow::Result<()> {
-    let producer: BaseProducer = client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()?;
+    let producer: BaseProducer = kafka_clients::idempotent_producer(&client_config()).create()?;
     for (key, value, traceparent) in records {
         let payload = value.to_string();
         let headers = OwnedHeaders::new().insert(Header {

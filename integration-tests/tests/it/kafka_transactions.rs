@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use eos_runtime::kafka_clients;
 use integration_tests::{
     Isolation, TestProducer, client_config, create_topic, read_topic, transactional_producer,
     unique_name,
@@ -102,12 +103,13 @@ async fn send_offsets_moves_the_group_offset_only_on_commit() -> anyhow::Result<
         }
         seed.flush(TIMEOUT)?;
 
-        let consumer: BaseConsumer = client_config()
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("auto.offset.reset", "earliest")
-            .create()?;
+        let consumer: BaseConsumer = kafka_clients::consumer(
+            &client_config(),
+            &group,
+            kafka_clients::Isolation::ReadCommitted,
+        )
+        .set("auto.offset.reset", "earliest")
+        .create()?;
         consumer.subscribe(&[&input])?;
         let mut consumed = 0;
         let deadline = std::time::Instant::now() + TIMEOUT;

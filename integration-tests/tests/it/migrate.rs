@@ -120,8 +120,7 @@ impl Drop for RuntimeRole {
 
 /// Whether `role_url` may run `sql`; the error text when it may not.
 async fn refused(role_url: &str, sql: &str) -> anyhow::Result<Option<String>> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
+    let pool = eos_runtime::postgres_pool::PoolBuilder::new(1)
         .connect(role_url)
         .await?;
     let result = sqlx::raw_sql(sql).execute(&pool).await;

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
+use eos_runtime::kafka_clients;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::fault_proxy::{Direction, FaultProxy};
 use integration_tests::proxied_kafka::ProxiedKafka;
@@ -105,10 +106,12 @@ impl Pipeline {
     /// The sum of the group's committed offsets of `topic` (without waiting on open
     /// transactions: a cut-off processor's may stay open for a while).
     fn committed(&self, group: &str, topic: &str) -> anyhow::Result<i64> {
-        let consumer: BaseConsumer = client_config_for(&self.bootstrap)
-            .set("group.id", group)
-            .set("isolation.level", "read_uncommitted")
-            .create()?;
+        let consumer: BaseConsumer = kafka_clients::consumer(
+            &client_config_for(&self.bootstrap),
+            group,
+            kafka_clients::Isolation::ReadUncommitted,
+        )
+        .create()?;
         let mut list = TopicPartitionList::new();
         for partition in 0..PARTITIONS {
             list.add_partition(topic, partition);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use eos_core::dead_letter;
+use eos_runtime::kafka_clients;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, TestDatabase, admin, bootstrap_servers, client_config, create_topic, eosctl,
@@ -95,13 +96,11 @@ async fn large_record_topic(prefix: &str) -> anyhow::Result<String> {
 /// Produces `records` in order with a producer whose `message.max.bytes` admits the topic's
 /// maximum (the services' own producers keep librdkafka's 1,000,000-byte default).
 fn produce_large(topic: &str, records: &[Poison]) -> anyhow::Result<()> {
-    let producer: BaseProducer = client_config()
+    let producer: BaseProducer = kafka_clients::idempotent_producer(&client_config())
         .set(
             "message.max.bytes",
             (TOPIC_MAX_BYTES + 64 * 1024).to_string(),
         )
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
         .create()?;
     for record in records {
         let mut headers = OwnedHeaders::new();

@@ -19,13 +19,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use eos_runtime::postgres_pool::PoolBuilder;
 use eos_runtime::secrets::url_with_password;
 use eos_testkit::{ChildProcess, LogMode};
 use integration_tests::service_process::{ServiceProcess, log_dir};
 use integration_tests::test_certs::TestCa;
 use integration_tests::{bootstrap_servers, create_topic, unique_name};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 use crate::secrets::assert_no_secret;
 
@@ -209,7 +209,7 @@ impl PrivatePostgres {
         let url = url_with_password(&url, &self.owner_password)?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            match PgPoolOptions::new().max_connections(2).connect(&url).await {
+            match PoolBuilder::new(2).connect(&url).await {
                 Ok(pool) => return Ok(pool),
                 Err(error) => {
                     let server = self.server.as_mut().context("the server was stopped")?;

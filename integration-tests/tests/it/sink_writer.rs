@@ -727,8 +727,7 @@ async fn sink_postgres_restart_mid_run_resumes_exactly() -> anyhow::Result<()> {
         .await?
         .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
     // The pool of this test was cut by the restart too: a fresh one.
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
+    let pool = eos_runtime::postgres_pool::PoolBuilder::new(4)
         .connect(&db.url)
         .await?;
     sink.wait_drained(&pool, &mut process).await?;

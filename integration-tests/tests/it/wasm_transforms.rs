@@ -15,6 +15,7 @@ use eos_core::{EventContract, FieldLocation};
 use eos_processor::DEFAULT_OUTPUT;
 use eos_processor::replay;
 use eos_processor::wasm::{Options, WasmTransform};
+use eos_runtime::kafka_clients;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
@@ -84,9 +85,7 @@ fn authorisations(seed: u64) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
 
 /// Writes `records` at about `rate` per second, idempotently.
 fn produce(topic: &str, records: &[(String, Vec<u8>)], rate: u64) -> anyhow::Result<()> {
-    let producer: BaseProducer = client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    let producer: BaseProducer = kafka_clients::idempotent_producer(&client_config())
         .set("linger.ms", "5")
         .create()?;
     let started = std::time::Instant::now();

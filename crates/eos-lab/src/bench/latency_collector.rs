@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -76,17 +77,16 @@ impl ArrivalCollector {
         from: BTreeMap<i32, i64>,
         expected: u64,
     ) -> anyhow::Result<Self> {
-        let consumer: BaseConsumer = settings
-            .client_config()
-            .set("group.id", reader_group("output"))
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("allow.auto.create.topics", "false")
-            // Answer as soon as a transaction's records become readable.
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .context("cannot create the output reader")?;
+        let consumer: BaseConsumer = kafka_clients::reader(
+            &settings.client_config(),
+            "eos-lab-bench-reader-output",
+            ReadCommitted,
+        )
+        .set("allow.auto.create.topics", "false")
+        // Answer as soon as a transaction's records become readable.
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .context("cannot create the output reader")?;
         let mut assignment = TopicPartitionList::new();
         for &partition in output_partitions {
             assignment.add_partition_offset(output, partition, Offset::Beginning)?;
@@ -196,15 +196,14 @@ pub(super) fn read_timestamps(
     end: &BTreeMap<i32, i64>,
     stall_timeout: Duration,
 ) -> anyhow::Result<HashMap<(i32, i64), i64>> {
-    let consumer: BaseConsumer = settings
-        .client_config()
-        .set("group.id", reader_group("input"))
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("allow.auto.create.topics", "false")
-        .create()
-        .context("cannot create the input reader")?;
+    let consumer: BaseConsumer = kafka_clients::reader(
+        &settings.client_config(),
+        "eos-lab-bench-reader-input",
+        ReadCommitted,
+    )
+    .set("allow.auto.create.topics", "false")
+    .create()
+    .context("cannot create the input reader")?;
     let mut assignment = TopicPartitionList::new();
     let mut pending: HashMap<i32, i64> = HashMap::new();
     for (&partition, &end) in end {
@@ -250,14 +249,6 @@ pub(super) fn read_timestamps(
 
 /// librdkafka assigns partitions only in a consumer with a group id. The benchmark's readers
 /// never join or commit, so a throw-away id leaves no trace.
-fn reader_group(purpose: &str) -> String {
-    format!(
-        "eos-lab-bench-reader-{purpose}-{}-{}",
-        std::process::id(),
-        now_ms()
-    )
-}
-
 pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

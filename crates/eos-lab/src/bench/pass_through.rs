@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use eos_runtime::backoff::send_when_queue_has_room;
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use nix::sys::resource::UsageWho;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -50,15 +51,14 @@ pub(super) fn copy(
 ) -> anyhow::Result<RoundFigures> {
     let started = Instant::now();
     let cpu_before = own_cpu();
-    let consumer: BaseConsumer = settings
-        .client_config()
-        .set("group.id", format!("{output}-copier"))
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("allow.auto.create.topics", "false")
-        .create()
-        .context("cannot create the pass-through consumer")?;
+    let consumer: BaseConsumer = kafka_clients::consumer(
+        &settings.client_config(),
+        &format!("{output}-copier"),
+        ReadCommitted,
+    )
+    .set("allow.auto.create.topics", "false")
+    .create()
+    .context("cannot create the pass-through consumer")?;
     let producer: BaseProducer<DeliveryFailures> = settings
         .client_config()
         .set("acks", "all")

@@ -27,13 +27,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
+use eos_runtime::postgres_pool::PoolBuilder;
 use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use indicatif::ProgressBar;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use time::OffsetDateTime;
 use tokio::task::JoinHandle;
 
@@ -293,8 +293,7 @@ impl Bench {
         );
         let database = format!("eos_bench_pipeline_{run_id}");
         let database_url = create_database(&args.database_url, &database).await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
+        let pool = PoolBuilder::new(2)
             .connect(&database_url)
             .await
             .with_context(|| format!("connecting to the benchmark's database {database}"))?;

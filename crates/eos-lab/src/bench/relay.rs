@@ -16,18 +16,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
+use eos_runtime::postgres_pool::PoolBuilder;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Headers as _;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use rdkafka::{ClientConfig, Message as _};
 use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_outbox::relay_positions::relayed_position;
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use eos_runtime::kafka_settings::KafkaSettings;
 use eos_runtime::ops_http::Readiness;
 use eos_testkit::bench_figures::{Figure, load_average, load_text};
@@ -119,12 +120,10 @@ fn plain_producer_rate(
     topic: &str,
     filler: &str,
 ) -> anyhow::Result<f64> {
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
-        .clone()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .create()?;
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> =
+        kafka_clients::idempotent_producer(kafka)
+            .set("linger.ms", "5")
+            .create()?;
     let values: Vec<(String, Vec<u8>)> = (0..args.events)
         .map(|n| {
             let value = serde_json::json!({
@@ -287,12 +286,8 @@ async fn latencies(
     }
     let (sender, receiver) = std::sync::mpsc::channel::<(String, Instant)>();
     let stop = Arc::new(AtomicBool::new(false));
-    let consumer: BaseConsumer = kafka
-        .clone()
-        .set("group.id", format!("outbox-bench-{}", std::process::id()))
-        .set("isolation.level", "read_committed")
+    let consumer: BaseConsumer = kafka_clients::reader(kafka, "outbox-bench", ReadCommitted)
         .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
         .create()?;
     consumer.subscribe(&[topic])?;
@@ -433,8 +428,7 @@ async fn measure_throughput(
     anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
     let kafka = kafka.client_config();
     let load_before = load_average();
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
+    let pool = PoolBuilder::new(8)
         .connect(&args.database_url)
         .await
         .context("connecting to PostgreSQL")?;

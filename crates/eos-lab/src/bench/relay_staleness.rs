@@ -15,11 +15,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
+use eos_runtime::postgres_pool::PoolBuilder;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Headers as _;
 use rdkafka::{ClientConfig, Message as _};
 use serde::Serialize;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _, PgPool};
 
 use eos_core::{EntityId, EventId, Guarantee};
@@ -77,8 +79,7 @@ impl Scratch {
             .with_context(|| format!("creating database {name}"))?;
         conn.close().await.ok();
         self.names.push(name.clone());
-        Ok(PgPoolOptions::new()
-            .max_connections(8)
+        Ok(PoolBuilder::new(8)
             .connect_with(self.server.clone().database(&name))
             .await?)
     }
@@ -134,12 +135,8 @@ async fn run(
 
     let (sender, receiver) = std::sync::mpsc::channel::<(String, Instant)>();
     let stop = Arc::new(AtomicBool::new(false));
-    let consumer: BaseConsumer = kafka
-        .clone()
-        .set("group.id", format!("outbox-bench-stale-{pid}"))
-        .set("isolation.level", "read_committed")
+    let consumer: BaseConsumer = kafka_clients::reader(kafka, "outbox-bench-stale", ReadCommitted)
         .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
         .create()?;
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =

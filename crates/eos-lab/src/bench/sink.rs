@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Args, Parser as _};
 use eos_core::Checkpoint;
+use eos_runtime::kafka_clients;
 use eos_runtime::kafka_settings::KafkaSettings;
+use eos_runtime::postgres_pool::PoolBuilder;
 use eos_testkit::bench_figures::{Figure, load_average, load_text};
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 use sink_writer::checkpoint_store::{self, Move};
@@ -177,11 +178,10 @@ async fn end_to_end(
     pool: &PgPool,
 ) -> anyhow::Result<(f64, Duration)> {
     let topic = format!("sink-bench-{}-{}", std::process::id(), rand_suffix());
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
-        .client_config()
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "20")
-        .create()?;
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> =
+        kafka_clients::idempotent_producer(&kafka.client_config())
+            .set("linger.ms", "20")
+            .create()?;
     for record in records(&topic, args.end_to_end) {
         let key = format!("k{}", record.offset % 500);
         let payload = record.payload.unwrap_or_default();
@@ -308,8 +308,7 @@ pub async fn measure(args: &BenchArgs, kafka: &KafkaSettings) -> anyhow::Result<
         "--rows and --batch must be positive"
     );
     let load_before = load_average();
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
+    let pool = PoolBuilder::new(4)
         .connect(&args.database_url)
         .await
         .context("connecting to PostgreSQL")?;

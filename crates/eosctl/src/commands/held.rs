@@ -3,8 +3,8 @@
 
 use anyhow::Context as _;
 use dedup_client::{ClientCredentials, DedupClient};
+use eos_runtime::postgres_pool::PoolBuilder;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 use crate::cli::{HeldCommand, HeldResolveArgs};
 use crate::commands::Status;
@@ -61,8 +61,7 @@ async fn resolve(args: HeldResolveArgs) -> anyhow::Result<Status> {
 }
 
 async fn connect(database: &eos_runtime::secrets::DatabaseUrlFlags) -> anyhow::Result<PgPool> {
-    PgPoolOptions::new()
-        .max_connections(1)
+    PoolBuilder::new(1)
         .acquire_timeout(std::time::Duration::from_secs(10))
         .connect(database.url())
         .await

@@ -1,14 +1,14 @@
 //! What the demo's database says after a run: dedup-service's history, the outbox backlog.
 
 use anyhow::Context as _;
+use eos_runtime::postgres_pool::PoolBuilder;
 
 /// (went UNKNOWN, settled out of UNKNOWN) for this run's operations, from dedup-service's history.
 pub(super) async fn unknowns(
     database_url: &str,
     provider_name: &str,
 ) -> anyhow::Result<(i64, i64)> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
+    let pool = PoolBuilder::new(1)
         .connect(database_url)
         .await
         .context("connecting to PostgreSQL for dedup-service's history")?;
@@ -27,8 +27,7 @@ pub(super) async fn unknowns(
 
 /// Outbox rows `relay_name` has not published yet (0 once it has caught up).
 pub(super) async fn outbox_backlog(database_url: &str, relay_name: &str) -> anyhow::Result<i64> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
+    let pool = PoolBuilder::new(1)
         .connect(database_url)
         .await
         .context("connecting to PostgreSQL for the outbox")?;
@@ -49,8 +48,7 @@ pub(super) async fn outbox_backlog(database_url: &str, relay_name: &str) -> anyh
 /// Drops outbox-relay's replication slot `slot` if it exists (the logical mode's; none in xmin
 /// mode).
 pub(super) async fn drop_relay_slot(database_url: &str, slot: &str) -> anyhow::Result<()> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
+    let pool = PoolBuilder::new(1)
         .connect(database_url)
         .await
         .context("connecting to PostgreSQL for the relay's slot")?;
