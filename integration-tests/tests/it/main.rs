@@ -34,6 +34,7 @@ mod sink_provider;
 mod sink_rules;
 mod sink_writer;
 mod soak;
+mod start_order;
 mod total_overflow;
 mod trace_cli;
 mod traces;
