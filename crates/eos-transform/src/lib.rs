@@ -12,9 +12,11 @@
 //!
 //! eos-processor re-exports every module and item at its old path (`eos_processor::Transform`,
 //! `eos_processor::transform`, `eos_processor::replay`, …), so a transform written against the
-//! processor library compiles unchanged. With the `wasm` feature, [`wasm`] runs a WebAssembly
-//! module as a transform (docs/TRANSFORMS.md "WebAssembly transforms"); the crate's name is not
-//! the modules' interface version, `eos-transform/1`, which is `wasm-transform`'s.
+//! processor library compiles unchanged.
+//!
+//! With the `wasm` feature, the `wasm` module runs a WebAssembly module as a transform
+//! (docs/TRANSFORMS.md "WebAssembly transforms"). The crate's name is not the modules' interface
+//! version, `eos-transform/1`, which is `wasm-transform`'s.
 #![warn(missing_docs)]
 
 // Public for eos-processor's transaction loop and restore (and eos-lab's state benchmark), not
