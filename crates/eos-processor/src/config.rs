@@ -11,21 +11,11 @@ use eos_core::envelope::MAX_ID_BYTES;
 use eos_core::{EventContract, FieldLocation, Guarantee};
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
+pub use eos_transform::transform::{BuiltinTransform, parse_named_output};
 
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
 /// letter (input + headers) must still fit the broker's default 1 MiB message limit.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
-
-/// The transforms built into the binary (`--transform`); a library user runs their own with
-/// [`crate::Processor`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BuiltinTransform {
-    /// The demo's ledger: checks the ledger envelope and keeps per-entity running totals.
-    Ledger,
-    /// Each new event's value to the default output as it came, or only those whose value at
-    /// --filter-pointer equals --filter-equals.
-    PassThrough,
-}
 
 /// What `--transform` names: a built-in transform or a WebAssembly module.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +111,7 @@ pub struct Config {
 
     /// wasm: fuel per call to the module, about one unit per instruction; a call that uses it
     /// all is dead-lettered with reason transform_limit.
-    #[arg(long, env = "EOS_WASM_FUEL", default_value_t = wasm_transform::Limits::default().fuel)]
+    #[arg(long, env = "EOS_WASM_FUEL", default_value_t = crate::wasm::Limits::default().fuel)]
     pub wasm_fuel: u64,
 
     /// wasm: the most memory the module may grow to, in bytes or with a KiB, MiB or GiB
@@ -227,17 +217,6 @@ pub struct Config {
     /// abort-and-rewind path.
     #[arg(long, env = "EOS_FAULT_ABORT_EVERY", hide = true)]
     pub fault_abort_every: Option<u64>,
-}
-
-/// `NAME=TOPIC` (the `--output` flag), as clap's value parser: the name and the topic, both
-/// non-empty.
-pub fn parse_named_output(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((name, topic)) if !name.is_empty() && !topic.is_empty() => {
-            Ok((name.to_owned(), topic.to_owned()))
-        }
-        _ => Err(format!("{text:?} is not NAME=TOPIC")),
-    }
 }
 
 /// Kafka properties the processor takes from its own flags (--transaction-timeout), refused in the

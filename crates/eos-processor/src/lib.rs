@@ -55,22 +55,21 @@ mod local_checkpoint;
 #[doc(hidden)]
 pub mod metrics;
 mod open_batch;
-#[doc(hidden)]
-pub mod partition_state;
 mod rebalance_handling;
 mod record_decision;
-pub mod replay;
-#[doc(hidden)]
-pub mod state_format;
 mod state_restore;
-#[doc(hidden)]
-pub mod state_store;
 #[doc(hidden)]
 pub mod topics;
 #[doc(hidden)]
 pub mod transaction_loop;
-pub mod transform;
-pub mod wasm;
+
+// The decision code without Kafka is eos-transform's (docs/ARCHITECTURE.md "Crates"), so that
+// eosctl's replay runs it without linking this crate. Its modules and items stay here at the
+// paths they had, so transforms, tests and tools written against eos-processor compile unchanged.
+#[doc(hidden)]
+pub use eos_transform::{partition_state, state_format, state_store};
+#[doc(inline)]
+pub use eos_transform::{replay, transform, wasm};
 
 use std::collections::BTreeSet;
 
@@ -87,6 +86,21 @@ pub use transform::{
     DEFAULT_OUTPUT, LedgerTransform, Output, PassThroughTransform, Refusal, SourcePosition,
     StateUpgradeError, Transform,
 };
+
+/// Where the contract finds each part, for the start-up log.
+fn describe(contract: &eos_core::EventContract) -> String {
+    let place = |location: &eos_core::FieldLocation| location.to_string();
+    format!(
+        "event id at {}, entity at {}{}",
+        place(&contract.event_id),
+        place(&contract.entity),
+        contract
+            .occurred_at
+            .as_ref()
+            .map(|pointer| format!(", event time at {pointer}"))
+            .unwrap_or_default()
+    )
+}
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
@@ -222,7 +236,7 @@ async fn run_transform<T: Transform>(
     }
     let contract = config.event_contract(transform.contract());
     tracing::info!(
-        contract = transform::describe(&contract),
+        contract = describe(&contract),
         state_version = T::STATE_VERSION,
         "event contract"
     );

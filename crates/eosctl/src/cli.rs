@@ -432,7 +432,7 @@ pub struct AuditArgs {
         requires = "replay",
         help_heading = "Replay proof"
     )]
-    pub transform: eos_processor::BuiltinTransform,
+    pub transform: eos_transform::BuiltinTransform,
 
     /// Where the event id is, as the processor was told (`header:<name>`, `key` or a JSON
     /// pointer; default: the transform's).
@@ -467,7 +467,7 @@ pub struct AuditArgs {
     #[arg(
         long = "named-output",
         value_name = "NAME=TOPIC",
-        value_parser = eos_processor::config::parse_named_output,
+        value_parser = eos_transform::transform::parse_named_output,
         requires = "replay",
         help_heading = "Replay proof"
     )]

@@ -1,6 +1,6 @@
 //! `eosctl audit --replay`: the replay proof of a built-in transform's outputs
 //! (docs/TRANSFORMS.md "Prove it: the replay audit"). The input, every output topic and the
-//! dead letters are read as a `read_committed` consumer sees them; `eos_processor::replay` runs
+//! dead letters are read as a `read_committed` consumer sees them; `eos_transform::replay` runs
 //! the transform again over the input with the processor's own decision code and says which
 //! outputs and dead letters differ from what it computes. Counting ids shows one outcome per
 //! event; this shows the outcome is the transform's.
@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use eos_core::{DeadLetterReason, EventContract, dead_letter};
-use eos_processor::replay::{self, ReplayInput, ReplayOutput, ReplayReport};
-use eos_processor::transform::filter_value;
-use eos_processor::{
+use eos_transform::replay::{self, ReplayInput, ReplayOutput, ReplayReport};
+use eos_transform::transform::filter_value;
+use eos_transform::{
     BuiltinTransform, DEFAULT_OUTPUT, LedgerTransform, PassThroughTransform, Transform,
 };
 use serde::Serialize;

@@ -2,8 +2,9 @@
 //! `wasm_transform` (Extism on wasmtime) under the processor's exactly-once loop
 //! (docs/TRANSFORMS.md "WebAssembly transforms").
 //!
-//! The adapter lives here rather than in `wasm-transform` because the processor binary offers
-//! it, and a crate the binary depends on cannot depend on the processor in turn.
+//! The adapter lives here, behind the crate's `wasm` feature, rather than in `wasm-transform`:
+//! the host knows nothing of the [`Transform`] trait, and a crate that wants the trait without
+//! wasmtime (eosctl, whose replay runs the built-in transforms) leaves the feature off.
 
 use std::path::Path;
 

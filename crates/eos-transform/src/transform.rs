@@ -12,11 +12,22 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use eos_core::{DeadLetterReason, Event, EventContract, EventEnvelope, FieldLocation};
+use eos_core::{DeadLetterReason, Event, EventContract, EventEnvelope};
 
 /// The name of the output that `--output-topic` configures; other outputs are named by
 /// `--output NAME=TOPIC`.
 pub const DEFAULT_OUTPUT: &str = "default";
+
+/// `NAME=TOPIC` (the processor's `--output`, eosctl's `audit --replay --named-output`), as clap's
+/// value parser: the name and the topic, both non-empty.
+pub fn parse_named_output(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, topic)) if !name.is_empty() && !topic.is_empty() => {
+            Ok((name.to_owned(), topic.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not NAME=TOPIC")),
+    }
+}
 
 /// Where an input record was read from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +210,18 @@ pub trait Transform: Send + 'static {
     }
 }
 
+/// The transforms built into the processor binary (`--transform`), which eosctl's
+/// `audit --replay --transform` replays by the same names; a library user runs their own with
+/// eos-processor's `Processor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BuiltinTransform {
+    /// The demo's ledger: checks the ledger envelope and keeps per-entity running totals.
+    Ledger,
+    /// Each new event's value to the default output as it came, or only those whose value at
+    /// --filter-pointer equals --filter-equals.
+    PassThrough,
+}
+
 /// Per-entity running totals: the reference practice's `counter = counter + 1`
 /// (docs/ARCHITECTURE.md "The reference practice"), which a replay must not repeat.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,21 +334,6 @@ impl Transform for PassThroughTransform {
 /// string itself (`EUR`).
 pub fn filter_value(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
-}
-
-/// Where the contract finds each part, for the start-up log.
-pub(crate) fn describe(contract: &EventContract) -> String {
-    let place = |location: &FieldLocation| location.to_string();
-    format!(
-        "event id at {}, entity at {}{}",
-        place(&contract.event_id),
-        place(&contract.entity),
-        contract
-            .occurred_at
-            .as_ref()
-            .map(|pointer| format!(", event time at {pointer}"))
-            .unwrap_or_default()
-    )
 }
 
 /// The object a ledger test event is made of (used by the tests of the crate's modules).
