@@ -86,7 +86,7 @@ pub enum BenchTarget {
     /// replay, and a topic -> table run of the real service
     ///
     /// Against a scratch PostgreSQL database (event_sink and bench_raw are truncated): each
-    /// round runs every write path (copy-fresh is the sink's, unnest and staging for contrast)
+    /// round runs both write paths (copy-fresh is the sink's, unnest for contrast)
     /// on an empty table, the order rotating; each ratio is taken within its round, then the
     /// median and the spread over the rounds. docs/BENCHMARKS.md explains each ratio.
     #[command(after_help = EXIT_STATUS)]

@@ -38,9 +38,6 @@ pub struct PreparedTarget {
     /// guarded by `WHERE stored.version < incoming.version`. The candidates travel as text arrays
     /// through `UNNEST`.
     pub write_sql: String,
-    /// The same statement over the temporary table `staging.create_sql` makes, filled by binary
-    /// `COPY` — the other way to ship a batch; kept for the bench's comparison (docs/BENCHMARKS-sink.md).
-    pub staging: StagingStatements,
     /// Only for a winner another writer got in before (a race between sinks): the row stored now,
     /// whether its content differs, whether the version is the same, and its fingerprint.
     pub compare_sql: String,
@@ -50,24 +47,6 @@ pub struct PreparedTarget {
     /// a replay). While set, `table_writer` probes first. Only a cost choice, never a result.
     pub replaying: Arc<AtomicBool>,
 }
-
-/// A temporary staging table for one batch of a target and the write that reads it.
-#[derive(Debug, Clone)]
-pub struct StagingStatements {
-    /// `pg_temp.sink_staging_<bound columns>`.
-    pub table: String,
-    /// `CREATE TEMP TABLE IF NOT EXISTS … ON COMMIT DELETE ROWS` (emptied at each commit): one
-    /// text column per bound column, `send`, `ord`.
-    pub create_sql: String,
-    /// `COPY … FROM STDIN (FORMAT binary)` into it.
-    pub copy_sql: String,
-    /// `write_sql` with the staging table as its source.
-    pub write_sql: String,
-}
-
-/// The temporary staging tables' name, followed by the number of bound columns: targets of the
-/// same width share one (all its columns are text). One per session, emptied at each commit.
-pub const STAGING_TABLE: &str = "sink_staging_";
 
 impl PreparedTarget {
     pub fn name(&self) -> &str {
@@ -329,7 +308,6 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
         copy_sql: statements.copy,
         now_columns: now_columns.len(),
         write_sql: statements.write,
-        staging: statements.staging,
         compare_sql: statements.compare,
         purge_sql,
         replaying: Arc::default(),
@@ -349,7 +327,6 @@ struct Statements {
     read_stored: String,
     copy: String,
     write: String,
-    staging: StagingStatements,
     compare: String,
 }
 
@@ -459,18 +436,6 @@ fn statements(
         send = count + 1,
         aliases = aliases.join(", "),
     );
-    let staging_columns: Vec<String> = aliases.iter().map(|a| format!("{a} text")).collect();
-    let stage = format!("pg_temp.{STAGING_TABLE}{count}");
-    let staging = StagingStatements {
-        table: stage.clone(),
-        create_sql: format!(
-            "CREATE TEMP TABLE IF NOT EXISTS {STAGING_TABLE}{count} ({}, send bool, ord bigint) \
-             ON COMMIT DELETE ROWS",
-            staging_columns.join(", ")
-        ),
-        copy_sql: format!("COPY {stage} FROM STDIN (FORMAT binary)"),
-        write_sql: format!("WITH u AS (SELECT * FROM {stage}), {body}"),
-    };
     // `now` columns take the text `now`, which PostgreSQL reads as the transaction's start: what
     // `now()` returns in the insert.
     let copy = format!("COPY {table} ({}) FROM STDIN", names.join(", "));
@@ -488,7 +453,6 @@ fn statements(
         read_stored,
         copy,
         write,
-        staging,
         compare,
     }
 }
@@ -556,7 +520,6 @@ mod tests {
             compare,
             copy,
             probe,
-            staging,
             read_stored,
         } = statements(&defaults[1], &shape, &now, None);
         assert_eq!(
@@ -574,13 +537,6 @@ mod tests {
                  $4::text[]) WITH ORDINALITY AS u(c0, c1, c2, c3, ord)), pre AS"
             ) && !read_stored.contains("INSERT"),
             "{read_stored}"
-        );
-        assert!(
-            staging
-                .write_sql
-                .starts_with("WITH u AS (SELECT * FROM pg_temp.sink_staging_4), pre AS"),
-            "{}",
-            staging.write_sql
         );
         assert!(
             write.contains("INSERT INTO \"entity_state\" AS t"),

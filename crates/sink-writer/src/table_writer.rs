@@ -75,18 +75,15 @@ pub enum WritePath {
     CopyFresh,
     /// Every row through the one `UNNEST` statement (`write_sql`).
     Unnest,
-    /// Binary `COPY` into a temporary staging table, then one `INSERT … SELECT` from it.
-    Staging,
 }
 
 impl WritePath {
-    pub const ALL: [WritePath; 3] = [Self::CopyFresh, Self::Unnest, Self::Staging];
+    pub const ALL: [WritePath; 2] = [Self::CopyFresh, Self::Unnest];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::CopyFresh => "copy-fresh",
             Self::Unnest => "unnest",
-            Self::Staging => "staging",
         }
     }
 }
@@ -117,7 +114,6 @@ pub async fn write_target_via(
     match path {
         WritePath::CopyFresh => write_copy_fresh(conn, target, candidates, send).await,
         WritePath::Unnest => write_unnest(conn, target, candidates, send, &all).await,
-        WritePath::Staging => write_staged(conn, target, candidates, send).await,
     }
 }
 
@@ -323,64 +319,6 @@ async fn read_stored(
     Ok(TargetWrite::from_rows(rows, subset))
 }
 
-/// The staging path: the candidates by binary `COPY` into a temporary table, then the write
-/// statement reading it. In a savepoint, so the staged rows never outlive the write.
-async fn write_staged(
-    conn: &mut PgConnection,
-    target: &PreparedTarget,
-    candidates: &[Candidate],
-    send: &[bool],
-) -> Result<TargetWrite, sqlx::Error> {
-    let staging = &target.staging;
-    let data = binary_copy(candidates, send);
-    let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-    sqlx::raw_sql(&staging.create_sql)
-        .execute(&mut *savepoint)
-        .await?;
-    let mut copy = savepoint.copy_in_raw(&staging.copy_sql).await?;
-    copy.send(data).await?;
-    copy.finish().await?;
-    let rows = sqlx::query_as::<_, WriteRow>(&staging.write_sql)
-        .fetch_all(&mut *savepoint)
-        .await?;
-    // Emptied at commit already; but a transaction may write several batches (the isolated path).
-    sqlx::raw_sql(&format!("DELETE FROM {}", staging.table))
-        .execute(&mut *savepoint)
-        .await?;
-    savepoint.commit().await?;
-    let all: Vec<usize> = (0..candidates.len()).collect();
-    Ok(TargetWrite::from_rows(rows, &all))
-}
-
-/// `COPY … (FORMAT binary)` data for the staging table: each value as text, then `send` and the
-/// 1-based position.
-fn binary_copy(candidates: &[Candidate], send: &[bool]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(candidates.len() * 256);
-    out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-    out.extend_from_slice(&0_i32.to_be_bytes()); // flags
-    out.extend_from_slice(&0_i32.to_be_bytes()); // header extension length
-    for (i, (candidate, send)) in candidates.iter().zip(send).enumerate() {
-        let fields = i16::try_from(candidate.row.values.len() + 2).unwrap_or(i16::MAX);
-        out.extend_from_slice(&fields.to_be_bytes());
-        for value in &candidate.row.values {
-            match value {
-                None => out.extend_from_slice(&(-1_i32).to_be_bytes()),
-                Some(text) => {
-                    let len = i32::try_from(text.len()).unwrap_or(i32::MAX);
-                    out.extend_from_slice(&len.to_be_bytes());
-                    out.extend_from_slice(text.as_bytes());
-                }
-            }
-        }
-        out.extend_from_slice(&1_i32.to_be_bytes());
-        out.push(u8::from(*send));
-        out.extend_from_slice(&8_i32.to_be_bytes());
-        out.extend_from_slice(&(i as i64 + 1).to_be_bytes());
-    }
-    out.extend_from_slice(&(-1_i16).to_be_bytes());
-    out
-}
-
 impl TargetWrite {
     /// From the rows of the write statement run over `subset` (indices into the batch's
     /// candidates, in the order they were sent).
@@ -391,7 +329,7 @@ impl TargetWrite {
                 result.applied.insert(key);
                 continue;
             }
-            // WITH ORDINALITY (and the staging table's `ord`) count from 1.
+            // WITH ORDINALITY counts from 1.
             let Some(index) = ord
                 .and_then(|o| usize::try_from(o - 1).ok())
                 .and_then(|o| subset.get(o).copied())
@@ -617,37 +555,5 @@ mod tests {
             String::from_utf8(out).expect("utf-8"),
             "a\\tb\\nc\\rd\\\\e\t\\N\t{\"k\": \"é\\\\\\\\n\"}\t\tnow\n"
         );
-    }
-
-    #[test]
-    fn binary_copy_has_the_header_each_tuple_and_the_trailer() {
-        let candidate = |value: Option<&str>| Candidate {
-            record: 0,
-            row: crate::mapping::MappedRow {
-                key: "k".into(),
-                values: vec![Some("k".into()), value.map(str::to_owned)],
-                version: None,
-            },
-        };
-        let data = binary_copy(&[candidate(Some("xy")), candidate(None)], &[true, false]);
-        let mut expected = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0".to_vec();
-        for (value, send, ord) in [(Some("xy"), 1_u8, 1_i64), (None, 0, 2)] {
-            expected.extend_from_slice(&4_i16.to_be_bytes());
-            expected.extend_from_slice(&1_i32.to_be_bytes());
-            expected.push(b'k');
-            match value {
-                Some(text) => {
-                    expected.extend_from_slice(&2_i32.to_be_bytes());
-                    expected.extend_from_slice(text.as_bytes());
-                }
-                None => expected.extend_from_slice(&(-1_i32).to_be_bytes()),
-            }
-            expected.extend_from_slice(&1_i32.to_be_bytes());
-            expected.push(send);
-            expected.extend_from_slice(&8_i32.to_be_bytes());
-            expected.extend_from_slice(&ord.to_be_bytes());
-        }
-        expected.extend_from_slice(&(-1_i16).to_be_bytes());
-        assert_eq!(data, expected);
     }
 }

@@ -4,8 +4,8 @@
 //! variants rotates every round) so drift (autovacuum, caches, other load) hits every variant
 //! alike; each ratio is taken within a round, then its median and spread over the rounds:
 //! - idempotent insert with the checkpoint in the same transaction (the sink's write path,
-//!   `--offsets postgres`) rows/s ÷ raw `COPY` rows/s — and the same for the two other write
-//!   paths ([`WritePath`]: one `UNNEST` statement; binary `COPY` into a staging table);
+//!   `--offsets postgres`) rows/s ÷ raw `COPY` rows/s — and the same for the other write path
+//!   ([`WritePath::Unnest`]: one `UNNEST` statement);
 //! - a 100% duplicate replay ÷ a fresh insert (and the table must not grow);
 //! - checkpoint mode (rows + the epoch-guarded checkpoint update in one transaction) ÷ the
 //!   idempotent insert alone;
