@@ -1,7 +1,7 @@
 //! The one way a Kafka client is set up in eos-suite: a consumer that never commits on its own,
 //! and an idempotent producer, each from the service's [`KafkaSettings`](crate::KafkaSettings)
 //! client config. What exactly-once depends on is set here once (docs/ARCHITECTURE.md
-//! "Exactly-once boundaries"); what differs per use (group, fetch sizes, linger, timeouts) the
+//! "Boundaries"); what differs per use (group, fetch sizes, linger, timeouts) the
 //! caller adds to the returned [`ClientConfig`], which is itself a builder.
 
 use std::time::{SystemTime, UNIX_EPOCH};
