@@ -550,7 +550,11 @@ mod tests {
             .validate()
             .expect_err("16 of 16 connections");
         assert!(error.contains("--db-max-connections"), "{error}");
-        assert!(parse(&["--group-commit-max-calls", "0"]).validate().is_err());
+        assert!(
+            parse(&["--group-commit-max-calls", "0"])
+                .validate()
+                .is_err()
+        );
         assert!(
             parse(&["--group-commit-max-calls", "1001"])
                 .validate()

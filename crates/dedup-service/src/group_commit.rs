@@ -94,8 +94,11 @@ impl GroupCommit {
 
 /// One group's statement: the items in, one answer per item in the same order, or one error for
 /// the whole group (the database's; a conflict was retried inside the store already).
-type RunGroup<I, A> =
-    Arc<dyn Fn(Vec<I>) -> BoxFuture<'static, Result<Vec<Result<A, DedupError>>, DedupError>> + Send + Sync>;
+type RunGroup<I, A> = Arc<
+    dyn Fn(Vec<I>) -> BoxFuture<'static, Result<Vec<Result<A, DedupError>>, DedupError>>
+        + Send
+        + Sync,
+>;
 
 struct Call<I, A> {
     item: I,
@@ -258,7 +261,12 @@ async fn run_group<I, A>(
                 "a group of {calls} {method} calls got {} answers",
                 answers.len()
             );
-            tracing::error!(method, calls, answers = answers.len(), "group commit answered the wrong number of calls");
+            tracing::error!(
+                method,
+                calls,
+                answers = answers.len(),
+                "group commit answered the wrong number of calls"
+            );
             for reply in replies {
                 let _ = reply.send(Err(DedupError::CorruptRow(problem.clone())));
             }

@@ -213,8 +213,8 @@ async fn serve(
             config.lease_limits(),
             config.group_commit_settings(),
         ))
-            .max_decoding_message_size(config.max_decoding_message_size)
-            .max_encoding_message_size(config.max_encoding_message_size),
+        .max_decoding_message_size(config.max_decoding_message_size)
+        .max_encoding_message_size(config.max_encoding_message_size),
         authenticator,
     );
 
