@@ -6,9 +6,10 @@
 //! trip and the WAL flush, which is what a single call's time goes to (docs/ARCHITECTURE.md
 //! "dedup-service").
 //!
-//! Leader/follower, with no added wait: a call that finds a group slot free goes at once (a
-//! group of one at low load); calls that arrive while every slot is committing queue up, and the
-//! next free slot takes all of them (up to `max_calls`). Two calls with the same operation id
+//! Leader/follower, with no added wait: a call that finds a group slot free goes at once, in its
+//! own task (a group of one: at low load every call, with no hop through the queue); calls that
+//! arrive while every slot is committing queue up, and the next free slot takes all of them (up
+//! to `max_calls`). Two calls with the same operation id
 //! never share a statement (`ON CONFLICT` cannot touch a row twice in one statement, and the
 //! second must see the first's result): the later one waits for a later group, in arrival order.
 //! A call whose caller went away before its group formed is left out; one that is already in a
@@ -107,13 +108,20 @@ struct Call<I, A> {
 }
 
 struct Grouper<I, A> {
+    method: &'static str,
     queue: mpsc::UnboundedSender<Call<I, A>>,
+    /// The group slots, shared with the dispatcher.
+    slots: Arc<Semaphore>,
+    run: RunGroup<I, A>,
 }
 
 impl<I, A> Clone for Grouper<I, A> {
     fn clone(&self) -> Self {
         Self {
+            method: self.method,
             queue: self.queue.clone(),
+            slots: Arc::clone(&self.slots),
+            run: Arc::clone(&self.run),
         }
     }
 }
@@ -134,11 +142,44 @@ impl<I: Send + 'static, A: Send + 'static> Grouper<I, A> {
         // Unbounded: what bounds the queue is the callers, each waiting for its answer
         // (--concurrency-per-connection per connection, --request-timeout each).
         let (queue, calls) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(method, settings, key, run, calls));
-        Self { queue }
+        let slots = Arc::new(Semaphore::new(settings.groups.max(1)));
+        tokio::spawn(dispatch(
+            method,
+            settings,
+            key,
+            Arc::clone(&run),
+            Arc::clone(&slots),
+            calls,
+        ));
+        Self {
+            method,
+            queue,
+            slots,
+            run,
+        }
     }
 
     async fn call(&self, item: I) -> Result<A, DedupError> {
+        // A free slot means no call is queued for one (a freed slot goes to the waiting
+        // dispatcher first): this call goes at once, in its own task, as a group of one. At low
+        // load that is every call, with no hop to another task and back.
+        if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+            ::metrics::histogram!(metrics::GROUP_COMMIT_CALLS, "method" => self.method)
+                .record(1.0);
+            let answer = (self.run)(vec![item]).await;
+            drop(slot);
+            return match answer {
+                Ok(mut answers) if answers.len() == 1 => answers
+                    .pop()
+                    .unwrap_or(Err(DedupError::GroupCommitLost)),
+                Ok(answers) => Err(DedupError::CorruptRow(format!(
+                    "one {} call got {} answers",
+                    self.method,
+                    answers.len()
+                ))),
+                Err(error) => Err(error),
+            };
+        }
         let (reply, answer) = oneshot::channel();
         let call = Call {
             item,
@@ -159,9 +200,9 @@ async fn dispatch<I: Send + 'static, A: Send + 'static>(
     settings: GroupCommitSettings,
     key: fn(&I) -> &str,
     run: RunGroup<I, A>,
+    slots: Arc<Semaphore>,
     mut calls: mpsc::UnboundedReceiver<Call<I, A>>,
 ) {
-    let slots = Arc::new(Semaphore::new(settings.groups.max(1)));
     let max_calls = settings.max_calls.max(1);
     // Calls taken from the queue but not yet in a group (duplicates), in arrival order: they go
     // before anything still in the queue.
@@ -284,5 +325,150 @@ async fn run_group<I, A>(
                 let _ = reply.send(Err(DedupError::Group(Arc::clone(&shared))));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A grouper over `(operation id, call number)` whose statement records each group and
+    /// answers every call with its own number, or fails the whole group; every group waits at
+    /// `gate` first, so the test decides when a group commits.
+    fn grouper(
+        max_calls: usize,
+        fail: bool,
+        gate: Arc<tokio::sync::Mutex<()>>,
+    ) -> (Grouper<(String, usize), usize>, Arc<Mutex<Vec<Vec<usize>>>>) {
+        let groups = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&groups);
+        let grouper = Grouper::start(
+            "Test",
+            GroupCommitSettings {
+                max_calls,
+                groups: 1,
+            },
+            |item: &(String, usize)| item.0.as_str(),
+            Arc::new(move |items: Vec<(String, usize)>| {
+                let seen = Arc::clone(&seen);
+                let gate = Arc::clone(&gate);
+                Box::pin(async move {
+                    seen.lock()
+                        .expect("not poisoned")
+                        .push(items.iter().map(|item| item.1).collect());
+                    let _open = gate.lock().await;
+                    if fail {
+                        return Err(DedupError::from(sqlx::Error::PoolTimedOut));
+                    }
+                    Ok(items.into_iter().map(|item| Ok(item.1)).collect())
+                }) as BoxFuture<'static, _>
+            }),
+        );
+        (grouper, groups)
+    }
+
+    async fn until(condition: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if condition() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("condition not reached");
+    }
+
+    /// Calls one group holds up, queued in this order while it commits.
+    fn queue_behind(
+        grouper: &Grouper<(String, usize), usize>,
+        calls: &[(&str, usize)],
+    ) -> Vec<tokio::task::JoinHandle<Result<usize, DedupError>>> {
+        calls
+            .iter()
+            .map(|(id, n)| {
+                let grouper = grouper.clone();
+                let item = ((*id).to_owned(), *n);
+                tokio::spawn(async move { grouper.call(item).await })
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn calls_queued_behind_a_commit_go_together_and_duplicates_wait_in_order() {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let closed = gate.lock().await;
+        let (grouper, groups) = grouper(3, false, Arc::clone(&gate));
+        let first = queue_behind(&grouper, &[("a", 0)]);
+        until(|| groups.lock().expect("not poisoned").len() == 1).await;
+        let queued = queue_behind(&grouper, &[("a", 1)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued: Vec<_> = queued
+            .into_iter()
+            .chain(queue_behind(&grouper, &[("b", 2)]))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued: Vec<_> = queued
+            .into_iter()
+            .chain(queue_behind(&grouper, &[("a", 3)]))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued: Vec<_> = queued
+            .into_iter()
+            .chain(queue_behind(&grouper, &[("c", 4), ("d", 5), ("e", 6)]))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(closed);
+        for (handle, n) in first.into_iter().chain(queued).zip([0, 1, 2, 3, 4, 5, 6]) {
+            assert_eq!(handle.await.expect("joined").expect("answered"), n);
+        }
+        // No wait for the first; then at most 3 a group, "a" once a group, in arrival order.
+        assert_eq!(
+            *groups.lock().expect("not poisoned"),
+            vec![vec![0], vec![1, 2, 4], vec![3, 5, 6]]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_group_gives_every_call_the_single_calls_status() {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let closed = gate.lock().await;
+        let (grouper, groups) = grouper(8, true, Arc::clone(&gate));
+        let first = queue_behind(&grouper, &[("a", 0)]);
+        until(|| groups.lock().expect("not poisoned").len() == 1).await;
+        let queued = queue_behind(&grouper, &[("b", 1), ("c", 2)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(closed);
+        for handle in first.into_iter().chain(queued) {
+            let error = handle.await.expect("joined").expect_err("the group failed");
+            assert_eq!(tonic::Status::from(error).code(), tonic::Code::Unavailable);
+        }
+        assert_eq!(groups.lock().expect("not poisoned").len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_went_away_is_left_out_and_the_others_are_answered() {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let closed = gate.lock().await;
+        let (grouper, groups) = grouper(8, false, Arc::clone(&gate));
+        let first = queue_behind(&grouper, &[("a", 0)]);
+        until(|| groups.lock().expect("not poisoned").len() == 1).await;
+        let gone = queue_behind(&grouper, &[("b", 1)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let kept = queue_behind(&grouper, &[("c", 2)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for handle in &gone {
+            handle.abort();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(closed);
+        for (handle, n) in first.into_iter().chain(kept).zip([0, 2]) {
+            assert_eq!(handle.await.expect("joined").expect("answered"), n);
+        }
+        assert_eq!(
+            *groups.lock().expect("not poisoned"),
+            vec![vec![0], vec![2]]
+        );
     }
 }
