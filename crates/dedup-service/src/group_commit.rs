@@ -4,7 +4,7 @@
 //! (one `INSERT … ON CONFLICT` or `UPDATE … FROM unnest` row per operation id), so a call in a
 //! group gets the answer its own statement would have given; the group only shares the round
 //! trip and the WAL flush, which is what a single call's time goes to (docs/ARCHITECTURE.md
-//! "dedup-service").
+//! "Loop invariants", dedup-service).
 //!
 //! Leader/follower, with no added wait: a call that finds a group slot free goes at once, in its
 //! own task (a group of one: at low load every call, with no hop through the queue); calls that
@@ -164,14 +164,13 @@ impl<I: Send + 'static, A: Send + 'static> Grouper<I, A> {
         // dispatcher first): this call goes at once, in its own task, as a group of one. At low
         // load that is every call, with no hop to another task and back.
         if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
-            ::metrics::histogram!(metrics::GROUP_COMMIT_CALLS, "method" => self.method)
-                .record(1.0);
+            ::metrics::histogram!(metrics::GROUP_COMMIT_CALLS, "method" => self.method).record(1.0);
             let answer = (self.run)(vec![item]).await;
             drop(slot);
             return match answer {
-                Ok(mut answers) if answers.len() == 1 => answers
-                    .pop()
-                    .unwrap_or(Err(DedupError::GroupCommitLost)),
+                Ok(mut answers) if answers.len() == 1 => {
+                    answers.pop().unwrap_or(Err(DedupError::GroupCommitLost))
+                }
                 Ok(answers) => Err(DedupError::CorruptRow(format!(
                     "one {} call got {} answers",
                     self.method,
