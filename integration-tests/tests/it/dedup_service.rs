@@ -1358,7 +1358,7 @@ async fn dedup_group_commit_answers_each_call_as_a_sequential_run_would() -> any
     // Begin per id, all at once.
     let stale = |n: usize| FencingToken {
         counter: 2,
-        secret: tokens[&n].secret.clone(),
+        secret: tokens[&n].secret,
     };
     let forged = FencingToken {
         counter: 1,
@@ -1373,9 +1373,8 @@ async fn dedup_group_commit_answers_each_call_as_a_sequential_run_would() -> any
     }
     let mut calls: Vec<futures::future::BoxFuture<'_, Answer>> = Vec::new();
     for n in 0..IDS {
-        let token = tokens[&n].clone();
+        let token = tokens[&n];
         for _ in 0..2 {
-            let token = token.clone();
             calls.push(Box::pin(async move {
                 Answer::Complete(
                     n,
@@ -1393,7 +1392,6 @@ async fn dedup_group_commit_answers_each_call_as_a_sequential_run_would() -> any
                         .await,
                 )
             }));
-            let forged = forged.clone();
             calls.push(Box::pin(async move {
                 Answer::Forged(
                     n,
