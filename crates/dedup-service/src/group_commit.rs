@@ -334,6 +334,9 @@ mod tests {
 
     use super::*;
 
+    /// The call numbers of each group, in the order the groups ran.
+    type Groups = Arc<Mutex<Vec<Vec<usize>>>>;
+
     /// A grouper over `(operation id, call number)` whose statement records each group and
     /// answers every call with its own number, or fails the whole group; every group waits at
     /// `gate` first, so the test decides when a group commits.
@@ -341,7 +344,7 @@ mod tests {
         max_calls: usize,
         fail: bool,
         gate: Arc<tokio::sync::Mutex<()>>,
-    ) -> (Grouper<(String, usize), usize>, Arc<Mutex<Vec<Vec<usize>>>>) {
+    ) -> (Grouper<(String, usize), usize>, Groups) {
         let groups = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&groups);
         let grouper = Grouper::start(
