@@ -9,8 +9,9 @@ use clap::{ArgAction, Parser};
 use eos_runtime::secrets::{DatabaseUrlFlags, Secret, parse_secret, parse_secret_file};
 use eos_runtime::telemetry::LogFormat;
 
+use crate::group_commit::GroupCommitSettings;
 use crate::retention::RetentionPolicy;
-use crate::validation::LeaseLimits;
+use crate::validation::{LeaseLimits, MAX_BATCH_ITEMS};
 
 /// Durable intents over gRPC for exactly-once effects at an external provider.
 ///
@@ -41,6 +42,19 @@ pub struct Config {
     /// Largest PostgreSQL connection pool.
     #[arg(long, env = "DEDUP_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
+
+    /// Group commit: most concurrent single Begin (or Complete) calls that go to PostgreSQL as
+    /// one statement and one commit, each answered from its own row. A call that finds a group
+    /// slot free goes at once; calls that arrive while every slot is committing wait and go
+    /// together in the next group (two calls with one operation id never share a group).
+    /// 1 turns grouping off: every single call is a statement of its own.
+    #[arg(long, env = "DEDUP_GROUP_COMMIT_MAX_CALLS", default_value_t = 256)]
+    pub group_commit_max_calls: usize,
+
+    /// Group commits of each kind (Begin, Complete) in flight at once, each on a connection of
+    /// its own: while one waits for its commit, the next forms and goes.
+    #[arg(long, env = "DEDUP_GROUP_COMMIT_GROUPS", default_value_t = 4)]
+    pub group_commit_groups: usize,
 
     /// Lease of a Begin that does not ask for one: how long the holder has to call the provider
     /// and report. Keep the holder's provider deadline below it.
@@ -271,6 +285,13 @@ impl Config {
         }
     }
 
+    pub fn group_commit_settings(&self) -> GroupCommitSettings {
+        GroupCommitSettings {
+            max_calls: self.group_commit_max_calls,
+            groups: self.group_commit_groups,
+        }
+    }
+
     pub fn lease_limits(&self) -> LeaseLimits {
         LeaseLimits {
             default_ttl: self.lease_ttl,
@@ -345,6 +366,26 @@ impl Config {
         }
         if self.db_max_connections < 2 {
             return Err("--db-max-connections must be at least 2".into());
+        }
+        if self.group_commit_max_calls == 0 || self.group_commit_max_calls > MAX_BATCH_ITEMS {
+            return Err(format!(
+                "--group-commit-max-calls must be between 1 and {MAX_BATCH_ITEMS} (a batch's limit)"
+            ));
+        }
+        if self.group_commit_groups == 0 {
+            return Err("--group-commit-groups must be at least 1".into());
+        }
+        // Both kinds' groups at once still leave a connection for batches, Get, the reconciler
+        // and the purge.
+        if self.group_commit_max_calls > 1
+            && 2 * self.group_commit_groups >= self.db_max_connections as usize
+        {
+            return Err(format!(
+                "--group-commit-groups {} needs --db-max-connections above {} (Begin and \
+                 Complete groups at once, and one more)",
+                self.group_commit_groups,
+                2 * self.group_commit_groups
+            ));
         }
         if self.reconcile_concurrency == 0 {
             return Err("--reconcile-concurrency must be at least 1".into());
@@ -508,6 +549,29 @@ mod tests {
             .validate()
             .expect_err("zero timeout");
         assert!(error.contains("--request-timeout"), "{error}");
+    }
+
+    #[test]
+    fn group_commit_is_on_by_default_and_fits_the_pool() {
+        let config = parse(&[]);
+        assert!(config.group_commit_settings().enabled());
+        let off = parse(&["--group-commit-max-calls", "1"]);
+        assert!(!off.group_commit_settings().enabled());
+        assert!(off.validate().is_ok(), "{:?}", off.validate());
+        let error = parse(&["--group-commit-groups", "8"])
+            .validate()
+            .expect_err("16 of 16 connections");
+        assert!(error.contains("--db-max-connections"), "{error}");
+        assert!(
+            parse(&["--group-commit-max-calls", "0"])
+                .validate()
+                .is_err()
+        );
+        assert!(
+            parse(&["--group-commit-max-calls", "1001"])
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]

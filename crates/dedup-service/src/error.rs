@@ -1,6 +1,8 @@
 //! The gRPC boundary's error enum. Each variant is something the caller does differently, and
 //! [`From<DedupError> for tonic::Status`] is the one place where errors become status codes.
 
+use std::sync::Arc;
+
 use dedup_client::state_machine::{IntentState, Transition};
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,13 @@ pub enum DedupError {
     Database(#[source] sqlx::Error),
     #[error("corrupt row: {0}")]
     CorruptRow(String),
+    /// The error of a group commit's statement (`group_commit.rs`), told to every call of the
+    /// group: each gets the status the error gives a single call.
+    #[error(transparent)]
+    Group(Arc<DedupError>),
+    /// A grouped call's group ended without answering it (the service is stopping). `INTERNAL`.
+    #[error("the group commit of this call ended without an answer")]
+    GroupCommitLost,
 }
 
 impl DedupError {
@@ -67,10 +76,27 @@ impl DedupError {
 
     /// Serialization failures and deadlocks: the statement had no effect and may run again.
     pub fn is_retryable_conflict(&self) -> bool {
-        let Self::Database(sqlx::Error::Database(db)) = self else {
-            return false;
-        };
-        matches!(db.code().as_deref(), Some("40001" | "40P01"))
+        match self {
+            Self::Database(sqlx::Error::Database(db)) => {
+                matches!(db.code().as_deref(), Some("40001" | "40P01"))
+            }
+            Self::Group(shared) => shared.is_retryable_conflict(),
+            _ => false,
+        }
+    }
+
+    /// The status code of this error (`From<DedupError> for tonic::Status` adds the message).
+    fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::InvalidArgument { .. } => Code::InvalidArgument,
+            Self::NotFound { .. } => Code::NotFound,
+            Self::StaleToken { .. } | Self::WrongState { .. } => Code::FailedPrecondition,
+            Self::WrongFencingSecret { .. } | Self::NotOperator { .. } => Code::PermissionDenied,
+            Self::Unavailable(_) => Code::Unavailable,
+            Self::Database(_) | Self::CorruptRow(_) | Self::GroupCommitLost => Code::Internal,
+            Self::Group(shared) => shared.code(),
+        }
     }
 }
 
@@ -99,21 +125,11 @@ impl From<sqlx::Error> for DedupError {
 impl From<DedupError> for tonic::Status {
     fn from(error: DedupError) -> Self {
         let message = error.to_string();
-        match error {
-            DedupError::InvalidArgument { .. } => tonic::Status::invalid_argument(message),
-            DedupError::NotFound { .. } => tonic::Status::not_found(message),
-            DedupError::StaleToken { .. } | DedupError::WrongState { .. } => {
-                tonic::Status::failed_precondition(message)
-            }
-            DedupError::WrongFencingSecret { .. } | DedupError::NotOperator { .. } => {
-                tonic::Status::permission_denied(message)
-            }
-            DedupError::Unavailable(_) => tonic::Status::unavailable(message),
-            DedupError::Database(_) | DedupError::CorruptRow(_) => {
-                tracing::error!(error = %message, "internal error");
-                tonic::Status::internal(message)
-            }
+        let code = error.code();
+        if code == tonic::Code::Internal {
+            tracing::error!(error = %message, "internal error");
         }
+        tonic::Status::new(code, message)
     }
 }
 
@@ -168,6 +184,15 @@ mod tests {
                 Code::Unavailable,
             ),
             (DedupError::from(sqlx::Error::RowNotFound), Code::Internal),
+            (
+                DedupError::Group(Arc::new(DedupError::from(sqlx::Error::PoolTimedOut))),
+                Code::Unavailable,
+            ),
+            (
+                DedupError::Group(Arc::new(DedupError::from(sqlx::Error::RowNotFound))),
+                Code::Internal,
+            ),
+            (DedupError::GroupCommitLost, Code::Internal),
         ];
         for (error, code) in cases {
             assert_eq!(tonic::Status::from(error).code(), code);

@@ -18,6 +18,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::auth::Role;
 use crate::error::DedupError;
+use crate::group_commit::{GroupCommit, GroupCommitSettings};
 use crate::intent_store::{BeginAnswer, HolderReport, IntentStore};
 use crate::validation::{self, LeaseLimits};
 use dedup_client::proto_convert;
@@ -29,11 +30,23 @@ use crate::metrics;
 pub struct DedupApi {
     store: IntentStore,
     limits: LeaseLimits,
+    /// Single Begin and Complete calls go through it when grouping is on
+    /// (`--group-commit-max-calls` above 1); batches and the other calls never do.
+    groups: Option<GroupCommit>,
 }
 
 impl DedupApi {
-    pub fn new(store: IntentStore, limits: LeaseLimits) -> Self {
-        Self { store, limits }
+    /// Starts the group commit's dispatchers when `groups` turns grouping on: call it inside the
+    /// tokio runtime.
+    pub fn new(store: IntentStore, limits: LeaseLimits, groups: GroupCommitSettings) -> Self {
+        let groups = groups
+            .enabled()
+            .then(|| GroupCommit::start(store.clone(), groups));
+        Self {
+            store,
+            limits,
+            groups,
+        }
     }
 }
 
@@ -199,6 +212,14 @@ impl Dedup for DedupApi {
         respond("Begin", span, async move {
             let mut item = validation::begin_item(request, "", self.limits)?;
             item.trace_context = trace_context;
+            if let Some(groups) = &self.groups {
+                let answer = groups.begin(item).await?;
+                record_answers(std::slice::from_ref(&answer));
+                return Ok(proto_convert::begin_response(
+                    answer.operation_id,
+                    answer.outcome,
+                ));
+            }
             let mut answers = self.begin_items(vec![item]).await?;
             answers
                 .pop()
@@ -248,6 +269,22 @@ impl Dedup for DedupApi {
         let request = request.into_inner();
         respond("Complete", span, async move {
             validation::result_bytes(&request.result, "result")?;
+            if let Some(groups) = &self.groups {
+                validation::operation_id(&request.operation_id, "operation_id")?;
+                validation::fencing_token(request.fencing_token, "fencing_token")?;
+                let intent = groups
+                    .complete(validation::CompleteItem {
+                        operation_id: request.operation_id,
+                        fencing_token: request.fencing_token,
+                        fencing_secret: request.fencing_secret,
+                        result: request.result,
+                    })
+                    .await?;
+                ::metrics::counter!(metrics::REPORTS, "transition" => "complete").increment(1);
+                return Ok(pb::IntentResponse {
+                    intent: Some(proto_convert::intent(intent)),
+                });
+            }
             self.report(
                 request.operation_id,
                 request.fencing_token,

@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod group_commit;
 pub mod grpc_service;
 pub mod intent_store;
 pub mod metrics;
@@ -212,9 +213,13 @@ async fn serve(
     // The message limits apply per message, before a handler sees it; the interceptor runs
     // before either.
     let api = tonic::service::interceptor::InterceptedService::new(
-        DedupServer::new(DedupApi::new(store, config.lease_limits()))
-            .max_decoding_message_size(config.max_decoding_message_size)
-            .max_encoding_message_size(config.max_encoding_message_size),
+        DedupServer::new(DedupApi::new(
+            store,
+            config.lease_limits(),
+            config.group_commit_settings(),
+        ))
+        .max_decoding_message_size(config.max_decoding_message_size)
+        .max_encoding_message_size(config.max_encoding_message_size),
         authenticator,
     );
 

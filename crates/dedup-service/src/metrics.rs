@@ -20,6 +20,7 @@ pub const PURGED: &str = "eos_dedup_purged_intents_total";
 pub const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
 pub const RETENTION_SECONDS: &str = "eos_dedup_retention_seconds";
 pub const REPLAY_HORIZON_SECONDS: &str = "eos_dedup_replay_horizon_seconds";
+pub const GROUP_COMMIT_CALLS: &str = "eos_dedup_group_commit_calls";
 
 pub fn describe() {
     // Counters of rare events start at 0, so a dashboard or an alert's rate() sees "none" rather
@@ -79,6 +80,10 @@ pub fn describe() {
     metrics::describe_counter!(
         AUTH_REFUSED,
         "gRPC calls refused before any handler ran, by reason (missing_token, unknown_token)"
+    );
+    metrics::describe_histogram!(
+        GROUP_COMMIT_CALLS,
+        "single calls per group commit (one statement, one commit), by method (Begin, Complete)"
     );
     metrics::describe_gauge!(
         RETENTION_SECONDS,

@@ -1290,6 +1290,204 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     db.drop_database().await
 }
 
+/// Group commit (docs/ARCHITECTURE.md "Loop invariants", dedup-service): many single calls in
+/// flight at once, several with the same operation id and Begins mixed with Completes, each get
+/// the answer a sequential run of the same calls gives: per id exactly one Begin acquires and
+/// every other sees it in progress with the same holder; every Complete with the right token
+/// succeeds (a repeat is harmless), a stale one is refused FAILED_PRECONDITION and a wrong secret
+/// PERMISSION_DENIED, whatever group they landed in; a Begin racing the Complete sees the
+/// operation in progress or succeeded, never acquires it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn dedup_group_commit_answers_each_call_as_a_sequential_run_would() -> anyhow::Result<()> {
+    const IDS: usize = 200;
+    const CONTENDERS: usize = 4;
+    let db = TestDatabase::create().await?;
+    let mut service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let clients: Vec<DedupClient> = (0..4)
+        .map(|_| service.client())
+        .collect::<anyhow::Result<_>>()?;
+    let client_of = |n: usize| &clients[n % clients.len()];
+    let id = |n: usize| format!("group-{n}");
+
+    // Every Begin of every id at once: CONTENDERS per id, all in flight together.
+    let begins = (0..IDS).flat_map(|n| (0..CONTENDERS).map(move |contender| (n, contender)));
+    let answers = futures::future::join_all(begins.map(|(n, contender)| {
+        let params = params(&id(n), 3, &format!("worker-{contender}"));
+        async move { (n, client_of(n + contender).begin(&params).await) }
+    }))
+    .await;
+    let mut tokens: BTreeMap<usize, FencingToken> = BTreeMap::new();
+    let mut holders: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    for (n, answer) in answers {
+        match answer? {
+            BeginOutcome::Acquired { fencing_token, .. } => {
+                ensure!(
+                    fencing_token.counter == 1,
+                    "{}: token {}",
+                    id(n),
+                    fencing_token.counter
+                );
+                ensure!(
+                    tokens.insert(n, fencing_token).is_none(),
+                    "{} acquired twice",
+                    id(n)
+                );
+            }
+            BeginOutcome::InProgress { holder, .. } => {
+                holders.entry(n).or_default().insert(holder);
+            }
+            other => bail!("{}: unexpected {other:?}", id(n)),
+        }
+    }
+    ensure!(
+        tokens.len() == IDS,
+        "acquired {} of {IDS} ids",
+        tokens.len()
+    );
+    for (n, seen) in &holders {
+        // Everyone who lost saw one holder: the winner's (never a row half-written by a group).
+        ensure!(seen.len() == 1, "{}: holders {seen:?}", id(*n));
+    }
+    let in_progress: usize = holders.values().map(BTreeSet::len).sum();
+    ensure!(
+        in_progress == IDS,
+        "every id had losers that saw its holder"
+    );
+
+    // Completes, each twice (a repeat), a stale and a forged one per tenth id, and a late
+    // Begin per id, all at once.
+    let stale = |n: usize| FencingToken {
+        counter: 2,
+        secret: tokens[&n].secret,
+    };
+    let forged = FencingToken {
+        counter: 1,
+        secret: dedup_client::FencingSecret::random(),
+    };
+    #[derive(Debug)]
+    enum Answer {
+        Complete(usize, Result<pb::Intent, dedup_client::ClientError>),
+        Stale(usize, Result<pb::Intent, dedup_client::ClientError>),
+        Forged(usize, Result<pb::Intent, dedup_client::ClientError>),
+        Begin(usize, Result<BeginOutcome, dedup_client::ClientError>),
+    }
+    let mut calls: Vec<futures::future::BoxFuture<'_, Answer>> = Vec::new();
+    for n in 0..IDS {
+        let token = tokens[&n];
+        for _ in 0..2 {
+            calls.push(Box::pin(async move {
+                Answer::Complete(
+                    n,
+                    client_of(n).complete(&id(n), token, b"paid".to_vec()).await,
+                )
+            }));
+        }
+        if n % 10 == 0 {
+            let stale = stale(n);
+            calls.push(Box::pin(async move {
+                Answer::Stale(
+                    n,
+                    client_of(n + 1)
+                        .complete(&id(n), stale, b"x".to_vec())
+                        .await,
+                )
+            }));
+            calls.push(Box::pin(async move {
+                Answer::Forged(
+                    n,
+                    client_of(n + 2)
+                        .complete(&id(n), forged, b"x".to_vec())
+                        .await,
+                )
+            }));
+        }
+        let late = params(&id(n), 3, "worker-late");
+        calls.push(Box::pin(async move {
+            Answer::Begin(n, client_of(n + 3).begin(&late).await)
+        }));
+    }
+    let mut completed = 0;
+    for answer in futures::future::join_all(calls).await {
+        match answer {
+            Answer::Complete(n, result) => {
+                let intent = result.with_context(|| format!("complete {}", id(n)))?;
+                ensure!(
+                    intent.state == pb::IntentState::Succeeded as i32,
+                    "{intent:?}"
+                );
+                ensure!(intent.result == b"paid", "{intent:?}");
+                completed += 1;
+            }
+            Answer::Stale(n, result) => {
+                ensure!(
+                    code_of(result) == Code::FailedPrecondition,
+                    "stale {}",
+                    id(n)
+                );
+            }
+            Answer::Forged(n, result) => {
+                ensure!(
+                    code_of(result) == Code::PermissionDenied,
+                    "forged {}",
+                    id(n)
+                );
+            }
+            Answer::Begin(n, result) => match result? {
+                BeginOutcome::InProgress { .. } => {}
+                BeginOutcome::Succeeded { result } => ensure!(result == b"paid", "{}", id(n)),
+                other => bail!("late Begin of {}: unexpected {other:?}", id(n)),
+            },
+        }
+    }
+    ensure!(completed == 2 * IDS);
+
+    // After everything: a Begin sees the outcome, and each id's history is the sequential one.
+    for n in (0..IDS).step_by(17) {
+        match client_of(n)
+            .begin(&params(&id(n), 3, "worker-after"))
+            .await?
+        {
+            BeginOutcome::Succeeded { result } => ensure!(result == b"paid"),
+            other => bail!("{}: unexpected {other:?}", id(n)),
+        }
+        let expected: Vec<HistoryRow> = vec![
+            (None, "RESERVED".into(), 1),
+            (Some("RESERVED".into()), "SUCCEEDED".into(), 1),
+        ];
+        ensure!(history(&db, &id(n)).await? == expected, "{}", id(n));
+    }
+    let transitions: i64 = sqlx::query_scalar("SELECT count(*) FROM dedup_intent_history")
+        .fetch_one(&db.pool)
+        .await?;
+    ensure!(transitions == 2 * IDS as i64, "{transitions} transitions");
+
+    // The calls were grouped: fewer Begin statements than Begin calls.
+    let metrics = service.metrics().await?;
+    let figure = |name: &str| -> anyhow::Result<f64> {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(name) && line.contains("method=\"Begin\""))
+            .and_then(|line| line.rsplit(' ').next())
+            .context(format!("{name} in {metrics}"))?
+            .parse::<f64>()
+            .map_err(Into::into)
+    };
+    let (calls, groups) = (
+        figure("eos_dedup_group_commit_calls_sum")?,
+        figure("eos_dedup_group_commit_calls_count")?,
+    );
+    ensure!(
+        calls >= (IDS * (CONTENDERS + 1)) as f64,
+        "{calls} Begin calls"
+    );
+    ensure!(
+        groups < calls,
+        "{groups} groups for {calls} Begin calls: nothing was grouped"
+    );
+    drop(service);
+    db.drop_database().await
+}
+
 /// A throw-away CA and a `localhost` server certificate it signed, made with the openssl CLI.
 fn make_certificates(dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
