@@ -85,9 +85,14 @@ pub fn push_flag<C: CommandFactory>(argv: &mut Vec<String>, field: &str, value: 
 /// `argv!(eos_processor::Config { kafka.bootstrap_servers: &bootstrap, input_topic: "in" })`.
 /// Each field is named through the type, so a renamed or removed field is a compile error; each
 /// flag is looked up in the type's clap command ([`push_flag`]).
+///
+/// A flattened group whose flags are not fields of its type (it is built from private clap
+/// arguments, like `eos_runtime::secrets::DatabaseUrlFlags`) names the group's field and the
+/// flag's clap id in brackets: `database[database_url]: &url` checks that `database` is a field
+/// at compile time and looks up the argument `database_url` in the command.
 #[macro_export]
 macro_rules! argv {
-    ($config:ty { $($($field:ident).+ : $value:expr),* $(,)? }) => {{
+    ($config:ty { $($($field:ident).+ $([$flag:ident])? : $value:expr),* $(,)? }) => {{
         #[allow(dead_code, clippy::no_effect_underscore_binding)]
         fn fields_exist(config: &$config) {
             $( let _ = &config.$($field).+; )*
@@ -96,7 +101,7 @@ macro_rules! argv {
         $(
             $crate::argv::push_flag::<$config>(
                 &mut argv,
-                stringify!($($field).+),
+                concat!(stringify!($($field).+) $(, ".", stringify!($flag))?),
                 $crate::argv::FlagValue::from($value),
             );
         )*
@@ -125,6 +130,48 @@ mod tests {
         batch: usize,
         #[arg(long, action = clap::ArgAction::SetTrue)]
         dry_run: bool,
+        #[command(flatten)]
+        database: DatabaseFlags,
+    }
+
+    /// A group built from private arguments, as `eos_runtime::secrets::DatabaseUrlFlags` is: its
+    /// flag is no field of its type.
+    #[derive(Debug)]
+    struct DatabaseFlags {
+        url: String,
+    }
+
+    #[derive(Debug, Args)]
+    struct DatabaseArgs {
+        #[arg(long)]
+        database_url: Option<String>,
+    }
+
+    impl clap::FromArgMatches for DatabaseFlags {
+        fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+            let args = DatabaseArgs::from_arg_matches(matches)?;
+            Ok(Self {
+                url: args.database_url.unwrap_or_default(),
+            })
+        }
+
+        fn update_from_arg_matches(
+            &mut self,
+            matches: &clap::ArgMatches,
+        ) -> Result<(), clap::Error> {
+            *self = Self::from_arg_matches(matches)?;
+            Ok(())
+        }
+    }
+
+    impl Args for DatabaseFlags {
+        fn augment_args(cmd: clap::Command) -> clap::Command {
+            DatabaseArgs::augment_args(cmd)
+        }
+
+        fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+            DatabaseArgs::augment_args_for_update(cmd)
+        }
     }
 
     #[test]
@@ -152,6 +199,40 @@ mod tests {
         assert_eq!(parsed.kafka.bootstrap_servers, "127.0.0.1:9092");
         assert_eq!(parsed.batch, 5);
         assert!(parsed.dry_run);
+    }
+
+    #[test]
+    fn a_group_without_fields_names_its_flag_by_id() {
+        let argv = argv!(Config {
+            kafka.bootstrap_servers: "k:9092",
+            input_topic: "in",
+            batch: 1usize,
+            database[database_url]: "postgres://h/db",
+        });
+        assert_eq!(
+            argv,
+            [
+                "--bootstrap-servers",
+                "k:9092",
+                "--input-topic",
+                "in",
+                "--max-batch",
+                "1",
+                "--database-url",
+                "postgres://h/db"
+            ]
+        );
+        let parsed = Config::try_parse_from(std::iter::once("service".to_owned()).chain(argv))
+            .expect("the command line parses");
+        assert_eq!(parsed.database.url, "postgres://h/db");
+    }
+
+    #[test]
+    #[should_panic(expected = "service has no flag for the field database_password")]
+    fn a_bracketed_flag_that_does_not_exist_is_refused() {
+        let _ = argv!(Config {
+            database[database_password]: "x"
+        });
     }
 
     #[test]
