@@ -13,6 +13,7 @@ use eos_core::{DeadLetterReason, dead_letter};
 use eos_processor::replay::{self, ReplayInput, ReplayOutput};
 use eos_processor::{DEFAULT_OUTPUT, Transform as _};
 use eos_runtime::kafka_clients;
+use eos_testkit::argv;
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -106,28 +107,17 @@ fn processor_args(
     group: &str,
     instance: &str,
 ) -> Vec<String> {
-    [
-        "--bootstrap-servers",
-        bootstrap,
-        "--input-topic",
-        input,
-        "--output-topic",
-        approved,
-        "--output",
-        &format!("{FLAGGED_OUTPUT}={flagged}"),
-        "--group-id",
-        group,
-        "--instance-id",
-        instance,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--daily-limit",
-        "2000.00",
-        "--flag-at",
-        "300.00",
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    argv!(card_authorisations::Args {
+        processor.kafka.bootstrap_servers: bootstrap,
+        processor.input_topic: input,
+        processor.output_topic: approved,
+        processor.outputs: format!("{FLAGGED_OUTPUT}={flagged}"),
+        processor.group_id: group,
+        processor.instance.instance_id: instance,
+        processor.metrics_addr: "127.0.0.1:0",
+        daily_limit: "2000.00",
+        flag_at: "300.00",
+    })
 }
 
 /// Writes `records` at about `rate` per second, idempotently.

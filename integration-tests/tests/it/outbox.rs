@@ -12,6 +12,7 @@ use anyhow::{Context as _, bail, ensure};
 use eos_core::{EntityId, EventEnvelope, EventId};
 use eos_outbox::relay_positions::{purge_relayed, record_relayed, relayed_position};
 use eos_outbox::{OutboxCursor, OutboxEvent, read_after};
+use eos_testkit::argv;
 use integration_tests::aimed_kill::kill_when;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -1078,19 +1079,13 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
     // eos-processor reads the topic with its duplicates; its ledger counts each event once.
     let output = unique_name("outbox-ledger");
     let group = unique_name("outbox-processor");
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--input-topic",
-        &outbox.topic,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: bootstrap_servers(),
+        input_topic: &outbox.topic,
+        output_topic: &output,
+        group_id: &group,
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     let (topic, dlq) = (outbox.topic.clone(), format!("{}.dlq", outbox.topic));
     let outcome = tokio::task::spawn_blocking(move || {

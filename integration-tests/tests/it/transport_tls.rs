@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use eos_testkit::{ChildProcess, LogMode};
+use eos_testkit::{ChildProcess, LogMode, argv};
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::{ServiceProcess, log_dir};
 use integration_tests::{
@@ -279,23 +279,17 @@ fn spawn_processor_at(
     group: &str,
     ops: &str,
 ) -> anyhow::Result<ServiceProcess> {
-    let mut args: Vec<String> = vec!["--bootstrap-servers".into(), bootstrap.into()];
+    let mut args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: bootstrap
+    });
     args.extend(kafka_args.iter().map(|a| (*a).to_owned()));
-    args.extend(
-        [
-            "--input-topic",
-            input,
-            "--output-topic",
-            output,
-            "--group-id",
-            group,
-            "--instance-id",
-            "tls-0",
-            "--metrics-addr",
-            ops,
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(argv!(eos_processor::Config {
+        input_topic: input,
+        output_topic: output,
+        group_id: group,
+        instance.instance_id: "tls-0",
+        metrics_addr: ops,
+    }));
     ServiceProcess::spawn("eos-processor", &args, &[])
 }
 
