@@ -16,6 +16,7 @@ use dedup_client::{ChargeOutcome, ProviderClient};
 use eos_core::Fingerprint;
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
+use eos_testkit::argv;
 use futures::StreamExt as _;
 use integration_tests::TestDatabase;
 use integration_tests::service_process::ServiceProcess;
@@ -44,16 +45,12 @@ impl Dedup {
         listen: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
-        let mut args = vec![
-            "--database-url",
-            database_url,
-            "--listen",
-            listen,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ];
-        args.extend_from_slice(extra);
-        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        let mut args = argv!(dedup_service::Config {
+            database[database_url]: database_url,
+            listen: listen,
+            metrics_addr: "127.0.0.1:0",
+        });
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let mut process = ServiceProcess::spawn("dedup-service", &args, &[])?;
         let grpc_addr = process.wait_for_log_field("grpc_addr", START_TIMEOUT)?;
         Ok(Self { process, grpc_addr })
@@ -621,27 +618,17 @@ async fn dedup_operations_older_than_retention_fail_closed() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_refuses_to_start_with_retention_below_the_replay_horizon() -> anyhow::Result<()> {
-    let args: Vec<String> = [
+    let args = argv!(dedup_service::Config {
         // Unreachable on purpose: the figures are checked before anything else.
-        "--database-url",
-        "postgres://nobody@127.0.0.1:1/none",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--retention",
-        "3d",
-        "--client-retry-horizon",
-        "1d",
-        "--broker-replay-retention",
-        "7d",
-        "--restore-horizon",
-        "2d",
-        "--retention-margin",
-        "12h",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+        database[database_url]: "postgres://nobody@127.0.0.1:1/none",
+        listen: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+        retention: "3d",
+        client_retry_horizon: "1d",
+        broker_replay_retention: "7d",
+        restore_horizon: "2d",
+        retention_margin: "12h",
+    });
     let mut process = ServiceProcess::spawn("dedup-service", &args, &[])?;
     let status = process
         .wait_timeout(Duration::from_secs(30))?
