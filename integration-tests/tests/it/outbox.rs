@@ -101,32 +101,26 @@ impl Outbox {
     }
 
     fn spawn_relay(&self, guarantee: &str, extra: &[&str]) -> anyhow::Result<ServiceProcess> {
-        let mut args: Vec<String> = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--database-url",
-            &self.db.url,
-            "--relay-name",
-            &self.relay_name,
-            "--positions-topic",
-            &self.positions_topic,
-            "--guarantee",
-            guarantee,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--poll-interval",
-            "200ms",
-            "--transaction-timeout",
-            "10s",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = argv!(outbox_relay::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            database[database_url]: &self.db.url,
+            relay_name: &self.relay_name,
+            positions_topic: &self.positions_topic,
+            guarantee: guarantee,
+            metrics_addr: "127.0.0.1:0",
+            poll_interval: "200ms",
+            transaction_timeout: "10s",
+        });
         if guarantee == "exactly-once" {
-            args.extend(["--mode".to_owned(), self.mode.as_str().to_owned()]);
+            args.extend(argv!(outbox_relay::Config {
+                mode: self.mode.as_str()
+            }));
             if self.mode == Mode::Logical {
-                args.extend(["--idle-position-interval", "500ms"].map(str::to_owned));
+                args.extend(argv!(outbox_relay::Config {
+                    idle_position_interval: "500ms"
+                }));
                 if !extra.contains(&"--slot") {
-                    args.extend(["--slot".to_owned(), self.slot.clone()]);
+                    args.extend(argv!(outbox_relay::Config { slot: &self.slot }));
                 }
             }
         }
