@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use eos_testkit::argv;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -47,22 +48,14 @@ impl Sink {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> anyhow::Result<ServiceProcess> {
-        let mut args: Vec<String> = [
-            "--topic",
-            &self.topic,
-            "--group-id",
-            &self.group,
-            "--instance-id",
-            instance,
-            "--database-url",
-            &self.database_url,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = argv!(sink_writer::Config {
+            topic: &self.topic,
+            group_id: &self.group,
+            instance.instance_id: instance,
+            database[database_url]: &self.database_url,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        });
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         ServiceProcess::spawn("sink-writer", &args, envs)
     }
