@@ -81,6 +81,12 @@ pub fn push_flag<C: CommandFactory>(argv: &mut Vec<String>, field: &str, value: 
     }
 }
 
+/// The name of `C`'s clap command: the word that runs a subcommand, e.g. `migrate` of
+/// `eos_runtime::service_flags::MigrateArgs`.
+pub fn command_name<C: CommandFactory>() -> String {
+    C::command().get_name().to_owned()
+}
+
 /// The command line `--flag value …` of a service's clap type from its field names:
 /// `argv!(eos_processor::Config { kafka.bootstrap_servers: &bootstrap, input_topic: "in" })`.
 /// Each field is named through the type, so a renamed or removed field is a compile error; each
@@ -90,8 +96,16 @@ pub fn push_flag<C: CommandFactory>(argv: &mut Vec<String>, field: &str, value: 
 /// arguments, like `eos_runtime::secrets::DatabaseUrlFlags`) names the group's field and the
 /// flag's clap id in brackets: `database[database_url]: &url` checks that `database` is a field
 /// at compile time and looks up the argument `database_url` in the command.
+///
+/// `argv!(subcommand Args { … })` is the command line of a subcommand whose flags are `Args`:
+/// the command's name first (`migrate`), then its flags.
 #[macro_export]
 macro_rules! argv {
+    (subcommand $config:ty { $($fields:tt)* }) => {{
+        let mut argv = ::std::vec![$crate::argv::command_name::<$config>()];
+        argv.extend($crate::argv!($config { $($fields)* }));
+        argv
+    }};
     ($config:ty { $($($field:ident).+ $([$flag:ident])? : $value:expr),* $(,)? }) => {{
         #[allow(dead_code, clippy::no_effect_underscore_binding)]
         fn fields_exist(config: &$config) {
@@ -111,7 +125,7 @@ macro_rules! argv {
 
 #[cfg(test)]
 mod tests {
-    use clap::{Args, Parser};
+    use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser};
 
     #[derive(Debug, Args)]
     struct KafkaFlags {
@@ -233,6 +247,33 @@ mod tests {
         let _ = argv!(Config {
             database[database_password]: "x"
         });
+    }
+
+    /// A subcommand's own flags, as `eos_runtime::service_flags::MigrateArgs` are.
+    #[derive(Debug, Parser)]
+    #[command(name = "migrate")]
+    struct Migrate {
+        #[command(flatten)]
+        database: DatabaseFlags,
+    }
+
+    #[test]
+    fn a_subcommand_comes_first_with_its_own_flags() {
+        let argv = argv!(subcommand Migrate {
+            database[database_url]: "postgres://h/db"
+        });
+        assert_eq!(argv, ["migrate", "--database-url", "postgres://h/db"]);
+        // As eos_runtime::service_flags::Invocation builds it.
+        let command = Config::command()
+            .subcommand(Migrate::command())
+            .subcommand_negates_reqs(true);
+        let matches = command
+            .try_get_matches_from(std::iter::once("service".to_owned()).chain(argv))
+            .expect("the command line parses");
+        let (name, migrate) = matches.subcommand().expect("a subcommand");
+        assert_eq!(name, "migrate");
+        let migrate = Migrate::from_arg_matches(migrate).expect("its flags parse");
+        assert_eq!(migrate.database.url, "postgres://h/db");
     }
 
     #[test]
