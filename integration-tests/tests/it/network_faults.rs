@@ -287,25 +287,16 @@ async fn every_link_delayed_throttled_reset_and_partitioned_under_load_stays_exa
     )?;
     let sink = ServiceProcess::spawn(
         "sink-writer",
-        &[
-            "--bootstrap-servers",
-            &kafka.bootstrap_via("sink")?,
-            "--topic",
-            &pipeline.output,
-            "--group-id",
-            &pipeline.sink_group,
-            "--instance-id",
-            "netfault",
-            "--database-url",
-            &through(&db.url, &postgres_link.endpoint())?,
-            "--config",
-            &config,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned),
+        &argv!(sink_writer::Config {
+            kafka.bootstrap_servers: kafka.bootstrap_via("sink")?,
+            topic: &pipeline.output,
+            group_id: &pipeline.sink_group,
+            instance.instance_id: "netfault",
+            database[database_url]: through(&db.url, &postgres_link.endpoint())?,
+            config: &config,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        }),
         &[],
     )?;
     let mut services = Services {
