@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use dedup_client::{BeginOutcome, BeginParams};
+use eos_testkit::argv;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{Isolation, TestDatabase, create_topic, read_topic, unique_name};
@@ -23,8 +24,12 @@ use crate::sink_writer::Sink;
 const MIGRATE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `<binary> migrate` against `database_url` and returns its log; fails unless it exits 0.
+/// Every service's `migrate` takes the same flags (eos-runtime's, or dedup-service's own with the
+/// same database flags).
 fn run_migrate(binary: &str, database_url: &str) -> anyhow::Result<String> {
-    let args = ["migrate", "--database-url", database_url].map(str::to_owned);
+    let args = argv!(subcommand eos_runtime::service_flags::MigrateArgs {
+        database[database_url]: database_url
+    });
     let mut process = ServiceProcess::spawn(binary, &args, &[])?;
     let status = process
         .wait_timeout(MIGRATE_TIMEOUT)?
@@ -274,15 +279,11 @@ async fn services_that_skip_migrations_refuse_an_unmigrated_database() -> anyhow
     let untouched = schema_snapshot(&db).await?;
 
     // By the environment variable, as the Helm chart sets it.
-    let args = [
-        "--database-url",
-        &db.url,
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(dedup_service::Config {
+        database[database_url]: &db.url,
+        listen: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut dedup =
         ServiceProcess::spawn("dedup-service", &args, &[("EOS_SKIP_MIGRATIONS", "true")])?;
     let sink = Sink::new(&unique_name("migrate-refused"), &db.url);
