@@ -17,7 +17,7 @@ use eos_testkit::argv;
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
+    Isolation, arg_refs, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
     wait_until_consumed,
 };
 use rand::{Rng as _, SeedableRng as _};
@@ -327,19 +327,14 @@ source_offset = "kafka.offset"
     let otel = env_refs(&otel);
     let processor_args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "chain");
     let sink = crate::sink_writer::Sink::new(&approved, &db.url);
-    let targets_arg = targets.display().to_string();
-    let sink_args = [
-        "--config",
-        &targets_arg,
-        "--event-id",
-        "header:event_id",
-        "--entity",
-        "key",
-        "--occurred-at",
-        "/at",
-        "--event-schema",
-        "any",
-    ];
+    let sink_args = argv!(sink_writer::Config {
+        config: targets.display().to_string(),
+        event_id: "header:event_id",
+        entity: "key",
+        occurred_at: "/at",
+        event_schema: "any",
+    });
+    let sink_args = arg_refs(&sink_args);
     let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &otel)?;
     let mut sink_process = sink.spawn("chain", &sink_args, &otel)?;
     tokio::time::sleep(Duration::from_millis(700)).await;
