@@ -16,7 +16,7 @@ use eos_testkit::argv;
 use integration_tests::aimed_kill::kill_when;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, PostgresRestartGuard, TestDatabase, bootstrap_servers, create_topic_on,
+    Isolation, PostgresRestartGuard, TestDatabase, arg_refs, bootstrap_servers, create_topic_on,
     read_topic_on, unique_name,
 };
 use rand::{Rng as _, SeedableRng as _};
@@ -1005,7 +1005,12 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
             "only {aimed} of {} kills left records that the next relay publishes again",
             kills - 1
         );
-        let mut relay = outbox.spawn_relay("at-least-once", &["--batch-size", "2000"])?;
+        let mut relay = outbox.spawn_relay(
+            "at-least-once",
+            &arg_refs(&argv!(outbox_relay::Config {
+                batch_size: 2000i64
+            })),
+        )?;
         tokio::task::block_in_place(|| {
             relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
         })?;
@@ -1199,14 +1204,11 @@ async fn purge_under_load_in(mode: Mode, events: u64) -> anyhow::Result<()> {
     let writer = outbox.writer(WritePlan::commits_only(events, 5)).spawn();
     let mut relay = outbox.spawn_relay(
         "exactly-once",
-        &[
-            "--retention",
-            "0s",
-            "--purge-interval",
-            "100ms",
-            "--purge-batch",
-            "200",
-        ],
+        &arg_refs(&argv!(outbox_relay::Config {
+            retention: "0s",
+            purge_interval: "100ms",
+            purge_batch: 200i64,
+        })),
     )?;
     let mut largest = 0i64;
     while !writer.is_finished() {
