@@ -39,6 +39,12 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://eos:eos@127.0.0.1:5432/eos";
 
 const STACK_HINT: &str = "is the local stack up? run `deploy/local/stack up` (or `make test`)";
 
+/// Owned arguments (an `eos_testkit::argv!` command line) as the borrowed ones a spawn helper's
+/// `extra: &[&str]` takes.
+pub fn arg_refs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 pub fn bootstrap_servers() -> String {
     std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| DEFAULT_BOOTSTRAP_SERVERS.into())
 }

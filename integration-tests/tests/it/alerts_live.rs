@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use eos_core::{EntityId, EventId};
 use eos_outbox::OutboxEvent;
+use eos_testkit::argv;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::prometheus_server::{PrometheusServer, Targets, rules_with_for};
 use integration_tests::service_process::ServiceProcess;
@@ -37,23 +38,15 @@ async fn outbox_staleness_and_a_dead_relay_fire_their_alerts() -> anyhow::Result
     create_topic(&topic, 3).await?;
     let bootstrap = bootstrap_servers();
     let relay_name = unique_name("alerts-relay");
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--database-url",
-        &db.url,
-        "--relay-name",
-        &relay_name,
-        "--positions-topic",
-        &unique_name("alerts-positions"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "200ms",
-        "--mode",
-        "xmin",
-    ]
-    .map(str::to_owned);
+    let args = argv!(outbox_relay::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        database[database_url]: &db.url,
+        relay_name: &relay_name,
+        positions_topic: unique_name("alerts-positions"),
+        metrics_addr: "127.0.0.1:0",
+        poll_interval: "200ms",
+        mode: "xmin",
+    });
     let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;
     let relay_addr = metrics_addr(&mut relay)?;
     let rules = rules_with_for(SHORT_FOR)?;
@@ -110,26 +103,17 @@ async fn an_unknown_backlog_that_does_not_drain_fires_and_resolves() -> anyhow::
     let provider_addr: std::net::SocketAddr = provider
         .wait_for_log_field("http_addr", START_TIMEOUT)?
         .parse()?;
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--database-url",
-        &db.url,
-        "--provider-url",
-        &format!("http://{provider_addr}"),
-        "--provider-timeout",
-        "500ms",
-        "--reconcile-interval",
-        "200ms",
+    let args = argv!(dedup_service::Config {
+        listen: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+        database[database_url]: &db.url,
+        provider_url: format!("http://{provider_addr}"),
+        provider_timeout: "500ms",
+        reconcile_interval: "200ms",
         // An UNKNOWN is looked up once its call can no longer be in flight.
-        "--in-flight-window",
-        "2s",
-        "--rate-window",
-        "10s",
-    ]
-    .map(str::to_owned);
+        in_flight_window: "2s",
+        rate_window: "10s",
+    });
     let mut dedup = ServiceProcess::spawn("dedup-service", &args, &[])?;
     let dedup_url = format!(
         "http://{}",
@@ -145,25 +129,16 @@ async fn an_unknown_backlog_that_does_not_drain_fires_and_resolves() -> anyhow::
              lease_ttl = \"5s\"\n"
         ),
     )?;
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--topic",
-        &topic,
-        "--group-id",
-        &unique_name("alerts-sink"),
-        "--instance-id",
-        "alerts",
-        "--database-url",
-        &db.url,
-        "--config",
-        &config.display().to_string(),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--max-backoff",
-        "1s",
-    ]
-    .map(str::to_owned);
+    let args = argv!(sink_writer::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        topic: &topic,
+        group_id: unique_name("alerts-sink"),
+        instance.instance_id: "alerts",
+        database[database_url]: &db.url,
+        config: config.display().to_string(),
+        metrics_addr: "127.0.0.1:0",
+        max_backoff: "1s",
+    });
     let mut sink = ServiceProcess::spawn("sink-writer", &args, &[])?;
     let sink_addr = metrics_addr(&mut sink)?;
     let rules = rules_with_for(SHORT_FOR)?;

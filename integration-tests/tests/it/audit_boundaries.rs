@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use eos_core::{EventEnvelope, dead_letter};
+use eos_testkit::argv;
 use integration_tests::eosctl::{self, AuditOutcome, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -101,20 +102,13 @@ fn process_by_hand(input: &str, output: &str, dlq: &str) -> anyhow::Result<Vec<E
 /// (past the commit markers) in every partition that has records, then stops it.
 async fn sink_until_drained(topic: &str, db: &TestDatabase) -> anyhow::Result<()> {
     let group = unique_name("boundaries-sink");
-    let args: Vec<String> = [
-        "--topic",
-        topic,
-        "--group-id",
-        &group,
-        "--instance-id",
-        "audit",
-        "--database-url",
-        &db.url,
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let args = argv!(sink_writer::Config {
+        topic: topic,
+        group_id: &group,
+        instance.instance_id: "audit",
+        database[database_url]: &db.url,
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut sink = ServiceProcess::spawn("sink-writer", &args, &[])?;
     let owned_topic = topic.to_owned();
     let ends = tokio::task::spawn_blocking(move || end_offsets(&owned_topic)).await??;

@@ -13,10 +13,11 @@ use eos_core::{DeadLetterReason, dead_letter};
 use eos_processor::replay::{self, ReplayInput, ReplayOutput};
 use eos_processor::{DEFAULT_OUTPUT, Transform as _};
 use eos_runtime::kafka_clients;
+use eos_testkit::argv;
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
+    Isolation, arg_refs, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
     wait_until_consumed,
 };
 use rand::{Rng as _, SeedableRng as _};
@@ -106,28 +107,17 @@ fn processor_args(
     group: &str,
     instance: &str,
 ) -> Vec<String> {
-    [
-        "--bootstrap-servers",
-        bootstrap,
-        "--input-topic",
-        input,
-        "--output-topic",
-        approved,
-        "--output",
-        &format!("{FLAGGED_OUTPUT}={flagged}"),
-        "--group-id",
-        group,
-        "--instance-id",
-        instance,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--daily-limit",
-        "2000.00",
-        "--flag-at",
-        "300.00",
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    argv!(card_authorisations::Args {
+        processor.kafka.bootstrap_servers: bootstrap,
+        processor.input_topic: input,
+        processor.output_topic: approved,
+        processor.outputs: format!("{FLAGGED_OUTPUT}={flagged}"),
+        processor.group_id: group,
+        processor.instance.instance_id: instance,
+        processor.metrics_addr: "127.0.0.1:0",
+        daily_limit: "2000.00",
+        flag_at: "300.00",
+    })
 }
 
 /// Writes `records` at about `rate` per second, idempotently.
@@ -337,19 +327,14 @@ source_offset = "kafka.offset"
     let otel = env_refs(&otel);
     let processor_args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "chain");
     let sink = crate::sink_writer::Sink::new(&approved, &db.url);
-    let targets_arg = targets.display().to_string();
-    let sink_args = [
-        "--config",
-        &targets_arg,
-        "--event-id",
-        "header:event_id",
-        "--entity",
-        "key",
-        "--occurred-at",
-        "/at",
-        "--event-schema",
-        "any",
-    ];
+    let sink_args = argv!(sink_writer::Config {
+        config: targets.display().to_string(),
+        event_id: "header:event_id",
+        entity: "key",
+        occurred_at: "/at",
+        event_schema: "any",
+    });
+    let sink_args = arg_refs(&sink_args);
     let mut processor = ServiceProcess::spawn("card-authorisations", &processor_args, &otel)?;
     let mut sink_process = sink.spawn("chain", &sink_args, &otel)?;
     tokio::time::sleep(Duration::from_millis(700)).await;

@@ -16,9 +16,10 @@ use dedup_client::{ChargeOutcome, ProviderClient};
 use eos_core::Fingerprint;
 use eos_proto::dedup::v1 as pb;
 use eos_proto::dedup::v1::dedup_client::DedupClient as GrpcClient;
+use eos_testkit::argv;
 use futures::StreamExt as _;
-use integration_tests::TestDatabase;
 use integration_tests::service_process::ServiceProcess;
+use integration_tests::{TestDatabase, arg_refs};
 use serde_json::json;
 use time::OffsetDateTime;
 use tonic::Code;
@@ -34,6 +35,13 @@ pub(crate) struct Dedup {
     grpc_addr: String,
 }
 
+/// dedup-service's reconciler at an hour: out of the way of a test that drives the intents.
+fn reconcile_hourly() -> Vec<String> {
+    argv!(dedup_service::Config {
+        reconcile_interval: "1h"
+    })
+}
+
 impl Dedup {
     pub(crate) fn spawn(db: &TestDatabase, extra: &[&str]) -> anyhow::Result<Self> {
         Self::spawn_on(&db.url, "127.0.0.1:0", extra)
@@ -44,16 +52,12 @@ impl Dedup {
         listen: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
-        let mut args = vec![
-            "--database-url",
-            database_url,
-            "--listen",
-            listen,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ];
-        args.extend_from_slice(extra);
-        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        let mut args = argv!(dedup_service::Config {
+            database[database_url]: database_url,
+            listen: listen,
+            metrics_addr: "127.0.0.1:0",
+        });
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let mut process = ServiceProcess::spawn("dedup-service", &args, &[])?;
         let grpc_addr = process.wait_for_log_field("grpc_addr", START_TIMEOUT)?;
         Ok(Self { process, grpc_addr })
@@ -146,7 +150,7 @@ pub(crate) fn step(from: Option<&str>, to: &str, token: i64) -> HistoryRow {
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_state_machine_follows_the_transition_table() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     let client = service.client()?;
 
     // RESERVED → SUCCEEDED; others see IN_PROGRESS, then the stored result.
@@ -272,7 +276,7 @@ async fn dedup_concurrent_begins_acquire_exactly_once_per_id() -> anyhow::Result
     const IDS: usize = 1000;
     const CONTENDERS: usize = 64;
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     // Several connections, so contenders really race inside the service and the database.
     let clients: Vec<DedupClient> = (0..4)
         .map(|_| service.client())
@@ -343,14 +347,11 @@ async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow
     let window = humantime::format_duration(IN_FLIGHT_WINDOW).to_string();
     let service = Dedup::spawn(
         &db,
-        &[
-            "--provider-url",
-            &sim.url,
-            "--in-flight-window",
-            &window,
-            "--reconcile-interval",
-            "200ms",
-        ],
+        &arg_refs(&argv!(dedup_service::Config {
+            provider_url: &sim.url,
+            in_flight_window: &window,
+            reconcile_interval: "200ms",
+        })),
     )?;
     let client = service.client()?;
     let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
@@ -459,7 +460,7 @@ async fn dedup_stale_holder_is_fenced_after_a_newer_holder_completes() -> anyhow
 async fn dedup_lease_that_runs_out_makes_the_intent_unknown() -> anyhow::Result<()> {
     // Lazily, inside Begin: no reconciler pass runs during the test.
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     let client = service.client()?;
     acquire(
         &client,
@@ -493,7 +494,12 @@ async fn dedup_lease_that_runs_out_makes_the_intent_unknown() -> anyhow::Result<
 
     // By the reconciler's sweep, without any Begin.
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "100ms"])?;
+    let service = Dedup::spawn(
+        &db,
+        &arg_refs(&argv!(dedup_service::Config {
+            reconcile_interval: "100ms"
+        })),
+    )?;
     let client = service.client()?;
     acquire(
         &client,
@@ -516,7 +522,7 @@ async fn dedup_lease_that_runs_out_makes_the_intent_unknown() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_same_id_with_another_fingerprint_is_a_conflict() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     let client = service.client()?;
     let token = acquire(&client, &params("c-1", 1, "worker-a")).await?;
     let conflict = BeginOutcome::Conflict {
@@ -539,22 +545,15 @@ async fn dedup_operations_older_than_retention_fail_closed() -> anyhow::Result<(
     let db = TestDatabase::create().await?;
     let service = Dedup::spawn(
         &db,
-        &[
-            "--retention",
-            "3s",
-            "--client-retry-horizon",
-            "1s",
-            "--broker-replay-retention",
-            "2s",
-            "--restore-horizon",
-            "1s",
-            "--retention-margin",
-            "1s",
-            "--purge-interval",
-            "300ms",
-            "--reconcile-interval",
-            "1h",
-        ],
+        &arg_refs(&argv!(dedup_service::Config {
+            retention: "3s",
+            client_retry_horizon: "1s",
+            broker_replay_retention: "2s",
+            restore_horizon: "1s",
+            retention_margin: "1s",
+            purge_interval: "300ms",
+            reconcile_interval: "1h",
+        })),
     )?;
     let client = service.client()?;
 
@@ -621,27 +620,17 @@ async fn dedup_operations_older_than_retention_fail_closed() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_refuses_to_start_with_retention_below_the_replay_horizon() -> anyhow::Result<()> {
-    let args: Vec<String> = [
+    let args = argv!(dedup_service::Config {
         // Unreachable on purpose: the figures are checked before anything else.
-        "--database-url",
-        "postgres://nobody@127.0.0.1:1/none",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--retention",
-        "3d",
-        "--client-retry-horizon",
-        "1d",
-        "--broker-replay-retention",
-        "7d",
-        "--restore-horizon",
-        "2d",
-        "--retention-margin",
-        "12h",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+        database[database_url]: "postgres://nobody@127.0.0.1:1/none",
+        listen: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+        retention: "3d",
+        client_retry_horizon: "1d",
+        broker_replay_retention: "7d",
+        restore_horizon: "2d",
+        retention_margin: "12h",
+    });
     let mut process = ServiceProcess::spawn("dedup-service", &args, &[])?;
     let status = process
         .wait_timeout(Duration::from_secs(30))?
@@ -666,7 +655,7 @@ async fn dedup_refuses_to_start_with_retention_below_the_replay_horizon() -> any
 async fn dedup_bad_input_gets_the_right_status_and_the_service_keeps_serving() -> anyhow::Result<()>
 {
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     let mut grpc = service.grpc().await?;
     let good = || pb::BeginRequest {
         operation_id: "bad-input-1".into(),
@@ -995,14 +984,11 @@ async fn dedup_ambiguous_outcomes_are_reconciled_to_one_effect_per_operation() -
     let sim = ProviderSim::spawn(&FAULTS)?;
     let service = Dedup::spawn(
         &db,
-        &[
-            "--provider-url",
-            &sim.url,
-            "--reconcile-interval",
-            "200ms",
-            "--in-flight-window",
-            "3s",
-        ],
+        &arg_refs(&argv!(dedup_service::Config {
+            provider_url: &sim.url,
+            reconcile_interval: "200ms",
+            in_flight_window: "3s",
+        })),
     )?;
     let dedup = service.client()?;
     let provider = ProviderClient::new(&sim.url, Duration::from_secs(5), &Default::default())?;
@@ -1057,15 +1043,12 @@ async fn dedup_sigkill_mid_run_loses_no_intent_and_charges_once() -> anyhow::Res
     const OPS: usize = 300;
     let db = TestDatabase::create().await?;
     let sim = ProviderSim::spawn(&FAULTS)?;
-    let extra = [
-        "--provider-url",
-        sim.url.as_str(),
-        "--reconcile-interval",
-        "200ms",
-        "--in-flight-window",
-        "3s",
-    ];
-    let first = Dedup::spawn(&db, &extra)?;
+    let extra = argv!(dedup_service::Config {
+        provider_url: &sim.url,
+        reconcile_interval: "200ms",
+        in_flight_window: "3s",
+    });
+    let first = Dedup::spawn(&db, &arg_refs(&extra))?;
     let addr = first.grpc_addr.clone();
     // Patient enough to ride out a restart.
     let dedup = first.client()?.with_policy(RetryPolicy {
@@ -1079,7 +1062,7 @@ async fn dedup_sigkill_mid_run_loses_no_intent_and_charges_once() -> anyhow::Res
 
     let chaos = {
         let db_url = db.url.clone();
-        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        let extra = extra.clone();
         let tally = &tally;
         async move {
             let mut service = first;
@@ -1120,7 +1103,7 @@ async fn dedup_sigkill_mid_run_loses_no_intent_and_charges_once() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_retried_begin_with_its_request_id_gets_the_same_token() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     let mut grpc = service.grpc().await?;
     let request = |owner: &str, request_id: &str| pb::BeginRequest {
         operation_id: "replay-1".into(),
@@ -1165,7 +1148,7 @@ async fn dedup_retried_begin_with_its_request_id_gets_the_same_token() -> anyhow
 #[tokio::test(flavor = "multi_thread")]
 async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
-    let service = Dedup::spawn(&db, &["--reconcile-interval", "1h"])?;
+    let service = Dedup::spawn(&db, &arg_refs(&reconcile_hourly()))?;
     let client = service.client()?;
     let token = acquire(&client, &params("b-done", 1, "worker-a")).await?;
     client.complete("b-done", token, b"r".to_vec()).await?;
@@ -1565,14 +1548,11 @@ async fn dedup_serves_grpc_over_tls() -> anyhow::Result<()> {
     let key = dir.join("server.key").display().to_string();
     let service = Dedup::spawn(
         &db,
-        &[
-            "--reconcile-interval",
-            "1h",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ],
+        &arg_refs(&argv!(dedup_service::Config {
+            reconcile_interval: "1h",
+            tls_cert: &cert,
+            tls_key: &key,
+        })),
     )?;
     let port = service.grpc_addr.rsplit(':').next().unwrap_or_default();
     let tls = dedup_client::ClientTlsConfig::new()

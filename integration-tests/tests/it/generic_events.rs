@@ -313,21 +313,14 @@ async fn the_outbox_publishes_any_json_event_as_it_is() -> anyhow::Result<()> {
 
     let relay_name = unique_name("orders-relay");
     let bootstrap = bootstrap_servers();
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--database-url",
-        &db.url,
-        "--relay-name",
-        &relay_name,
-        "--positions-topic",
-        &unique_name("orders-positions"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "200ms",
-    ]
-    .map(str::to_owned);
+    let args = argv!(outbox_relay::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        database[database_url]: &db.url,
+        relay_name: &relay_name,
+        positions_topic: unique_name("orders-positions"),
+        metrics_addr: "127.0.0.1:0",
+        poll_interval: "200ms",
+    });
     let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;
     // Watched on the topic itself: what the relay records in PostgreSQL is its position in
     // xmin mode and only a purge bound in logical mode (docs/outbox.md).

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use dedup_client::{BeginOutcome, BeginParams};
 use eos_proto::dedup::v1 as pb;
+use eos_testkit::argv;
 use integration_tests::{
-    TestDatabase, create_topic, produce_records, unique_name, workspace_binary,
+    TestDatabase, arg_refs, create_topic, produce_records, unique_name, workspace_binary,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -37,21 +38,15 @@ const CLIENT_TOKEN: &str = "held-operations-client-token-0123456789";
 
 /// dedup-service flags whose key TTL outlives one lease and the in-flight window, as its
 /// start-up check demands, with a reconciler that looks often.
-fn dedup_flags<'a>(provider_url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut flags = vec![
-        "--provider-url",
-        provider_url,
-        "--provider-key-ttl",
-        KEY_TTL,
-        "--lease-ttl",
-        "1s",
-        "--max-lease-ttl",
-        "1s",
-        "--in-flight-window",
-        "1s",
-        "--reconcile-interval",
-        "200ms",
-    ];
+fn dedup_flags(provider_url: &str, extra: &[String]) -> Vec<String> {
+    let mut flags = argv!(dedup_service::Config {
+        provider_url: provider_url,
+        provider_key_ttl: KEY_TTL,
+        lease_ttl: "1s",
+        max_lease_ttl: "1s",
+        in_flight_window: "1s",
+        reconcile_interval: "200ms",
+    });
     flags.extend_from_slice(extra);
     flags
 }
@@ -145,10 +140,14 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         format!("http://{}", listener.local_addr()?)
     };
-    let blind = Dedup::spawn(&db, &dedup_flags(&unreachable, &[]))?;
+    let blind = Dedup::spawn(&db, &arg_refs(&dedup_flags(&unreachable, &[])))?;
     produce_records(&topic, &[envelope(held_id, 700)])?;
     let config = targets_file(&dir, "losing", &name, &blind.endpoint(), &losing.url)?;
-    let mut first = sink.spawn("held-a", &["--config", &config], &[])?;
+    let mut first = sink.spawn(
+        "held-a",
+        &arg_refs(&argv!(sink_writer::Config { config: &config })),
+        &[],
+    )?;
     wait_for(
         "the charge's outcome UNKNOWN",
         Duration::from_secs(60),
@@ -173,13 +172,11 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
     // 2. Once the provider has forgotten the key, a reconciler that reaches it finds no record,
     //    which proves nothing: stuck, still UNKNOWN.
     tokio::time::sleep(KEY_TTL_DURATION + Duration::from_millis(500)).await;
-    let token_flags = [
-        "--client-token-file",
-        client_token.as_str(),
-        "--operator-token-file",
-        operator_token.as_str(),
-    ];
-    let dedup = Dedup::spawn(&db, &dedup_flags(&losing.url, &token_flags))?;
+    let token_flags = argv!(dedup_service::Config {
+        client_token_files: &client_token,
+        operator_token_files: &operator_token,
+    });
+    let dedup = Dedup::spawn(&db, &arg_refs(&dedup_flags(&losing.url, &token_flags)))?;
     let reason = wait_for(
         "the reconciler's stuck verdict",
         Duration::from_secs(30),
@@ -223,14 +220,11 @@ async fn sink_holds_a_stuck_operation_writes_the_rest_and_eosctl_resolves_it() -
     let config = targets_file(&dir, "honest", &name, &dedup.endpoint(), &honest.url)?;
     let mut second = sink.spawn(
         "held-b",
-        &[
-            "--config",
-            &config,
-            "--dedup-token-file",
-            &client_token,
-            "--held-refresh-interval",
-            "500ms",
-        ],
+        &arg_refs(&argv!(sink_writer::Config {
+            config: &config,
+            dedup.dedup_token_file: &client_token,
+            held_refresh_interval: "500ms",
+        })),
         &[],
     )?;
     sink.wait_drained(&db.pool, &mut second).await?;
@@ -428,7 +422,7 @@ async fn dedup_stuck_verdict_is_bound_to_the_attempt_it_judged() -> anyhow::Resu
         lease_ttl: None,
     };
     // Attempt 1 is lost while the reconciler cannot reach the provider.
-    let blind = Dedup::spawn(&db, &dedup_flags(&unreachable, &[]))?;
+    let blind = Dedup::spawn(&db, &arg_refs(&dedup_flags(&unreachable, &[])))?;
     let client = blind.client()?;
     let first = acquire(&client, &begin).await?;
     client
@@ -439,7 +433,7 @@ async fn dedup_stuck_verdict_is_bound_to_the_attempt_it_judged() -> anyhow::Resu
 
     // A provider with no record, past the key TTL: stuck.
     let empty = ProviderSim::spawn(&[])?;
-    let dedup = Dedup::spawn(&db, &dedup_flags(&empty.url, &[]))?;
+    let dedup = Dedup::spawn(&db, &arg_refs(&dedup_flags(&empty.url, &[])))?;
     let client = dedup.client()?;
     let stuck = wait_for("a stuck answer", Duration::from_secs(30), async || {
         Ok(match client.begin(&begin).await? {

@@ -59,23 +59,15 @@ impl Pipeline {
     }
 
     fn spawn_sink(&self, database_url: &str) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--topic",
-            &self.output,
-            "--group-id",
-            &self.sink_group,
-            "--instance-id",
-            "cluster",
-            "--database-url",
-            database_url,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(sink_writer::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            topic: &self.output,
+            group_id: &self.sink_group,
+            instance.instance_id: "cluster",
+            database[database_url]: database_url,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        });
         ServiceProcess::spawn("sink-writer", &args, &[])
     }
 

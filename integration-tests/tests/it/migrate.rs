@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use dedup_client::{BeginOutcome, BeginParams};
+use eos_testkit::argv;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
-use integration_tests::{Isolation, TestDatabase, create_topic, read_topic, unique_name};
+use integration_tests::{Isolation, TestDatabase, arg_refs, create_topic, read_topic, unique_name};
 use rdkafka::Message as _;
 use time::OffsetDateTime;
 
@@ -22,9 +23,20 @@ use crate::sink_writer::Sink;
 
 const MIGRATE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// sink-writer's `--skip-migrations`.
+fn skip_sink_migrations() -> Vec<String> {
+    argv!(sink_writer::Config {
+        skip_migrations: true
+    })
+}
+
 /// Runs `<binary> migrate` against `database_url` and returns its log; fails unless it exits 0.
+/// Every service's `migrate` takes the same flags (eos-runtime's, or dedup-service's own with the
+/// same database flags).
 fn run_migrate(binary: &str, database_url: &str) -> anyhow::Result<String> {
-    let args = ["migrate", "--database-url", database_url].map(str::to_owned);
+    let args = argv!(subcommand eos_runtime::service_flags::MigrateArgs {
+        database[database_url]: database_url
+    });
     let mut process = ServiceProcess::spawn(binary, &args, &[])?;
     let status = process
         .wait_timeout(MIGRATE_TIMEOUT)?
@@ -211,7 +223,13 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
 
     // dedup-service without migrations, as the runtime role: a Begin is acquired, so the store
     // works on this schema with row privileges only.
-    let mut dedup = Dedup::spawn_on(&runtime_url, "127.0.0.1:0", &["--skip-migrations"])?;
+    let mut dedup = Dedup::spawn_on(
+        &runtime_url,
+        "127.0.0.1:0",
+        &arg_refs(&argv!(dedup_service::Config {
+            skip_migrations: true
+        })),
+    )?;
     let client = dedup.client()?;
     let params = BeginParams {
         operation_id: unique_name("migrate-op"),
@@ -249,7 +267,7 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     })
     .await??;
     let sink = Sink::new(&topic, &runtime_url);
-    let mut process = sink.spawn("member-a", &["--skip-migrations"], &[])?;
+    let mut process = sink.spawn("member-a", &arg_refs(&skip_sink_migrations()), &[])?;
     sink.wait_drained(&db.pool, &mut process).await?;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM event_sink")
         .fetch_one(&db.pool)
@@ -274,19 +292,15 @@ async fn services_that_skip_migrations_refuse_an_unmigrated_database() -> anyhow
     let untouched = schema_snapshot(&db).await?;
 
     // By the environment variable, as the Helm chart sets it.
-    let args = [
-        "--database-url",
-        &db.url,
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(dedup_service::Config {
+        database[database_url]: &db.url,
+        listen: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut dedup =
         ServiceProcess::spawn("dedup-service", &args, &[("EOS_SKIP_MIGRATIONS", "true")])?;
     let sink = Sink::new(&unique_name("migrate-refused"), &db.url);
-    let mut sink_process = sink.spawn("member-a", &["--skip-migrations"], &[])?;
+    let mut sink_process = sink.spawn("member-a", &arg_refs(&skip_sink_migrations()), &[])?;
     for (binary, process) in [
         ("dedup-service", &mut dedup),
         ("sink-writer", &mut sink_process),
@@ -343,7 +357,14 @@ async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::
 
     let topic = unique_name("migrate-outbox");
     create_topic(&topic, 1).await?;
-    let mut api = PaymentsApi::start_on(&runtime_url, &topic, &["--skip-migrations"], &[])?;
+    let mut api = PaymentsApi::start_on(
+        &runtime_url,
+        &topic,
+        &arg_refs(&argv!(payments_api::Config {
+            skip_migrations: true
+        })),
+        &[],
+    )?;
     let body = r#"{"account_id": "acct-1", "amount": 700, "currency": "EUR"}"#;
     let (status, _, payment) = api.pay(Some("migrate-1"), body).await?;
     ensure!(
@@ -354,7 +375,10 @@ async fn the_outbox_services_run_with_row_privileges_after_migrate() -> anyhow::
 
     let mut relay = spawn_relay(
         &runtime_url,
-        &["--poll-interval", "200ms", "--skip-migrations"],
+        &arg_refs(&argv!(outbox_relay::Config {
+            poll_interval: "200ms",
+            skip_migrations: true,
+        })),
         &[],
     )?;
     let deadline = std::time::Instant::now() + MIGRATE_TIMEOUT;

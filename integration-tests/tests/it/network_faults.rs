@@ -18,7 +18,7 @@ use integration_tests::fault_proxy::{Direction, FaultProxy};
 use integration_tests::proxied_kafka::ProxiedKafka;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    TestDatabase, client_config_for, create_topic_on, end_offsets_on, sink_checkpoints,
+    TestDatabase, arg_refs, client_config_for, create_topic_on, end_offsets_on, sink_checkpoints,
     unique_name, wait_until_consumed,
 };
 use rdkafka::TopicPartitionList;
@@ -260,7 +260,12 @@ async fn every_link_delayed_throttled_reset_and_partitioned_under_load_stays_exa
     let db = TestDatabase::create().await?;
     let postgres_link = FaultProxy::start(&host_port(&db.url)?).await?;
     let sim = ProviderSim::spawn(&[])?;
-    let dedup = Dedup::spawn(&db, &["--provider-url", &sim.url])?;
+    let dedup = Dedup::spawn(
+        &db,
+        &arg_refs(&argv!(dedup_service::Config {
+            provider_url: &sim.url
+        })),
+    )?;
     let dedup_addr = dedup.endpoint().trim_start_matches("http://").to_owned();
     let dedup_link = FaultProxy::start(&dedup_addr).await?;
     let dir = std::env::temp_dir().join(unique_name("network-faults"));
@@ -287,25 +292,16 @@ async fn every_link_delayed_throttled_reset_and_partitioned_under_load_stays_exa
     )?;
     let sink = ServiceProcess::spawn(
         "sink-writer",
-        &[
-            "--bootstrap-servers",
-            &kafka.bootstrap_via("sink")?,
-            "--topic",
-            &pipeline.output,
-            "--group-id",
-            &pipeline.sink_group,
-            "--instance-id",
-            "netfault",
-            "--database-url",
-            &through(&db.url, &postgres_link.endpoint())?,
-            "--config",
-            &config,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned),
+        &argv!(sink_writer::Config {
+            kafka.bootstrap_servers: kafka.bootstrap_via("sink")?,
+            topic: &pipeline.output,
+            group_id: &pipeline.sink_group,
+            instance.instance_id: "netfault",
+            database[database_url]: through(&db.url, &postgres_link.endpoint())?,
+            config: &config,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        }),
         &[],
     )?;
     let mut services = Services {

@@ -12,10 +12,11 @@ use anyhow::{Context as _, bail, ensure};
 use eos_core::{EntityId, EventEnvelope, EventId};
 use eos_outbox::relay_positions::{purge_relayed, record_relayed, relayed_position};
 use eos_outbox::{OutboxCursor, OutboxEvent, read_after};
+use eos_testkit::argv;
 use integration_tests::aimed_kill::kill_when;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, PostgresRestartGuard, TestDatabase, bootstrap_servers, create_topic_on,
+    Isolation, PostgresRestartGuard, TestDatabase, arg_refs, bootstrap_servers, create_topic_on,
     read_topic_on, unique_name,
 };
 use rand::{Rng as _, SeedableRng as _};
@@ -100,32 +101,26 @@ impl Outbox {
     }
 
     fn spawn_relay(&self, guarantee: &str, extra: &[&str]) -> anyhow::Result<ServiceProcess> {
-        let mut args: Vec<String> = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--database-url",
-            &self.db.url,
-            "--relay-name",
-            &self.relay_name,
-            "--positions-topic",
-            &self.positions_topic,
-            "--guarantee",
-            guarantee,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--poll-interval",
-            "200ms",
-            "--transaction-timeout",
-            "10s",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = argv!(outbox_relay::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            database[database_url]: &self.db.url,
+            relay_name: &self.relay_name,
+            positions_topic: &self.positions_topic,
+            guarantee: guarantee,
+            metrics_addr: "127.0.0.1:0",
+            poll_interval: "200ms",
+            transaction_timeout: "10s",
+        });
         if guarantee == "exactly-once" {
-            args.extend(["--mode".to_owned(), self.mode.as_str().to_owned()]);
+            args.extend(argv!(outbox_relay::Config {
+                mode: self.mode.as_str()
+            }));
             if self.mode == Mode::Logical {
-                args.extend(["--idle-position-interval", "500ms"].map(str::to_owned));
+                args.extend(argv!(outbox_relay::Config {
+                    idle_position_interval: "500ms"
+                }));
                 if !extra.contains(&"--slot") {
-                    args.extend(["--slot".to_owned(), self.slot.clone()]);
+                    args.extend(argv!(outbox_relay::Config { slot: &self.slot }));
                 }
             }
         }
@@ -1010,7 +1005,12 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
             "only {aimed} of {} kills left records that the next relay publishes again",
             kills - 1
         );
-        let mut relay = outbox.spawn_relay("at-least-once", &["--batch-size", "2000"])?;
+        let mut relay = outbox.spawn_relay(
+            "at-least-once",
+            &arg_refs(&argv!(outbox_relay::Config {
+                batch_size: 2000i64
+            })),
+        )?;
         tokio::task::block_in_place(|| {
             relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
         })?;
@@ -1078,19 +1078,13 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
     // eos-processor reads the topic with its duplicates; its ledger counts each event once.
     let output = unique_name("outbox-ledger");
     let group = unique_name("outbox-processor");
-    let args = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--input-topic",
-        &outbox.topic,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &group,
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: bootstrap_servers(),
+        input_topic: &outbox.topic,
+        output_topic: &output,
+        group_id: &group,
+        metrics_addr: "127.0.0.1:0",
+    });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     let (topic, dlq) = (outbox.topic.clone(), format!("{}.dlq", outbox.topic));
     let outcome = tokio::task::spawn_blocking(move || {
@@ -1210,14 +1204,11 @@ async fn purge_under_load_in(mode: Mode, events: u64) -> anyhow::Result<()> {
     let writer = outbox.writer(WritePlan::commits_only(events, 5)).spawn();
     let mut relay = outbox.spawn_relay(
         "exactly-once",
-        &[
-            "--retention",
-            "0s",
-            "--purge-interval",
-            "100ms",
-            "--purge-batch",
-            "200",
-        ],
+        &arg_refs(&argv!(outbox_relay::Config {
+            retention: "0s",
+            purge_interval: "100ms",
+            purge_batch: 200i64,
+        })),
     )?;
     let mut largest = 0i64;
     while !writer.is_finished() {

@@ -37,18 +37,12 @@ impl PaymentsApi {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let mut args: Vec<String> = [
-            "--addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--database-url",
-            database_url,
-            "--topic",
-            topic,
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = argv!(payments_api::Config {
+            addr: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+            database[database_url]: database_url,
+            topic: topic,
+        });
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         let mut process = ServiceProcess::spawn("payments-api", &args, envs)?;
         let addr = process.wait_for_log_field("http_addr", START_TIMEOUT)?;
@@ -87,20 +81,13 @@ pub(crate) fn spawn_relay(
     extra: &[&str],
     envs: &[(&str, &str)],
 ) -> anyhow::Result<ServiceProcess> {
-    let mut args: Vec<String> = [
-        "--bootstrap-servers",
-        &bootstrap_servers(),
-        "--database-url",
-        database_url,
-        "--relay-name",
-        &unique_name("relay"),
-        "--positions-topic",
-        &unique_name("positions"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let mut args = argv!(outbox_relay::Config {
+        kafka.bootstrap_servers: bootstrap_servers(),
+        database[database_url]: database_url,
+        relay_name: unique_name("relay"),
+        positions_topic: unique_name("positions"),
+        metrics_addr: "127.0.0.1:0",
+    });
     args.extend(extra.iter().map(|arg| (*arg).to_owned()));
     ServiceProcess::spawn("outbox-relay", &args, envs)
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use eos_runtime::postgres_pool::PoolBuilder;
 use eos_runtime::secrets::url_with_password;
-use eos_testkit::{ChildProcess, LogMode};
+use eos_testkit::{ChildProcess, LogMode, argv};
 use integration_tests::service_process::{ServiceProcess, log_dir};
 use integration_tests::test_certs::TestCa;
 use integration_tests::{bootstrap_servers, create_topic, unique_name};
@@ -251,7 +251,8 @@ impl Drop for PrivatePostgres {
 
 /// Runs `<binary> migrate` with `envs`: (exited 0, its log).
 fn run_migrate(binary: &str, envs: &[(&str, &str)]) -> anyhow::Result<(bool, String)> {
-    let mut process = ServiceProcess::spawn(binary, &["migrate".to_owned()], envs)?;
+    let args = argv!(subcommand eos_runtime::service_flags::MigrateArgs {});
+    let mut process = ServiceProcess::spawn(binary, &args, envs)?;
     let status = process
         .wait_timeout(START_TIMEOUT)?
         .with_context(|| format!("{binary} migrate still running\n{}", process.log_tail(30)))?;
@@ -266,37 +267,32 @@ fn spawn_service(
     envs: &[(&str, &str)],
 ) -> anyhow::Result<ServiceProcess> {
     let bootstrap = bootstrap_servers();
-    let mut args: Vec<String> = match binary {
-        "dedup-service" => vec!["--listen".into(), "127.0.0.1:0".into()],
-        "sink-writer" => vec![
-            "--bootstrap-servers".into(),
-            bootstrap,
-            "--topic".into(),
-            topic.into(),
-            "--group-id".into(),
-            unique_name("tls-pg-sink"),
-            "--instance-id".into(),
-            "tls-pg-sink-0".into(),
-            "--max-backoff".into(),
-            "1s".into(),
-        ],
-        "outbox-relay" => vec![
-            "--bootstrap-servers".into(),
-            bootstrap,
-            "--relay-name".into(),
-            unique_name("tls-pg-relay"),
-            "--positions-topic".into(),
-            unique_name("tls-pg-positions"),
-        ],
-        "payments-api" => vec![
-            "--addr".into(),
-            "127.0.0.1:0".into(),
-            "--topic".into(),
-            topic.into(),
-        ],
+    let args = match binary {
+        "dedup-service" => argv!(dedup_service::Config {
+            listen: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+        }),
+        "sink-writer" => argv!(sink_writer::Config {
+            kafka.bootstrap_servers: bootstrap,
+            topic: topic,
+            group_id: unique_name("tls-pg-sink"),
+            instance.instance_id: "tls-pg-sink-0",
+            max_backoff: "1s",
+            metrics_addr: "127.0.0.1:0",
+        }),
+        "outbox-relay" => argv!(outbox_relay::Config {
+            kafka.bootstrap_servers: bootstrap,
+            relay_name: unique_name("tls-pg-relay"),
+            positions_topic: unique_name("tls-pg-positions"),
+            metrics_addr: "127.0.0.1:0",
+        }),
+        "payments-api" => argv!(payments_api::Config {
+            addr: "127.0.0.1:0",
+            topic: topic,
+            metrics_addr: "127.0.0.1:0",
+        }),
         other => bail!("{other} has no database"),
     };
-    args.extend(["--metrics-addr".to_owned(), "127.0.0.1:0".to_owned()]);
     ServiceProcess::spawn(binary, &args, envs)
 }
 

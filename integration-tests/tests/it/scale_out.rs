@@ -53,21 +53,14 @@ impl Pipeline {
     }
 
     fn spawn_sink(&self, id: &str) -> anyhow::Result<Instance> {
-        let args = [
-            "--topic",
-            &self.output,
-            "--group-id",
-            &self.sink_group,
-            "--instance-id",
-            id,
-            "--database-url",
-            &self.database_url,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(sink_writer::Config {
+            topic: &self.output,
+            group_id: &self.sink_group,
+            instance.instance_id: id,
+            database[database_url]: &self.database_url,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        });
         started(id, ServiceProcess::spawn("sink-writer", &args, &[])?)
     }
 

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{TestDatabase, bootstrap_servers, create_topic, unique_name};
 
@@ -51,31 +52,28 @@ pub(crate) async fn assert_no_secret(
 
 /// The arguments that let each database service start apart from its database.
 fn service_args(binary: &str) -> Vec<String> {
-    let args: Vec<String> = match binary {
-        "dedup-service" => vec!["--listen".into(), "127.0.0.1:0".into()],
-        "sink-writer" => vec![
-            "--topic".into(),
-            unique_name("secrets"),
-            "--group-id".into(),
-            unique_name("secrets"),
-        ],
-        "outbox-relay" => vec![
-            "--bootstrap-servers".into(),
-            bootstrap_servers(),
-            "--relay-name".into(),
-            unique_name("secrets"),
-        ],
-        "payments-api" => vec![
-            "--addr".into(),
-            "127.0.0.1:0".into(),
-            "--topic".into(),
-            unique_name("secrets"),
-        ],
+    match binary {
+        "dedup-service" => argv!(dedup_service::Config {
+            listen: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+        }),
+        "sink-writer" => argv!(sink_writer::Config {
+            topic: unique_name("secrets"),
+            group_id: unique_name("secrets"),
+            metrics_addr: "127.0.0.1:0",
+        }),
+        "outbox-relay" => argv!(outbox_relay::Config {
+            kafka.bootstrap_servers: bootstrap_servers(),
+            relay_name: unique_name("secrets"),
+            metrics_addr: "127.0.0.1:0",
+        }),
+        "payments-api" => argv!(payments_api::Config {
+            addr: "127.0.0.1:0",
+            topic: unique_name("secrets"),
+            metrics_addr: "127.0.0.1:0",
+        }),
         other => unreachable!("{other} has no database"),
-    };
-    let mut all = args;
-    all.extend(["--metrics-addr".to_owned(), "127.0.0.1:0".to_owned()]);
-    all
+    }
 }
 
 const DATABASE_SERVICES: [&str; 4] = [

@@ -7,11 +7,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use eos_testkit::argv;
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, PostgresRestartGuard, TestDatabase, create_topic, end_offsets, produce_records,
-    read_topic, unique_name,
+    Isolation, PostgresRestartGuard, TestDatabase, arg_refs, create_topic, end_offsets,
+    produce_records, read_topic, unique_name,
 };
 use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
@@ -47,22 +48,14 @@ impl Sink {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> anyhow::Result<ServiceProcess> {
-        let mut args: Vec<String> = [
-            "--topic",
-            &self.topic,
-            "--group-id",
-            &self.group,
-            "--instance-id",
-            instance,
-            "--database-url",
-            &self.database_url,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = argv!(sink_writer::Config {
+            topic: &self.topic,
+            group_id: &self.group,
+            instance.instance_id: instance,
+            database[database_url]: &self.database_url,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        });
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         ServiceProcess::spawn("sink-writer", &args, envs)
     }
@@ -148,6 +141,11 @@ impl Sink {
             .collect();
         Ok((ends, stored))
     }
+}
+
+/// sink-writer's `--offsets kafka`.
+fn kafka_offsets() -> Vec<String> {
+    argv!(sink_writer::Config { offsets: "kafka" })
 }
 
 /// What the topic says the sink must have written, decided independently of the sink's code
@@ -519,7 +517,11 @@ updated_at = "now"
         let topic = fresh_topic("seed-versions", 1).await?;
         produce(&topic, order).await?;
         let sink = Sink::new(&topic, &db.url);
-        let mut process = sink.spawn(name, &["--config", &config], &[])?;
+        let mut process = sink.spawn(
+            name,
+            &arg_refs(&argv!(sink_writer::Config { config: &config })),
+            &[],
+        )?;
         sink.wait_drained(&db.pool, &mut process).await?;
         process.stop_gracefully()?;
         let states: Vec<(String, i64, String)> = sqlx::query_as(
@@ -593,14 +595,11 @@ async fn sink_batches_close_at_max_batch_bytes() -> anyhow::Result<()> {
     let sink = Sink::new(&topic, &db.url);
     let mut process = sink.spawn(
         "bytes",
-        &[
-            "--max-batch",
-            "100000",
-            "--batch-interval",
-            "5s",
-            "--max-batch-bytes",
-            "1",
-        ],
+        &arg_refs(&argv!(sink_writer::Config {
+            max_batch: 100_000usize,
+            batch_interval: "5s",
+            max_batch_bytes: 1usize,
+        })),
         &[],
     )?;
     sink.wait_drained(&db.pool, &mut process).await?;
@@ -779,7 +778,9 @@ async fn sink_paused_zombie_is_rejected_by_the_epoch_fence() -> anyhow::Result<(
     // the test freezes it holding a batch, as a GC pause or a stopped VM would.
     let mut zombie = sink.spawn(
         "member-a",
-        &["--max-batch", "100000"],
+        &arg_refs(&argv!(sink_writer::Config {
+            max_batch: 100_000usize
+        })),
         &[("EOS_SINK_FAULT_STALL_BEFORE_COMMIT", "3s")],
     )?;
     sink.wait_drained(&db.pool, &mut zombie).await?;
@@ -966,7 +967,13 @@ async fn sink_refuses_to_start_on_a_bad_config_naming_the_problem() -> anyhow::R
         let path = std::env::temp_dir().join(format!("{}.toml", unique_name("sink-config")));
         std::fs::write(&path, text)?;
         let sink = Sink::new(&topic, &db.url);
-        let mut process = sink.spawn("bad", &["--config", &path.display().to_string()], &[])?;
+        let mut process = sink.spawn(
+            "bad",
+            &arg_refs(&argv!(sink_writer::Config {
+                config: path.display().to_string()
+            })),
+            &[],
+        )?;
         let status = process
             .wait_timeout(Duration::from_secs(30))?
             .with_context(|| format!("started anyway\n{}", process.log_tail(20)))?;
@@ -1028,7 +1035,13 @@ seen_at = "now"
     )
     .await?;
     let sink = Sink::new(&topic, &db.url);
-    let mut process = sink.spawn("refused", &["--config", &path.display().to_string()], &[])?;
+    let mut process = sink.spawn(
+        "refused",
+        &arg_refs(&argv!(sink_writer::Config {
+            config: path.display().to_string()
+        })),
+        &[],
+    )?;
     sink.wait_drained(&db.pool, &mut process).await?;
     process.stop_gracefully()?;
     let _ = std::fs::remove_file(&path);
@@ -1070,11 +1083,11 @@ async fn sink_kafka_offsets_mode_is_at_least_once_into_idempotent_tables() -> an
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(101);
     for _ in 0..4 {
-        let mut process = sink.spawn("kafka-mode", &["--offsets", "kafka"], &[])?;
+        let mut process = sink.spawn("kafka-mode", &arg_refs(&kafka_offsets()), &[])?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..2_000))).await;
         process.kill_hard()?;
     }
-    let mut last = sink.spawn("kafka-mode", &["--offsets", "kafka"], &[])?;
+    let mut last = sink.spawn("kafka-mode", &arg_refs(&kafka_offsets()), &[])?;
     let summary = tokio::task::spawn_blocking(move || producer.join())
         .await?
         .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
@@ -1153,14 +1166,11 @@ written_at = "now"
     let sink = Sink::new(&topic, &db.url);
     let mut process = sink.spawn(
         "purge",
-        &[
-            "--config",
-            &path.display().to_string(),
-            "--replay-horizon",
-            "14d",
-            "--purge-interval",
-            "1s",
-        ],
+        &arg_refs(&argv!(sink_writer::Config {
+            config: path.display().to_string(),
+            replay_horizon: "14d",
+            purge_interval: "1s",
+        })),
         &[],
     )?;
     sink.wait_drained(&db.pool, &mut process).await?;

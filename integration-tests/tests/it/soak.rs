@@ -126,25 +126,16 @@ impl Chain {
     }
 
     fn spawn_sink(&self) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--topic",
-            &self.output,
-            "--group-id",
-            &self.sink_group,
-            "--instance-id",
-            "soak",
-            "--database-url",
-            &self.database_url,
-            "--config",
-            &self.targets,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(sink_writer::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            topic: &self.output,
+            group_id: &self.sink_group,
+            instance.instance_id: "soak",
+            database[database_url]: &self.database_url,
+            config: &self.targets,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        });
         ServiceProcess::spawn("sink-writer", &args, &[])
     }
 }
@@ -272,17 +263,14 @@ async fn soak_every_boundary_stays_exact_under_a_fault_every_5_to_15_seconds() -
             .local_addr()?
             .port()
     );
-    let dedup_args = [
-        "--provider-url",
-        sim.url.as_str(),
-        "--reconcile-interval",
-        "200ms",
-        "--in-flight-window",
-        "3s",
-    ];
+    let dedup_args = argv!(dedup_service::Config {
+        provider_url: &sim.url,
+        reconcile_interval: "200ms",
+        in_flight_window: "3s",
+    });
     let mut dedup = Supervised::start({
         let (url, listen) = (db.url.clone(), dedup_listen.clone());
-        let args = dedup_args.map(str::to_owned);
+        let args = dedup_args;
         move || {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             Ok(Dedup::spawn_on(&url, &listen, &args)?.process)

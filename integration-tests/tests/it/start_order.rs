@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{TestDatabase, unique_name};
 use reqwest::Url;
@@ -50,9 +51,8 @@ async fn wait_ready(process: &mut ServiceProcess) -> anyhow::Result<()> {
     }
 }
 
-fn spawn(binary: &str, args: &[&str]) -> anyhow::Result<ServiceProcess> {
-    let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
-    ServiceProcess::spawn(binary, &args, &[])
+fn spawn(binary: &str, args: &[String]) -> anyhow::Result<ServiceProcess> {
+    ServiceProcess::spawn(binary, args, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,40 +74,30 @@ async fn services_wait_for_a_late_postgres_and_stop_at_once_on_a_refused_login()
 
     let mut dedup = spawn(
         "dedup-service",
-        &[
-            "--database-url",
-            &late_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ],
+        &argv!(dedup_service::Config {
+            database[database_url]: &late_url,
+            listen: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+        }),
     )?;
     let mut relay = spawn_relay(&late_url, &[], &[])?;
     let topic = unique_name("payments");
     let mut payments = spawn(
         "payments-api",
-        &[
-            "--addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--database-url",
-            &late_url,
-            "--topic",
-            &topic,
-        ],
+        &argv!(payments_api::Config {
+            addr: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+            database[database_url]: &late_url,
+            topic: &topic,
+        }),
     )?;
     let mut cancelled = spawn(
         "dedup-service",
-        &[
-            "--database-url",
-            &late_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ],
+        &argv!(dedup_service::Config {
+            database[database_url]: &late_url,
+            listen: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+        }),
     )?;
     for process in [&mut *dedup, &mut *relay, &mut *payments, &mut *cancelled] {
         process.wait_for_log_line(RETRY_LOGGED, TIMEOUT)?;
@@ -145,14 +135,11 @@ async fn services_wait_for_a_late_postgres_and_stop_at_once_on_a_refused_login()
     let started = Instant::now();
     let mut wrong_password = spawn(
         "dedup-service",
-        &[
-            "--database-url",
-            refused.as_str(),
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ],
+        &argv!(dedup_service::Config {
+            database[database_url]: refused.as_str(),
+            listen: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+        }),
     )?;
     let status = wrong_password
         .wait_timeout(Duration::from_secs(20))?

@@ -75,25 +75,16 @@ impl TracedPipeline {
     }
 
     fn spawn_sink(&self) -> anyhow::Result<ServiceProcess> {
-        let args = [
-            "--bootstrap-servers",
-            &self.bootstrap,
-            "--topic",
-            &self.output,
-            "--group-id",
-            &self.sink_group,
-            "--instance-id",
-            "traced",
-            "--database-url",
-            &self.database_url,
-            "--config",
-            &self.sink_config,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--max-backoff",
-            "1s",
-        ]
-        .map(str::to_owned);
+        let args = argv!(sink_writer::Config {
+            kafka.bootstrap_servers: &self.bootstrap,
+            topic: &self.output,
+            group_id: &self.sink_group,
+            instance.instance_id: "traced",
+            database[database_url]: &self.database_url,
+            config: &self.sink_config,
+            metrics_addr: "127.0.0.1:0",
+            max_backoff: "1s",
+        });
         ServiceProcess::spawn("sink-writer", &args, &self.otel_env())
     }
 
@@ -117,19 +108,13 @@ impl TracedPipeline {
             "http://{}",
             provider.wait_for_log_field("http_addr", SPANS_TIMEOUT)?
         );
-        let args = [
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--database-url",
-            &db.url,
-            "--provider-url",
-            &provider_url,
-            "--reconcile-interval",
-            "200ms",
-        ]
-        .map(str::to_owned);
+        let args = argv!(dedup_service::Config {
+            listen: "127.0.0.1:0",
+            metrics_addr: "127.0.0.1:0",
+            database[database_url]: &db.url,
+            provider_url: &provider_url,
+            reconcile_interval: "200ms",
+        });
         let mut dedup = ServiceProcess::spawn("dedup-service", &args, &self.otel_env())?;
         let dedup_url = format!(
             "http://{}",

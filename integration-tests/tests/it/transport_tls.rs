@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use eos_testkit::{ChildProcess, LogMode};
+use eos_testkit::{ChildProcess, LogMode, argv};
 use integration_tests::eosctl::{self, Workload};
 use integration_tests::service_process::{ServiceProcess, log_dir};
 use integration_tests::{
@@ -279,23 +279,17 @@ fn spawn_processor_at(
     group: &str,
     ops: &str,
 ) -> anyhow::Result<ServiceProcess> {
-    let mut args: Vec<String> = vec!["--bootstrap-servers".into(), bootstrap.into()];
+    let mut args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: bootstrap
+    });
     args.extend(kafka_args.iter().map(|a| (*a).to_owned()));
-    args.extend(
-        [
-            "--input-topic",
-            input,
-            "--output-topic",
-            output,
-            "--group-id",
-            group,
-            "--instance-id",
-            "tls-0",
-            "--metrics-addr",
-            ops,
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(argv!(eos_processor::Config {
+        input_topic: input,
+        output_topic: output,
+        group_id: group,
+        instance.instance_id: "tls-0",
+        metrics_addr: ops,
+    }));
     ServiceProcess::spawn("eos-processor", &args, &[])
 }
 
@@ -325,23 +319,17 @@ fn spawn_sink_at(
     database_url: &str,
     ops: &str,
 ) -> anyhow::Result<ServiceProcess> {
-    let mut args: Vec<String> = vec!["--bootstrap-servers".into(), bootstrap.into()];
+    let mut args = argv!(sink_writer::Config {
+        kafka.bootstrap_servers: bootstrap
+    });
     args.extend(kafka_args.iter().map(|a| (*a).to_owned()));
-    args.extend(
-        [
-            "--topic",
-            topic,
-            "--group-id",
-            group,
-            "--instance-id",
-            "tls-0",
-            "--database-url",
-            database_url,
-            "--metrics-addr",
-            ops,
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(argv!(sink_writer::Config {
+        topic: topic,
+        group_id: group,
+        instance.instance_id: "tls-0",
+        database[database_url]: database_url,
+        metrics_addr: ops,
+    }));
     ServiceProcess::spawn("sink-writer", &args, &[])
 }
 
@@ -592,7 +580,9 @@ fn with_params(url: &str, params: &str) -> String {
 /// Runs `sink-writer migrate` against `database_url`: `(success, stderr)`.
 fn migrate(database_url: &str) -> anyhow::Result<(bool, String)> {
     let output = Command::new(integration_tests::workspace_binary("sink-writer")?)
-        .args(["migrate", "--database-url", database_url])
+        .args(argv!(subcommand sink_writer::MigrateArgs {
+            database[database_url]: database_url
+        }))
         .output()?;
     let mut text = String::from_utf8_lossy(&output.stderr).into_owned();
     text.push_str(&String::from_utf8_lossy(&output.stdout));
@@ -919,20 +909,13 @@ async fn a_wrong_scram_password_is_named_by_every_kafka_service_and_command() ->
         &db.url,
         &sink_ops,
     )?;
-    let relay_args: Vec<String> = [
-        "--bootstrap-servers",
-        &broker.sasl_ssl,
-        "--kafka-properties-file",
-        &properties,
-        "--database-url",
-        &db.url,
-        "--relay-name",
-        &unique_name("auth-relay"),
-        "--metrics-addr",
-        &relay_ops,
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let relay_args = argv!(outbox_relay::Config {
+        kafka.bootstrap_servers: &broker.sasl_ssl,
+        kafka.kafka_properties_file: &properties,
+        database[database_url]: &db.url,
+        relay_name: unique_name("auth-relay"),
+        metrics_addr: &relay_ops,
+    });
     let relay = ServiceProcess::spawn("outbox-relay", &relay_args, &[])?;
 
     let mut services = [

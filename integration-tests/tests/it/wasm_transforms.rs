@@ -16,6 +16,7 @@ use eos_processor::DEFAULT_OUTPUT;
 use eos_processor::replay;
 use eos_processor::wasm::{Options, WasmTransform};
 use eos_runtime::kafka_clients;
+use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
@@ -125,32 +126,19 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
         let (input, records) = (input.clone(), records.clone());
         std::thread::spawn(move || produce(&input, &records, 80))
     };
-    let args: Vec<String> = [
-        "--bootstrap-servers",
-        &bootstrap,
-        "--transform",
-        &format!("wasm:{}", module.display()),
-        "--event-id",
-        "/auth_id",
-        "--entity",
-        "/card",
-        "--occurred-at",
-        "/at",
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &approved,
-        "--output",
-        &format!("{FLAGGED}={flagged}"),
-        "--group-id",
-        &group,
-        "--instance-id",
-        "wasm-cards",
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        transform: format!("wasm:{}", module.display()),
+        event_id: "/auth_id",
+        entity: "/card",
+        occurred_at: "/at",
+        input_topic: &input,
+        output_topic: &approved,
+        outputs: format!("{FLAGGED}={flagged}"),
+        group_id: &group,
+        instance.instance_id: "wasm-cards",
+        metrics_addr: "127.0.0.1:0",
+    });
     let spawn = || ServiceProcess::spawn("eos-processor", &args, &[]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for _ in 0..KILLS {
