@@ -1504,6 +1504,17 @@ async fn a_slot_behind_kafkas_position_resumes_exactly() -> anyhow::Result<()> {
     assert!(behind < ahead, "the copy ({behind}) is behind ({ahead})");
     let slot = outbox.slot.clone();
     let mut relay = outbox.spawn_relay("exactly-once", &["--slot", &slot])?;
+    // Resumed before anything else is checked: the first relay may have published every row
+    // already, and a relay stopped while it starts would show nothing about the slot behind.
+    tokio::task::block_in_place(|| {
+        relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
+    })?;
+    let resumed = outbox.slot_lsn().await?.context("the copy")?;
+    assert!(
+        resumed >= ahead,
+        "the slot behind ({behind}) is moved to Kafka's position, at least where the first \
+         relay's slot was ({ahead}), before reading: it is at {resumed}"
+    );
     join_writer(writer).await?;
     outbox.wait_relayed(&relay).await?;
     relay.stop_gracefully()?;
