@@ -62,12 +62,6 @@ pub trait LogFormatFlag {
     fn log_format(&self) -> LogFormat;
 }
 
-impl LogFormatFlag for LogFlags {
-    fn log_format(&self) -> LogFormat {
-        self.log_format
-    }
-}
-
 impl LogFormatFlag for MigrateArgs {
     fn log_format(&self) -> LogFormat {
         self.log.log_format

@@ -297,7 +297,7 @@ fn spawn_service(
 }
 
 /// Waits until the service's `/readyz` answers 200: connected, schema checked, working.
-async fn wait_ready(process: &mut ServiceProcess) -> anyhow::Result<String> {
+pub(crate) async fn wait_ready(process: &mut ServiceProcess) -> anyhow::Result<String> {
     let ops =
         tokio::task::block_in_place(|| process.wait_for_log_field("metrics_addr", START_TIMEOUT))?;
     let client = reqwest::Client::builder()
@@ -315,7 +315,7 @@ async fn wait_ready(process: &mut ServiceProcess) -> anyhow::Result<String> {
         }
         ensure!(
             process.is_running() && Instant::now() < deadline,
-            "{} did not become ready over verify-full\n{}",
+            "{} did not become ready\n{}",
             process.name(),
             process.log_tail(40)
         );

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{TestDatabase, unique_name};
@@ -13,6 +13,7 @@ use reqwest::Url;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::payments_api::spawn_relay;
+use crate::postgres_tls::wait_ready;
 
 const RETRY_LOGGED: &str = "PostgreSQL unreachable at start; retrying";
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,30 +30,14 @@ async fn forward(listener: TcpListener, upstream: String) {
     }
 }
 
-/// Polls `/readyz` on the service's ops endpoint until it answers 200.
-async fn wait_ready(process: &mut ServiceProcess) -> anyhow::Result<()> {
-    let addr = process.wait_for_log_field("metrics_addr", TIMEOUT)?;
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let ready = reqwest::get(format!("http://{addr}/readyz"))
-            .await
-            .is_ok_and(|response| response.status().is_success());
-        if ready {
-            return Ok(());
-        }
-        if !process.is_running() || Instant::now() > deadline {
-            bail!(
-                "{} never became ready:\n{}",
-                process.name(),
-                process.log_tail(30)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn spawn(binary: &str, args: &[String]) -> anyhow::Result<ServiceProcess> {
-    ServiceProcess::spawn(binary, args, &[])
+/// dedup-service on `database_url`, on ports of its own.
+fn spawn_dedup(database_url: &str) -> anyhow::Result<ServiceProcess> {
+    let args = argv!(dedup_service::Config {
+        database[database_url]: database_url,
+        listen: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+    });
+    ServiceProcess::spawn("dedup-service", &args, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,33 +57,17 @@ async fn services_wait_for_a_late_postgres_and_stop_at_once_on_a_refused_login()
         .map_err(|()| anyhow::anyhow!("cannot set the port"))?;
     let late_url = late.to_string();
 
-    let mut dedup = spawn(
-        "dedup-service",
-        &argv!(dedup_service::Config {
-            database[database_url]: &late_url,
-            listen: "127.0.0.1:0",
-            metrics_addr: "127.0.0.1:0",
-        }),
-    )?;
+    let mut dedup = spawn_dedup(&late_url)?;
     let mut relay = spawn_relay(&late_url, &[], &[])?;
     let topic = unique_name("payments");
-    let mut payments = spawn(
-        "payments-api",
-        &argv!(payments_api::Config {
-            addr: "127.0.0.1:0",
-            metrics_addr: "127.0.0.1:0",
-            database[database_url]: &late_url,
-            topic: &topic,
-        }),
-    )?;
-    let mut cancelled = spawn(
-        "dedup-service",
-        &argv!(dedup_service::Config {
-            database[database_url]: &late_url,
-            listen: "127.0.0.1:0",
-            metrics_addr: "127.0.0.1:0",
-        }),
-    )?;
+    let args = argv!(payments_api::Config {
+        addr: "127.0.0.1:0",
+        metrics_addr: "127.0.0.1:0",
+        database[database_url]: &late_url,
+        topic: &topic,
+    });
+    let mut payments = ServiceProcess::spawn("payments-api", &args, &[])?;
+    let mut cancelled = spawn_dedup(&late_url)?;
     for process in [&mut *dedup, &mut *relay, &mut *payments, &mut *cancelled] {
         process.wait_for_log_line(RETRY_LOGGED, TIMEOUT)?;
     }
@@ -133,14 +102,7 @@ async fn services_wait_for_a_late_postgres_and_stop_at_once_on_a_refused_login()
         .set_password(Some("not-the-password"))
         .map_err(|()| anyhow::anyhow!("cannot set the password"))?;
     let started = Instant::now();
-    let mut wrong_password = spawn(
-        "dedup-service",
-        &argv!(dedup_service::Config {
-            database[database_url]: refused.as_str(),
-            listen: "127.0.0.1:0",
-            metrics_addr: "127.0.0.1:0",
-        }),
-    )?;
+    let mut wrong_password = spawn_dedup(refused.as_str())?;
     let status = wrong_password
         .wait_timeout(Duration::from_secs(20))?
         .with_context(|| {
