@@ -12,6 +12,7 @@ pub mod dead_letter;
 pub mod envelope;
 pub mod event;
 pub mod fingerprint;
+pub mod json_text;
 pub mod strict_json;
 
 pub use boundary::{Boundary, Checkpoint, Guarantee};
