@@ -183,7 +183,7 @@ impl<T: Transform> TransactionLoop<T> {
                         topic,
                         partition: None,
                         key: Some(output.key.unwrap_or_else(|| entity_id.clone().into_bytes())),
-                        payload: serde_json::to_vec(&output.value).ok(),
+                        payload: Some(eos_core::json_text::to_vec(&output.value)),
                         headers,
                     });
                 }
