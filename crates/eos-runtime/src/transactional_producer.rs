@@ -24,6 +24,13 @@ use crate::backoff::{
 use crate::kafka_clients;
 use crate::stuck_call_watchdog::{self, CallWatch};
 
+/// How long librdkafka holds a record to fill a larger request, unless the operator sets
+/// `linger.ms` (`--kafka-property`). A commit waits out the linger of its last records
+/// (rust-rdkafka's flush, which would cut it short, is not used: see `wait_for_deliveries`), so
+/// at one record per transaction librdkafka's 5 ms default was most of a commit's time; 1 ms
+/// doubled single-record transactions and left batch throughput where it was
+/// (docs/BENCHMARKS.md "Single-record transactions").
+const DEFAULT_LINGER_MS: &str = "1";
 /// Commit attempts whose outcome is unknown before the producer is replaced.
 const COMMIT_ATTEMPTS: u32 = 5;
 /// Attempts of a retriable call other than commit before giving up on it (sending offsets: the
@@ -176,8 +183,10 @@ impl TransactionalProducer {
         call_timeout: Duration,
     ) -> Result<Self, ProducerError> {
         let mut config = kafka_clients::idempotent_producer(client_config);
+        if client_config.get("linger.ms").is_none() {
+            config.set("linger.ms", DEFAULT_LINGER_MS);
+        }
         config
-            .set("linger.ms", "5")
             // librdkafka's default backoff makes back-to-back transactions slow: the next
             // AddOffsetsToTxn meets the previous transaction's markers ("concurrent transactions")
             // and waits a backoff that doubles up to retry.backoff.max.ms.
