@@ -74,6 +74,7 @@ mod tests {
         distinct.dedup();
         assert_eq!(distinct.len(), 20, "{ports:?}");
         let below = ephemeral_low().unwrap_or(32_768);
+        let mut taken_since = Vec::new();
         for port in ports {
             if below > LOWEST + 1_000 {
                 assert!(
@@ -81,7 +82,16 @@ mod tests {
                     "{port} not in {LOWEST}..{below}"
                 );
             }
-            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("free again once released");
+            if let Err(error) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                taken_since.push((port, error.kind()));
+            }
         }
+        // Free once released, except that on a shared machine (the whole suite runs beside the
+        // stack) another process may bind one of them in between, as the module's doc says a
+        // server's own bind can meet: once, in a full run. More than one is not chance.
+        assert!(
+            taken_since.len() <= 1,
+            "not free once released: {taken_since:?}"
+        );
     }
 }
