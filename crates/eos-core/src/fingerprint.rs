@@ -13,6 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 
+// Strings escaped as serde_json escapes them, which is deterministic.
+use crate::json_text::write_string;
+
 /// Largest magnitude below which every integer is exactly representable as an `f64`.
 const EXACT_F64_INTEGER_LIMIT: f64 = 9_007_199_254_740_992.0;
 
@@ -110,11 +113,6 @@ fn write_fields(fields: &mut [(&str, &Value)], out: &mut Vec<u8>) {
         write_value(value, out);
     }
     out.push(b'}');
-}
-
-fn write_string(s: &str, out: &mut Vec<u8>) {
-    // serde_json's escaping, deterministic; faster on text that needs none.
-    crate::json_text::write_string(s, out);
 }
 
 fn write_number(n: &Number, out: &mut Vec<u8>) {

@@ -4,9 +4,9 @@
 //! serde_json checks every byte of a string against its escape table and copies the runs between
 //! escapes; on a record whose bulk is one long text field that per-byte loop was the processor's
 //! largest item (docs/BENCHMARKS.md "Where the processor's CPU goes"). Here a string is first
-//! checked eight bytes at a time in one machine word, and a string
-//! that needs no escaping — nearly every one — is copied whole. A string that does need escaping
-//! goes to serde_json, so the escapes are always serde_json's own.
+//! checked eight bytes at a time in one machine word, and a string that needs no escaping —
+//! nearly every one — is copied whole. A string that does need escaping goes to serde_json, so
+//! the escapes are always serde_json's own.
 
 use serde_json::Value;
 
