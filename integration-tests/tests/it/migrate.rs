@@ -178,8 +178,8 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     let log = run_migrate("dedup-service", &db.url)?;
     assert_eq!(
         log.matches("migration applied").count(),
-        4,
-        "the four dedup-service migrations are applied and logged\n{log}"
+        5,
+        "the five dedup-service migrations are applied and logged\n{log}"
     );
     let log = run_migrate("sink-writer", &db.url)?;
     assert_eq!(
@@ -208,8 +208,8 @@ async fn migrate_prepares_a_fresh_database_for_services_that_skip_migrations() -
     let migrated = schema_snapshot(&db).await?;
     assert_eq!(
         migrated.1.len(),
-        6,
-        "four of dedup-service, two of the sink: {migrated:?}"
+        7,
+        "five of dedup-service, two of the sink: {migrated:?}"
     );
 
     // The runtime role can change no table.
