@@ -207,5 +207,5 @@ async fn sink_charges_each_event_once_over_https_with_a_credential_from_a_file()
     assert_eq!(not_succeeded, 0, "every intent settled SUCCEEDED");
     drop(dedup);
     std::fs::remove_dir_all(&dir)?;
-    Ok(())
+    db.drop_database().await
 }

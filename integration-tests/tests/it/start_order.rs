@@ -118,5 +118,5 @@ async fn services_wait_for_a_late_postgres_and_stop_at_once_on_a_refused_login()
         "a refused login is named and not retried:\n{log}"
     );
     assert!(started.elapsed() < Duration::from_secs(20));
-    Ok(())
+    db.drop_database().await
 }
