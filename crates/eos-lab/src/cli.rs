@@ -197,6 +197,11 @@ pub struct PipelineBenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub latency_rate: Option<u64>,
 
+    /// The charged chain's provider target `concurrency`: charges in a round at once, and the
+    /// items of each `BeginBatch` [default: sink-writer's].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub provider_concurrency: Option<u64>,
+
     /// PostgreSQL server (and a database on it the role can connect to); the benchmark creates
     /// its own database there.
     #[arg(

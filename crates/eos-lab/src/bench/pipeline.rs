@@ -91,6 +91,8 @@ pub struct PipelineReport {
     pub value_bytes: usize,
     pub partitions: i32,
     pub commit_interval_ms: u64,
+    /// The provider target's `concurrency` in the charged chain.
+    pub provider_concurrency: u64,
     pub rounds: u32,
     pub bin_dir: String,
     /// The services were debug builds (their figures mean little).
@@ -126,11 +128,12 @@ impl PipelineReport {
             out,
             "pipeline bench: producer -> eos-processor -> sink-writer -> PostgreSQL (+ dedup-service \
              -> provider-sim); {} events of ~{} bytes per round, {} partitions, commit interval {} \
-             ms, {} interleaved rounds; {} cores, load before {}",
+             ms, provider concurrency {}, {} interleaved rounds; {} cores, load before {}",
             grouped(self.records as i64),
             self.value_bytes,
             self.partitions,
             self.commit_interval_ms,
+            self.provider_concurrency,
             self.rounds,
             self.cores,
             load_text(self.load_before)
@@ -388,6 +391,10 @@ impl Bench {
             value_bytes: self.args.value_bytes,
             partitions: self.args.partitions,
             commit_interval_ms: self.args.commit_interval.as_millis() as u64,
+            provider_concurrency: self
+                .args
+                .provider_concurrency
+                .unwrap_or(sink_writer::targets::DEFAULT_PROVIDER_CONCURRENCY as u64),
             rounds: self.args.rounds,
             bin_dir: self.bin_dir.display().to_string(),
             debug_build: is_debug_build(&self.bin_dir),
@@ -549,6 +556,7 @@ impl Bench {
             name: &provider_name,
             dedup_url: &self.dedup_url,
             provider_url: &self.provider_url,
+            concurrency: self.args.provider_concurrency,
         };
         std::fs::write(
             &targets_path,

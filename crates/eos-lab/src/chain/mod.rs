@@ -32,6 +32,8 @@ pub(crate) struct ProviderTarget<'a> {
     pub(crate) name: &'a str,
     pub(crate) dedup_url: &'a str,
     pub(crate) provider_url: &'a str,
+    /// The target's `concurrency` [default: sink-writer's].
+    pub(crate) concurrency: Option<u64>,
 }
 
 /// The sink's targets: the default two tables and, given one, the provider charge.
@@ -71,6 +73,7 @@ updated_at = "now"
         name,
         dedup_url,
         provider_url,
+        concurrency,
     }) = provider
     {
         targets.push_str(&format!(
@@ -84,6 +87,9 @@ call_timeout = "1s"
 lease_ttl = "10s"
 "#
         ));
+        if let Some(concurrency) = concurrency {
+            targets.push_str(&format!("concurrency = {concurrency}\n"));
+        }
     }
     targets
 }
@@ -100,10 +106,21 @@ mod tests {
             name: "pay",
             dedup_url: "http://127.0.0.1:1",
             provider_url: "http://127.0.0.1:2",
+            concurrency: None,
         };
         let charged = sink_writer::targets::parse(&sink_targets("test", Some(&provider)))?;
         assert_eq!((charged.tables.len(), charged.providers.len()), (2, 1));
         assert_eq!(charged.providers[0].name, "pay");
+        assert_eq!(
+            charged.providers[0].concurrency,
+            sink_writer::targets::DEFAULT_PROVIDER_CONCURRENCY
+        );
+        let wider = ProviderTarget {
+            concurrency: Some(256),
+            ..provider
+        };
+        let charged = sink_writer::targets::parse(&sink_targets("test", Some(&wider)))?;
+        assert_eq!(charged.providers[0].concurrency, 256);
         Ok(())
     }
 }

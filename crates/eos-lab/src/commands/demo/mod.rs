@@ -353,6 +353,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
                 name: &provider_name,
                 dedup_url: &dedup_url,
                 provider_url: &provider_url,
+                concurrency: None,
             }),
         ),
     )?;
