@@ -114,9 +114,16 @@ pub struct Config {
     #[arg(long, env = "EOS_SINK_MAX_BATCH_BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_batch_bytes: usize,
 
-    /// A batch closes this long after its first record.
+    /// A batch closes this long after its first record at the latest.
     #[arg(long, env = "EOS_SINK_BATCH_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub batch_interval: Duration,
+
+    /// A batch also closes once no record has arrived for this long: the input is drained (a
+    /// transactional input arrives a commit at a time), and waiting out the interval would add
+    /// latency but no records. Set it to the --batch-interval to close batches by interval and
+    /// size only.
+    #[arg(long, env = "EOS_SINK_BATCH_IDLE", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub batch_idle: Duration,
 
     /// Records larger than this many bytes are dead-lettered as oversized_record.
     #[arg(long, env = "EOS_MAX_RECORD_BYTES", default_value_t = DEFAULT_MAX_RECORD_BYTES)]
@@ -293,6 +300,9 @@ impl Config {
         if self.batch_interval.is_zero() {
             return Err("--batch-interval must be positive".into());
         }
+        if self.batch_idle.is_zero() {
+            return Err("--batch-idle must be positive".into());
+        }
         if !matches!(self.occurred_at.parse(), Ok(FieldLocation::Pointer(_))) {
             return Err(format!(
                 "--occurred-at {:?} is not a JSON pointer (such as /occurred_at)",
@@ -402,6 +412,10 @@ mod tests {
             .validate()
             .expect_err("zero batch");
         assert!(error.contains("--max-batch"), "{error}");
+        let error = parse(&["--batch-idle", "0s"])
+            .validate()
+            .expect_err("zero idle bound");
+        assert!(error.contains("--batch-idle"), "{error}");
         assert!(
             Config::try_parse_from(["sink-writer"]).is_err()
                 || std::env::var("DATABASE_URL").is_ok()

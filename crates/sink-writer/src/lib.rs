@@ -286,6 +286,7 @@ async fn serve(
         max_batch: config.max_batch,
         max_batch_bytes: config.max_batch_bytes,
         batch_interval: config.batch_interval,
+        batch_idle: config.batch_idle,
         events: config.event_format(),
         max_backoff: config.max_backoff,
         shutdown_timeout: config.shutdown_timeout,

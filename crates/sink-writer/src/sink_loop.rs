@@ -72,6 +72,8 @@ pub struct LoopSettings {
     pub max_batch: usize,
     pub max_batch_bytes: usize,
     pub batch_interval: Duration,
+    /// An open batch closes once no record arrived for this long (`--batch-idle`).
+    pub batch_idle: Duration,
     /// How records are read as events: the contract and the schema checked.
     pub events: crate::mapping::EventFormat,
     pub max_backoff: Duration,
@@ -117,6 +119,8 @@ pub struct SinkLoop {
     /// What `batch` holds in payload, key and header bytes.
     batch_bytes: usize,
     batch_started: Option<Instant>,
+    /// When the last record joined the batch: `--batch-idle` counts from it.
+    last_accepted: Option<Instant>,
     backoff: Backoff,
     last_lag_report: Instant,
     readiness: Readiness,
@@ -163,6 +167,7 @@ impl SinkLoop {
             batch: Vec::new(),
             batch_bytes: 0,
             batch_started: None,
+            last_accepted: None,
             backoff,
             last_lag_report: Instant::now()
                 .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
@@ -195,11 +200,14 @@ impl SinkLoop {
                 self.flush_or_recover()?;
             }
             self.position_pending()?;
+            // An open batch waits for its next record only as long as the idle bound: a poll that
+            // returns nothing then closes it (below).
             let wait = match self.batch_started {
                 Some(started) => self
                     .settings
                     .batch_interval
-                    .saturating_sub(started.elapsed()),
+                    .saturating_sub(started.elapsed())
+                    .min(self.settings.batch_idle),
                 None => self.settings.batch_interval,
             };
             let polled = self
@@ -211,8 +219,14 @@ impl SinkLoop {
             match polled {
                 Some(Ok(message)) => self.accept(&message),
                 Some(Err(error)) => self.consumer_error(error)?,
+                // Nothing arrived within the wait: an open batch has all the input there is
+                // (docs/ARCHITECTURE.md "Latency"), and an empty one may still have markers to
+                // commit past.
                 None => {
-                    if self.markers_to_commit() {
+                    let idle = self
+                        .last_accepted
+                        .is_some_and(|at| at.elapsed() >= self.settings.batch_idle);
+                    if (idle && !self.batch.is_empty()) || self.markers_to_commit() {
                         self.flush_or_recover()?;
                     }
                 }
@@ -286,7 +300,9 @@ impl SinkLoop {
         };
         self.batch_bytes += record_bytes(&record);
         self.batch.push(record);
-        self.batch_started.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        self.batch_started.get_or_insert(now);
+        self.last_accepted = Some(now);
     }
 
     fn handle_rebalance_events(&mut self) {

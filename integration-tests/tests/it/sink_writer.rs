@@ -582,8 +582,9 @@ async fn sink_conflict_is_recorded_and_the_stored_row_is_kept() -> anyhow::Resul
 }
 
 /// `--max-batch-bytes` closes a batch by size even when neither the count nor the interval would
-/// (the 20 records arrive within the 5 s interval, far under the count): with a 1-byte bound
-/// every committed batch holds one record.
+/// (the 20 records arrive within the 5 s interval, far under the count, and all are waiting in the
+/// consumer, so the idle bound does not close a batch either): with a 1-byte bound every committed
+/// batch holds one record.
 #[tokio::test(flavor = "multi_thread")]
 async fn sink_batches_close_at_max_batch_bytes() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
@@ -622,6 +623,51 @@ async fn sink_batches_close_at_max_batch_bytes() -> anyhow::Result<()> {
         "every record went through a batch\n{metrics}"
     );
     assert_eq!(largest, 1.0, "no batch held more than one record");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM event_sink")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(rows, 20);
+    db.drop_database().await
+}
+
+/// An open batch closes once no record arrives for `--batch-idle` (5 ms by default), not only at
+/// `--batch-interval`: with a ten-minute interval and a count no input reaches, the sink still
+/// commits every record, twice (two bursts, the second after the first is committed), long before
+/// the interval could close a batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn sink_batch_closes_once_its_input_is_idle() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let topic = fresh_topic("sink-batch-idle", 1).await?;
+    let burst = |from: i64| -> Vec<(Option<String>, Vec<u8>)> {
+        (from..from + 10)
+            .map(|n| envelope(&format!("idle-{n}"), 1, n))
+            .collect()
+    };
+    produce(&topic, burst(0)).await?;
+    let sink = Sink::new(&topic, &db.url);
+    let mut process = sink.spawn(
+        "idle",
+        &arg_refs(&argv!(sink_writer::Config {
+            max_batch: 100_000usize,
+            batch_interval: "10m",
+        })),
+        &[],
+    )?;
+    // A minute is ample for 20 rows, and a tenth of the interval.
+    for next in [Some(10), None] {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            sink.wait_drained(&db.pool, &mut process),
+        )
+        .await
+        .context(
+            "a burst not committed within a minute: the idle bound did not close the batch",
+        )??;
+        if let Some(from) = next {
+            produce(&topic, burst(from)).await?;
+        }
+    }
+    process.stop_gracefully()?;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM event_sink")
         .fetch_one(&db.pool)
         .await?;
