@@ -16,7 +16,7 @@ use sqlx::PgExecutor;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use eos_core::{EntityId, EnvelopeError, EventEnvelope, EventId};
+use eos_core::{EntityId, EnvelopeError, EventEnvelope, EventId, json_text};
 
 /// A place in the outbox's read order. The default is before the first row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -52,8 +52,7 @@ impl OutboxRow {
     /// fields valid; an error here means a row was written around them.
     pub fn value_bytes(&self) -> Result<Vec<u8>, EnvelopeError> {
         if let Some(record) = &self.record {
-            return serde_json::to_vec(record)
-                .map_err(|e| EnvelopeError::MalformedJson(e.to_string()));
+            return Ok(json_text::to_vec(record));
         }
         let envelope = EventEnvelope {
             event_id: EventId::new(self.event_id.clone())?,
@@ -69,7 +68,8 @@ impl OutboxRow {
             occurred_at: self.occurred_at,
             extra: Map::new(),
         };
-        Ok(envelope.to_bytes())
+        // Moved into its object, not copied again (`to_bytes` would clone the payload).
+        Ok(json_text::to_vec(&Value::Object(envelope.into_json())))
     }
 
     /// A general row's own headers, in the order the object holds them.
@@ -208,4 +208,63 @@ pub async fn read_positions<'c>(
         .iter()
         .filter_map(|position| by_position.remove(position))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger_row(payload: Option<Value>) -> OutboxRow {
+        OutboxRow {
+            cursor: OutboxCursor::default(),
+            topic: "ledger".to_owned(),
+            key: "acct-7".to_owned(),
+            event_id: "ev-\"1\"".to_owned(),
+            entity_id: "acct-7".to_owned(),
+            value: Some(-250),
+            record: None,
+            headers: None,
+            version: Some(3),
+            payload,
+            occurred_at: Some(OffsetDateTime::from_unix_timestamp(1_700_000_000).expect("valid")),
+            trace_context: None,
+            enqueued_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    /// The relay's bytes are the envelope's wire format exactly: what `EventEnvelope::to_bytes`
+    /// (serde_json over a copy) writes, with and without a payload.
+    #[test]
+    fn a_ledger_row_publishes_the_envelope_bytes() {
+        for payload in [
+            None,
+            Some(serde_json::json!({"memo": "tab\tand \u{e9}", "lines": [1, 2.5, null]})),
+        ] {
+            let row = ledger_row(payload.clone());
+            let envelope = EventEnvelope {
+                event_id: EventId::new(row.event_id.clone()).expect("valid id"),
+                entity_id: EntityId::new(row.entity_id.clone()).expect("valid id"),
+                value: -250,
+                version: Some(3),
+                payload,
+                occurred_at: row.occurred_at,
+                extra: Map::new(),
+            };
+            assert_eq!(row.value_bytes().expect("a valid row"), envelope.to_bytes());
+        }
+    }
+
+    #[test]
+    fn a_general_row_publishes_its_record_as_serde_json_writes_it() {
+        let record = serde_json::json!({"order": "o-1", "note": "quote \" and \\", "n": 1e3});
+        let row = OutboxRow {
+            record: Some(record.clone()),
+            value: None,
+            ..ledger_row(None)
+        };
+        assert_eq!(
+            row.value_bytes().expect("a valid row"),
+            serde_json::to_vec(&record).expect("serialises")
+        );
+    }
 }
