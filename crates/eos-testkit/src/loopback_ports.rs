@@ -82,7 +82,18 @@ mod tests {
                     "{port} not in {LOWEST}..{below}"
                 );
             }
-            if let Err(error) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            // A child process another test forks while the ports are held keeps copies of the
+            // listeners until it execs (their close-on-exec flag only acts then): under load that
+            // takes a while, so a port is given a second to come free.
+            let mut bound = TcpListener::bind((Ipv4Addr::LOCALHOST, port));
+            for _ in 0..50 {
+                if bound.is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                bound = TcpListener::bind((Ipv4Addr::LOCALHOST, port));
+            }
+            if let Err(error) = bound {
                 taken_since.push((port, error.kind()));
             }
         }
