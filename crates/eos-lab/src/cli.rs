@@ -72,7 +72,8 @@ pub enum BenchTarget {
     /// beginning; a round's rate runs from the group's first commit to the commit that reaches the
     /// end of the input (read_committed offsets sampled every 50 ms), so start-up is not counted.
     /// Prints the median rate of each guarantee and their ratio. Then: exactly-once with
-    /// --max-batch 1 over a backlog of --single-records (transactions per second), and the
+    /// --max-batch 1 over a backlog of --single-records (transactions per second), beside the
+    /// same backlog copied one record per transaction with nothing else in it (the floor), and the
     /// end-to-end latency (input record timestamp to arrival at a read_committed reader of the
     /// output) while producing at half the exactly-once median rate of the first size for
     /// --latency-seconds; a run in which the pipeline falls behind (its latency is then a queue's)
@@ -100,6 +101,7 @@ pub enum BenchTarget {
     Relay(RelayBenchArgs),
     /// dedup-service's Begin+Complete pairs/s through gRPC against the same SQL straight to its
     /// database, at 1, 16 and 64 clients, single and batched, and the latency at half the peak
+    /// (through the service, then straight to SQL at the same pace)
     ///
     /// Needs a running dedup-service that takes calls without a client token (e.g. on
     /// loopback) and its database. Intents it creates are named bench-*.
@@ -273,7 +275,8 @@ pub struct ProcessorBenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub instances: u32,
 
-    /// Backlog of the single-record transactions run (exactly-once, --max-batch 1); 0 skips it.
+    /// Backlog of the single-record transactions run (exactly-once, --max-batch 1) and of its
+    /// floor, a copy one record per transaction; 0 skips both.
     #[arg(long, default_value_t = 2000)]
     pub single_records: u64,
 

@@ -1,7 +1,8 @@
 //! `eos-lab bench dedup`: Begin+Complete throughput and latency of a running dedup-service, next
 //! to the same SQL run directly against its PostgreSQL (no gRPC), at 1, 16 and 64 concurrent
 //! clients, single and batched, in interleaved rounds (gRPC, SQL, gRPC, …); then p50/p99 at half
-//! the single-pair peak. A command that prints figures, not a test.
+//! the single-pair peak, through the service and then straight to SQL at the same pace. A
+//! command that prints figures, not a test.
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +79,11 @@ pub struct HalfPeak {
     pub pairs_per_second: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// The same paced pairs straight to PostgreSQL right after: a pair's two commits on this
+    /// database at this rate, the floor under the service's latency.
+    pub sql_pairs_per_second: f64,
+    pub sql_p50_ms: f64,
+    pub sql_p99_ms: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -198,6 +204,16 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<DedupBenchReport> {
         &format!("{tag}-half"),
     )
     .await?;
+    let half_sql = run_workers(
+        &sql,
+        Mode::Single,
+        HALF_PEAK_CLIENTS,
+        1,
+        args.duration,
+        Some(pace),
+        &format!("{tag}-half-s"),
+    )
+    .await?;
     Ok(DedupBenchReport {
         endpoint: args.endpoint.clone(),
         batch: args.batch,
@@ -211,6 +227,9 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<DedupBenchReport> {
             pairs_per_second: half.rate(),
             p50_ms: percentile_ms(&half.latencies, 0.5),
             p99_ms: percentile_ms(&half.latencies, 0.99),
+            sql_pairs_per_second: half_sql.rate(),
+            sql_p50_ms: percentile_ms(&half_sql.latencies, 0.5),
+            sql_p99_ms: percentile_ms(&half_sql.latencies, 0.99),
         },
     })
 }
@@ -269,8 +288,15 @@ impl DedupBenchReport {
         let _ = writeln!(
             out,
             "  single at half the peak ({:.0} pairs/s target, {HALF_PEAK_CLIENTS} clients): {:.0} \
-             pairs/s, p50 {:.2} ms, p99 {:.2} ms",
-            half.target_pairs_per_second, half.pairs_per_second, half.p50_ms, half.p99_ms
+             pairs/s, p50 {:.2} ms, p99 {:.2} ms; the same pace straight to SQL: {:.0} pairs/s, \
+             p50 {:.2} ms, p99 {:.2} ms",
+            half.target_pairs_per_second,
+            half.pairs_per_second,
+            half.p50_ms,
+            half.p99_ms,
+            half.sql_pairs_per_second,
+            half.sql_p50_ms,
+            half.sql_p99_ms
         );
         out
     }

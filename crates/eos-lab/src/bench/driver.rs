@@ -349,17 +349,47 @@ impl Bench {
         let (partitions, target) = self.input_extent(&input)?;
         let run = self.processor_run("single", Guarantee::ExactlyOnce, 1, &input);
         let figures = self.drain(&run, 1, &partitions, target)?;
+        let bare_transactions_per_second = self.single_record_copy(&input, &partitions)?;
         self.delete_now(&[input])?;
         tracing::info!(
             transactions_per_second = figures.records_per_second.round(),
+            bare_transactions_per_second = bare_transactions_per_second.round(),
             "single-record run done"
         );
         Ok(SingleRecordFigures {
             records,
             value_bytes: size,
             transactions_per_second: figures.records_per_second,
+            bare_transactions_per_second: Some(bare_transactions_per_second),
             target: SINGLE_RECORD_TARGET,
         })
+    }
+
+    /// The floor under the single-record run: the same input copied one record per transaction
+    /// by the processor's producer with nothing else in the transaction
+    /// ([`pass_through::single_record_transactions`]).
+    fn single_record_copy(&mut self, input: &str, partitions: &[i32]) -> anyhow::Result<f64> {
+        let output = self.name("single-bare-out");
+        self.topics.push(output.clone());
+        self.groups.push(format!("{output}-copier"));
+        self.runtime
+            .block_on(ensure_topic(&self.settings, &output, self.layout()))
+            .with_context(|| format!("creating topic {output:?}"))?;
+        let metadata = self.settings.metadata_client()?;
+        let ends: BTreeMap<i32, i64> = watermarks(&self.settings, &metadata, input, partitions)?
+            .into_iter()
+            .map(|(partition, (_, end))| (partition, end))
+            .collect();
+        let rate = pass_through::single_record_transactions(
+            &self.settings,
+            input,
+            &output,
+            &ends,
+            self.options.stall_timeout,
+            &self.stop,
+        )?;
+        self.delete_now(&[output])?;
+        Ok(rate)
     }
 
     /// Latency at half of `peak` (or at `--latency-rate`). A latency measured while the

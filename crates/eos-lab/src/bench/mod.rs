@@ -8,7 +8,8 @@
 //!    to the commit that reaches the end of the input: process start-up, joining the group and
 //!    restoring state are not throughput. The pass-through round (`pass_through`) is a plain
 //!    consumer → producer copy of the same input in this process: the broker's own limit here.
-//! 2. Single-record transactions per second: exactly-once with `--max-batch 1` over a backlog.
+//! 2. Single-record transactions per second: exactly-once with `--max-batch 1` over a backlog,
+//!    and the same backlog copied one record per transaction with nothing else in it (the floor).
 //! 3. End-to-end latency at half the exactly-once peak: records produced at that rate; a
 //!    `read_committed` reader of the output takes, for each output record, the time it arrived
 //!    minus the Kafka timestamp of the input record it came from (its `source`). A run in which

@@ -6,17 +6,22 @@
 //! does) and each record goes, with its key, value and headers, to the same partition of the
 //! output topic through a producer with librdkafka's defaults plus the processor's `acks=all`
 //! and `linger.ms=5`. The rate runs from the first record read to the last one acknowledged.
+//!
+//! [`single_record_transactions`] is the floor under the processor's single-record
+//! transactions: the same input copied one record per Kafka transaction.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
+use eos_core::Guarantee;
 use eos_runtime::backoff::send_when_queue_has_room;
 use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
+use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 use nix::sys::resource::UsageWho;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -149,6 +154,106 @@ pub(super) fn copy(
         startup_seconds: first_read.duration_since(started).as_secs_f64(),
         cpu_ms_per_1000_records: cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / total as f64),
     })
+}
+
+/// Copies `input` (up to `ends`) to `output` one record per Kafka transaction, through the
+/// processor's own producer (`TransactionalProducer`: the same linger, retry backoff and commit
+/// that waits for its deliveries), each transaction holding the record and its consumed offset
+/// and nothing else: no transform, no state or changelog record, no spans. What this broker and
+/// librdkafka allow one transaction at a time on this machine, set beside the processor's
+/// `--max-batch 1` rate. Returns transactions per second, from the first record read to the last
+/// commit.
+pub(super) fn single_record_transactions(
+    settings: &KafkaSettings,
+    input: &str,
+    output: &str,
+    ends: &BTreeMap<i32, i64>,
+    stall_timeout: Duration,
+    interrupted: &AtomicBool,
+) -> anyhow::Result<f64> {
+    let group = format!("{output}-copier");
+    let consumer: BaseConsumer =
+        kafka_clients::consumer(&settings.client_config(), &group, ReadCommitted)
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .context("cannot create the single-record copy's consumer")?;
+    let producer = TransactionalProducer::new(
+        &settings.client_config(),
+        Guarantee::ExactlyOnce,
+        &group,
+        Duration::from_secs(60),
+        Duration::from_secs(30),
+    )
+    .context("cannot create the single-record copy's producer")?;
+    let mut assignment = TopicPartitionList::new();
+    for &partition in ends.keys() {
+        assignment.add_partition_offset(input, partition, Offset::Beginning)?;
+    }
+    consumer
+        .assign(&assignment)
+        .context("cannot assign the single-record copy's input")?;
+    let group_metadata = consumer
+        .group_metadata()
+        .ok_or_else(|| anyhow!("the single-record copy's consumer has no group metadata"))?;
+    let failed =
+        |step: &str, failure: TxnFailure| anyhow!("single-record copy: {step}: {failure:?}");
+
+    let total: i64 = ends.values().sum();
+    let mut copied = 0_i64;
+    let mut first_read: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    while copied < total {
+        if interrupted.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        let message = match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => message,
+            Some(Err(error)) => {
+                tracing::debug!(%error, "single-record copy: consumer error");
+                continue;
+            }
+            None if last_progress.elapsed() >= stall_timeout => bail!(
+                "single-record copy: {copied} of {total} records copied, then none for {}",
+                humantime::format_duration(stall_timeout)
+            ),
+            None => continue,
+        };
+        first_read.get_or_insert_with(Instant::now);
+        producer
+            .begin()
+            .map_err(|failure| failed("begin", failure))?;
+        producer
+            .send(&PendingRecord {
+                topic: output.to_owned(),
+                partition: Some(message.partition()),
+                key: message.key().map(<[u8]>::to_vec),
+                payload: message.payload().map(<[u8]>::to_vec),
+                headers: message
+                    .headers()
+                    .map_or_else(OwnedHeaders::new, |headers| headers.detach()),
+            })
+            .context("single-record copy: cannot send")?;
+        let mut offsets = TopicPartitionList::new();
+        offsets.add_partition_offset(
+            input,
+            message.partition(),
+            Offset::Offset(message.offset() + 1),
+        )?;
+        producer
+            .send_offsets(&offsets, &group_metadata)
+            .map_err(|failure| failed("send_offsets", failure))?;
+        producer
+            .commit()
+            .map_err(|failure| failed("commit", failure))?;
+        copied += 1;
+        last_progress = Instant::now();
+    }
+    let first_read = first_read.ok_or_else(|| anyhow!("single-record copy: the input is empty"))?;
+    let measured = first_read.elapsed().as_secs_f64();
+    if measured <= 0.0 {
+        bail!("single-record copy: too fast to measure; give more records");
+    }
+    Ok(total as f64 / measured)
 }
 
 fn send(

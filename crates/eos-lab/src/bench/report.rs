@@ -8,7 +8,7 @@ use comfy_table::{CellAlignment, Table};
 use eos_core::Guarantee;
 use serde::Serialize;
 
-use crate::bench::figures::{LatencySummary, LatencyTrend, median, megabytes_per_second};
+use crate::bench::figures::{LatencySummary, LatencyTrend, median, megabytes_per_second, ratio};
 use eosctl::report::grouped;
 
 /// The exactly-once/at-least-once throughput ratio aimed at, from this record size up
@@ -150,6 +150,10 @@ pub struct SingleRecordFigures {
     pub value_bytes: usize,
     /// = records per second: one transaction per record.
     pub transactions_per_second: f64,
+    /// The same input copied one record per transaction by the processor's producer with
+    /// nothing else in the transaction: the floor under `transactions_per_second` on this
+    /// broker and machine.
+    pub bare_transactions_per_second: Option<f64>,
     pub target: f64,
 }
 
@@ -267,6 +271,15 @@ pub fn bench_text(report: &BenchReport) -> String {
             single.target,
             verdict(single.transactions_per_second, single.target)
         );
+        if let Some(bare) = single.bare_transactions_per_second {
+            let _ = writeln!(
+                out,
+                "  the same input, one record per transaction with nothing else in it: {bare:.0}/s \
+                 (the processor at {})",
+                ratio(single.transactions_per_second, bare)
+                    .map_or_else(|| "-".to_owned(), |share| format!("{share:.2} of it"))
+            );
+        }
     }
     for latency in &report.latency {
         let basis = match (latency.rate_basis, latency.peak_records_per_second) {
@@ -472,6 +485,7 @@ mod tests {
                 records: 2000,
                 value_bytes: 1024,
                 transactions_per_second: 80.0,
+                bare_transactions_per_second: Some(100.0),
                 target: SINGLE_RECORD_TARGET,
             }),
             latency: Vec::new(),
@@ -493,6 +507,10 @@ mod tests {
         assert!(text.contains("12,000"), "{text}");
         assert!(text.contains("target >= 0.80: NOT met"), "{text}");
         assert!(text.contains("target >= 200: NOT met"), "{text}");
+        assert!(
+            text.contains("nothing else in it: 100/s (the processor at 0.80 of it)"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "median 2,100 ms, worst 6,400 ms over 3 kills (target <= 5,000 ms: NOT met)"
