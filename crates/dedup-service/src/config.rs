@@ -52,8 +52,11 @@ pub struct Config {
     pub group_commit_max_calls: usize,
 
     /// Group commits of each kind (Begin, Complete) in flight at once, each on a connection of
-    /// its own: while one waits for its commit, the next forms and goes.
-    #[arg(long, env = "DEDUP_GROUP_COMMIT_GROUPS", default_value_t = 4)]
+    /// its own: while one waits for its commit, the next forms and goes. More slots make groups
+    /// smaller, and each statement and commit costs PostgreSQL CPU whatever its size: on a
+    /// database whose cores are busy, 2 carried about a quarter more single calls than 4
+    /// (docs/BENCHMARKS.md "Group commit of single calls").
+    #[arg(long, env = "DEDUP_GROUP_COMMIT_GROUPS", default_value_t = 2)]
     pub group_commit_groups: usize,
 
     /// Lease of a Begin that does not ask for one: how long the holder has to call the provider
