@@ -54,7 +54,7 @@ pub struct Config {
     /// Group commits of each kind (Begin, Complete) in flight at once, each on a connection of
     /// its own: while one waits for its commit, the next forms and goes. More slots make groups
     /// smaller, and each statement and commit costs PostgreSQL CPU whatever its size: on a
-    /// database whose cores are busy, 2 carried about a quarter more single calls than 4
+    /// database whose cores are busy, 2 carried about 40% more single calls than 4
     /// (docs/BENCHMARKS.md "Group commit of single calls").
     #[arg(long, env = "DEDUP_GROUP_COMMIT_GROUPS", default_value_t = 2)]
     pub group_commit_groups: usize,
