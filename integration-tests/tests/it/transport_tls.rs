@@ -851,6 +851,9 @@ async fn demo_and_bench_hand_their_kafka_properties_to_the_services_they_start()
     // The pass-through baseline's own consumer and producer got the properties too.
     let copied = bench["throughput"][0]["pass_through"]["median_records_per_second"].as_f64();
     assert!(copied.is_some_and(|rate| rate > 0.0), "{bench}");
+    // And the single-record floor's transactional copy.
+    let bare = bench["single_record"]["bare_transactions_per_second"].as_f64();
+    assert!(bare.is_some_and(|rate| rate > 0.0), "{bench}");
     assert!(!stderr.contains(&password) && !stdout.contains(&password));
     drop(broker);
     Ok(())
