@@ -318,16 +318,7 @@ impl Bench {
         label: &str,
         partitions: &[i32],
     ) -> anyhow::Result<RoundFigures> {
-        let output = self.name(&format!("{label}-out"));
-        self.topics.push(output.clone());
-        self.runtime
-            .block_on(ensure_topic(&self.settings, &output, self.layout()))
-            .with_context(|| format!("creating topic {output:?}"))?;
-        let metadata = self.settings.metadata_client()?;
-        let ends: BTreeMap<i32, i64> = watermarks(&self.settings, &metadata, input, partitions)?
-            .into_iter()
-            .map(|(partition, (_, end))| (partition, end))
-            .collect();
+        let (output, ends) = self.copy_output(input, &format!("{label}-out"), partitions)?;
         let figures = pass_through::copy(
             &self.settings,
             input,
@@ -338,6 +329,27 @@ impl Bench {
         )?;
         self.delete_now(&[output])?;
         Ok(figures)
+    }
+
+    /// A fresh topic `label` with the layout of `input`, for a copy of it made inside this
+    /// process, and the end offset of each of `input`'s partitions: where the copy stops.
+    fn copy_output(
+        &mut self,
+        input: &str,
+        label: &str,
+        partitions: &[i32],
+    ) -> anyhow::Result<(String, BTreeMap<i32, i64>)> {
+        let output = self.name(label);
+        self.topics.push(output.clone());
+        self.runtime
+            .block_on(ensure_topic(&self.settings, &output, self.layout()))
+            .with_context(|| format!("creating topic {output:?}"))?;
+        let metadata = self.settings.metadata_client()?;
+        let ends = watermarks(&self.settings, &metadata, input, partitions)?
+            .into_iter()
+            .map(|(partition, (_, end))| (partition, end))
+            .collect();
+        Ok((output, ends))
     }
 
     /// Exactly-once with one record per transaction.
@@ -369,17 +381,8 @@ impl Bench {
     /// by the processor's producer with nothing else in the transaction
     /// ([`pass_through::single_record_transactions`]).
     fn single_record_copy(&mut self, input: &str, partitions: &[i32]) -> anyhow::Result<f64> {
-        let output = self.name("single-bare-out");
-        self.topics.push(output.clone());
+        let (output, ends) = self.copy_output(input, "single-bare-out", partitions)?;
         self.groups.push(format!("{output}-copier"));
-        self.runtime
-            .block_on(ensure_topic(&self.settings, &output, self.layout()))
-            .with_context(|| format!("creating topic {output:?}"))?;
-        let metadata = self.settings.metadata_client()?;
-        let ends: BTreeMap<i32, i64> = watermarks(&self.settings, &metadata, input, partitions)?
-            .into_iter()
-            .map(|(partition, (_, end))| (partition, end))
-            .collect();
         let rate = pass_through::single_record_transactions(
             &self.settings,
             input,

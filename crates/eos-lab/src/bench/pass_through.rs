@@ -56,27 +56,14 @@ pub(super) fn copy(
 ) -> anyhow::Result<RoundFigures> {
     let started = Instant::now();
     let cpu_before = own_cpu();
-    let consumer: BaseConsumer = kafka_clients::consumer(
-        &settings.client_config(),
-        &format!("{output}-copier"),
-        ReadCommitted,
-    )
-    .set("allow.auto.create.topics", "false")
-    .create()
-    .context("cannot create the pass-through consumer")?;
+    let consumer =
+        input_reader(settings, &format!("{output}-copier"), input, ends).context("pass-through")?;
     let producer: BaseProducer<DeliveryFailures> = settings
         .client_config()
         .set("acks", "all")
         .set("linger.ms", "5")
         .create_with_context(DeliveryFailures::default())
         .context("cannot create the pass-through producer")?;
-    let mut assignment = TopicPartitionList::new();
-    for &partition in ends.keys() {
-        assignment.add_partition_offset(input, partition, Offset::Beginning)?;
-    }
-    consumer
-        .assign(&assignment)
-        .context("cannot assign the pass-through input")?;
 
     let total: i64 = ends.values().sum();
     let mut remaining: BTreeMap<i32, i64> = ends
@@ -172,11 +159,7 @@ pub(super) fn single_record_transactions(
     interrupted: &AtomicBool,
 ) -> anyhow::Result<f64> {
     let group = format!("{output}-copier");
-    let consumer: BaseConsumer =
-        kafka_clients::consumer(&settings.client_config(), &group, ReadCommitted)
-            .set("allow.auto.create.topics", "false")
-            .create()
-            .context("cannot create the single-record copy's consumer")?;
+    let consumer = input_reader(settings, &group, input, ends).context("single-record copy")?;
     let producer = TransactionalProducer::new(
         &settings.client_config(),
         Guarantee::ExactlyOnce,
@@ -185,13 +168,6 @@ pub(super) fn single_record_transactions(
         Duration::from_secs(30),
     )
     .context("cannot create the single-record copy's producer")?;
-    let mut assignment = TopicPartitionList::new();
-    for &partition in ends.keys() {
-        assignment.add_partition_offset(input, partition, Offset::Beginning)?;
-    }
-    consumer
-        .assign(&assignment)
-        .context("cannot assign the single-record copy's input")?;
     let group_metadata = consumer
         .group_metadata()
         .ok_or_else(|| anyhow!("the single-record copy's consumer has no group metadata"))?;
@@ -254,6 +230,29 @@ pub(super) fn single_record_transactions(
         bail!("single-record copy: too fast to measure; give more records");
     }
     Ok(total as f64 / measured)
+}
+
+/// A `read_committed` consumer in `group` assigned every partition of `input` in `ends` from the
+/// beginning, as the processor reads it.
+fn input_reader(
+    settings: &KafkaSettings,
+    group: &str,
+    input: &str,
+    ends: &BTreeMap<i32, i64>,
+) -> anyhow::Result<BaseConsumer> {
+    let consumer: BaseConsumer =
+        kafka_clients::consumer(&settings.client_config(), group, ReadCommitted)
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .context("cannot create the consumer")?;
+    let mut assignment = TopicPartitionList::new();
+    for &partition in ends.keys() {
+        assignment.add_partition_offset(input, partition, Offset::Beginning)?;
+    }
+    consumer
+        .assign(&assignment)
+        .context("cannot assign the input")?;
+    Ok(consumer)
 }
 
 fn send(
