@@ -21,6 +21,7 @@ pub mod log_end;
 pub mod ops_http;
 #[cfg(feature = "postgres")]
 pub mod postgres_pool;
+pub mod progress_watch;
 pub mod rebalance;
 #[cfg(feature = "postgres")]
 pub mod schema_migrations;

@@ -1,6 +1,7 @@
 //! The operations endpoint every service serves: Prometheus `/metrics`, `/healthz` (the process
-//! is alive), `/readyz` (it has its assignment and state and is doing work) and `/boundary` (the
-//! guarantee it gives, as JSON).
+//! is alive, and no loop of it is hung where a restart would help), `/readyz` (it has its
+//! assignment and state and is doing work: no loop stalled past its warning) and `/boundary` (the
+//! guarantee it gives, as JSON). Stalls come from [`crate::progress_watch`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +17,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use eos_core::Boundary;
+
+use crate::progress_watch::StallState;
 
 /// Installs the process-wide Prometheus recorder. Call once, before any metric is recorded.
 pub fn install_prometheus_recorder() -> Result<PrometheusHandle, OpsError> {
@@ -54,6 +57,7 @@ impl Readiness {
 #[derive(Debug, Clone)]
 struct OpsState {
     readiness: Readiness,
+    stalls: StallState,
     boundary: Arc<Boundary>,
     metrics: PrometheusHandle,
 }
@@ -63,6 +67,8 @@ struct OpsState {
 pub struct OpsEndpoint {
     /// Set by the service loop; `/readyz` reports it.
     pub readiness: Readiness,
+    /// Set by the loops' progress watches; `/readyz` and `/healthz` report it.
+    pub stalls: StallState,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -92,11 +98,17 @@ impl OpsEndpoint {
             tracing::info!(%metrics_addr, "serving /metrics, /healthz, /readyz, /boundary");
         }
         let readiness = Readiness::default();
+        let stalls = StallState::default();
         let shutdown = CancellationToken::new();
-        let task =
-            tokio::spawn(server.serve(boundary, readiness.clone(), metrics, shutdown.clone()));
+        let task = tokio::spawn(server.serve(
+            boundary,
+            (readiness.clone(), stalls.clone()),
+            metrics,
+            shutdown.clone(),
+        ));
         Ok(Self {
             readiness,
+            stalls,
             shutdown,
             task,
         })
@@ -131,18 +143,19 @@ impl OpsServer {
     pub async fn serve(
         self,
         boundary: Boundary,
-        readiness: Readiness,
+        (readiness, stalls): (Readiness, StallState),
         metrics: PrometheusHandle,
         shutdown: CancellationToken,
     ) -> std::io::Result<()> {
         let state = OpsState {
             readiness,
+            stalls,
             boundary: Arc::new(boundary),
             metrics,
         };
         let app = Router::new()
             .route("/metrics", get(render_metrics))
-            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .route("/boundary", get(boundary_json))
             .with_state(state);
@@ -156,11 +169,24 @@ async fn render_metrics(State(state): State<OpsState>) -> impl IntoResponse {
     state.metrics.render()
 }
 
+async fn healthz(State(state): State<OpsState>) -> impl IntoResponse {
+    match state.stalls.restart_due() {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stalled, a restart may clear it: {why}\n"),
+        ),
+    }
+}
+
 async fn readyz(State(state): State<OpsState>) -> impl IntoResponse {
+    if let Some(why) = state.stalls.stalled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("stalled: {why}\n"));
+    }
     if state.readiness.is_ready() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_owned())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned())
     }
 }
 

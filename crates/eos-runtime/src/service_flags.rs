@@ -153,3 +153,27 @@ mod tests {
         }
     }
 }
+
+/// When a loop with work waiting and no progress is warned of, and when `/healthz` fails for it
+/// (docs/OBSERVABILITY.md "Liveness"; [`crate::progress_watch`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct StallFlags {
+    /// Warn (log, `eos_loop_stalled_seconds`, `/readyz` 503) once a loop has had work waiting
+    /// this long without progress, e.g. 30s.
+    #[arg(long = "stall-warning", env = "EOS_STALL_WARNING", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub stall_warning: std::time::Duration,
+
+    /// `/healthz` answers 503 (an orchestrator restarts the process) once a loop has had work
+    /// waiting this long without progress while its dependencies answer; 0 never.
+    #[arg(long = "stall-restart", env = "EOS_STALL_RESTART", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub stall_restart: std::time::Duration,
+}
+
+impl StallFlags {
+    pub fn policy(&self) -> crate::progress_watch::StallPolicy {
+        crate::progress_watch::StallPolicy {
+            warn_after: self.stall_warning,
+            restart_after: (!self.stall_restart.is_zero()).then_some(self.stall_restart),
+        }
+    }
+}
