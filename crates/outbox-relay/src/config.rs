@@ -7,6 +7,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_core::Guarantee;
 use eos_runtime::secrets::DatabaseUrlFlags;
+use eos_runtime::service_flags::StallFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{KafkaFlags, LogFlags};
 
@@ -117,6 +118,9 @@ pub struct Config {
     /// Address of /metrics, /healthz, /readyz and /boundary (port 0: any free port, logged).
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9467")]
     pub metrics_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub stall: StallFlags,
 
     #[command(flatten)]
     pub log: LogFlags,

@@ -9,6 +9,7 @@
 //! at-least-once mode a crash repeats records, which consumers absorb by `event_id`
 //! (eos-processor does).
 
+mod backlog_watch;
 pub mod config;
 pub mod error;
 pub mod logical;
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
 use eos_runtime::postgres_pool::{PoolBuilder, START_MAX_BACKOFF};
+use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
@@ -158,7 +160,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }),
         idle_position_interval: config.idle_position_interval,
     };
-    let relay = RelayLoop::start(settings, pool.clone()).await?;
+    let progress = ProgressWatch::spawn("outbox-relay", config.stall.policy(), &ops.stalls)
+        .context("starting the progress watch")?;
+    let relay = RelayLoop::start(settings, pool.clone(), progress).await?;
     let purge = tokio::spawn(purge::run(
         pool.clone(),
         purge::PurgeSettings {

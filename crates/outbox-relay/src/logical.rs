@@ -178,8 +178,10 @@ pub struct LogicalSource {
     pool: PgPool,
     slot: String,
     publication: String,
-    /// PostgreSQL lets one backend at a time use a slot: a read and an advance take turns.
-    slot_lock: Arc<Mutex<()>>,
+    /// PostgreSQL lets one backend at a time use a slot: a read and an advance take turns. It
+    /// guards the slot's confirmed position as this relay last set or read it (`None`: not
+    /// known yet); nothing else moves the slot while the relay holds it.
+    slot_lock: Arc<Mutex<Option<Lsn>>>,
 }
 
 fn slot_error(slot: &str, detail: impl Into<String>) -> RelayError {
@@ -195,7 +197,7 @@ impl LogicalSource {
             pool,
             slot,
             publication,
-            slot_lock: Arc::new(Mutex::new(())),
+            slot_lock: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -332,10 +334,11 @@ impl LogicalSource {
 
     /// Moves the slot to `to`, a position Kafka has committed; never back.
     pub async fn advance(&self, to: Lsn) -> Result<(), RelayError> {
-        let _slot = self.slot_lock.lock().await;
+        let mut position = self.slot_lock.lock().await;
         let Some(state) = self.slot_state().await? else {
             return Err(slot_error(&self.slot, "was dropped while the relay ran"));
         };
+        *position = state.confirmed_flush;
         if state
             .confirmed_flush
             .is_some_and(|confirmed| confirmed >= to)
@@ -347,7 +350,20 @@ impl LogicalSource {
             .bind(to.to_string())
             .execute(&self.pool)
             .await?;
+        *position = Some(to);
         Ok(())
+    }
+
+    /// The slot's confirmed position: as this relay last moved it, or read from the server.
+    async fn slot_position(&self) -> Result<Option<Lsn>, RelayError> {
+        let mut position = self.slot_lock.lock().await;
+        if position.is_none() {
+            *position = self
+                .slot_state()
+                .await?
+                .and_then(|state| state.confirmed_flush);
+        }
+        Ok(*position)
     }
 
     pub async fn marks(&self) -> Result<WalMarks, RelayError> {
@@ -433,13 +449,34 @@ impl LogicalSource {
         }
     }
 
+    /// The transactions after `after`, about `limit` messages of them. A peek decodes from the
+    /// slot's position, which is behind `after` while the batch before commits (a prefetch) and
+    /// until the slot is next advanced: a peek of `limit` messages can end before `after` and
+    /// return nothing new. Such a read would find the same nothing for as long as the slot stays
+    /// where it is (a relay once stopped for good that way on any backlog of more than two
+    /// batches), so it decodes further, twice as far each time, until it passes `after`.
     async fn read_stream(&self, after: Lsn, limit: i64) -> Result<LogicalRead, RelayError> {
         let marks = self.marks().await?;
         let upto = marks.flush_lsn.max(after);
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        let decoded = self.decode(upto, Some(limit)).await?;
-        // Stopped by the limit: what follows the last commit returned is not read yet.
-        let cut = decoded.messages >= limit as usize;
+        // Behind by the batch in flight, typically: decode that and a batch after it at once.
+        let mut peek_limit = match self.slot_position().await? {
+            Some(slot) if slot < after => limit.saturating_mul(2),
+            _ => limit,
+        };
+        let (decoded, cut) = loop {
+            let decoded = self.decode(upto, Some(peek_limit)).await?;
+            // Stopped by the limit: what follows the last commit returned is not read yet.
+            let cut = decoded.messages >= peek_limit as usize;
+            let passed = decoded
+                .txns
+                .last()
+                .is_some_and(|txn| txn.commit_lsn >= after);
+            if !cut || passed || peek_limit == i32::MAX {
+                break (decoded, cut);
+            }
+            peek_limit = peek_limit.saturating_mul(2);
+        };
         let last_end = decoded.txns.last().map(|txn| txn.end_lsn);
         // A commit record starting before `after` is in Kafka already (the slot lags behind the
         // position after a crash, or while the batch before this one commits).

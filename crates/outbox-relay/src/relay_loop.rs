@@ -23,6 +23,7 @@
 //! does not commit; and recording the previous batch's position in PostgreSQL.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
@@ -41,29 +42,25 @@ use eos_outbox::relay_positions::{record_relayed, relayed_position};
 use eos_outbox::{OutboxCursor, OutboxRow, read_after};
 use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
 use eos_runtime::ops_http::Readiness;
+use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::trace_context;
 use eos_runtime::transaction_recovery::{LostTransaction, Recovery, cause};
 use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
 use opentelemetry::trace::TraceContextExt as _;
 
+use crate::backlog_watch::{self, SharedPublished};
 use crate::error::RelayError;
 use crate::logical::{LogicalSource, PurgeMark};
 use crate::metrics as m;
 use crate::position_topic::{RelayPosition, position_record, read_position};
-use crate::server_watch;
 
 /// The channel `eos_outbox_enqueue` notifies at commit.
 pub const NOTIFY_CHANNEL: &str = "eos_outbox";
 /// Longest wait between attempts while PostgreSQL or the broker is unreachable.
 const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
-/// How often the age of the oldest unpublished row (xmin mode), what holds the xmin back (xmin
-/// mode) or the slot's retained WAL (logical mode) is measured.
-const AGE_INTERVAL: Duration = Duration::from_secs(5);
-/// How many rows at the head of the read order that measure looks at.
-const AGE_HEAD_ROWS: i64 = 1000;
-/// Logical mode: the slot is advanced at most this often. Each advance decodes from the slot's
-/// restart_lsn like a read does, and a slot behind the position costs nothing but WAL kept a
-/// little longer (reads skip what Kafka holds).
+/// Logical mode, caught up: the slot is advanced at most this often. Each advance reads the WAL
+/// from the slot's restart_lsn, and a slot a little behind the position costs only WAL kept a
+/// little longer and reads that skip what Kafka holds. While catching up it moves every batch.
 const ADVANCE_INTERVAL: Duration = Duration::from_secs(1);
 /// Purge marks waiting for the position to pass them; older ones are dropped past this many (a
 /// later mark covers more).
@@ -125,6 +122,11 @@ pub struct RelayLoop {
     advanced_at: Option<Instant>,
     /// The write of the last published position to PostgreSQL, if still running.
     recording: Option<JoinHandle<()>>,
+    /// What the backlog gauges' task reads of the published position.
+    published: SharedPublished,
+    /// Told what the loop does while rows wait, and when they move (docs/OBSERVABILITY.md
+    /// "Liveness").
+    progress: Arc<ProgressWatch>,
 }
 
 /// Rows read after a position, with the records they become.
@@ -156,7 +158,6 @@ impl Batch {
             }
             (Some(source), RelayPosition::Logical { .. }) => {
                 let read = source.read(after, limit).await?;
-                report_read_age(&read.rows, read.more);
                 (read.rows, read.position, read.more, read.purge_mark)
             }
             (_, position) => {
@@ -177,23 +178,14 @@ impl Batch {
     }
 }
 
-/// Logical mode: the age of the oldest row a read found unpublished (0 when caught up). Each
-/// read sets it, so it keeps growing while the same rows are read and not published.
-fn report_read_age(rows: &[OutboxRow], more: bool) {
-    let now = OffsetDateTime::now_utc();
-    match rows.iter().map(|row| row.enqueued_at).min() {
-        Some(oldest) => {
-            gauge!(m::OLDEST_UNPUBLISHED_AGE).set((now - oldest).as_seconds_f64().max(0.0));
-        }
-        None if !more => gauge!(m::OLDEST_UNPUBLISHED_AGE).set(0.0),
-        None => {}
-    }
-}
-
 impl RelayLoop {
     /// Creates the producer (fencing an earlier relay of the same name) and finds where to
     /// resume.
-    pub async fn start(settings: RelaySettings, pool: PgPool) -> Result<Self, RelayError> {
+    pub async fn start(
+        settings: RelaySettings,
+        pool: PgPool,
+        progress: Arc<ProgressWatch>,
+    ) -> Result<Self, RelayError> {
         let producer = block_in_place(|| settings.create_producer())?;
         let position = recover_position(&settings, &pool).await?;
         log_resuming(&settings, position);
@@ -207,6 +199,8 @@ impl RelayLoop {
             purge_marks: VecDeque::new(),
             advanced_at: None,
             recording: None,
+            progress,
+            published: SharedPublished::default(),
         })
     }
 
@@ -220,16 +214,32 @@ impl RelayLoop {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(NOTIFY_CHANNEL).await?;
         readiness.set(true);
+        let gauges = tokio::spawn(backlog_watch::run(
+            self.pool.clone(),
+            self.settings.logical.clone(),
+            self.published.clone(),
+            shutdown.child_token(),
+        ));
+        let result = self.publish_until(shutdown, readiness, listener).await;
+        gauges.abort();
+        result
+    }
+
+    async fn publish_until(
+        &mut self,
+        shutdown: &CancellationToken,
+        readiness: &Readiness,
+        mut listener: PgListener,
+    ) -> Result<(), RelayError> {
+        if let Ok(mut published) = self.published.lock() {
+            published.position = Some(self.position);
+        }
         let mut database_failures = 0u32;
         let mut read_delays = retry_delays();
         let mut next: Option<JoinHandle<Result<Batch, RelayError>>> = None;
-        let mut measured: Option<Instant> = None;
-        let mut blocker_log = server_watch::BlockerLog::default();
         while !shutdown.is_cancelled() {
-            if measured.is_none_or(|at| at.elapsed() >= AGE_INTERVAL) {
-                measured = Some(Instant::now());
-                self.measure(&mut blocker_log).await;
-            }
+            // A read that never returns is a stall whether or not rows wait: nothing else moves.
+            self.progress.working("a read of the outbox");
             let read = match next.take() {
                 // Never aborted while awaited here: an error is the read task's panic.
                 Some(prefetched) => prefetched
@@ -250,6 +260,8 @@ impl RelayLoop {
                 Err(RelayError::Database(error)) => {
                     database_failures += 1;
                     readiness.set(false);
+                    self.progress
+                        .waiting_for_outage("PostgreSQL to answer a read of the outbox");
                     let delay = read_delays.next().unwrap_or(MAX_RETRY_BACKOFF);
                     warn!(%error, attempt = database_failures, ?delay, "cannot read the outbox; retrying");
                     sleep_or_shutdown(delay, shutdown).await;
@@ -265,6 +277,14 @@ impl RelayLoop {
             }
             debug_assert_eq!(batch.after, self.position);
             if batch.rows.is_empty() {
+                match (batch.more, batch.position == batch.after) {
+                    // Caught up.
+                    (false, _) => self.progress.idle(),
+                    // Read past rows that need no publishing.
+                    (true, false) => self.progress.progressed(),
+                    // A full read that found nothing new: the next read must go further.
+                    (true, true) => self.progress.working("a read of the outbox to move on"),
+                }
                 if self.idle_position_due(&batch) {
                     // Nothing to publish, but the slot would hold the WAL written since.
                     self.publish(&batch).await?;
@@ -277,6 +297,15 @@ impl RelayLoop {
                     self.wait_for_rows(&mut listener, shutdown).await;
                 }
                 continue;
+            }
+            self.progress
+                .working("Kafka to commit a batch of the outbox's rows");
+            if let Ok(mut published) = self.published.lock() {
+                // Before anything is published: rows from the first one read on are not.
+                let lowest = batch.rows.iter().map(|row| row.cursor.position).min();
+                if published.highest_position.is_none() {
+                    published.highest_position = lowest.map(|lowest| lowest - 1);
+                }
             }
             // Only behind (a full read) is the next batch worth reading now: caught up, a read
             // after the commit also finds the rows committed meanwhile, a cycle sooner.
@@ -319,46 +348,6 @@ impl RelayLoop {
         ) && batch.position != self.committed
             && self.committed_at.elapsed() >= self.settings.idle_position_interval
             && self.settings.guarantee == Guarantee::ExactlyOnce
-    }
-
-    /// The gauges that need a query of their own, every `AGE_INTERVAL`.
-    async fn measure(&self, blocker_log: &mut server_watch::BlockerLog) {
-        match &self.settings.logical {
-            None => {
-                self.report_unpublished_age().await;
-                server_watch::report_xmin_blocker(&self.pool, blocker_log).await;
-            }
-            Some(source) => server_watch::report_slot(source).await,
-        }
-    }
-
-    /// Sets `eos_outbox_oldest_unpublished_age_seconds` (xmin mode): the oldest committed row
-    /// after the cursor, whether or not the read order may return it yet. A long transaction
-    /// anywhere on the server holds the read order back (docs/ARCHITECTURE.md "Outbox") while the
-    /// rows committed after it wait; the batches alone would not show them. Only the next
-    /// `AGE_HEAD_ROWS` rows in read order are looked at, so a large backlog costs no more: the
-    /// order follows transaction ids, so the rows further back are younger but for rare ones.
-    async fn report_unpublished_age(&self) {
-        let RelayPosition::Xmin(cursor) = self.position else {
-            return;
-        };
-        let age = sqlx::query_scalar!(
-            r#"SELECT EXTRACT(EPOCH FROM now() - min(enqueued_at))::FLOAT8 AS "age"
-                 FROM (SELECT enqueued_at FROM eos_outbox
-                        WHERE (order_xid, position) > ($1, $2)
-                        ORDER BY order_xid, position
-                        LIMIT $3) AS head"#,
-            cursor.order_xid,
-            cursor.position,
-            AGE_HEAD_ROWS,
-        )
-        .fetch_one(&self.pool)
-        .await;
-        match age {
-            Ok(age) => gauge!(m::OLDEST_UNPUBLISHED_AGE).set(age.unwrap_or(0.0).max(0.0)),
-            // The read that follows fails the same way and says so.
-            Err(error) => tracing::debug!(%error, "cannot measure the oldest unpublished row"),
-        }
     }
 
     /// Until a notification, the poll interval, or shutdown.
@@ -457,7 +446,13 @@ impl RelayLoop {
     /// PostgreSQL (the authority in at-least-once mode; in exactly-once mode a lagging copy that
     /// bounds the purge).
     async fn published(&mut self, batch: &Batch) {
+        self.progress.progressed();
         self.position = batch.position;
+        if let Ok(mut published) = self.published.lock() {
+            published.position = Some(batch.position);
+            let highest = batch.rows.iter().map(|row| row.cursor.position).max();
+            published.highest_position = published.highest_position.max(highest);
+        }
         self.committed = batch.position;
         self.committed_at = Instant::now();
         counter!(m::RECORDS_PUBLISHED).increment(batch.rows.len() as u64);
@@ -473,9 +468,12 @@ impl RelayLoop {
             RelayPosition::Xmin(cursor) => Some(cursor),
             RelayPosition::Logical { lsn, table_after } => {
                 gauge!(m::POSITION_LSN).set(lsn.0 as f64);
-                let due = self
-                    .advanced_at
-                    .is_none_or(|at| at.elapsed() >= ADVANCE_INTERVAL);
+                // Catching up (a full read), every batch: each read decodes from the slot, so a
+                // slot left behind would have each read decode again what Kafka holds.
+                let due = batch.more
+                    || self
+                        .advanced_at
+                        .is_none_or(|at| at.elapsed() >= ADVANCE_INTERVAL);
                 if let (Some(source), true) = (&self.settings.logical, due) {
                     // A slot that lags is harmless (the next read skips what Kafka holds), so a
                     // failed advance only waits for the next batch.
@@ -558,6 +556,8 @@ impl RelayLoop {
                     return Ok(());
                 }
                 Err(error @ (RelayError::Kafka(_) | RelayError::Database(_))) => {
+                    self.progress
+                        .waiting_for_outage("Kafka and PostgreSQL to recover the position");
                     let delay = delays.next().unwrap_or(MAX_RETRY_BACKOFF);
                     warn!(%error, attempt, ?delay, "cannot recover yet; retrying");
                     tokio::time::sleep(delay).await;

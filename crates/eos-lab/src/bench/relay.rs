@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use eos_runtime::postgres_pool::PoolBuilder;
+use eos_runtime::progress_watch::{ProgressWatch, StallPolicy, StallState};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Headers as _;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
@@ -205,7 +206,13 @@ pub(super) async fn spawn_relay(
         &eos_runtime::topic_config::TopicReplicationFlags::default(),
     )
     .await?;
-    let relay = RelayLoop::start(settings, pool.clone()).await?;
+    // The bench reads no health endpoint: the watch only keeps the loop's gauge.
+    let progress = ProgressWatch::spawn(
+        "outbox-relay",
+        StallPolicy::default(),
+        &StallState::default(),
+    )?;
+    let relay = RelayLoop::start(settings, pool.clone(), progress).await?;
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
     let task = tokio::spawn(async move {
