@@ -29,7 +29,10 @@ fn metrics_addr(service: &mut ServiceProcess) -> anyhow::Result<std::net::Socket
 /// holds the relay's read order back (docs/ARCHITECTURE.md "Outbox"):
 /// the rows committed after it wait, EosOutboxUnpublishedRowTooOld fires once the oldest has
 /// waited past the rule's bound, and resolves when the transaction ends and the rows go out.
-/// Then the relay is SIGKILLed and EosTargetDown fires for its job.
+/// Then the table is locked by an open transaction, so the relay's read never returns: its
+/// warning names the read, `/readyz` and then (past `--stall-restart`) `/healthz` answer 503 and
+/// EosLoopStalled fires; all of it clears once the lock is gone. Then the relay is SIGKILLed and
+/// EosTargetDown fires for its job.
 #[tokio::test(flavor = "multi_thread")]
 async fn outbox_staleness_and_a_dead_relay_fire_their_alerts() -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
@@ -46,6 +49,8 @@ async fn outbox_staleness_and_a_dead_relay_fire_their_alerts() -> anyhow::Result
         metrics_addr: "127.0.0.1:0",
         poll_interval: "200ms",
         mode: "xmin",
+        stall.stall_warning: "2s",
+        stall.stall_restart: "5s",
     });
     let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;
     let relay_addr = metrics_addr(&mut relay)?;
@@ -78,6 +83,53 @@ async fn outbox_staleness_and_a_dead_relay_fire_their_alerts() -> anyhow::Result
     tokio::task::block_in_place(|| {
         prometheus.wait_resolved("EosOutboxUnpublishedRowTooOld", Duration::from_secs(60))
     })?;
+
+    // A read that never returns (the table locked by an open transaction): the relay warns, its
+    // stall gauge grows, /readyz and then /healthz answer 503 and EosLoopStalled fires; all of
+    // it ends once the read goes through.
+    let mut lock = PgConnection::connect(&db.url).await?;
+    sqlx::query("BEGIN").execute(&mut lock).await?;
+    sqlx::query("LOCK TABLE eos_outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await?;
+    let stalled_at = std::time::Instant::now();
+    tokio::task::block_in_place(|| {
+        relay.wait_for_log_line("no progress while work waits", Duration::from_secs(30))
+    })?;
+    let health = |path: &str| {
+        let url = format!("http://{relay_addr}{path}");
+        async move {
+            let response = reqwest::get(url).await?;
+            anyhow::Ok((response.status().as_u16(), response.text().await?))
+        }
+    };
+    let (status, body) = health("/readyz").await?;
+    assert_eq!(status, 503, "/readyz while stalled: {body}");
+    assert!(body.contains("a read of the outbox"), "{body}");
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(stalled_at.elapsed())).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = health("/healthz").await?;
+        if status == 503 || std::time::Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(status, 503, "/healthz past --stall-restart: {body}");
+    let fired = tokio::task::block_in_place(|| {
+        prometheus.wait_firing("EosLoopStalled", Duration::from_secs(150))
+    })?;
+    assert_eq!(fired.labels["loop"], "outbox-relay", "{fired:?}");
+    sqlx::query("COMMIT").execute(&mut lock).await?;
+    // Rows after the lock go out, and everything clears.
+    let mut tx = db.pool.begin().await?;
+    eos_outbox::enqueue(&mut tx, &event(7)?).await?;
+    tx.commit().await?;
+    tokio::task::block_in_place(|| {
+        prometheus.wait_resolved("EosLoopStalled", Duration::from_secs(60))
+    })?;
+    let (status, body) = health("/healthz").await?;
+    assert_eq!(status, 200, "/healthz once it moves: {body}");
 
     relay.kill_hard()?;
     let down = tokio::task::block_in_place(|| {
