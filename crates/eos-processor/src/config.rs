@@ -65,6 +65,16 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is not a size such as 256MiB"))
 }
 
+/// `--wasm-timeout`, as clap's value parser: a duration of at least a millisecond (the host
+/// counts whole milliseconds, and a zero limit would stop every call at once).
+pub fn parse_wasm_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(text).map_err(|error| format!("{text:?}: {error}"))?;
+    if timeout < Duration::from_millis(1) {
+        return Err(format!("{text:?} is shorter than a millisecond"));
+    }
+    Ok(timeout)
+}
+
 /// Kafka → Kafka exactly-once read-process-write.
 ///
 /// Reads events (JSON objects) from the input topic with read_committed, drops duplicate
@@ -105,7 +115,8 @@ pub struct Config {
     /// whose value at --filter-pointer equals --filter-equals.
     ///
     /// wasm:PATH: the WebAssembly module at PATH, written in any language (docs/TRANSFORMS.md
-    /// "WebAssembly transforms"; see --wasm-fuel, --wasm-max-memory, --wasm-state-compatible).
+    /// "WebAssembly transforms"; see --wasm-fuel, --wasm-max-memory, --wasm-timeout,
+    /// --wasm-state-compatible).
     #[arg(long, env = "EOS_TRANSFORM", default_value = "ledger", value_parser = parse_transform)]
     pub transform: TransformChoice,
 
@@ -118,6 +129,13 @@ pub struct Config {
     /// suffix; a call that would pass it is dead-lettered with reason transform_limit.
     #[arg(long, env = "EOS_WASM_MAX_MEMORY", default_value = "256MiB", value_parser = parse_bytes)]
     pub wasm_max_memory: u64,
+
+    /// wasm: the longest one call to the module may run, by the wall clock (e.g. 500ms, 2s); a
+    /// call still running then is dead-lettered with reason transform_limit. Fuel alone does
+    /// not bound time (a bulk-memory instruction costs one unit whatever its length); at most
+    /// half of --transaction-timeout.
+    #[arg(long, env = "EOS_WASM_TIMEOUT", default_value = "2s", value_parser = parse_wasm_timeout)]
+    pub wasm_timeout: Duration,
 
     /// wasm: accept entity state written by a module with another digest (the new module reads
     /// the old one's state format as it is); without it, and unless the module exports
@@ -332,6 +350,19 @@ impl Config {
         {
             return Err("--filter-pointer is for --transform pass-through".into());
         }
+        // A call that hangs to its limit keeps the batch's transaction open that long, with the
+        // commit interval and the commit still to come: past --transaction-timeout the
+        // coordinator would abort it, and the redone batch would hang on the same call again,
+        // for ever, instead of dead-lettering it.
+        if matches!(self.transform, TransformChoice::Wasm(_))
+            && self.wasm_timeout * 2 > self.transaction_timeout
+        {
+            return Err(format!(
+                "--wasm-timeout ({}) must be at most half of --transaction-timeout ({})",
+                humantime::format_duration(self.wasm_timeout),
+                humantime::format_duration(self.transaction_timeout)
+            ));
+        }
         if self.fault_abort_every == Some(0) {
             return Err("EOS_FAULT_ABORT_EVERY must be at least 1".into());
         }
@@ -442,20 +473,39 @@ mod tests {
             "--wasm-max-memory",
             "64MiB",
             "--wasm-state-compatible",
+            "--wasm-timeout",
+            "750ms",
         ]);
         assert_eq!(config.transform, TransformChoice::Wasm(module.clone()));
         assert_eq!(config.wasm_fuel, 1000);
         assert_eq!(config.wasm_max_memory, 64 << 20);
         assert!(config.wasm_state_compatible);
+        assert_eq!(config.wasm_timeout, Duration::from_millis(750));
+        assert!(config.validate().is_ok(), "{:?}", config.validate());
         let defaults = parse(&[]);
         assert_eq!(defaults.wasm_max_memory, 256 << 20);
         assert!(!defaults.wasm_state_compatible);
+        assert_eq!(
+            defaults.wasm_timeout,
+            crate::wasm::Limits::default().timeout
+        );
+        // A hanging call must not outlive the transaction it holds open.
+        let outliving = parse(&[
+            "--transform",
+            &format!("wasm:{}", module.display()),
+            "--wasm-timeout",
+            "6s",
+        ]);
+        let error = outliving.validate().expect_err("6 s against 10 s");
+        assert!(error.contains("--wasm-timeout (6s)"), "{error}");
         for bad in [
             &["--transform", "wasm:/no/such/module.wasm"][..],
             &["--transform", "wasm:"],
             &["--transform", "lua"],
             &["--wasm-max-memory", "lots"],
             &["--wasm-max-memory", "1TB"],
+            &["--wasm-timeout", "0s"],
+            &["--wasm-timeout", "soon"],
         ] {
             assert!(
                 Config::try_parse_from(std::iter::once("eos-processor").chain(bad.iter().copied()))

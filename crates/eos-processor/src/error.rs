@@ -34,6 +34,10 @@ pub enum ProcessorError {
     /// non-zero so the orchestrator restarts us (and the restart fences whatever is left).
     #[error("fatal Kafka error, stopping: {0}")]
     Fatal(KafkaError),
+    /// The shutdown interrupted a transform call: the event is undecided, so the open batch is
+    /// not committed, and its records are read again at the next start.
+    #[error("the shutdown interrupted a transform call")]
+    Interrupted,
     /// A Kafka client call failed where no transaction was open.
     #[error("Kafka: {0}")]
     Kafka(#[from] KafkaError),

@@ -160,6 +160,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 limits: wasm::Limits {
                     fuel: config.wasm_fuel,
                     max_memory_bytes: config.wasm_max_memory,
+                    timeout: config.wasm_timeout,
                 },
                 state_compatible: config.wasm_state_compatible,
             };
@@ -178,10 +179,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 digest = transform.digest(),
                 fuel = options.limits.fuel,
                 max_memory_bytes = options.limits.max_memory_bytes,
+                timeout = ?options.limits.timeout,
                 state_compatible = options.state_compatible,
                 "webassembly transform loaded"
             );
-            Processor::new(config, transform).run(shutdown).await
+            // The loop checks the shutdown only between records: a call running when it comes
+            // is interrupted, so SIGTERM does not wait for the call's wall-clock limit. The loop
+            // then commits nothing of the open batch (`TransactionLoop::run`).
+            let interrupter = transform.interrupter();
+            let on_shutdown = shutdown.clone();
+            let interrupt = tokio::spawn(async move {
+                on_shutdown.cancelled().await;
+                interrupter.interrupt();
+            });
+            let result = Processor::new(config, transform).run(shutdown).await;
+            interrupt.abort();
+            result
         }
         TransformChoice::Builtin(BuiltinTransform::PassThrough) => {
             let filter = config

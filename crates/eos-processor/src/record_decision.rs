@@ -133,6 +133,10 @@ impl<T: Transform> TransactionLoop<T> {
             now,
             &self.settings.policy,
         )?;
+        // Nothing of an interrupted call joins the batch: it decided nothing.
+        if self.transform.interrupted() {
+            return Err(ProcessorError::Interrupted);
+        }
         batch.counts.records_in += 1;
         batch.positions.read(partition, message.offset());
         if batch.links.len() < MAX_SPAN_LINKS {

@@ -226,15 +226,41 @@ impl<T: Transform> TransactionLoop<T> {
 
     /// Runs until `shutdown` is cancelled (then commits the open batch) or a fatal error.
     pub fn run(mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {
-        let result = self.run_until(shutdown);
+        let mut result = self.run_until(shutdown);
+        let interrupted = matches!(result, Err(ProcessorError::Interrupted));
+        if interrupted {
+            self.abort_on_interrupt();
+            result = Ok(());
+        }
         self.readiness.set(false);
         if result.is_ok() {
             self.checkpoint_on_shutdown();
             // Leave the group now rather than after the session timeout.
             self.consumer.unsubscribe();
-            info!("stopped after committing the open batch");
+            if !interrupted {
+                info!("stopped after committing the open batch");
+            }
         }
         result
+    }
+
+    /// The shutdown interrupted a transform call in the middle of a batch: that event is
+    /// undecided, so the batch is aborted rather than committed (committing it would move the
+    /// offsets past an event with no outcome). Its records are read again at the next start,
+    /// where a call that hangs again meets its wall-clock limit and becomes a dead letter.
+    fn abort_on_interrupt(&mut self) {
+        let batch = std::mem::take(&mut self.batch);
+        warn!(
+            decided_before = batch.counts.records_in,
+            "shutdown interrupted a transform call: the open batch is aborted, not committed; \
+             its records are read again at the next start"
+        );
+        if batch.transaction_open
+            && let Err(failure) = self.producer.abort()
+        {
+            // The next instance's init_transactions aborts it, as after a crash.
+            warn!(?failure, "aborting the open transaction failed");
+        }
     }
 
     fn run_until(&mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {

@@ -201,6 +201,16 @@ pub trait Transform: Send + 'static {
         Ok(state)
     }
 
+    /// Whether the last [`Transform::apply`] was cut short by the processor's shutdown rather
+    /// than decided: its refusal is then not the event's outcome, so the processor stops
+    /// without committing the open batch and the event is read again at the next start. Only a
+    /// transform whose calls can be stopped from outside says so (the WebAssembly one, whose
+    /// call the shutdown interrupts, docs/TRANSFORMS.md "Determinism and limits"); the
+    /// default never is.
+    fn interrupted(&self) -> bool {
+        false
+    }
+
     /// The digest of the code this transform runs when that code is loaded from outside the
     /// binary (a WebAssembly module): shown on `/boundary` and as the `digest` label of
     /// `eos_processor_transform_module_info`, so an operator sees which module a pod runs.

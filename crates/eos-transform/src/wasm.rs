@@ -7,10 +7,11 @@
 //! wasmtime (eosctl, whose replay runs the built-in transforms) leaves the feature off.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use eos_core::{DeadLetterReason, Event};
 use wasm_transform::CallError;
-pub use wasm_transform::{Limits, Options, WasmModule, WasmState, digest};
+pub use wasm_transform::{Interrupter, Limits, Options, WasmModule, WasmState, digest};
 
 use crate::transform::{Output, Refusal, SourcePosition, StateUpgradeError, Transform};
 
@@ -19,18 +20,30 @@ use crate::transform::{Output, Refusal, SourcePosition, StateUpgradeError, Trans
 #[derive(Debug)]
 pub struct WasmTransform {
     module: WasmModule,
+    /// The last call was interrupted ([`Transform::interrupted`]).
+    interrupted: AtomicBool,
 }
 
 impl WasmTransform {
     /// Loads, compiles and checks the module at `path` (its exports and interface version):
     /// a module that cannot run is refused here, before the processor starts.
     pub fn load(path: &Path, options: Options) -> Result<Self, wasm_transform::LoadError> {
-        WasmModule::load(path, options).map(|module| Self { module })
+        WasmModule::load(path, options).map(Self::new)
     }
 
     /// A transform over an already loaded module.
     pub fn new(module: WasmModule) -> Self {
-        Self { module }
+        Self {
+            module,
+            interrupted: AtomicBool::new(false),
+        }
+    }
+
+    /// What stops the module's running call, and every later one, from another thread: the
+    /// processor interrupts on shutdown, so that SIGTERM is not held up by a call that would
+    /// run to its wall-clock limit.
+    pub fn interrupter(&self) -> Interrupter {
+        self.module.interrupter()
     }
 
     /// `sha256:<hex>` of the module.
@@ -53,19 +66,22 @@ impl Transform for WasmTransform {
             offset: source.offset,
         };
         // A refusal, a trap and a limit each become a dead letter: the state stays as it was
-        // and the id is not remembered, as for any refusal (docs/TRANSFORMS.md).
-        let outputs = self
-            .module
-            .apply(state, &event, position)
-            .map_err(|error| match &error {
-                CallError::Refused { code, detail } => Refusal::new(code, detail.clone()),
-                CallError::Trap(_) => {
-                    Refusal::with_reason(DeadLetterReason::TransformTrap, error.to_string())
-                }
-                CallError::Limit(_) => {
-                    Refusal::with_reason(DeadLetterReason::TransformLimit, error.to_string())
-                }
-            })?;
+        // and the id is not remembered, as for any refusal (docs/TRANSFORMS.md). An
+        // interruption decides nothing: the processor asks `interrupted` and commits nothing.
+        let applied = self.module.apply(state, &event, position);
+        self.interrupted.store(
+            matches!(applied, Err(CallError::Interrupted)),
+            Ordering::SeqCst,
+        );
+        let outputs = applied.map_err(|error| match &error {
+            CallError::Refused { code, detail } => Refusal::new(code, detail.clone()),
+            CallError::Trap(_) => {
+                Refusal::with_reason(DeadLetterReason::TransformTrap, error.to_string())
+            }
+            CallError::Limit(_) | CallError::Interrupted => {
+                Refusal::with_reason(DeadLetterReason::TransformLimit, error.to_string())
+            }
+        })?;
         Ok(outputs
             .into_iter()
             .map(|output| {
@@ -79,6 +95,10 @@ impl Transform for WasmTransform {
                 record
             })
             .collect())
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::SeqCst)
     }
 
     fn module_digest(&self) -> Option<String> {

@@ -7,11 +7,15 @@
 //! [`INTERFACE_VERSION`], and `apply`, which takes one event with its entity's state as JSON
 //! and answers the new state and the outputs, or a refusal ([`interface`]).
 //!
-//! Guarantee: a call is bounded and isolated. Every call runs under a fuel limit and the
-//! module's memory under a memory limit; a call that passes one fails with
-//! [`CallError::Limit`], one that traps (a Go panic, `unreachable`, an exit) with
+//! Guarantee: a call is bounded and isolated. Every call runs under a fuel limit and a
+//! wall-clock limit, and the module's memory under a memory limit; a call that passes one fails
+//! with [`CallError::Limit`], one that traps (a Go panic, `unreachable`, an exit) with
 //! [`CallError::Trap`], and either way the instance is dropped and the next call gets a fresh
-//! one, so one bad event never poisons the next. The module gets no host paths, no hosts, no
+//! one, so one bad event never poisons the next. The wall-clock limit is there because fuel
+//! does not bound time: wasmtime charges one unit for a bulk-memory or bulk-table instruction
+//! whatever its length, so a loop of 64 MiB `memory.fill`s runs for ever on a few units a pass.
+//! A running call can also be stopped from another thread ([`Interrupter`], the processor's
+//! shutdown), and then fails with [`CallError::Interrupted`]. The module gets no host paths, no hosts, no
 //! environment and no arguments. A module without the exports or with another interface
 //! version is refused when it is loaded, never at the first event. The state handed back is
 //! stamped with the module's sha256 digest, and state stamped by another module is refused
@@ -26,9 +30,13 @@ pub mod deterministic;
 pub mod interface;
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use extism::{CompiledPlugin, Manifest, Plugin, PluginBuilder, Wasm};
+use extism::{
+    CancelHandle, CompiledPlugin, Manifest, Plugin, PluginBuilder, UserData, Val, ValType, Wasm,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -47,6 +55,14 @@ pub const UPGRADE_EXPORT: &str = "eos_upgrade_state";
 /// WebAssembly pages are 64 KiB.
 const PAGE_BYTES: u64 = 65_536;
 
+/// How much of what a call writes to stdout and stderr is kept for its error: a Go panic's
+/// message and the first frames of its stack.
+const WRITTEN_KEPT: usize = 1024;
+
+/// What the module wrote to stdout and stderr in the current call, its first [`WRITTEN_KEPT`]
+/// bytes (the host function behind [`deterministic::STDIO_BYTE`]).
+type Written = Arc<Mutex<Vec<u8>>>;
+
 /// The limits each call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -56,16 +72,28 @@ pub struct Limits {
     /// The most memory the module's instance may grow to, in bytes (rounded down to 64 KiB
     /// pages).
     pub max_memory_bytes: u64,
+    /// The longest a call may run, by the wall clock (whole milliseconds). A call still running
+    /// then fails with [`CallError::Limit`]: what bounds a call that spends time without fuel.
+    pub timeout: Duration,
 }
 
 impl Default for Limits {
-    /// 200 million instructions (a fraction of a second) and 256 MiB: far above what the
-    /// example's Go module needs per event (its runtime's start-up included), far below what
-    /// would stall a partition or a pod.
+    /// 200 million instructions and 256 MiB: far above what the example's Go module needs per
+    /// event (its runtime's start-up included), far below what would stall a partition or a
+    /// pod.
+    ///
+    /// 2 s of wall clock. Long enough that a call always runs out of fuel first when it spends
+    /// fuel (the whole default fuel took about 0.2 s on the 2-core development machine), so an
+    /// ordinary endless loop stays a deterministic fuel failure and only a call that burns time
+    /// without fuel meets the clock; and far below the processor's default 10 s transaction
+    /// timeout, so a hanging call never outlives the open transaction (the coordinator would
+    /// abort it, and the batch, with the same call in it, would be redone for ever). It is also
+    /// how long one such event holds up every partition of the instance.
     fn default() -> Self {
         Self {
             fuel: 200_000_000,
             max_memory_bytes: 256 * 1024 * 1024,
+            timeout: Duration::from_secs(2),
         }
     }
 }
@@ -136,9 +164,14 @@ pub enum CallError {
     /// interface's result.
     #[error("the WebAssembly transform failed: {0}")]
     Trap(String),
-    /// The call ran out of fuel or the instance out of memory.
+    /// The call ran out of fuel or time, or the instance out of memory.
     #[error("the WebAssembly transform hit its limit: {0}")]
     Limit(String),
+    /// The call was stopped from outside ([`Interrupter::interrupt`]: the processor is shutting
+    /// down). It says nothing about the event: the event is not decided, and the processor
+    /// commits nothing of it.
+    #[error("the WebAssembly transform was interrupted: the processor is shutting down")]
+    Interrupted,
 }
 
 impl CallError {
@@ -148,6 +181,7 @@ impl CallError {
             Self::Refused { code, .. } => code,
             Self::Trap(_) => "transform_trap",
             Self::Limit(_) => "transform_limit",
+            Self::Interrupted => "transform_interrupted",
         }
     }
 }
@@ -199,6 +233,64 @@ pub struct Position {
     pub offset: i64,
 }
 
+/// Stops a module's running call from another thread: it fails with
+/// [`CallError::Interrupted`], and so does any later call that fails, whatever its own error
+/// (the processor interrupts on shutdown, so that SIGTERM does not wait for a call to reach its
+/// wall-clock limit, and commits nothing a failed call decided). A call that succeeds still
+/// does: the processor's loop makes at most one more before it sees the shutdown, and a batch
+/// it can commit is committed. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Interrupter {
+    shared: Arc<Interruption>,
+}
+
+#[derive(Default)]
+struct Interruption {
+    interrupted: AtomicBool,
+    /// The cancel handle of the current instance. Extism cancels only a call that is running
+    /// (its timer thread knows only those): a call that starts after the interrupt runs, under
+    /// its wall-clock limit.
+    running: Mutex<Option<CancelHandle>>,
+}
+
+impl std::fmt::Debug for Interrupter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interrupter")
+            .field("interrupted", &self.is_interrupted())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Interrupter {
+    /// Stops the running call, if any; from now on every failed call is
+    /// [`CallError::Interrupted`].
+    pub fn interrupt(&self) {
+        self.shared.interrupted.store(true, Ordering::SeqCst);
+        let running = self
+            .shared
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(handle) = running.as_ref() {
+            // Fails only when Extism's timer thread is gone, at process exit.
+            let _ = handle.cancel();
+        }
+    }
+
+    /// Whether [`Interrupter::interrupt`] was called.
+    pub fn is_interrupted(&self) -> bool {
+        self.shared.interrupted.load(Ordering::SeqCst)
+    }
+
+    fn track(&self, plugin: &Plugin) {
+        *self
+            .shared
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(plugin.cancel_handle());
+    }
+}
+
 /// A loaded, checked module and its one instance.
 pub struct WasmModule {
     compiled: CompiledPlugin,
@@ -209,6 +301,8 @@ pub struct WasmModule {
     digest: String,
     upgrades: bool,
     options: Options,
+    interrupter: Interrupter,
+    written: Written,
 }
 
 impl std::fmt::Debug for WasmModule {
@@ -256,7 +350,14 @@ impl WasmModule {
         // The digest is of the operator's file; what runs is that module with its clock,
         // randomness and sleep replaced.
         let deterministic = deterministic::rewrite(bytes).map_err(LoadError::Rewrite)?;
-        let manifest = Manifest::new([Wasm::data(deterministic)]).with_memory_max(pages);
+        // The timeout is Extism's: wasmtime's epoch interruption, checked at every function
+        // entry and loop back edge, so a loop of bulk-memory instructions is stopped between
+        // two of them (each at most the memory limit long).
+        let manifest = Manifest::new([Wasm::data(deterministic)])
+            .with_memory_max(pages)
+            .with_timeout(options.limits.timeout);
+        let kept = UserData::new(Vec::<u8>::with_capacity(WRITTEN_KEPT));
+        let written = kept.get().map_err(LoadError::Compile)?;
         let compiled = PluginBuilder::new(manifest)
             // Standard Go's wasip1 runtime imports WASI (clock, random, fd_write, proc_exit)
             // and does not link without it; its clock and random are never called (see
@@ -264,6 +365,17 @@ impl WasmModule {
             // (docs/TRANSFORMS.md "Determinism and limits").
             .with_wasi(true)
             .with_fuel_limit(options.limits.fuel)
+            // What the module writes to stdout and stderr (its fd_write redirected by
+            // `deterministic`) is kept for the call's error: the message of a Go panic, which
+            // the Go runtime writes to stderr before it exits.
+            .with_function_in_namespace(
+                deterministic::STDIO_MODULE,
+                deterministic::STDIO_BYTE,
+                [ValType::I32],
+                [ValType::I32],
+                kept,
+                keep_written_byte,
+            )
             // Compiled code is not cached on disk: the processor's root filesystem is
             // read-only in the chart, and a cache keyed by bytes would save only start-up.
             .with_cache_disabled()
@@ -275,6 +387,8 @@ impl WasmModule {
             digest: digest(bytes),
             upgrades: false,
             options,
+            interrupter: Interrupter::default(),
+            written,
         };
         let plugin = module.instantiate().map_err(LoadError::Compile)?;
         for export in [VERSION_EXPORT, APPLY_EXPORT] {
@@ -299,6 +413,11 @@ impl WasmModule {
     /// The options it was loaded with.
     pub fn options(&self) -> Options {
         self.options
+    }
+
+    /// What stops this module's calls from another thread.
+    pub fn interrupter(&self) -> Interrupter {
+        self.interrupter.clone()
     }
 
     /// Whether the module exports [`UPGRADE_EXPORT`].
@@ -352,7 +471,9 @@ impl WasmModule {
     }
 
     fn instantiate(&self) -> Result<Plugin, extism::Error> {
-        Plugin::new_from_compiled(&self.compiled)
+        let plugin = Plugin::new_from_compiled(&self.compiled)?;
+        self.interrupter.track(&plugin);
+        Ok(plugin)
     }
 
     /// Calls `export` with `input` and returns its output, under the limits. After a failure
@@ -367,22 +488,60 @@ impl WasmModule {
             // The runtime's start-up (Go's runtime initialisation runs at the first call) is
             // paid here, outside any event's call, so every event's call gets the whole fuel
             // limit whether it is the instance's first or its thousandth.
+            self.forget_written();
             plugin
                 .call::<&[u8], &[u8]>(VERSION_EXPORT, &[])
                 .map(|_| ())
-                .map_err(|error| classify(&error, self.options.limits))?;
+                .map_err(|error| self.classify(&error))?;
             *instance = Some(plugin);
         }
         let Some(plugin) = instance.as_mut() else {
             return Err(CallError::Trap("no instance".into()));
         };
+        self.forget_written();
         match plugin.call::<&[u8], &[u8]>(export, input) {
             Ok(output) => Ok(output.to_vec()),
             Err(error) => {
                 *instance = None;
-                Err(classify(&error, self.options.limits))
+                Err(self.classify(&error))
             }
         }
+    }
+
+    /// Which failure an Extism error is: [`CallError::Interrupted`] once the module is
+    /// interrupted, whatever the call's own error (it may be the interruption's, and nothing
+    /// of the call is kept either way); else [`classify`]'s.
+    fn classify(&self, error: &extism::Error) -> CallError {
+        if self.interrupter.is_interrupted() {
+            return CallError::Interrupted;
+        }
+        match classify(error, self.options.limits) {
+            CallError::Trap(detail) => {
+                let written = std::mem::take(
+                    &mut *self
+                        .written
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                );
+                let written = String::from_utf8_lossy(&written);
+                let written = written.trim();
+                if written.is_empty() {
+                    return CallError::Trap(detail);
+                }
+                let detail = format!("{detail}; the module wrote: {written}");
+                CallError::Trap(
+                    eos_core::dead_letter::truncate_with_marker(&detail, 2048).into_owned(),
+                )
+            }
+            other => other,
+        }
+    }
+
+    fn forget_written(&self) {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
     }
 
     fn version(&self) -> Result<String, CallError> {
@@ -420,11 +579,43 @@ impl WasmModule {
     }
 }
 
+/// The host function behind [`deterministic::STDIO_BYTE`]: keeps the byte while fewer than
+/// [`WRITTEN_KEPT`] are kept, and answers 0 once it wants no more in this call.
+fn keep_written_byte(
+    _plugin: &mut extism::CurrentPlugin,
+    inputs: &[Val],
+    outputs: &mut [Val],
+    kept: UserData<Vec<u8>>,
+) -> Result<(), extism::Error> {
+    let kept = kept.get()?;
+    let mut kept = kept
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if kept.len() < WRITTEN_KEPT
+        && let Some(byte) = inputs.first().and_then(Val::i32)
+    {
+        // The low byte: what i32.load8_u loaded.
+        kept.push(byte.to_le_bytes()[0]);
+    }
+    if let Some(more) = outputs.first_mut() {
+        *more = Val::I32(i32::from(kept.len() < WRITTEN_KEPT));
+    }
+    Ok(())
+}
+
 /// Which failure an Extism error is. Extism reports the memory limiter's refusal with the root
-/// cause "oom" and an exhausted fuel tank as "plugin ran out of fuel" (extism 1.21
-/// `Plugin::raw_call`); everything else the module did is a trap.
+/// cause "oom", an exhausted fuel tank as "plugin ran out of fuel" and an epoch interruption
+/// (its timeout, or a cancel) as "timeout" (extism 1.21 `Plugin::raw_call`); everything else
+/// the module did is a trap. The text names the limit, never the time the call took, so the
+/// same event fails with the same detail every time.
 fn classify(error: &extism::Error, limits: Limits) -> CallError {
     let root = error.root_cause().to_string();
+    if root == "timeout" {
+        return CallError::Limit(format!(
+            "the call ran past its wall-clock limit of {:?} (--wasm-timeout)",
+            limits.timeout
+        ));
+    }
     let chain = format!("{error:#}");
     if root == "oom" {
         return CallError::Limit(format!(

@@ -66,6 +66,7 @@ fn small_limits() -> Options {
         limits: Limits {
             fuel: 5_000_000,
             max_memory_bytes: 16 * 1024 * 1024,
+            timeout: std::time::Duration::from_millis(500),
         },
         state_compatible: false,
     }
@@ -290,6 +291,24 @@ fn an_endless_loop_hits_the_fuel_limit_and_the_next_call_works() {
 }
 
 #[test]
+fn the_default_fuel_of_an_endless_loop_is_spent_within_the_default_wall_clock_limit() {
+    // The figure behind `Limits::default()`'s 2 s: how long the whole default fuel takes. It
+    // depends on the machine, so it is printed, not asserted; either limit is transform_limit.
+    let wasm = WasmModule::from_bytes(&doing("(loop $forever (br $forever))"), Options::default())
+        .expect("loads");
+    let started = std::time::Instant::now();
+    let error = wasm
+        .apply(&mut WasmState::default(), &any_event(), AT)
+        .expect_err("endless");
+    eprintln!(
+        "the default fuel ({} units) of an endless loop: {:?}, ended by: {error}",
+        Limits::default().fuel,
+        started.elapsed()
+    );
+    assert_eq!(error.code(), "transform_limit", "{error}");
+}
+
+#[test]
 fn a_huge_allocation_hits_the_memory_limit() {
     // 65,535 more pages: the whole 4 GiB a 32-bit module can address.
     let wasm = load(&doing(
@@ -392,7 +411,8 @@ fn the_clock_is_fixed_random_is_zeros_and_a_sleep_traps() {
     let sleeps = load(&module(
         INTERFACE_VERSION,
         r#"{"state":1}"#,
-        "(drop (call $poll_oneoff (i32.const 2000) (i32.const 3000) (i32.const 1) (i32.const 4000)))",
+        "(i64.store (i32.const 2024) (i64.const 1000000000))
+         (drop (call $poll_oneoff (i32.const 2000) (i32.const 3000) (i32.const 1) (i32.const 4000)))",
         imports,
     ));
     let started = std::time::Instant::now();
@@ -401,6 +421,26 @@ fn the_clock_is_fixed_random_is_zeros_and_a_sleep_traps() {
         .expect_err("a sleep");
     assert_eq!(error.code(), "transform_trap", "{error}");
     assert!(started.elapsed() < std::time::Duration::from_millis(500));
+
+    // A runtime's own pause of 1 ms (Go's panic path waits so before it prints the panic)
+    // passes at once, with the clock event reported, and the clock has not moved.
+    let pauses = load(&module(
+        INTERFACE_VERSION,
+        r#"{"state":1}"#,
+        "(i64.store (i32.const 2000) (i64.const 77))
+         (i64.store (i32.const 2024) (i64.const 1000000))
+         (if (call $poll_oneoff (i32.const 2000) (i32.const 3000) (i32.const 1) (i32.const 4000))
+           (then (unreachable)))
+         (if (i32.ne (i32.load (i32.const 4000)) (i32.const 1)) (then (unreachable)))
+         (if (i64.ne (i64.load (i32.const 3000)) (i64.const 77)) (then (unreachable)))
+         (if (i32.ne (i32.load16_u (i32.const 3008)) (i32.const 0)) (then (unreachable)))",
+        imports,
+    ));
+    let mut state = WasmState::default();
+    pauses
+        .apply(&mut state, &any_event(), AT)
+        .expect("a 1 ms pause passes");
+    assert_eq!(state.state, json!(1));
 
     // An import with a WASI name and another signature is refused at load.
     let error = WasmModule::from_bytes(
@@ -438,6 +478,68 @@ fn example_modules() -> &'static (Vec<u8>, Vec<u8>) {
 
 fn card_module() -> Vec<u8> {
     example_modules().0.clone()
+}
+
+/// examples/wasm/go/hostile: echoes each event, burns 64 MiB `memory.fill`s for ever on
+/// `"do": "memory.fill"` and panics on `"do": "panic"`.
+fn hostile_module() -> Vec<u8> {
+    example_modules();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/wasm/hostile.wasm");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn a_go_panic_keeps_its_message_and_a_go_memory_fill_loop_hits_the_wall_clock() {
+    let options = Options {
+        limits: Limits {
+            timeout: std::time::Duration::from_millis(500),
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
+    let wasm =
+        std::sync::Arc::new(WasmModule::from_bytes(&hostile_module(), options).expect("loads"));
+    let panics = event(json!({"auth_id": "a-panic", "card": "c-7", "do": "panic"}));
+    let error = wasm
+        .apply(&mut WasmState::default(), &panics, AT)
+        .expect_err("panics");
+    assert_eq!(error.code(), "transform_trap", "{error}");
+    // The panic's own message, not a sleep's trap: Go's runtime pauses 1 ms before it prints
+    // a panic, and the pause used to trap first.
+    assert!(
+        error
+            .to_string()
+            .contains("panic: event a-panic asked for a panic"),
+        "{error}"
+    );
+    // Go's runtime.abort ends a fatal panic with `unreachable`; the pause that trapped before
+    // it was in runtime.freezetheworld.
+    assert!(error.to_string().contains("runtime.fatalpanic"), "{error}");
+    assert!(!error.to_string().contains("freezetheworld"), "{error}");
+    // The next event is echoed by a fresh instance.
+    let mut state = WasmState::default();
+    let outputs = wasm
+        .apply(&mut state, &any_event(), AT)
+        .expect("the next event");
+    assert_eq!(outputs[0].value["auth_id"], "a-1");
+
+    let burner = wasm.clone();
+    let (error, took) = within(std::time::Duration::from_secs(10), move || {
+        let burns = event(json!({"auth_id": "a-burn", "card": "c-7", "do": "memory.fill"}));
+        burner
+            .apply(&mut WasmState::default(), &burns, AT)
+            .expect_err("burns")
+    });
+    assert_eq!(error.code(), "transform_limit", "{error}");
+    assert!(
+        error.to_string().contains("wall-clock limit of 500ms"),
+        "{error}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "ended after {took:?}"
+    );
+    assert!(wasm.apply(&mut state, &any_event(), AT).is_ok());
 }
 
 fn auth(id: &str, amount: &str, at: &str) -> Event {
@@ -683,4 +785,196 @@ fn the_go_and_assemblyscript_modules_answer_the_same_bytes() {
         );
     }
     assert_eq!(answers.get("other"), None, "{answers:?}");
+}
+
+/// Runs `call` on a thread of its own and returns its result and how long it took; panics when
+/// it is still running after `bound`, so a call that never ends fails the test instead of
+/// hanging it (the thread is left behind, spinning, until the test binary exits).
+fn within<T: Send + 'static>(
+    bound: std::time::Duration,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> (T, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(call());
+    });
+    match result.recv_timeout(bound) {
+        Ok(value) => (value, started.elapsed()),
+        Err(_) => panic!("the call was still running after {bound:?}"),
+    }
+}
+
+/// An event whose input is longer than `LONG_INPUT` bytes, which the modules below take as
+/// the one to hang on; `any_event()`'s input is shorter.
+fn hanging_event() -> Event {
+    event(
+        json!({"auth_id": "a-9", "card": "c-7", "at": "2026-12-04T10:00:00Z",
+                 "pad": "x".repeat(2000)}),
+    )
+}
+
+const LONG_INPUT: i64 = 1000;
+
+/// A module whose `apply` runs `burn` for ever when its input is long (the hanging event) and
+/// answers at once otherwise; `extra` may define what `burn` needs.
+fn burning(burn: &str, extra: &str) -> Vec<u8> {
+    module(
+        INTERFACE_VERSION,
+        r#"{"state":1}"#,
+        &format!(
+            "(if (i64.gt_u (call $input_length) (i64.const {LONG_INPUT}))
+               (then (call $burn)))"
+        ),
+        &format!(
+            r#"(import "extism:host/env" "input_length" (func $input_length (result i64)))
+               {extra}
+               (func $burn {burn})"#
+        ),
+    )
+}
+
+/// The small limits with room for the 64 MiB the burning modules grow to.
+fn burn_limits() -> Options {
+    Options {
+        limits: Limits {
+            max_memory_bytes: 256 * 1024 * 1024,
+            ..small_limits().limits
+        },
+        ..small_limits()
+    }
+}
+
+/// Every way found to spend wall time without fuel: wasmtime charges one unit of fuel for a
+/// bulk-memory or bulk-table instruction whatever its length, so each loop below runs for ever
+/// on a few units per pass.
+fn fuel_free_burns() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (
+            // The issue's module: 64 MiB filled again and again.
+            "memory.fill",
+            burning(
+                "(drop (memory.grow (i32.const 1024)))
+                 (loop $forever
+                   (memory.fill (i32.const 0) (i32.const 0) (i32.const 67108864))
+                   (br $forever))",
+                "",
+            ),
+        ),
+        (
+            "memory.copy",
+            burning(
+                "(drop (memory.grow (i32.const 1024)))
+                 (loop $forever
+                   (memory.copy (i32.const 0) (i32.const 33554432) (i32.const 33554432))
+                   (br $forever))",
+                "",
+            ),
+        ),
+        (
+            // A table is not under the memory limit; 4 million references are 32 MB.
+            "table.fill",
+            burning(
+                "(drop (table.grow $t (ref.null func) (i32.const 4000000)))
+                 (loop $forever
+                   (table.fill $t (i32.const 0) (ref.null func) (i32.const 4000000))
+                   (br $forever))",
+                "(table $t 1 funcref)",
+            ),
+        ),
+        (
+            "table.copy",
+            burning(
+                "(drop (table.grow $t (ref.null func) (i32.const 4000000)))
+                 (loop $forever
+                   (table.copy $t $t (i32.const 0) (i32.const 2000000) (i32.const 2000000))
+                   (br $forever))",
+                "(table $t 1 funcref)",
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn a_call_that_burns_wall_time_without_fuel_hits_the_wall_clock_limit_and_the_next_works() {
+    for (name, bytes) in fuel_free_burns() {
+        let wasm =
+            std::sync::Arc::new(WasmModule::from_bytes(&bytes, burn_limits()).expect("loads"));
+        assert!(
+            wasm.apply(&mut WasmState::default(), &any_event(), AT)
+                .is_ok(),
+            "{name}: a short input answers at once"
+        );
+        let hanging = wasm.clone();
+        let (error, took) = within(std::time::Duration::from_secs(10), move || {
+            hanging
+                .apply(&mut WasmState::default(), &hanging_event(), AT)
+                .expect_err("runs for ever")
+        });
+        eprintln!("{name}: ended after {took:?} by: {error}");
+        assert_eq!(error.code(), "transform_limit", "{name}: {error}");
+        assert!(
+            error.to_string().contains("wall-clock limit of 500ms"),
+            "{name}: {error}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(2),
+            "{name}: ended after {took:?}"
+        );
+        // The next call gets a fresh instance and works.
+        let mut state = WasmState::default();
+        wasm.apply(&mut state, &any_event(), AT)
+            .unwrap_or_else(|e| panic!("{name}: the next call: {e}"));
+        assert_eq!(state.state, json!(1), "{name}");
+        // The same event is the same failure again, on a fresh instance.
+        let again = wasm
+            .apply(&mut WasmState::default(), &hanging_event(), AT)
+            .expect_err("runs for ever again");
+        assert_eq!(again, error, "{name}");
+    }
+}
+
+#[test]
+fn an_interrupted_call_stops_at_once_and_is_no_outcome() {
+    // A wall-clock limit far beyond the test: only the interruption can end the call.
+    let options = Options {
+        limits: Limits {
+            timeout: std::time::Duration::from_secs(600),
+            ..burn_limits().limits
+        },
+        ..burn_limits()
+    };
+    let (_, bytes) = fuel_free_burns().swap_remove(0);
+    let wasm = std::sync::Arc::new(WasmModule::from_bytes(&bytes, options).expect("loads"));
+    let interrupter = wasm.interrupter();
+    assert!(!interrupter.is_interrupted());
+    let hanging = wasm.clone();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        interrupter.interrupt();
+    });
+    let (error, took) = within(std::time::Duration::from_secs(10), move || {
+        hanging
+            .apply(&mut WasmState::default(), &hanging_event(), AT)
+            .expect_err("interrupted")
+    });
+    stopper.join().expect("the stopper");
+    eprintln!("interrupted 300 ms into the call: ended after {took:?}");
+    assert_eq!(error, CallError::Interrupted, "{error}");
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "interrupted after {took:?}"
+    );
+    // A later call runs, on a fresh instance; one that fails is an interruption too, so that
+    // nothing a failed call decided is committed on the way out.
+    let mut state = WasmState::default();
+    wasm.apply(&mut state, &any_event(), AT)
+        .expect("a call after the interrupt");
+    assert_eq!(state.state, json!(1));
+    let trapping = load(&doing("(unreachable)"));
+    trapping.interrupter().interrupt();
+    assert_eq!(
+        trapping.apply(&mut WasmState::default(), &any_event(), AT),
+        Err(CallError::Interrupted)
+    );
 }
