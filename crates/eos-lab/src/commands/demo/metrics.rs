@@ -22,7 +22,7 @@ pub(super) async fn scrape(addr: SocketAddr) -> Option<String> {
 }
 
 /// The sum of every sample of `name` whose labels include each of `labels` (`key="value"`).
-fn metric_sum(text: &str, name: &str, labels: &[&str]) -> i64 {
+pub(super) fn metric_sum(text: &str, name: &str, labels: &[&str]) -> i64 {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {

@@ -4,11 +4,14 @@
 //! HTTP clients → payments-api (payment row + outbox row in one PostgreSQL transaction) →
 //! outbox-relay → the payments topic → eos-processor → sink-writer → PostgreSQL tables, and
 //! sink-writer → dedup-service → provider-sim for the charge. While the clients pay, the relay,
-//! the processor and the sink-writer are SIGKILLed and restarted in turn, and provider-sim
-//! applies charges but loses some answers. Once everything has drained, `eosctl audit` checks the
-//! outbox (one event per committed payment), the topics, the tables and the provider's effects
-//! by event_id. With `--guarantee at-least-once` the relay and the processor run without
-//! transactions under the same faults: the contrast is the point.
+//! the processor and the sink-writer are SIGKILLed and restarted in turn, the relay is also
+//! kept down for a while and killed again in the middle of the backlog that left
+//! (`relay_outage`), and provider-sim applies charges but loses some answers. The report gives
+//! how long each service took to catch up once the clients were done, against a bound. Once
+//! everything has drained, `eosctl audit` checks the outbox (one event per committed payment),
+//! the topics, the tables and the provider's effects by event_id. With `--guarantee
+//! at-least-once` the relay and the processor run without transactions under the same faults:
+//! the contrast is the point.
 //!
 //! `--source producer` starts at the topic instead: `eosctl produce` writes re-deliveries,
 //! malformed records and reused ids with other content straight onto it, which the processor must
@@ -22,18 +25,19 @@ mod aimed_kill;
 mod database;
 mod metrics;
 mod payments_workload;
+mod relay_outage;
 mod report;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
-use rand::{Rng as _, SeedableRng as _};
+use rand::SeedableRng as _;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -43,8 +47,9 @@ use crate::commands::demo::aimed_kill::{AimedKill, KillAim};
 use crate::commands::demo::database::{drop_relay_slot, outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
-use crate::commands::demo::report::build_report;
+use crate::commands::demo::relay_outage::{OutagePlan, RelayOutage};
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
+use crate::commands::demo::report::{Drain, DrainStage, build_report};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
 use eos_testkit::loopback_ports::free_loopback_addr;
 use eosctl::cli::{AuditArgs, ProduceArgs, TraceArgs};
@@ -108,6 +113,18 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 2)]
     pub relay_kills: usize,
 
+    /// An outage of outbox-relay in the middle of the payments: SIGKILLed, kept down this long
+    /// while the clients go on paying, then restarted, and SIGKILLed once more (restarted at
+    /// once) when it has published half of the backlog it came back to. The default, at the
+    /// default rate, leaves more than two of the relay's default batches waiting. 0s: none.
+    #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+    pub relay_outage: Duration,
+
+    /// outbox-relay's --batch-size (most rows in one of its Kafka transactions); a small one
+    /// makes a short outage leave a backlog of many batches [default: the relay's own].
+    #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(i64).range(1..))]
+    pub relay_batch_size: Option<i64>,
+
     /// SIGKILLs of eos-processor while the producer writes (each restarted at once). With
     /// at-least-once each is aimed: it lands while the processor has sent outputs that its
     /// restart will send again (see the report's faults).
@@ -149,7 +166,9 @@ pub struct DemoArgs {
     #[arg(long, default_value = ".stack/demo")]
     pub runs_dir: PathBuf,
 
-    /// How long to wait for the pipeline to drain after the producer is done.
+    /// How long the pipeline may take to drain once the workload is done: every service caught
+    /// up (outbox-relay, eos-processor, sink-writer) within this of the last payment or record,
+    /// or the run fails. The report gives each one's time and names this bound.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
 
@@ -279,6 +298,11 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         "traces are off: set OTEL_EXPORTER_OTLP_ENDPOINT to export them"
     };
     let relay_kills = match args.source {
+        DemoSource::PaymentsApi if !args.relay_outage.is_zero() => format!(
+            "{} of outbox-relay and a {} outage of it, ",
+            args.relay_kills,
+            humantime::format_duration(args.relay_outage)
+        ),
         DemoSource::PaymentsApi => format!("{} of outbox-relay, ", args.relay_kills),
         DemoSource::Producer => String::new(),
     };
@@ -490,9 +514,10 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         }
     }
     let Driven {
-        drained,
+        drain,
         payments,
         aimed_processor_kills,
+        relay_outage,
     } = outcome?;
     say(
         "== audit: the logical set by event_id at every boundary (outbox, topics, tables, \
@@ -543,6 +568,9 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let mut faults = Vec::new();
     if let Some(outbox) = &outbox {
         faults.push(kills(outbox.relay.restarts, "outbox-relay"));
+        if let Some(outage) = &relay_outage {
+            faults.push(outage.fault_line());
+        }
     }
     let processor_kills = kills(processor.restarts, "eos-processor");
     faults.extend([
@@ -579,10 +607,11 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         audit,
         audit_code,
         reconciled,
-        stopped_cleanly && drained,
+        (drain, stopped_cleanly),
         metrics,
     );
     report.peak_rss_kib = peak_rss_kib;
+    report.relay_outage = relay_outage;
     std::fs::write(
         run_dir.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -624,7 +653,36 @@ struct OutboxServices {
     api_addr: SocketAddr,
     relay: Service,
     relay_name: String,
+    /// The relay's `--batch-size`, given or its own default.
+    relay_batch_size: i64,
+    /// What a relay process is started from again after an outage.
+    relay_start: RelayStart,
     database_url: String,
+}
+
+/// outbox-relay's command line, environment and paths.
+struct RelayStart {
+    bin_dir: PathBuf,
+    run_dir: PathBuf,
+    args: Vec<String>,
+    ops: SocketAddr,
+    database_url: String,
+    kafka: Arc<ChildKafkaProperties>,
+}
+
+impl RelayStart {
+    /// A relay not started yet; its log is the relay's log, appended to.
+    fn service(&self) -> Service {
+        Service::new(
+            "outbox-relay",
+            &self.bin_dir,
+            &self.run_dir,
+            self.args.clone(),
+            self.ops,
+        )
+        .with_env("DATABASE_URL", &self.database_url)
+        .with_kafka_properties(&self.kafka)
+    }
 }
 
 impl OutboxServices {
@@ -654,31 +712,57 @@ impl OutboxServices {
         )
         .with_env("DATABASE_URL", database_url);
         let ops = free_loopback_addr()?;
-        let relay = Service::new(
-            "outbox-relay",
-            bin_dir,
-            run_dir,
-            strings(&[
-                "--bootstrap-servers",
-                bootstrap_servers,
-                "--relay-name",
-                &relay_name,
-                "--guarantee",
-                args.guarantee.as_str(),
-                "--metrics-addr",
-                &ops.to_string(),
-            ]),
+        let mut relay_args = strings(&[
+            "--bootstrap-servers",
+            bootstrap_servers,
+            "--relay-name",
+            &relay_name,
+            "--guarantee",
+            args.guarantee.as_str(),
+            "--metrics-addr",
+            &ops.to_string(),
+        ]);
+        if let Some(size) = args.relay_batch_size {
+            relay_args.extend(["--batch-size".to_owned(), size.to_string()]);
+        }
+        let relay_start = RelayStart {
+            bin_dir: bin_dir.to_path_buf(),
+            run_dir: run_dir.to_path_buf(),
+            args: relay_args,
             ops,
-        )
-        .with_env("DATABASE_URL", database_url)
-        .with_kafka_properties(kafka);
+            database_url: database_url.to_owned(),
+            kafka: Arc::clone(kafka),
+        };
         Ok(Self {
             api,
             api_addr,
-            relay,
+            relay: relay_start.service(),
             relay_name,
+            relay_batch_size: relay_outage::relay_batch_size(args.relay_batch_size)?,
+            relay_start,
             database_url: database_url.to_owned(),
         })
+    }
+
+    /// SIGKILLs the relay and leaves it down until `relay_back`. Dropping the supervisor's
+    /// handle is the SIGKILL (eos-testkit's `ChildProcess` kills and reaps on drop); the handle
+    /// put in its place is not started yet, and carries the count of kills and the peak memory
+    /// of the earlier processes (the killed one's own peak is not read).
+    fn relay_down(&mut self) -> anyhow::Result<()> {
+        // A relay that exited by itself is a failure of the run, not an outage.
+        self.relay.check_running()?;
+        let down = std::mem::replace(&mut self.relay, self.relay_start.service());
+        self.relay.restarts = down.restarts + 1;
+        self.relay.peak_rss_kib = down.peak_rss_kib;
+        drop(down);
+        Ok(())
+    }
+
+    /// Starts the relay after `relay_down`; the outbox rows waiting for it then.
+    async fn relay_back(&mut self) -> anyhow::Result<i64> {
+        let backlog = outbox_backlog(&self.database_url, &self.relay_name).await?;
+        self.relay.start()?;
+        Ok(backlog)
     }
 
     /// Waits until the relay has published every outbox row.
@@ -697,10 +781,11 @@ impl OutboxServices {
     }
 }
 
-/// The workload running in the background: the producer's, or payments-api's clients'.
+/// The workload running in the background: the producer's, or payments-api's clients'; each
+/// ends with the moment it was done, where the drain time starts.
 enum Workload {
-    Producer(tokio::task::JoinHandle<anyhow::Result<produce::ProduceSummary>>),
-    Payments(tokio::task::JoinHandle<anyhow::Result<PaymentsSummary>>),
+    Producer(tokio::task::JoinHandle<(anyhow::Result<produce::ProduceSummary>, Instant)>),
+    Payments(tokio::task::JoinHandle<(anyhow::Result<PaymentsSummary>, Instant)>),
 }
 
 /// Starts the workload's source; the processor and the sink start once its topic exists.
@@ -737,7 +822,8 @@ async fn start_workload(
         let kafka = kafka.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let producer = tokio::spawn(async move {
-            Ok(produce::run(&kafka, options, ProgressBar::hidden(), stop).await?)
+            let summary = produce::run(&kafka, options, ProgressBar::hidden(), stop).await;
+            (summary.map_err(anyhow::Error::from), Instant::now())
         });
         // The producer creates the input topic; the processor starts once it is there.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -785,23 +871,181 @@ async fn start_workload(
         malformed_ratio: 0.005,
         seed,
     };
-    Ok(Workload::Payments(tokio::spawn(payments_workload::run(
-        workload,
-    ))))
+    Ok(Workload::Payments(tokio::spawn(async move {
+        let summary = payments_workload::run(workload).await;
+        (summary, Instant::now())
+    })))
 }
 
 /// What driving the pipeline came to.
 struct Driven {
-    /// Every service caught up (the outbox relayed, both groups at the end of their topics).
-    drained: bool,
+    /// How long each service took to catch up once the workload was done, and the bound.
+    drain: Drain,
     payments: Option<PaymentsSummary>,
     /// At-least-once processor kills that landed with outputs its restart repeats.
     aimed_processor_kills: usize,
+    relay_outage: Option<RelayOutage>,
 }
 
 /// How long an at-least-once processor kill waits for outputs its restart repeats before it
-/// lands anyway (and is reported as not aimed).
+/// lands anyway (and is reported as not aimed); the same for the relay kill mid catch-up, which
+/// waits for half of the backlog to be published.
 const AIM_WITHIN: Duration = Duration::from_secs(60);
+
+/// What the run does to the services, in the order of their times from the workload's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// A SIGKILL, restarted at once: 0 the relay, 1 the processor, 2 the sink.
+    Kill(usize),
+    RelayDown,
+    /// The relay back after the outage, and its kill mid catch-up.
+    RelayBack,
+}
+
+/// The timed kills spread over the workload with jitter, round robin over the services with
+/// kills left (relay, processor, sink), and the relay's outage; a relay kill that falls in the
+/// outage waits for its end.
+fn fault_schedule(
+    [relay_kills, processor_kills, sink_kills]: [usize; 3],
+    workload: Duration,
+    outage: Option<OutagePlan>,
+    rng: &mut impl rand::Rng,
+) -> Vec<(Duration, Fault)> {
+    let mut schedule = Vec::new();
+    if let Some(outage) = outage {
+        schedule.extend([
+            (outage.start, Fault::RelayDown),
+            (outage.end(), Fault::RelayBack),
+        ]);
+    }
+    let kills = relay_kills + processor_kills + sink_kills;
+    let gap = workload.as_secs_f64() / (kills + 1) as f64;
+    let mut left = [relay_kills, processor_kills, sink_kills];
+    let mut turn = 0;
+    let mut at = 0.0;
+    for _ in 0..kills {
+        at += gap * rng.random_range(0.7..1.3);
+        while left[turn % 3] == 0 {
+            turn += 1;
+        }
+        left[turn % 3] -= 1;
+        let mut when = Duration::from_secs_f64(at);
+        if turn % 3 == 0
+            && let Some(outage) = outage.filter(|outage| outage.covers(when))
+        {
+            when = outage.end();
+        }
+        schedule.push((when, Fault::Kill(turn % 3)));
+        turn += 1;
+    }
+    // Stable: the relay's return stays ahead of the relay kills moved to the outage's end.
+    schedule.sort_by_key(|(when, _)| *when);
+    schedule
+}
+
+/// SIGKILLs `service` once it is ready and restarts it at once, aimed (`aim`: the at-least-once
+/// processor's) or not; `Some(landed as aimed)` for an aimed kill.
+async fn kill(
+    service: &mut Service,
+    aim: Option<&AimedKill<'_>>,
+    rng: &mut impl rand::Rng,
+) -> anyhow::Result<Option<bool>> {
+    // A kill should land on a service at work, not one still joining its group.
+    service.wait_ready(Duration::from_secs(30)).await?;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
+    let Some(aimed_kill) = aim else {
+        let pid = service.kill_and_restart().await?;
+        say(format!(
+            "   SIGKILL #{} of {} (pid {pid}), restarted",
+            service.restarts, service.name
+        ));
+        return Ok(None);
+    };
+    let (aimed, how) = match aimed_kill.kill(service, AIM_WITHIN).await? {
+        KillAim::Aimed { repeated_outputs } => (
+            true,
+            format!("with {repeated_outputs} outputs its restart repeats"),
+        ),
+        KillAim::Missed => (
+            false,
+            format!(
+                "not aimed: no outputs its restart repeats within {}",
+                humantime::format_duration(AIM_WITHIN)
+            ),
+        ),
+    };
+    say(format!(
+        "   SIGKILL #{} of {} ({how}), restarted",
+        service.restarts, service.name
+    ));
+    Ok(Some(aimed))
+}
+
+/// The relay's faults in their order: its timed kills, its outage and the kill mid catch-up
+/// that follows; what the outage came to.
+async fn relay_timeline(
+    args: &DemoArgs,
+    mut outbox: Option<&mut OutboxServices>,
+    workload_started: Instant,
+    faults: Vec<(Duration, Fault)>,
+    rng: &mut impl rand::Rng,
+) -> anyhow::Result<Option<RelayOutage>> {
+    let mut relay_down_at = workload_started;
+    let mut relay_outage = None;
+    for (when, fault) in faults {
+        let at = match fault {
+            // The outage lasts what was asked even when a kill before it made it start late.
+            Fault::RelayBack => relay_down_at + args.relay_outage,
+            _ => workload_started + when,
+        };
+        tokio::time::sleep_until(at.into()).await;
+        let outbox = outbox
+            .as_deref_mut()
+            .context("relay faults without a relay")?;
+        match fault {
+            Fault::RelayDown => {
+                outbox.relay_down()?;
+                relay_down_at = Instant::now();
+                say(format!(
+                    "   SIGKILL #{} of outbox-relay: down for {} while the clients pay",
+                    outbox.relay.restarts,
+                    humantime::format_duration(args.relay_outage)
+                ));
+            }
+            Fault::RelayBack => {
+                let backlog = outbox.relay_back().await?;
+                let down_for = relay_down_at.elapsed();
+                say(format!(
+                    "   outbox-relay restarted after {down_for:.1?} with {} outbox rows waiting \
+                     ({:.1} batches of {})",
+                    grouped(backlog),
+                    backlog as f64 / outbox.relay_batch_size as f64,
+                    grouped(outbox.relay_batch_size)
+                ));
+                let published =
+                    relay_outage::kill_mid_catch_up(&mut outbox.relay, backlog, AIM_WITHIN).await?;
+                let outage =
+                    RelayOutage::new(down_for, outbox.relay_batch_size, backlog, published);
+                say(format!(
+                    "   SIGKILL #{} of outbox-relay {} after {} of the {} rows, restarted",
+                    outbox.relay.restarts,
+                    if outage.killed_mid_catch_up {
+                        "mid catch-up"
+                    } else {
+                        "(not mid catch-up)"
+                    },
+                    grouped(published),
+                    grouped(backlog)
+                ));
+                relay_outage = Some(outage);
+            }
+            Fault::Kill(_) => {
+                kill(&mut outbox.relay, None, rng).await?;
+            }
+        }
+    }
+    Ok(relay_outage)
+}
 
 #[allow(clippy::too_many_arguments)]
 async fn drive(
@@ -821,6 +1065,7 @@ async fn drive(
     say("   provider-sim and dedup-service are up");
 
     let workload = start_workload(args, seed, kafka, input, outbox.as_deref_mut()).await?;
+    let workload_started = Instant::now();
     processor.start()?;
     sink.start()?;
 
@@ -829,13 +1074,32 @@ async fn drive(
     } else {
         0
     };
-    let workload_seconds = args.events as f64 * 1.06 / args.rate.max(1) as f64;
-    let kills = args.processor_kills + args.sink_kills + relay_kills;
+    let workload_time =
+        Duration::from_secs_f64(args.events as f64 * 1.06 / args.rate.max(1) as f64);
+    let outage = outbox
+        .as_ref()
+        .and_then(|_| OutagePlan::new(args.relay_outage, workload_time));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // Round robin over the services with kills left: relay, processor, sink.
-    let mut left = [relay_kills, args.processor_kills, args.sink_kills];
-    let mut turn = 0;
-    let mut aimed_processor_kills = 0;
+    let schedule = fault_schedule(
+        [relay_kills, args.processor_kills, args.sink_kills],
+        workload_time,
+        outage,
+        &mut rng,
+    );
+    // Two timelines side by side: the relay's (its kills and its outage) and the processor's
+    // and the sink's. A kill waits for its service to be ready (a processor rejoining its group
+    // takes seconds), which must not stretch the relay's outage or delay its return.
+    let (relay_faults, other_faults): (Vec<_>, Vec<_>) = schedule
+        .into_iter()
+        .partition(|(_, fault)| *fault != Fault::Kill(1) && *fault != Fault::Kill(2));
+    let mut relay_rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
+    let relay_timeline = relay_timeline(
+        args,
+        outbox.as_deref_mut(),
+        workload_started,
+        relay_faults,
+        &mut relay_rng,
+    );
     let changelog = format!("{processor_group}-{input}-changelog");
     let aimed_kill = AimedKill {
         kafka,
@@ -844,68 +1108,39 @@ async fn drive(
         changelog: &changelog,
         group: processor_group,
     };
-    for _ in 0..kills {
-        let gap = workload_seconds / (kills + 1) as f64;
-        let jitter = rng.random_range(0.7..1.3);
-        tokio::time::sleep(Duration::from_secs_f64(gap * jitter)).await;
-        while left[turn % 3] == 0 {
-            turn += 1;
-        }
-        left[turn % 3] -= 1;
-        let aim = turn % 3 == 1 && args.guarantee == DemoGuarantee::AtLeastOnce;
-        let service = match turn % 3 {
-            0 => match outbox.as_deref_mut() {
-                Some(outbox) => &mut outbox.relay,
-                None => bail!("relay kills without a relay"),
-            },
-            1 => &mut *processor,
-            _ => &mut *sink,
-        };
-        turn += 1;
-        // A kill should land on a service at work, not one still joining its group.
-        service.wait_ready(Duration::from_secs(30)).await?;
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
-        if !aim {
-            let pid = service.kill_and_restart().await?;
-            say(format!(
-                "   SIGKILL #{} of {} (pid {pid}), restarted",
-                service.restarts, service.name
-            ));
-            continue;
-        }
-        let aimed = match aimed_kill.kill(service, AIM_WITHIN).await? {
-            KillAim::Aimed { repeated_outputs } => {
+    let other_timeline = async {
+        let mut aimed_processor_kills = 0;
+        for (when, fault) in other_faults {
+            tokio::time::sleep_until((workload_started + when).into()).await;
+            let aim = fault == Fault::Kill(1) && args.guarantee == DemoGuarantee::AtLeastOnce;
+            let service = match fault {
+                Fault::Kill(1) => &mut *processor,
+                _ => &mut *sink,
+            };
+            let Some(aimed) = kill(service, aim.then_some(&aimed_kill), &mut rng).await? else {
+                continue;
+            };
+            if aimed {
                 aimed_processor_kills += 1;
-                format!("with {repeated_outputs} outputs its restart repeats")
             }
-            KillAim::Missed => format!(
-                "not aimed: no outputs its restart repeats within {}",
-                humantime::format_duration(AIM_WITHIN)
-            ),
-        };
-        say(format!(
-            "   SIGKILL #{} of {} ({aimed}), restarted",
-            service.restarts, service.name
-        ));
-    }
-    let payments = match workload {
+        }
+        anyhow::Ok(aimed_processor_kills)
+    };
+    let (relay_outage, aimed_processor_kills) = tokio::try_join!(relay_timeline, other_timeline)?;
+    let (payments, workload_ended) = match workload {
         Workload::Producer(producer) => {
-            let summary = producer
-                .await
-                .context("the producer task")?
-                .with_context(|| format!("producing to topic {input:?}"))?;
+            let (summary, ended) = producer.await.context("the producer task")?;
+            let summary = summary.with_context(|| format!("producing to topic {input:?}"))?;
             std::fs::write(
                 run_dir.join("produce.json"),
                 format!("{}\n", serde_json::to_string(&summary)?),
             )?;
             say("== producer done; waiting for the pipeline to drain");
-            None
+            (None, ended)
         }
         Workload::Payments(clients) => {
-            let summary = clients
-                .await
-                .context("the payments clients' task")?
-                .context("paying through payments-api")?;
+            let (summary, ended) = clients.await.context("the payments clients' task")?;
+            let summary = summary.context("paying through payments-api")?;
             std::fs::write(
                 run_dir.join("payments.json"),
                 format!("{}\n", serde_json::to_string(&summary)?),
@@ -914,18 +1149,27 @@ async fn drive(
                 "== {} payments made; waiting for the pipeline to drain",
                 grouped(summary.created as i64)
             ));
-            Some(summary)
+            (Some(summary), ended)
         }
     };
+    // One bound for the whole drain, from the workload's end: a stage that catches up late
+    // leaves the next one less time. Each stage's time is when it was seen caught up, after
+    // the faults that outlasted the workload (a killed service must catch up too).
+    let deadline = workload_ended + args.drain_timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
     let timeout = humantime::format_duration(args.drain_timeout);
-    let mut drained = true;
+    let mut stages = Vec::new();
     if let Some(outbox) = outbox {
-        if outbox.wait_relayed(args.drain_timeout).await? {
-            say("   outbox-relay published every outbox row");
+        let caught_up = outbox.wait_relayed(left()).await?;
+        let after = workload_ended.elapsed();
+        if caught_up {
+            say(format!(
+                "   outbox-relay published every outbox row, {after:.1?} after the workload"
+            ));
         } else {
             say(format!("   outbox-relay did not catch up within {timeout}"));
-            drained = false;
         }
+        stages.push(DrainStage::new("outbox-relay", caught_up.then_some(after)));
     }
     for (group, topic, service) in [
         (processor_group, input, &mut *processor),
@@ -935,10 +1179,11 @@ async fn drive(
             kafka.clone(),
             group,
             topic,
-            Some(args.drain_timeout),
+            Some(left()),
             progress_bar(0, "records behind"),
         )
         .await;
+        let after = workload_ended.elapsed();
         service.check_running()?;
         let caught_up = match lag {
             Ok(outcome) => !outcome.timed_out,
@@ -947,20 +1192,28 @@ async fn drive(
                 false
             }
         };
-        if !caught_up {
+        if caught_up {
+            say(format!(
+                "   {} caught up with {topic}, {after:.1?} after the workload",
+                service.name
+            ));
+        } else {
             say(format!(
                 "   {} did not catch up within {timeout}",
                 service.name
             ));
-            drained = false;
-        } else {
-            say(format!("   {} caught up with {topic}", service.name));
         }
+        stages.push(DrainStage::new(service.name, caught_up.then_some(after)));
     }
     Ok(Driven {
-        drained,
+        drain: Drain::new(
+            args.drain_timeout,
+            workload_ended.saturating_duration_since(workload_started),
+            stages,
+        ),
         payments,
         aimed_processor_kills,
+        relay_outage,
     })
 }
 
@@ -987,5 +1240,41 @@ mod tests {
         assert_eq!(audit.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
         assert!(command_args::<ProduceArgs>(&["--topic", "t", "--count", "x"]).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn no_relay_kill_falls_in_the_outage_and_the_relay_is_back_before_one_after_it() {
+        let workload = Duration::from_secs_f64(10.6);
+        let outage = OutagePlan::new(Duration::from_secs(6), workload);
+        let outage_plan = outage.expect("an outage");
+        for seed in 0..50 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let schedule = fault_schedule([2, 3, 3], workload, outage, &mut rng);
+            let kills_of = |target| {
+                schedule
+                    .iter()
+                    .filter(|(_, fault)| *fault == Fault::Kill(target))
+                    .count()
+            };
+            assert_eq!((kills_of(0), kills_of(1), kills_of(2)), (2, 3, 3));
+            let back = schedule
+                .iter()
+                .position(|(_, fault)| *fault == Fault::RelayBack)
+                .expect("the relay comes back");
+            let down = schedule
+                .iter()
+                .position(|(_, fault)| *fault == Fault::RelayDown)
+                .expect("the relay goes down");
+            for (index, (when, fault)) in schedule.iter().enumerate() {
+                if *fault == Fault::Kill(0) {
+                    assert!(!outage_plan.covers(*when), "seed {seed}: {schedule:?}");
+                    assert!(index < down || index > back, "seed {seed}: {schedule:?}");
+                }
+            }
+            assert!(schedule.windows(2).all(|pair| pair[0].0 <= pair[1].0));
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let schedule = fault_schedule([2, 0, 0], workload, None, &mut rng);
+        assert_eq!(schedule.len(), 2);
     }
 }

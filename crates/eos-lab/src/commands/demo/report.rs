@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::commands::demo::payments_workload::PaymentsSummary;
+use crate::commands::demo::relay_outage::RelayOutage;
 use crate::commands::demo::{DemoArgs, DemoGuarantee};
 use eosctl::report::grouped;
 
@@ -32,10 +34,90 @@ pub struct DemoReport {
     pub peak_rss_kib: BTreeMap<String, u64>,
     /// An event that went through every service: `eosctl trace <it>` shows its trace.
     pub sample_event_id: String,
+    /// How long the pipeline took to drain once the workload was done, against its bound.
+    pub drain: Drain,
+    /// The relay's outage (`--relay-outage`), when it had one.
+    pub relay_outage: Option<RelayOutage>,
     pub lines: Vec<ReportLine>,
     pub traces: String,
     /// `eosctl audit --json` as it printed it.
     pub audit: Value,
+}
+
+/// The drain: from the moment the workload was done (the last payment answered, the last record
+/// acknowledged) until each service was seen caught up, in pipeline order, each checked after
+/// the one before it; the whole pipeline is drained when the last one is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    /// `--drain-timeout` as given: every stage must have caught up within it of the workload's
+    /// end.
+    pub bound: String,
+    pub bound_seconds: f64,
+    /// How long the workload itself took, from its start to its end (against the rate asked,
+    /// the rate the machine gave).
+    pub workload_seconds: f64,
+    pub stages: Vec<DrainStage>,
+    /// The last stage's time (`None`: some stage did not catch up within the bound).
+    pub total_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainStage {
+    pub service: String,
+    /// Seconds from the workload's end until it was seen caught up (`None`: not within the
+    /// bound).
+    pub caught_up_after_seconds: Option<f64>,
+}
+
+impl DrainStage {
+    pub(super) fn new(service: &str, after: Option<Duration>) -> Self {
+        Self {
+            service: service.to_owned(),
+            caught_up_after_seconds: after.map(|after| after.as_secs_f64()),
+        }
+    }
+}
+
+impl Drain {
+    pub(super) fn new(bound: Duration, workload: Duration, stages: Vec<DrainStage>) -> Self {
+        let total_seconds = stages
+            .iter()
+            .map(|stage| stage.caught_up_after_seconds)
+            .collect::<Option<Vec<f64>>>()
+            .map(|times| times.into_iter().fold(0.0, f64::max));
+        Self {
+            bound: humantime::format_duration(bound).to_string(),
+            bound_seconds: bound.as_secs_f64(),
+            workload_seconds: workload.as_secs_f64(),
+            stages,
+            total_seconds,
+        }
+    }
+
+    pub fn drained(&self) -> bool {
+        self.total_seconds.is_some()
+    }
+
+    /// `outbox-relay 1.2s, eos-processor 1.4s, sink-writer 2.0s`, or which did not catch up.
+    fn stage_times(&self) -> String {
+        let times: Vec<String> = self
+            .stages
+            .iter()
+            .map(|stage| match stage.caught_up_after_seconds {
+                Some(seconds) => format!("{} {seconds:.1}s", stage.service),
+                None => format!("{} not caught up", stage.service),
+            })
+            .collect();
+        times.join(", ")
+    }
+}
+
+/// The report line of the drain and of the services' exit.
+const DRAIN_LINE: &str = "pipeline drained, services stopped";
+
+/// `4.2s`.
+fn seconds(seconds: f64) -> String {
+    format!("{seconds:.1}s")
 }
 
 pub(super) fn figure(audit: &Value, name: &str) -> i64 {
@@ -80,7 +162,7 @@ pub(super) fn build_report(
     audit: Value,
     audit_code: i32,
     (went_unknown, reconciled): (i64, i64),
-    drained_and_stopped: bool,
+    (drain, stopped_cleanly): (Drain, bool),
     metrics: ReportLine,
 ) -> DemoReport {
     let g = |name: &str| grouped(figure(&audit, name));
@@ -244,13 +326,32 @@ pub(super) fn build_report(
             grouped(went_unknown)
         ),
     });
+    let drained = if drain.drained() {
+        format!(
+            "every service caught up within {} of the workload's end ({}; --drain-timeout {}); \
+             the workload took {}",
+            drain.total_seconds.map(seconds).unwrap_or_default(),
+            drain.stage_times(),
+            drain.bound,
+            seconds(drain.workload_seconds)
+        )
+    } else {
+        format!(
+            "not drained within --drain-timeout {} of the workload's end ({})",
+            drain.bound,
+            drain.stage_times()
+        )
+    };
     lines.push(ReportLine {
-        name: "pipeline drained, services stopped".into(),
-        passed: Some(drained_and_stopped),
-        detail: if drained_and_stopped {
-            "every service caught up and exited 0 on SIGTERM".into()
+        name: DRAIN_LINE.into(),
+        passed: Some(drain.drained() && stopped_cleanly),
+        detail: if stopped_cleanly {
+            format!("{drained}; every service exited 0 on SIGTERM")
         } else {
-            format!("see the logs in {}", run_dir.display())
+            format!(
+                "{drained}; some service did not exit 0 on SIGTERM: see the logs in {}",
+                run_dir.display()
+            )
         },
     });
     lines.push(metrics);
@@ -278,6 +379,8 @@ pub(super) fn build_report(
         faults,
         peak_rss_kib: BTreeMap::new(),
         sample_event_id: sample_event.to_owned(),
+        drain,
+        relay_outage: None,
         lines,
         traces,
         audit,
@@ -311,6 +414,20 @@ pub fn report_text(report: &DemoReport) -> String {
     }
     let _ = writeln!(text, "   traces: {}", report.traces);
     let _ = writeln!(text, "   run directory: {}", report.run_dir);
+    let drain = &report.drain;
+    let drained = match drain.total_seconds {
+        Some(total) => format!(
+            "drained {} after the workload ({}), within --drain-timeout {}",
+            seconds(total),
+            drain.stage_times(),
+            drain.bound
+        ),
+        None => format!(
+            "NOT drained within --drain-timeout {} ({})",
+            drain.bound,
+            drain.stage_times()
+        ),
+    };
     if report.passed {
         let outbox = if report
             .lines
@@ -324,20 +441,94 @@ pub fn report_text(report: &DemoReport) -> String {
         let _ = writeln!(
             text,
             "RESULT: PASS: exactly one effect per event at every boundary ({outbox}topics, \
-             PostgreSQL, provider)"
+             PostgreSQL, provider); {drained}"
         );
     } else if report.guarantee == DemoGuarantee::AtLeastOnce {
         let _ = writeln!(
             text,
             "RESULT: FAIL: not exact. This is what at-least-once does under kills: the ledger \
              topic holds duplicates and wrong running totals (the idempotent tables and the \
-             provider's key absorb them downstream, where they can); the audit names each one"
+             provider's key absorb them downstream, where they can); the audit names each one; \
+             {drained}"
         );
     } else {
-        let _ = writeln!(
-            text,
-            "RESULT: FAIL: not exact at some boundary (see FAIL lines)"
-        );
+        let inexact = report
+            .lines
+            .iter()
+            .any(|line| line.passed == Some(false) && line.name != DRAIN_LINE);
+        let what = if inexact {
+            "not exact at some boundary (see FAIL lines)"
+        } else {
+            "every boundary exact, but see the FAIL lines"
+        };
+        let _ = writeln!(text, "RESULT: FAIL: {what}; {drained}");
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(passed: bool, drain: Drain) -> DemoReport {
+        DemoReport {
+            guarantee: DemoGuarantee::ExactlyOnce,
+            passed,
+            run_dir: "/runs/1".into(),
+            topics: BTreeMap::new(),
+            faults: Vec::new(),
+            peak_rss_kib: BTreeMap::new(),
+            sample_event_id: "evt-1-0".into(),
+            lines: vec![ReportLine {
+                name: DRAIN_LINE.into(),
+                passed: Some(passed),
+                detail: String::new(),
+            }],
+            drain,
+            relay_outage: None,
+            traces: String::new(),
+            audit: Value::Null,
+        }
+    }
+
+    #[test]
+    fn the_result_gives_the_drain_time_and_names_its_bound() {
+        let secs = Duration::from_secs_f64;
+        let drain = Drain::new(
+            Duration::from_secs(300),
+            secs(10.0),
+            vec![
+                DrainStage::new("outbox-relay", Some(secs(1.24))),
+                DrainStage::new("eos-processor", Some(secs(1.5))),
+                DrainStage::new("sink-writer", Some(secs(2.04))),
+            ],
+        );
+        assert_eq!(drain.total_seconds, Some(2.04));
+        let text = report_text(&report(true, drain));
+        assert!(
+            text.contains(
+                "RESULT: PASS: exactly one effect per event at every boundary (topics, \
+                 PostgreSQL, provider); drained 2.0s after the workload (outbox-relay 1.2s, \
+                 eos-processor 1.5s, sink-writer 2.0s), within --drain-timeout 5m"
+            ),
+            "{text}"
+        );
+        let stalled = Drain::new(
+            Duration::from_secs(120),
+            secs(10.0),
+            vec![
+                DrainStage::new("outbox-relay", None),
+                DrainStage::new("eos-processor", Some(secs(120.0))),
+            ],
+        );
+        assert_eq!(stalled.total_seconds, None);
+        let text = report_text(&report(false, stalled));
+        assert!(
+            text.contains(
+                "RESULT: FAIL: every boundary exact, but see the FAIL lines; NOT drained within \
+                 --drain-timeout 2m (outbox-relay not caught up, eos-processor 120.0s)"
+            ),
+            "{text}"
+        );
+    }
 }
