@@ -36,14 +36,23 @@ const KILLS: usize = 5;
 const FLAGGED: &str = "flagged";
 
 /// The module, built from source: the build script fails when Go is missing, never skips.
+/// Built once per test run: two tests building at once could each load a module the other is
+/// writing.
 fn card_module() -> anyhow::Result<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("integration-tests lives inside the workspace")?
-        .to_owned();
-    let status = std::process::Command::new(root.join("examples/wasm/build")).status()?;
-    anyhow::ensure!(status.success(), "examples/wasm/build failed");
-    Ok(root.join("target/wasm/card.wasm"))
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let build = || -> anyhow::Result<PathBuf> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("integration-tests lives inside the workspace")?
+            .to_owned();
+        let status = std::process::Command::new(root.join("examples/wasm/build")).status()?;
+        anyhow::ensure!(status.success(), "examples/wasm/build failed");
+        Ok(root.join("target/wasm/card.wasm"))
+    };
+    BUILT
+        .get_or_init(|| build().map_err(|error| format!("{error:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 /// Where the authorisations keep their id, card and time: given to the binary as flags and
@@ -275,5 +284,193 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
             .context("the late authorisation is approved")?,
     )?;
     assert_eq!(last["status"], "approved", "{last}");
+    Ok(())
+}
+
+/// CPU seconds (user and system) the process has used so far, from /proc.
+fn cpu_seconds(pid: i32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .context("a /proc stat line")?
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: f64 = fields
+        .get(11..13)
+        .context("utime and stime")?
+        .iter()
+        .map(|field| field.parse::<f64>())
+        .sum::<Result<f64, _>>()?;
+    // USER_HZ, 100 on Linux whatever the kernel's own tick.
+    Ok(ticks / 100.0)
+}
+
+/// A module that spends wall time without fuel, in the real binary (docs/TRANSFORMS.md
+/// "Determinism and limits"): examples/wasm/go/hostile echoes every event to the default
+/// output, except one that makes it `clear` a 64 MiB slice for ever (one `memory.fill` a pass,
+/// one unit of fuel whatever its length). First SIGTERM comes while that call hangs under a
+/// 60 s limit: the processor must end within `SIGTERM_WITHIN`, committing nothing of the
+/// batch. Then, restarted with the default limit (2 s), it must make that event a
+/// `transform_limit` dead letter and put every other event out, on every partition, within
+/// `DRAINED_WITHIN`; and the replay, running the module again, must agree.
+#[test]
+fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> anyhow::Result<()> {
+    /// From SIGTERM to the exit, with the call under a 60 s limit: only its interruption can
+    /// end it this soon.
+    const SIGTERM_WITHIN: Duration = Duration::from_secs(10);
+    /// From the restart to every event committed: compiling the module (seconds in a debug
+    /// build), the 2 s limit once, and 301 events.
+    const DRAINED_WITHIN: Duration = Duration::from_secs(90);
+    const OTHERS: usize = 298;
+    let module = card_module()?.with_file_name("hostile.wasm");
+    let bootstrap = bootstrap_servers();
+    let input = unique_name("wasm-hostile");
+    let output = unique_name("wasm-hostile-out");
+    let group = unique_name("wasm-hostile");
+    tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 3))?;
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        transform: format!("wasm:{}", module.display()),
+        event_id: "/id",
+        entity: "/entity",
+        input_topic: &input,
+        output_topic: &output,
+        group_id: &group,
+        instance.instance_id: "wasm-hostile",
+        metrics_addr: "127.0.0.1:0",
+        // Room for phase one's 60 s call limit (at most half of it).
+        transaction_timeout: "120s",
+    });
+    let event = |id: &str, entity: &str, extra: serde_json::Value| {
+        let mut value = json!({"id": id, "entity": entity});
+        if let (Some(value), Some(extra)) = (value.as_object_mut(), extra.as_object()) {
+            value.extend(extra.clone());
+        }
+        (entity.to_owned(), value.to_string().into_bytes())
+    };
+
+    // Phase one: a warm processor (an event out on each partition, so that the group has an
+    // offset on each), then the burning event.
+    let warm: BaseProducer = kafka_clients::idempotent_producer(&client_config()).create()?;
+    for partition in 0..3 {
+        let (key, value) = event(&format!("e-warm-{partition}"), "k-warm", json!({}));
+        warm.send(
+            BaseRecord::to(&input)
+                .partition(partition)
+                .key(&key)
+                .payload(&value),
+        )
+        .map_err(|(error, _)| error)?;
+    }
+    warm.flush(Duration::from_secs(30))?;
+    let hanging_args: Vec<String> = args
+        .iter()
+        .cloned()
+        .chain(["--wasm-timeout".to_owned(), "60s".to_owned()])
+        .collect();
+    let mut processor = ServiceProcess::spawn("eos-processor", &hanging_args, &[])?;
+    wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))
+        .with_context(|| processor.log_tail(40))?;
+    produce(
+        &input,
+        &[event("e-burn", "k-burn", json!({"do": "memory.fill"}))],
+        100,
+    )?;
+    // The call spins a core for 60 s once the event is polled: wait until the processor has
+    // burnt a whole second of CPU within two of wall clock, so SIGTERM lands inside the call.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut samples = std::collections::VecDeque::new();
+    loop {
+        let now = std::time::Instant::now();
+        samples.push_back((now, cpu_seconds(processor.pid().as_raw())?));
+        while samples.len() > 1 && now - samples[0].0 > Duration::from_secs(2) {
+            samples.pop_front();
+        }
+        if samples.back().map(|s| s.1).unwrap_or_default() - samples[0].1 >= 1.0 {
+            break;
+        }
+        anyhow::ensure!(
+            now < deadline,
+            "the burning event's call never ran\n{}",
+            processor.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let signalled = std::time::Instant::now();
+    let status = processor.terminate(SIGTERM_WITHIN).with_context(|| {
+        format!(
+            "SIGTERM during a hanging call did not end the processor within {SIGTERM_WITHIN:?}\n{}",
+            processor.log_tail(30)
+        )
+    })?;
+    let stopped_in = signalled.elapsed();
+    eprintln!("SIGTERM during a hanging call: exited in {stopped_in:?}");
+    let log = processor.log_tail(40);
+    assert!(status.success(), "exited with {status}\n{log}");
+    assert!(
+        log.contains("shutdown interrupted a transform call"),
+        "the call was running when SIGTERM came\n{log}"
+    );
+    let letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?;
+    assert!(
+        letters.is_empty(),
+        "nothing of the interrupted batch is committed"
+    );
+    assert_eq!(read_topic(&output, Isolation::ReadCommitted)?.len(), 3);
+
+    // Phase two: the burning event among 298 others on three partitions, some behind it on
+    // its own; restarted with the default limit.
+    let others: Vec<(String, Vec<u8>)> = (0..OTHERS)
+        .map(|n| event(&format!("e-{n}"), &format!("k-{}", n % 30), json!({"n": n})))
+        .collect();
+    produce(&input, &others, 2_000)?;
+    let restarted = std::time::Instant::now();
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    wait_until_consumed(&bootstrap, &group, &input, DRAINED_WITHIN)
+        .with_context(|| processor.log_tail(40))?;
+    let drained_in = restarted.elapsed();
+    eprintln!("restarted with the default --wasm-timeout: every event committed in {drained_in:?}");
+    processor.stop_gracefully()?;
+
+    let letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?;
+    assert_eq!(letters.len(), 1, "one dead letter");
+    let letter = &letters[0];
+    assert_eq!(
+        header(letter, eos_core::dead_letter::REASON_HEADER),
+        Some("transform_limit")
+    );
+    let detail = header(letter, eos_core::dead_letter::DETAIL_HEADER).unwrap_or_default();
+    assert!(
+        detail.contains("wall-clock limit of 2s (--wasm-timeout)"),
+        "{detail}"
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(letter.payload().unwrap_or_default())?["id"],
+        "e-burn"
+    );
+    let out: std::collections::BTreeSet<String> = read_topic(&output, Isolation::ReadCommitted)?
+        .iter()
+        .filter_map(|m| header(m, "event_id").map(str::to_owned))
+        .collect();
+    assert_eq!(out.len(), OTHERS + 3, "every other event is out");
+    assert!(out.contains("e-warm-0") && !out.contains("e-burn"));
+
+    // The replay runs the module again under the default limits: the burning event meets the
+    // clock there too, and the committed run is exactly what it computes.
+    let (inputs, committed, letters) = committed_run(&input, &[(&output, DEFAULT_OUTPUT)])?;
+    let transform = WasmTransform::load(&module, Options::default())?;
+    let contract = EventContract {
+        event_id: FieldLocation::Pointer("/id".into()),
+        entity: FieldLocation::Pointer("/entity".into()),
+        ..EventContract::default()
+    };
+    let outputs = [DEFAULT_OUTPUT.to_owned()].into();
+    let expected = replay::expected(&transform, &contract, &outputs, &inputs)?;
+    assert_eq!(expected.applied as usize, OTHERS + 3);
+    assert_eq!(expected.dead_letters.len(), 1);
+    assert_replay_exact(&expected, &committed, &letters);
     Ok(())
 }
