@@ -120,7 +120,7 @@ impl ProgressWatch {
     }
 
     /// Like [`Self::working`], for a wait on a dependency the loop found unreachable: warned of
-    /// and shown as any stall, but no reason for a restart.
+    /// and shown as any stall, but no reason for a restart, until the loop makes progress.
     pub fn waiting_for_outage(&self, step: &'static str) {
         self.set_waiting(step, true);
     }
@@ -145,11 +145,14 @@ impl ProgressWatch {
 
     fn set_waiting(&self, step: &'static str, outage: bool) {
         if let Ok(mut waiting) = self.waiting.lock() {
-            let since = waiting.map_or_else(Instant::now, |w| w.since);
+            // An outage seen in this stall stays its cause until progress: the steps retried
+            // meanwhile (reading the same input again) are not a hang of their own.
+            let (since, seen_outage) =
+                waiting.map_or((Instant::now(), false), |w| (w.since, w.outage));
             *waiting = Some(Waiting {
                 since,
                 step,
-                outage,
+                outage: outage || seen_outage,
             });
         }
     }

@@ -464,41 +464,25 @@ impl LogicalSource {
             Some(slot) if slot < after => limit.saturating_mul(2),
             _ => limit,
         };
-        let (decoded, cut) = loop {
+        let (positions, lsn, more) = loop {
             let decoded = self.decode(upto, Some(peek_limit)).await?;
-            // Stopped by the limit: what follows the last commit returned is not read yet.
-            let cut = decoded.messages >= peek_limit as usize;
-            let passed = decoded
-                .txns
-                .last()
-                .is_some_and(|txn| txn.commit_lsn >= after);
-            if !cut || passed || peek_limit == i32::MAX {
-                break (decoded, cut);
+            match judge_peek(&decoded, peek_limit, after, upto) {
+                PeekJudgement::Read {
+                    positions,
+                    next,
+                    more,
+                } => break (positions, next, more),
+                PeekJudgement::DecodeFurther => peek_limit = peek_limit.saturating_mul(2),
             }
-            peek_limit = peek_limit.saturating_mul(2);
         };
-        let last_end = decoded.txns.last().map(|txn| txn.end_lsn);
-        // A commit record starting before `after` is in Kafka already (the slot lags behind the
-        // position after a crash, or while the batch before this one commits).
-        let positions: Vec<i64> = decoded
-            .txns
-            .iter()
-            .filter(|txn| txn.commit_lsn >= after)
-            .flat_map(|txn| txn.positions.iter().copied())
-            .collect();
         let rows = self.load(&positions).await?;
-        let lsn = if cut {
-            last_end.unwrap_or(after).max(after)
-        } else {
-            upto
-        };
         Ok(LogicalRead {
             rows,
             position: RelayPosition::Logical {
                 lsn,
                 table_after: None,
             },
-            more: cut,
+            more,
             purge_mark: Some((marks.xmin, marks.insert_lsn)),
         })
     }
@@ -635,6 +619,50 @@ impl LogicalSource {
     }
 }
 
+/// What a read makes of one peek of the slot (pure, so eos-model's relay model decides each of
+/// its reads with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeekJudgement {
+    /// The outbox positions to publish (those of transactions committing at or after the read's
+    /// position: a commit before it is in Kafka already), the position once they are published,
+    /// and whether the peek stopped at its limit (read again at once).
+    Read {
+        positions: Vec<i64>,
+        next: Lsn,
+        more: bool,
+    },
+    /// The peek stopped at its limit before passing the read's position: it decoded only what
+    /// Kafka holds (the slot is behind), and the same peek would find the same. Peek further.
+    DecodeFurther,
+}
+
+/// Judges a peek of at most `peek_limit` messages up to `upto`, for a read after `after`.
+pub fn judge_peek(decoded: &Decoded, peek_limit: i32, after: Lsn, upto: Lsn) -> PeekJudgement {
+    // Stopped by the limit: what follows the last commit returned is not read yet.
+    let cut = decoded.messages >= usize::try_from(peek_limit).unwrap_or(usize::MAX);
+    let last = decoded.txns.last();
+    let passed = last.is_some_and(|txn| txn.commit_lsn >= after);
+    if cut && !passed && peek_limit < i32::MAX {
+        return PeekJudgement::DecodeFurther;
+    }
+    let positions = decoded
+        .txns
+        .iter()
+        .filter(|txn| txn.commit_lsn >= after)
+        .flat_map(|txn| txn.positions.iter().copied())
+        .collect();
+    let next = match (cut, last) {
+        (true, Some(last)) => last.end_lsn.max(after),
+        (true, None) => after,
+        (false, _) => upto,
+    };
+    PeekJudgement::Read {
+        positions,
+        next,
+        more: cut,
+    }
+}
+
 /// SQLSTATE 42501 (insufficient_privilege).
 fn privilege_error(error: &sqlx::Error) -> bool {
     error
@@ -699,6 +727,56 @@ mod tests {
                     positions: vec![],
                 },
             ]
+        );
+    }
+
+    fn txn(commit: u64, end: u64, positions: &[i64]) -> DecodedTxn {
+        DecodedTxn {
+            xid: 1,
+            commit_lsn: Lsn(commit),
+            end_lsn: Lsn(end),
+            commit_time: 0,
+            positions: positions.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_full_peek_that_only_decodes_what_kafka_holds_decodes_further() {
+        // The slot is a batch behind the position 0x300: the peek of 4 messages returns that
+        // batch only. Reading on from there would find it again, for ever.
+        let behind = Decoded {
+            txns: vec![txn(0x100, 0x130, &[1]), txn(0x200, 0x230, &[2])],
+            messages: 6,
+        };
+        assert_eq!(
+            judge_peek(&behind, 4, Lsn(0x300), Lsn(0x900)),
+            PeekJudgement::DecodeFurther
+        );
+        // Twice as far, it passes the position: only what follows it is published.
+        let further = Decoded {
+            txns: vec![
+                txn(0x100, 0x130, &[1]),
+                txn(0x200, 0x230, &[2]),
+                txn(0x300, 0x330, &[3, 4]),
+            ],
+            messages: 10,
+        };
+        assert_eq!(
+            judge_peek(&further, 8, Lsn(0x300), Lsn(0x900)),
+            PeekJudgement::Read {
+                positions: vec![3, 4],
+                next: Lsn(0x330),
+                more: true
+            }
+        );
+        // Not stopped by the limit: everything up to `upto` is read.
+        assert_eq!(
+            judge_peek(&behind, 16, Lsn(0x300), Lsn(0x900)),
+            PeekJudgement::Read {
+                positions: vec![],
+                next: Lsn(0x900),
+                more: false
+            }
         );
     }
 

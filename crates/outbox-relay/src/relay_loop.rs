@@ -468,12 +468,7 @@ impl RelayLoop {
             RelayPosition::Xmin(cursor) => Some(cursor),
             RelayPosition::Logical { lsn, table_after } => {
                 gauge!(m::POSITION_LSN).set(lsn.0 as f64);
-                // Catching up (a full read), every batch: each read decodes from the slot, so a
-                // slot left behind would have each read decode again what Kafka holds.
-                let due = batch.more
-                    || self
-                        .advanced_at
-                        .is_none_or(|at| at.elapsed() >= ADVANCE_INTERVAL);
+                let due = slot_advance_due(batch.more, self.advanced_at.map(|at| at.elapsed()));
                 if let (Some(source), true) = (&self.settings.logical, due) {
                     // A slot that lags is harmless (the next read skips what Kafka holds), so a
                     // failed advance only waits for the next batch.
@@ -566,6 +561,14 @@ impl RelayLoop {
             }
         }
     }
+}
+
+/// Logical mode, after a batch committed: whether to move the slot to it now. Catching up (the
+/// batch was a full read), every batch: each read decodes from the slot, so a slot left behind
+/// would have every read decode again what Kafka holds. Caught up, at most every
+/// `ADVANCE_INTERVAL`. Pure, so eos-model's relay model decides its advances with it.
+pub fn slot_advance_due(full_read: bool, since_last_advance: Option<Duration>) -> bool {
+    full_read || since_last_advance.is_none_or(|since| since >= ADVANCE_INTERVAL)
 }
 
 /// The line tests and operators look for: the relay knows where it resumes, its producer is

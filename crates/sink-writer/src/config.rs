@@ -13,6 +13,7 @@ use eos_core::{EventContract, FieldLocation};
 
 use crate::mapping::{EventFormat, EventSchema};
 use eos_runtime::secrets::DatabaseUrlFlags;
+use eos_runtime::service_flags::StallFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 
@@ -200,6 +201,9 @@ pub struct Config {
     /// Address for /metrics, /healthz, /readyz and /boundary.
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9465")]
     pub metrics_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub stall: StallFlags,
 
     #[command(flatten)]
     pub log: LogFlags,

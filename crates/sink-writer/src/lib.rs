@@ -48,6 +48,7 @@ use eos_runtime::KafkaSettings;
 use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::postgres_pool::PoolBuilder;
+use eos_runtime::progress_watch::{ProgressWatch, StallState};
 use eos_runtime::schema_migrations as migrations;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use rdkafka::ClientConfig;
@@ -169,7 +170,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let specs = target_specs(&config)?;
     let boundary = boundary(&config, &specs);
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
-    let result = serve(config, kafka, specs, ops.readiness.clone(), shutdown).await;
+    let result = serve(
+        config,
+        kafka,
+        specs,
+        (ops.readiness.clone(), ops.stalls.clone()),
+        shutdown,
+    )
+    .await;
     ops.stop().await;
     result
 }
@@ -178,7 +186,7 @@ async fn serve(
     config: Config,
     kafka: KafkaSettings,
     specs: Targets,
-    readiness: Readiness,
+    (readiness, stalls): (Readiness, StallState),
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let Some(pool) = connect(&config, &shutdown).await? else {
@@ -295,6 +303,8 @@ async fn serve(
         client_config,
         held_refresh,
     };
+    let progress = ProgressWatch::spawn("sink-writer", config.stall.policy(), &stalls)
+        .context("starting the progress watch")?;
     let runtime = tokio::runtime::Handle::current();
     let loop_pool = pool.clone();
     let result = tokio::task::spawn_blocking(move || {
@@ -304,7 +314,7 @@ async fn serve(
             loop_pool,
             targets,
             providers,
-            readiness,
+            (readiness, progress),
             shutdown.clone(),
         )?
         .run(&shutdown)

@@ -39,6 +39,7 @@ use tracing::{debug, error, info, warn};
 
 use eos_core::Checkpoint;
 use eos_runtime::ops_http::Readiness;
+use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
 
 use crate::backoff::Backoff;
@@ -124,6 +125,9 @@ pub struct SinkLoop {
     backoff: Backoff,
     last_lag_report: Instant,
     readiness: Readiness,
+    /// Told when records wait in a batch and when a batch commits (docs/OBSERVABILITY.md
+    /// "Liveness").
+    progress: Arc<ProgressWatch>,
 }
 
 impl std::fmt::Debug for SinkLoop {
@@ -142,7 +146,7 @@ impl SinkLoop {
         pool: PgPool,
         targets: Arc<Vec<PreparedTarget>>,
         providers: Arc<Vec<ProviderTarget>>,
-        readiness: Readiness,
+        (readiness, progress): (Readiness, Arc<ProgressWatch>),
         shutdown: CancellationToken,
     ) -> Result<Self, SinkError> {
         let consumer = subscribe_static_member(
@@ -173,6 +177,7 @@ impl SinkLoop {
                 .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
                 .unwrap_or_else(Instant::now),
             readiness,
+            progress,
         })
     }
 
@@ -228,6 +233,12 @@ impl SinkLoop {
                         .is_some_and(|at| at.elapsed() >= self.settings.batch_idle);
                     if (idle && !self.batch.is_empty()) || self.markers_to_commit() {
                         self.flush_or_recover()?;
+                    }
+                    // Caught up: every partition positioned, nothing in a batch, nothing polled.
+                    if self.batch.is_empty()
+                        && self.slots.values().all(|slot| *slot != Slot::Pending)
+                    {
+                        self.progress.idle();
                     }
                 }
             }
@@ -298,6 +309,8 @@ impl SinkLoop {
             headers,
             timestamp_ms: message.timestamp().to_millis(),
         };
+        self.progress
+            .working("a batch to be committed to PostgreSQL");
         self.batch_bytes += record_bytes(&record);
         self.batch.push(record);
         let now = Instant::now();
@@ -413,6 +426,7 @@ impl SinkLoop {
     }
 
     fn retry_later(&mut self, what: &str, error: &sqlx::Error) {
+        self.progress.waiting_for_outage("PostgreSQL to answer");
         counter!(m::DB_RETRIES).increment(1);
         let (attempt, delay) = self.backoff.failed();
         warn!(
@@ -454,6 +468,9 @@ impl SinkLoop {
                 Ok(())
             }
             Err(SinkError::Provider(error)) => {
+                // The provider (or dedup-service) does not settle: a restart would not help.
+                self.progress
+                    .waiting_for_outage("final outcomes from a provider target");
                 counter!(m::BATCHES, "outcome" => "rolled_back").increment(1);
                 warn!(%error, "provider outcomes not final; batch not committed, retrying from the checkpoint");
                 self.backoff.failed();
@@ -625,6 +642,7 @@ impl SinkLoop {
         self.batch_bytes = 0;
         self.batch_started = None;
         self.backoff.reset();
+        self.progress.progressed();
         self.commit_kafka_offsets(CommitMode::Async);
         Ok(())
     }

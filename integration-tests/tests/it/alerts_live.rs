@@ -219,7 +219,34 @@ async fn an_unknown_backlog_that_does_not_drain_fires_and_resolves() -> anyhow::
     let fired = tokio::task::block_in_place(|| {
         prometheus.wait_firing("EosDedupUnknownBacklogGrowing", Duration::from_secs(120))
     });
+    // Meanwhile the sink's batches cannot commit (their outcomes are not final): its stall gauge
+    // grows, marked as an outage (no restart due: /healthz stays 200).
+    let sink_stalled = tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let stalled = prometheus.query(r#"eos_loop_stalled_seconds{loop="sink-writer"}"#)?;
+            let seconds = stalled
+                .first()
+                .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if seconds >= 10.0 || std::time::Instant::now() > deadline {
+                return anyhow::Ok(seconds);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    let sink_health = reqwest::get(format!("http://{sink_addr}/healthz")).await;
     provider.signal(Signal::SIGCONT)?;
+    let sink_stalled = sink_stalled?;
+    assert!(
+        sink_stalled >= 10.0,
+        "the sink's stall gauge grows while the provider does not answer: {sink_stalled}"
+    );
+    assert_eq!(
+        sink_health?.status().as_u16(),
+        200,
+        "an outage is no reason to restart"
+    );
     let fired = fired?;
     assert_eq!(fired.labels["job"], "dedup-service", "{fired:?}");
     // The reconciler catches up (asking the provider with the same keys), then it resolves.
