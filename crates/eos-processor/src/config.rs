@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use clap::{Parser, ValueEnum};
 use eos_core::envelope::MAX_ID_BYTES;
 use eos_core::{EventContract, FieldLocation, Guarantee};
+use eos_runtime::service_flags::StallFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 pub use eos_transform::transform::{BuiltinTransform, parse_named_output};
@@ -226,6 +227,10 @@ pub struct Config {
     /// Address for /metrics, /healthz, /readyz and /boundary.
     #[arg(long, env = "EOS_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     pub metrics_addr: SocketAddr,
+
+    /// When a loop that makes no progress is warned of and fails the health check.
+    #[command(flatten)]
+    pub stall: StallFlags,
 
     /// Log format.
     #[command(flatten)]

@@ -76,6 +76,7 @@ use std::collections::BTreeSet;
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::OpsEndpoint;
+use eos_runtime::progress_watch::ProgressWatch;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{BuiltinTransform, Config, TransformChoice};
@@ -323,9 +324,11 @@ async fn run_transform<T: Transform>(
         changelog_delete_retention: topics.changelog_delete_retention,
         changelog_created: topics.changelog_created,
     };
+    let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
+        .context("starting the progress watch")?;
     let loop_shutdown = shutdown.clone();
     let result = tokio::task::spawn_blocking(move || {
-        TransactionLoop::new(settings, transform, readiness)?.run(&loop_shutdown)
+        TransactionLoop::new(settings, transform, (readiness, progress))?.run(&loop_shutdown)
     })
     .await
     .context("the transaction loop panicked");

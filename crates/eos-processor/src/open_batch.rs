@@ -156,6 +156,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// The batch is committed in Kafka: its state changes go to the store. A store that
     /// cannot take them is fatal; the restart restores from the changelog, which has them.
     pub(crate) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
+        self.progress.progressed();
         for (partition, next) in batch.positions.next_offsets() {
             // docs/ARCHITECTURE.md "Loop invariants": a committed position only moves forward
             // (the map forgets a partition when it is revoked).

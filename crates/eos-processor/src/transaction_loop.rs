@@ -39,6 +39,7 @@ use tracing::{debug, info, warn};
 
 use eos_core::Guarantee;
 use eos_runtime::ops_http::Readiness;
+use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::rebalance::{RebalanceRecorder, subscribe_static_member};
 use eos_runtime::transactional_producer::TransactionalProducer;
 
@@ -141,6 +142,9 @@ pub struct TransactionLoop<T: Transform> {
     pub(crate) committed_next: HashMap<i32, i64>,
     pub(crate) transactions_written: u64,
     pub(crate) readiness: Readiness,
+    /// Told when input waits in an open batch and when a batch commits (docs/OBSERVABILITY.md
+    /// "Liveness").
+    pub(crate) progress: Arc<ProgressWatch>,
     last_lag_report: Instant,
     /// Partitions whose lag gauge this instance set, to zero it once they are revoked.
     lag_reported: BTreeSet<i32>,
@@ -161,7 +165,7 @@ impl<T: Transform> TransactionLoop<T> {
     pub fn new(
         settings: LoopSettings,
         transform: T,
-        readiness: Readiness,
+        (readiness, progress): (Readiness, Arc<ProgressWatch>),
     ) -> Result<Self, ProcessorError> {
         let store = match StateStore::open(&settings.state_dir) {
             Ok(store) => store,
@@ -217,6 +221,7 @@ impl<T: Transform> TransactionLoop<T> {
             committed_next: HashMap::new(),
             transactions_written: 0,
             readiness,
+            progress,
             last_lag_report: Instant::now()
                 .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
                 .unwrap_or_else(Instant::now),
@@ -280,6 +285,9 @@ impl<T: Transform> TransactionLoop<T> {
             self.handle_rebalance_events()?;
             match polled {
                 Some(Ok(message)) => {
+                    // Until the batch commits; a call that never returns shows here.
+                    self.progress
+                        .working("a transform call or its batch's commit");
                     self.decide(&message)?;
                     match self.settings.guarantee {
                         Guarantee::ExactlyOnce => self.send_decided_in_transaction()?,
@@ -287,7 +295,10 @@ impl<T: Transform> TransactionLoop<T> {
                     }
                 }
                 Some(Err(error)) => self.consumer_error(error)?,
-                None if self.batch.is_empty() => self.commit_markers_passed()?,
+                None if self.batch.is_empty() => {
+                    self.commit_markers_passed()?;
+                    self.progress.idle();
+                }
                 None => {}
             }
             if self.batch.is_empty() && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {

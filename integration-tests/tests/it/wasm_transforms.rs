@@ -370,6 +370,10 @@ fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> any
         .iter()
         .cloned()
         .chain(["--wasm-timeout".to_owned(), "60s".to_owned()])
+        .chain(argv!(eos_processor::Config {
+            stall.stall_warning: "1s",
+            stall.stall_restart: "3s",
+        }))
         .collect();
     let mut processor = ServiceProcess::spawn("eos-processor", &hanging_args, &[])?;
     wait_until_consumed(&bootstrap, &group, &input, Duration::from_secs(120))
@@ -398,6 +402,25 @@ fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> any
             processor.log_tail(30)
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // The hanging call is a stall: warned of (naming the call) and, a restart being the cure
+    // for a call that never returns, past --stall-restart /healthz answers 503.
+    let warning =
+        processor.wait_for_log_line("no progress while work waits", Duration::from_secs(30))?;
+    assert!(warning.contains("a transform call"), "{warning}");
+    let metrics_addr = processor.wait_for_log_field("metrics_addr", Duration::from_secs(5))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = reqwest::blocking::get(format!("http://{metrics_addr}/healthz"))?.status();
+        if status.as_u16() == 503 {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "/healthz still {status} during a hanging call\n{}",
+            processor.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(250));
     }
     let signalled = std::time::Instant::now();
     let status = processor.terminate(SIGTERM_WITHIN).with_context(|| {
