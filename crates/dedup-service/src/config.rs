@@ -413,13 +413,20 @@ impl Config {
                     .into(),
             );
         }
-        if let Some(url) = &self.provider_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            return Err(format!(
-                "--provider-url {:?} must be an http:// or https:// URL",
-                eos_runtime::secrets::redact_url(url)
-            ));
+        if let Some(url) = &self.provider_url {
+            let shown = eos_runtime::secrets::redact_url_userinfo(url);
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "--provider-url {shown:?} must be an http:// or https:// URL"
+                ));
+            }
+            // Refused here, before anything logs the URL (docs/security.md "Provider URLs").
+            if eos_runtime::secrets::url_has_userinfo(url) {
+                return Err(format!(
+                    "--provider-url {shown:?} has a credential in it: give the credential with \
+                     --provider-auth-file or --provider-auth instead"
+                ));
+            }
         }
         Ok(())
     }
@@ -498,6 +505,28 @@ mod tests {
             help.contains("migrate") && help.contains("--skip-migrations"),
             "{help}"
         );
+    }
+
+    /// Issue 50: the start-up `boundary` line printed `--provider-url` whole, so a credential in
+    /// it reached the log before the provider client refused it.
+    #[test]
+    fn a_provider_url_with_a_credential_is_refused_and_never_shown() {
+        let config = parse(&[
+            "--provider-url",
+            "http://eos-user:PASSWORD-MARKER@provider.internal:8080/v1",
+        ]);
+        let boundary = format!("{:?}", crate::boundary(&config));
+        assert!(!boundary.contains("PASSWORD-MARKER"), "{boundary}");
+        assert!(!boundary.contains("eos-user"), "{boundary}");
+        assert!(boundary.contains("provider.internal:8080"), "{boundary}");
+        let refusal = config.validate().expect_err("a credential in the URL");
+        assert!(refusal.contains("--provider-auth"), "{refusal}");
+        assert!(!refusal.contains("PASSWORD-MARKER"), "{refusal}");
+        assert!(!refusal.contains("eos-user"), "{refusal}");
+
+        let config = parse(&["--provider-url", "http://token-only@provider.internal/"]);
+        assert!(!format!("{:?}", crate::boundary(&config)).contains("token-only"));
+        assert!(config.validate().is_err());
     }
 
     #[test]

@@ -48,10 +48,12 @@ use reconciler::ReconcilerSettings;
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
-    let provider = config
-        .provider_url
-        .as_deref()
-        .unwrap_or("(no --provider-url: settled by Resolve only)");
+    // Logged at start-up and served on /boundary: a credential in the URL must not reach either
+    // (validate refuses such a URL, but the boundary is built for any configuration).
+    let provider = config.provider_url.as_deref().map_or_else(
+        || "(no --provider-url: settled by Resolve only)".to_owned(),
+        eos_runtime::secrets::redact_url_userinfo,
+    );
     Boundary {
         guarantee: Guarantee::ExactlyOnce,
         input: format!(

@@ -68,8 +68,11 @@ const LIST_SEPARATORS: [char; 2] = [';', '\n'];
 /// Why the Kafka settings cannot be built. No variant carries a property value.
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaSettingsError {
-    #[error("{origin}: {shown:?} is not KEY=VALUE")]
-    NotKeyValue { origin: String, shown: String },
+    /// `origin` says where the entry is (`EOS_KAFKA_PROPERTIES entry 2`, `--kafka-property 1`,
+    /// `file:line`); no part of the entry is kept, since a missing `=` can glue a secret to its
+    /// key (`sasl.passwordSECRET`).
+    #[error("{origin} is not KEY=VALUE (the entry is not shown: it may hold a secret)")]
+    NotKeyValue { origin: String },
     #[error(
         "{origin}: {key} cannot be overridden: this program sets it itself (exactly-once depends \
          on it, or one of its own flags sets it)"
@@ -137,15 +140,20 @@ impl KafkaFlags {
             entries.extend(parse_properties_file(path, &text)?);
         }
         if let Some(list) = &self.kafka_properties_list {
-            for entry in list.split(LIST_SEPARATORS) {
+            // Entries are counted from 1, blank ones included, so the number finds the entry.
+            for (index, entry) in list.split(LIST_SEPARATORS).enumerate() {
                 if entry.trim().is_empty() {
                     continue;
                 }
-                entries.push(parse_entry("EOS_KAFKA_PROPERTIES", entry)?);
+                let origin = format!("{PROPERTIES_LIST_ENV} entry {}", index + 1);
+                entries.push(parse_entry(&origin, entry)?);
             }
         }
-        for entry in &self.kafka_properties {
-            entries.push(parse_entry("--kafka-property", entry)?);
+        for (index, entry) in self.kafka_properties.iter().enumerate() {
+            entries.push(parse_entry(
+                &format!("--kafka-property {}", index + 1),
+                entry,
+            )?);
         }
         KafkaSettings::from_entries(self.bootstrap_servers.clone(), entries, refused)
     }
@@ -159,35 +167,19 @@ struct Entry {
 }
 
 fn parse_entry(origin: &str, entry: &str) -> Result<Entry, KafkaSettingsError> {
-    let Some((key, value)) = entry.split_once('=') else {
-        return Err(not_key_value(origin.to_owned(), entry));
+    let not_key_value = || KafkaSettingsError::NotKeyValue {
+        origin: origin.to_owned(),
     };
+    let (key, value) = entry.split_once('=').ok_or_else(not_key_value)?;
     let key = key.trim();
     if key.is_empty() {
-        return Err(not_key_value(origin.to_owned(), entry));
+        return Err(not_key_value());
     }
     Ok(Entry {
         origin: origin.to_owned(),
         key: key.to_owned(),
         value: value.trim().to_owned(),
     })
-}
-
-/// The error for an entry that is not `key=value`. It shows only the entry's leading
-/// property-name characters: a malformed entry may still hold a secret (`sasl.password:xyz`).
-fn not_key_value(origin: String, entry: &str) -> KafkaSettingsError {
-    let name_part: String = entry
-        .trim()
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        .take(64)
-        .collect();
-    let shown = if name_part.len() < entry.trim().len() {
-        format!("{name_part}…")
-    } else {
-        name_part
-    };
-    KafkaSettingsError::NotKeyValue { origin, shown }
 }
 
 /// Java-properties style lines: `key=value`; blank lines and lines starting with `#` or `!` are
@@ -224,7 +216,10 @@ impl KafkaSettings {
     ) -> Result<Self, KafkaSettingsError> {
         let entries = properties
             .iter()
-            .map(|property| parse_entry("--kafka-property", property))
+            .enumerate()
+            .map(|(index, property)| {
+                parse_entry(&format!("--kafka-property {}", index + 1), property)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Self::from_entries(bootstrap_servers.into(), entries, refused)
     }
@@ -497,7 +492,7 @@ mod tests {
         ] {
             let error = flags(&["-X", property]).settings(&[]).expect_err(property);
             assert!(
-                matches!(&error, KafkaSettingsError::Refused { origin, .. } if origin == "--kafka-property"),
+                matches!(&error, KafkaSettingsError::Refused { origin, .. } if origin == "--kafka-property 1"),
                 "{property}: {error}"
             );
         }
@@ -505,7 +500,7 @@ mod tests {
             .settings(&[])
             .expect_err("refused in the list");
         assert!(
-            matches!(&error, KafkaSettingsError::Refused { origin, key } if origin == "EOS_KAFKA_PROPERTIES" && key == "group.id"),
+            matches!(&error, KafkaSettingsError::Refused { origin, key } if origin == "EOS_KAFKA_PROPERTIES entry 2" && key == "group.id"),
             "{error}"
         );
         let file = TempFile::with("linger.ms=5\n\nisolation.level=read_uncommitted\n");
@@ -543,7 +538,7 @@ mod tests {
             .expect_err("no '='");
         let message = error.to_string();
         assert!(matches!(error, KafkaSettingsError::NotKeyValue { .. }));
-        assert!(message.contains("sasl.password"), "{message}");
+        assert!(message.contains("--kafka-property 1"), "{message}");
         assert!(!message.contains("hunter2"), "{message}");
 
         assert!(matches!(
@@ -556,13 +551,37 @@ mod tests {
             .settings(&[])
             .expect_err("bad line")
             .to_string();
-        assert!(message.starts_with(&format!("{path}:2:")), "{message}");
+        assert!(message.starts_with(&format!("{path}:2 ")), "{message}");
         assert!(!message.contains("hunter2"), "{message}");
 
         let missing = flags(&["--kafka-properties-file", "/nonexistent/kafka.properties"])
             .settings(&[])
             .expect_err("missing file");
         assert!(matches!(missing, KafkaSettingsError::ReadFile { .. }));
+    }
+
+    /// Issue 50: a missing '=' glues the secret to the key (`sasl.passwordSECRET`), so no part of
+    /// a malformed entry is shown: only where it is.
+    #[test]
+    fn a_malformed_entry_is_named_by_its_position_never_its_text() {
+        let message = flags(&[
+            "--kafka-properties",
+            "security.protocol=SSL;sasl.passwordSECRET",
+        ])
+        .settings(&[])
+        .expect_err("no '='")
+        .to_string();
+        assert!(!message.contains("SECRET"), "{message}");
+        assert!(
+            message.contains("EOS_KAFKA_PROPERTIES entry 2"),
+            "{message}"
+        );
+        let message = flags(&["-X", "a=b", "-X", "sasl.passwordSECRET"])
+            .settings(&[])
+            .expect_err("no '='")
+            .to_string();
+        assert!(!message.contains("SECRET"), "{message}");
+        assert!(message.contains("--kafka-property 2"), "{message}");
     }
 
     #[test]

@@ -26,6 +26,29 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// `url` with its whole userinfo (`user:password@`) replaced by [`REDACTED`], for a URL whose
+/// user part is itself a credential (a provider's `token@host`), unlike a database role. A string
+/// that does not parse as a URL is replaced whole, as [`redact_url`] does.
+pub fn redact_url_userinfo(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if url_has_userinfo(url) {
+                // Only fails for URLs that cannot have a user (no host), which this one has.
+                let _ = parsed.set_password(None);
+                let _ = parsed.set_username(REDACTED);
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<a value that is not a URL, not shown>".to_owned(),
+    }
+}
+
+/// Whether `url` carries a user name or a password (`user:password@host`).
+pub fn url_has_userinfo(url: &str) -> bool {
+    url::Url::parse(url)
+        .is_ok_and(|parsed| !parsed.username().is_empty() || parsed.password().is_some())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SecretFileError {
     #[error("cannot read the secret file {path}: {source}")]
@@ -284,6 +307,23 @@ mod tests {
             "postgres://eos@127.0.0.1/eos"
         );
         assert!(!redact_url("MARKER is not a url").contains("MARKER"));
+    }
+
+    #[test]
+    fn a_whole_userinfo_is_redacted_where_the_user_is_a_credential_too() {
+        let url = "http://USER-MARKER:PASSWORD-MARKER@provider.internal:8080/v1";
+        assert!(url_has_userinfo(url));
+        assert_eq!(
+            redact_url_userinfo(url),
+            "http://***@provider.internal:8080/v1"
+        );
+        assert!(url_has_userinfo("http://TOKEN@provider.internal/"));
+        assert!(!redact_url_userinfo("http://TOKEN@provider.internal/").contains("TOKEN"));
+        assert!(!url_has_userinfo("https://provider.internal/"));
+        assert_eq!(
+            redact_url_userinfo("https://provider.internal/"),
+            "https://provider.internal/"
+        );
     }
 
     #[test]
