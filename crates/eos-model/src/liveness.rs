@@ -15,7 +15,9 @@
 //!
 //! Together: every fair path that enters the suffix reaches a state satisfying the goal and
 //! stays there. A failure comes with the shortest path (BFS) to the bad end, or a path into
-//! the cycle and the cycle itself.
+//! the cycle and the cycle itself: a cycle on which the goal never holds if there is one (a
+//! path that never reaches it, the clearest evidence), else any (a path that never ends, e.g.
+//! a loop that spins once its work is done, and would spin the same with work waiting).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -125,7 +127,9 @@ where
         }
     }
     if run.counterexample.is_none() {
-        run.counterexample = find_cycle(&states, &parent, &successors);
+        let without_goal = |id: usize| !goal(&states[id]);
+        run.counterexample = find_cycle(&states, &parent, &successors, without_goal)
+            .or_else(|| find_cycle(&states, &parent, &successors, |_| true));
     }
     run.unique_states = states.len();
     run.elapsed = started.elapsed();
@@ -156,12 +160,13 @@ fn path_to<S: std::fmt::Debug, A: std::fmt::Debug + Clone>(
     lines
 }
 
-/// A cycle among the suffix's state-changing transitions (iterative DFS), as a path into it
-/// followed by the cycle.
+/// A cycle among the suffix's state-changing transitions through `allowed` states only
+/// (iterative DFS), as a path into it followed by the cycle.
 fn find_cycle<S: std::fmt::Debug, A: std::fmt::Debug + Clone>(
     states: &[S],
     parent: &[Option<(usize, A)>],
     successors: &HashMap<usize, Vec<(usize, A)>>,
+    allowed: impl Fn(usize) -> bool,
 ) -> Option<(&'static str, Vec<String>)> {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
@@ -173,7 +178,7 @@ fn find_cycle<S: std::fmt::Debug, A: std::fmt::Debug + Clone>(
     let mut roots: Vec<usize> = successors.keys().copied().collect();
     roots.sort_unstable();
     for root in roots {
-        if mark[root] != Mark::Unseen {
+        if mark[root] != Mark::Unseen || !allowed(root) {
             continue;
         }
         // (state, index of its next successor to look at)
@@ -190,6 +195,9 @@ fn find_cycle<S: std::fmt::Debug, A: std::fmt::Debug + Clone>(
                 top.1 += 1;
             }
             let (to, _) = &edges[edge];
+            if !allowed(*to) {
+                continue;
+            }
             match mark[*to] {
                 Mark::Unseen => {
                     mark[*to] = Mark::OnStack;
@@ -294,5 +302,23 @@ mod tests {
         );
         let (problem, path) = run.counterexample.expect("1 ⇄ 2 is a cycle");
         assert_eq!(problem, CYCLES_WITHOUT_END, "{path:?}");
+    }
+
+    #[test]
+    fn a_cycle_that_never_reaches_the_goal_is_preferred_to_one_through_it() {
+        // 1 ⇄ 3 passes through the goal and comes first in DFS order; 1 ⇄ 2 never reaches it.
+        let run = check_fair_suffix(
+            &Graph {
+                next: &[&[1], &[3, 2], &[1], &[1]],
+            },
+            suffix,
+            at_three,
+        );
+        let (problem, path) = run.counterexample.expect("two cycles");
+        assert_eq!(problem, CYCLES_WITHOUT_END, "{path:?}");
+        assert!(
+            !path.iter().any(|line| line == "state: 3"),
+            "the cycle that never reaches 3: {path:?}"
+        );
     }
 }
