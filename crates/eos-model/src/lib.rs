@@ -11,6 +11,12 @@
 //! `accepts_record`), `sink_writer::decision::next_offsets` and `sink_writer::batch_plan`
 //! (`select_winners`, `classify`, `upsert_applies`, `idempotent_outcome`).
 //!
+//! [`relay`] checks outbox-relay's logical-mode read/advance protocol, for safety (every
+//! committed row published once, in commit order) and liveness (every committed row is
+//! eventually published, whatever the backlog and the crash points): each peek is judged by
+//! `outbox_relay::logical::judge_peek` and each advance decided by
+//! `outbox_relay::relay_loop::slot_advance_due`.
+//!
 //! Each model's bounds, properties and how to read a counterexample are in
 //! docs/MODEL_CHECKING.md.
 //!
@@ -22,6 +28,7 @@
 
 pub mod dedup;
 pub mod liveness;
+pub mod relay;
 pub mod sink;
 
 use std::time::{Duration, Instant};
