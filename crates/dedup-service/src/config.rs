@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_runtime::secrets::{DatabaseUrlFlags, Secret, parse_secret, parse_secret_file};
+use eos_runtime::service_flags::StallFlags;
 use eos_runtime::telemetry::LogFormat;
 
 use crate::group_commit::GroupCommitSettings;
@@ -157,6 +158,10 @@ pub struct Config {
     /// Address for /metrics, /healthz, /readyz and /boundary.
     #[arg(long, env = "DEDUP_METRICS_ADDR", default_value = "127.0.0.1:9466")]
     pub metrics_addr: SocketAddr,
+
+    /// When the reconciler's pass that makes no progress is warned of and fails the health check.
+    #[command(flatten)]
+    pub stall: StallFlags,
 
     /// How long SIGTERM waits for in-flight calls and background tasks.
     #[arg(long, env = "DEDUP_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]

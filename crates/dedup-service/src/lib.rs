@@ -31,6 +31,7 @@ use eos_proto::dedup::v1::FILE_DESCRIPTOR_SET;
 use eos_proto::dedup::v1::dedup_server::DedupServer;
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::postgres_pool::START_MAX_BACKOFF;
+use eos_runtime::progress_watch::{ProgressWatch, StallState};
 use eos_runtime::schema_migrations as migrations;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -113,7 +114,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .with_context(|| format!("cannot listen on {} for gRPC", config.listen))?;
     let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
     metrics::record_retention(&policy);
-    let result = serve(config, auth, listener, ops.readiness.clone(), shutdown).await;
+    let result = serve(
+        config,
+        auth,
+        listener,
+        (ops.readiness.clone(), ops.stalls.clone()),
+        shutdown,
+    )
+    .await;
     ops.stop().await;
     result
 }
@@ -143,7 +151,7 @@ async fn serve(
     config: Config,
     auth: AuthPolicy,
     listener: TcpListener,
-    readiness: Readiness,
+    (readiness, stalls): (Readiness, StallState),
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let Some(pool) = intent_store::pool_builder(config.db_max_connections)
@@ -176,9 +184,11 @@ async fn serve(
 
     let background = CancellationToken::new();
     let tasks = TaskTracker::new();
+    let progress = ProgressWatch::spawn("dedup-reconciler", config.stall.policy(), &stalls)
+        .context("starting the progress watch")?;
     tasks.spawn(reconciler::run(
         store.clone(),
-        provider,
+        (provider, progress),
         ReconcilerSettings {
             interval: config.reconcile_interval,
             concurrency: config.reconcile_concurrency,

@@ -3,8 +3,10 @@
 //! when the reconcile rate r exceeds the arrival rate u, so both are exported and a warning is
 //! logged while the backlog is non-empty and r <= u.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::trace_context::{context_from_stored, event_id_in};
 use futures::StreamExt as _;
 use time::OffsetDateTime;
@@ -116,14 +118,18 @@ impl BacklogRates {
 }
 
 /// Runs passes every `settings.interval` until `shutdown`.
+/// A pass that never ends (a look-up or a statement that does not return) is a stall of the
+/// progress watch (docs/OBSERVABILITY.md "Liveness"); a backlog that passes do not clear is
+/// `EosDedupUnknownBacklogGrowing`'s.
 pub async fn run(
     store: IntentStore,
-    provider: Option<ProviderClient>,
+    (provider, progress): (Option<ProviderClient>, Arc<ProgressWatch>),
     settings: ReconcilerSettings,
     shutdown: CancellationToken,
 ) {
     let mut last_warning: Option<Instant> = None;
     loop {
+        progress.working("a reconcile pass to end");
         let pass = async {
             sweep_leases(&store).await;
             if let Some(provider) = &provider {
@@ -133,6 +139,7 @@ pub async fn run(
         };
         pass.instrument(tracing::debug_span!("reconcile_pass"))
             .await;
+        progress.idle();
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(settings.interval) => {}
