@@ -16,8 +16,10 @@ use tracing::Instrument as _;
 
 use eos_runtime::trace_context;
 
-use crate::payment_request::{IDEMPOTENCY_KEY_HEADER, PaymentRequest, idempotency_key};
-use crate::payment_store::{Begun, Recorded, begin_payment};
+use crate::payment_request::{
+    IDEMPOTENCY_KEY_HEADER, PaymentRequest, RequestError, idempotency_key,
+};
+use crate::payment_store::{Begun, Recorded, StoreError, begin_payment};
 use crate::request_span::{RequestTags, SpanPlan, request_span};
 
 /// Set on an answer that repeats an earlier request's.
@@ -28,7 +30,8 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         REQUESTS,
         "POST /payments by outcome: created, replayed (same key and body), key_reused (same key, \
-         other body), invalid, unavailable (database error; nothing written)"
+         other body), invalid, refused (past a limit or in another currency than the account's; \
+         nothing written), unavailable (database error; nothing written)"
     );
 }
 
@@ -64,7 +67,16 @@ async fn create_payment(
     };
     let request = match PaymentRequest::parse(&body) {
         Ok(request) => request,
-        Err(reason) => return refusal(StatusCode::BAD_REQUEST, "invalid", reason),
+        Err(error @ RequestError::Malformed(_)) => {
+            return refusal(StatusCode::BAD_REQUEST, "invalid", error.to_string());
+        }
+        Err(error @ RequestError::AmountOverLimit { .. }) => {
+            return refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "refused",
+                error.to_string(),
+            );
+        }
     };
     let payment_id = format!("pay-{:032x}", rand::random::<u128>());
     let caller = trace_context::extract_http(&headers);
@@ -113,6 +125,14 @@ async fn create_payment(
                 StatusCode::CONFLICT,
                 "key_reused",
                 "this Idempotency-Key was used with a different request; nothing was written",
+            )
+        }
+        Err(StoreError::Refused(refused)) => {
+            tracing::info!(parent: &span, %refused, idempotency_key = %key, "payment refused");
+            refusal(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "refused",
+                refused.to_string(),
             )
         }
         Err(error) => {

@@ -8,6 +8,10 @@ use serde_json::json;
 /// The header that makes a retry safe.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 const MAX_KEY_BYTES: usize = 255;
+/// The largest amount one payment may carry, in minor units (10 billion of a two-decimal
+/// currency): far beyond any real payment, and small enough that an account's balance takes
+/// millions of them before its own limit (docs/bad-input.md).
+pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -16,6 +20,20 @@ struct PaymentBody {
     /// Minor units (cents).
     amount: i64,
     currency: String,
+}
+
+/// Why a request is refused before anything is written; each variant is its own HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Not a payment: a body or header the client must fix (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// A well-formed payment past the documented bound (422): sending it again cannot help.
+    #[error(
+        "amount {amount} is over the limit of {MAX_AMOUNT} minor units per payment; nothing was \
+         written"
+    )]
+    AmountOverLimit { amount: i64 },
 }
 
 /// A valid payment request.
@@ -28,15 +46,26 @@ pub struct PaymentRequest {
 
 impl PaymentRequest {
     /// Parses and validates a request body; the error is the reason given to the client.
-    pub fn parse(body: &[u8]) -> Result<Self, String> {
-        let body: PaymentBody =
-            serde_json::from_slice(body).map_err(|e| format!("body is not a payment: {e}"))?;
-        let account_id = EntityId::new(body.account_id).map_err(|e| format!("account_id: {e}"))?;
+    pub fn parse(body: &[u8]) -> Result<Self, RequestError> {
+        let malformed = |reason: String| RequestError::Malformed(reason);
+        let body: PaymentBody = serde_json::from_slice(body)
+            .map_err(|e| malformed(format!("body is not a payment: {e}")))?;
+        let account_id =
+            EntityId::new(body.account_id).map_err(|e| malformed(format!("account_id: {e}")))?;
         if body.amount <= 0 {
-            return Err("amount must be a positive number of minor units".into());
+            return Err(malformed(
+                "amount must be a positive number of minor units".into(),
+            ));
+        }
+        if body.amount > MAX_AMOUNT {
+            return Err(RequestError::AmountOverLimit {
+                amount: body.amount,
+            });
         }
         if body.currency.len() != 3 || !body.currency.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err("currency must be a three-letter ISO 4217 code such as EUR".into());
+            return Err(malformed(
+                "currency must be a three-letter ISO 4217 code such as EUR".into(),
+            ));
         }
         Ok(Self {
             account_id,
@@ -122,8 +151,29 @@ mod tests {
             ),
         ] {
             let error = PaymentRequest::parse(body).expect_err("refused");
+            assert!(matches!(error, RequestError::Malformed(_)), "{error:?}");
+            let error = error.to_string();
             assert!(error.contains(reason), "{error} should mention {reason}");
         }
+    }
+
+    #[test]
+    fn an_amount_over_the_limit_is_refused_naming_the_limit() {
+        let body = |amount: i64| {
+            format!(r#"{{"account_id":"a","amount":{amount},"currency":"EUR"}}"#).into_bytes()
+        };
+        assert!(PaymentRequest::parse(&body(MAX_AMOUNT)).is_ok());
+        for amount in [MAX_AMOUNT + 1, i64::MAX] {
+            let error = PaymentRequest::parse(&body(amount)).expect_err("over the limit");
+            assert_eq!(error, RequestError::AmountOverLimit { amount });
+            assert!(error.to_string().contains("1000000000000"), "{error}");
+        }
+        // The schema keeps the same bound (its CHECK), so the two cannot drift apart.
+        let migration = include_str!("../migrations/20261206000101_account_currency.sql");
+        assert!(
+            migration.contains(&format!("BETWEEN 1 AND {MAX_AMOUNT}")),
+            "the migration's CHECK is MAX_AMOUNT"
+        );
     }
 
     #[test]

@@ -71,8 +71,36 @@ impl Recorded {
     }
 }
 
+/// The most an account's balance may hold, in minor units: BIGINT's top. A payment that would
+/// pass it is refused before anything is written (docs/bad-input.md), where the overflow used to
+/// fail every later payment of the account with a 503 that said "retry".
+pub const MAX_BALANCE: i64 = i64::MAX;
+
+/// A payment the account cannot take: the same request will be refused again, so the client is
+/// told why (422), never to retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "account {account_id} holds {held}: a payment in {asked} is refused (an account has one \
+         currency); nothing was written"
+    )]
+    OtherCurrency {
+        account_id: String,
+        held: String,
+        asked: String,
+    },
+    #[error(
+        "the balance of account {account_id} would pass its limit of {MAX_BALANCE} minor units; \
+         nothing was written"
+    )]
+    BalanceLimit { account_id: String },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Deterministic: answered 422, with nothing written.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     #[error("PostgreSQL: {0}")]
     Database(#[from] sqlx::Error),
     #[error("outbox: {0}")]
@@ -108,17 +136,33 @@ pub async fn begin_payment(
 ) -> Result<Begun, StoreError> {
     let fingerprint = request.fingerprint();
     let mut tx = pool.begin().await?;
-    let account_version = sqlx::query_scalar!(
-        r#"INSERT INTO payments_api_accounts AS account (account_id, version, balance)
-           VALUES ($1, 1, $2)
+    // The account takes the payment only in its own currency and below its balance limit; the
+    // conflict locks the row either way, so the refusal is decided on the row it reads next.
+    // Not yet a `query!`: its offline data in .sqlx/ is regenerated with `cargo sqlx prepare`.
+    let account_version: Option<i64> = sqlx::query_scalar(
+        r#"INSERT INTO payments_api_accounts AS account (account_id, version, balance, currency)
+           VALUES ($1, 1, $2, $3)
            ON CONFLICT (account_id) DO UPDATE
               SET version = account.version + 1, balance = account.balance + excluded.balance
+            WHERE account.currency = excluded.currency
+              AND account.balance <= $4 - excluded.balance
            RETURNING version"#,
-        request.account_id.as_str(),
-        request.amount,
     )
-    .fetch_one(&mut *tx)
+    .bind(request.account_id.as_str())
+    .bind(request.amount)
+    .bind(&request.currency)
+    .bind(MAX_BALANCE)
+    .fetch_optional(&mut *tx)
     .await?;
+    let Some(account_version) = account_version else {
+        let refusal = account_refusal(&mut tx, request).await?;
+        tx.rollback().await?;
+        // A resend of a payment recorded before the account filled up is answered from it.
+        return match seen_before(pool, key, &fingerprint).await? {
+            Some(seen) => Ok(Begun::Seen(seen)),
+            None => Err(refusal.into()),
+        };
+    };
     // Waits for a concurrent request with the same key to end, then sees its row.
     let created_at = sqlx::query_scalar!(
         r#"INSERT INTO payments_api_payments (payment_id, idempotency_key, request_fingerprint,
@@ -175,6 +219,46 @@ impl NewPayment {
         self.tx.commit().await?;
         Ok(Recorded::Created(self.payment))
     }
+}
+
+/// Why the account (locked by the refused upsert) did not take `request`.
+async fn account_refusal(
+    tx: &mut Transaction<'static, Postgres>,
+    request: &PaymentRequest,
+) -> Result<Refusal, StoreError> {
+    let held: String =
+        sqlx::query_scalar("SELECT currency FROM payments_api_accounts WHERE account_id = $1")
+            .bind(request.account_id.as_str())
+            .fetch_one(&mut **tx)
+            .await?;
+    let account_id = request.account_id.to_string();
+    Ok(if held == request.currency {
+        Refusal::BalanceLimit { account_id }
+    } else {
+        Refusal::OtherCurrency {
+            account_id,
+            held,
+            asked: request.currency.clone(),
+        }
+    })
+}
+
+/// The stored answer for `key`, if a payment was recorded under it.
+async fn seen_before(
+    pool: &PgPool,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Option<Recorded>, StoreError> {
+    let recorded: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM payments_api_payments WHERE idempotency_key = $1)",
+    )
+    .bind(key)
+    .fetch_one(pool)
+    .await?;
+    if !recorded {
+        return Ok(None);
+    }
+    Ok(Some(earlier_answer(pool, key, fingerprint).await?))
 }
 
 async fn earlier_answer(

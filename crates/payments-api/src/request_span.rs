@@ -120,11 +120,21 @@ pub struct RequestTags {
 
 impl RequestTags {
     pub fn of(recorded: &Result<Recorded, StoreError>) -> Self {
-        let Ok(recorded) = recorded else {
-            return Self {
-                event_id: None,
-                outcome: Outcome::Unavailable,
-            };
+        let recorded = match recorded {
+            Ok(recorded) => recorded,
+            // Refused by the account before any payment was made: no payment to name.
+            Err(StoreError::Refused(_)) => {
+                return Self {
+                    event_id: None,
+                    outcome: Outcome::Refused,
+                };
+            }
+            Err(_) => {
+                return Self {
+                    event_id: None,
+                    outcome: Outcome::Unavailable,
+                };
+            }
         };
         let outcome = match recorded {
             Recorded::Created(_) => Outcome::Created,

@@ -406,3 +406,64 @@ async fn readyz_follows_the_database_and_payments_are_refused_without_it() -> an
     assert!(status.success(), "{}", api.process.log_tail(30));
     Ok(())
 }
+
+/// Issue 50 (hole 2): an amount that once bricked its account. The amount is bounded before
+/// anything is written (422 naming the limit); a balance that would pass its limit and a payment
+/// in another currency than the account's are refused 422, never a 503 that says "retry"; the
+/// account keeps taking payments.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_amount_past_the_limit_is_refused_and_the_account_keeps_working() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let mut api = PaymentsApi::start(&db, &unique_name("payments-api-amounts"))?;
+    let pay = |amount: &str, currency: &str| {
+        format!(r#"{{"account_id":"acct-big","amount":{amount},"currency":"{currency}"}}"#)
+    };
+    assert_eq!(api.pay(Some("first"), &pay("500", "EUR")).await?.0, 201);
+
+    let (status, _, answer) = api
+        .pay(Some("huge"), &pay("9223372036854775807", "EUR"))
+        .await?;
+    assert_eq!(status, 422, "{answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&payments_api::payment_request::MAX_AMOUNT.to_string()),
+        "the refusal names the limit: {error}"
+    );
+    assert_eq!(counts(&db.pool).await?, (1, 1), "nothing written");
+    assert_eq!(api.pay(Some("after"), &pay("700", "EUR")).await?.0, 201);
+
+    // Another currency on this account: refused, the account unchanged.
+    let (status, _, answer) = api.pay(Some("dollars"), &pay("100", "USD")).await?;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer["error"].as_str().is_some_and(|e| e.contains("EUR")),
+        "{answer}"
+    );
+
+    // A balance at the edge of its limit (as an account bricked before the bound was): a payment
+    // that would pass the limit is refused and names it, one that fits still goes through.
+    sqlx::query("UPDATE payments_api_accounts SET balance = $1 WHERE account_id = 'acct-big'")
+        .bind(i64::MAX - 100)
+        .execute(&db.pool)
+        .await?;
+    let (status, _, answer) = api.pay(Some("overflow"), &pay("500", "EUR")).await?;
+    assert_eq!(status, 422, "{answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&i64::MAX.to_string()),
+        "names the limit: {error}"
+    );
+    assert!(!error.contains("retry"), "{error}");
+    assert_eq!(counts(&db.pool).await?, (2, 2), "refusals wrote nothing");
+    assert_eq!(api.pay(Some("fits"), &pay("100", "EUR")).await?.0, 201);
+    let balance: i64 = sqlx::query_scalar(
+        "SELECT balance FROM payments_api_accounts WHERE account_id = 'acct-big'",
+    )
+    .fetch_one(&db.pool)
+    .await?;
+    assert_eq!(balance, i64::MAX);
+
+    let status = api.process.terminate(Duration::from_secs(30))?;
+    assert!(status.success(), "{}", api.process.log_tail(30));
+    db.drop_database().await
+}
