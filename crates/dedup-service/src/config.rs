@@ -7,8 +7,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_runtime::secrets::{DatabaseUrlFlags, Secret, parse_secret, parse_secret_file};
-use eos_runtime::service_flags::StallFlags;
-use eos_runtime::telemetry::LogFormat;
+use eos_runtime::service_flags::{LogFlags, StallFlags};
 
 use crate::group_commit::GroupCommitSettings;
 use crate::retention::RetentionPolicy;
@@ -23,7 +22,15 @@ use crate::validation::{LeaseLimits, MAX_BATCH_ITEMS};
 /// checked against the replay horizon at start-up and operations older than the retained window
 /// answer EXPIRED (fail closed).
 #[derive(Debug, Clone, Parser)]
-#[command(name = "dedup-service", version, about, long_about)]
+#[command(
+    name = "dedup-service",
+    version,
+    about,
+    long_about,
+    // The shared log flag, under the variable dedup-service has always read (deploy/ sets it);
+    // `migrate` takes it from here (eos_runtime::service_flags::Invocation).
+    mut_args(|arg| if arg.get_id() == "log_format" { arg.env("DEDUP_LOG_FORMAT") } else { arg })
+)]
 pub struct Config {
     /// gRPC listen address (Dedup, grpc.health.v1, and server reflection with --reflection).
     /// Port 0 picks a free port; the bound address is logged as grpc_addr. A non-loopback
@@ -167,10 +174,8 @@ pub struct Config {
     #[arg(long, env = "DEDUP_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
-    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
-    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    #[arg(long, env = "DEDUP_LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
 
     /// PEM certificate chain: with --tls-key, serve gRPC over TLS (rustls).
     #[arg(long, env = "DEDUP_TLS_CERT", requires = "tls_key")]
@@ -262,25 +267,9 @@ pub struct Config {
     pub max_encoding_message_size: usize,
 }
 
-/// `dedup-service migrate`: applies the embedded migrations to DATABASE_URL and exits.
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "migrate",
-    about = "Apply the schema migrations to DATABASE_URL and exit (run it with a role that owns \
-             the schema, before services started with --skip-migrations)"
-)]
-pub struct MigrateArgs {
-    #[command(flatten)]
-    pub database: DatabaseUrlFlags,
-
-    /// Log format on stderr: text or json.
-    #[arg(long, env = "DEDUP_LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
-}
-
-/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step. Its
-/// own [`MigrateArgs`], since dedup-service logs by `DEDUP_LOG_FORMAT`.
-pub type Invocation = eos_runtime::service_flags::Invocation<Config, MigrateArgs>;
+/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step.
+pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
+pub use eos_runtime::service_flags::MigrateArgs;
 
 impl Config {
     pub fn retention_policy(&self) -> RetentionPolicy {
@@ -439,13 +428,7 @@ impl Config {
 
 impl eos_runtime::service_flags::LogFormatFlag for Config {
     fn log_format(&self) -> eos_runtime::LogFormat {
-        self.log_format
-    }
-}
-
-impl eos_runtime::service_flags::LogFormatFlag for MigrateArgs {
-    fn log_format(&self) -> eos_runtime::LogFormat {
-        self.log_format
+        self.log.log_format
     }
 }
 
@@ -510,6 +493,21 @@ mod tests {
             help.contains("migrate") && help.contains("--skip-migrations"),
             "{help}"
         );
+    }
+
+    /// The shared log flag keeps the variable deploy/ sets for dedup-service, in both commands.
+    #[test]
+    fn both_commands_log_by_dedup_log_format() {
+        fn log_env(command: &clap::Command) -> Option<std::ffi::OsString> {
+            let flag = command
+                .get_arguments()
+                .find(|arg| arg.get_id() == "log_format");
+            flag.and_then(|arg| arg.get_env()).map(ToOwned::to_owned)
+        }
+        let command = Invocation::command();
+        assert_eq!(log_env(&command), Some("DEDUP_LOG_FORMAT".into()));
+        let migrate = command.find_subcommand("migrate").expect("migrate");
+        assert_eq!(log_env(migrate), Some("DEDUP_LOG_FORMAT".into()));
     }
 
     /// Issue 50: the start-up `boundary` line printed `--provider-url` whole, so a credential in

@@ -81,8 +81,19 @@ impl<Config: clap::Parser, Migrate: clap::Parser> Invocation<Config, Migrate> {
     /// The command line: `Config`'s flags, plus the `migrate` subcommand. Service flags and the
     /// subcommand do not mix, and `migrate` does not need the service flags' required values.
     pub fn command() -> clap::Command {
-        Config::command()
-            .subcommand(Migrate::command())
+        let serve = Config::command();
+        // `migrate` logs by the service's own log flag (its variable, dedup-service's
+        // DEDUP_LOG_FORMAT included), so one environment sets both commands' log format.
+        let log_flag = serve
+            .get_arguments()
+            .find(|arg| arg.get_id() == "log_format")
+            .cloned();
+        let migrate = Migrate::command().mut_args(|arg| match &log_flag {
+            Some(log_flag) if arg.get_id() == "log_format" => log_flag.clone(),
+            _ => arg,
+        });
+        serve
+            .subcommand(migrate)
             .subcommand_negates_reqs(true)
             .args_conflicts_with_subcommands(true)
     }

@@ -31,8 +31,7 @@ fn skip_sink_migrations() -> Vec<String> {
 }
 
 /// Runs `<binary> migrate` against `database_url` and returns its log; fails unless it exits 0.
-/// Every service's `migrate` takes the same flags (eos-runtime's, or dedup-service's own with the
-/// same database flags).
+/// Every service's `migrate` takes the same flags (eos-runtime's).
 fn run_migrate(binary: &str, database_url: &str) -> anyhow::Result<String> {
     let args = argv!(subcommand eos_runtime::service_flags::MigrateArgs {
         database[database_url]: database_url
