@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use eos_runtime::secrets::{Secret, parse_secret_file};
-use eos_runtime::telemetry::LogFormat;
+use eos_runtime::service_flags::LogFlags;
 
 use crate::faults::FaultPlan;
 
@@ -18,7 +18,14 @@ use crate::faults::FaultPlan;
 /// probability from a seeded RNG: answer 503 before applying, or apply and then drop the
 /// connection, answer late, or answer 500.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "provider-sim", version, about, long_about)]
+#[command(
+    name = "provider-sim",
+    version,
+    about,
+    long_about,
+    // The shared log flag, under the variable provider-sim has always read (deploy/ sets it).
+    mut_args(|arg| if arg.get_id() == "log_format" { arg.env("PROVIDER_SIM_LOG_FORMAT") } else { arg })
+)]
 pub struct Config {
     /// HTTP listen address. Port 0 picks a free port; the bound address is logged as http_addr.
     #[arg(long, env = "PROVIDER_SIM_ADDR", default_value = "127.0.0.1:8081")]
@@ -95,10 +102,8 @@ pub struct Config {
     )]
     pub decline_body_bytes: Option<usize>,
 
-    /// Log format on stderr: text or json. RUST_LOG filters. Traces are exported over OTLP/gRPC
-    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    #[arg(long, env = "PROVIDER_SIM_LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
 }
 
 impl Config {
@@ -123,6 +128,17 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shared log flag keeps the variable deploy/ sets for provider-sim.
+    #[test]
+    fn logs_by_provider_sim_log_format() {
+        let command = <Config as clap::CommandFactory>::command();
+        let flag = command
+            .get_arguments()
+            .find(|arg| arg.get_id() == "log_format");
+        let env = flag.and_then(|arg| arg.get_env());
+        assert_eq!(env, Some("PROVIDER_SIM_LOG_FORMAT".as_ref()));
+    }
 
     #[test]
     fn defaults_inject_nothing() {
