@@ -626,42 +626,13 @@ pub fn tables_and_provider_targets(
     dedup_url: &str,
     provider_url: &str,
 ) -> String {
-    format!(
-        r#"[[targets]]
-table = "event_sink"
-kind = "append"
-key = "event_id"
-[targets.columns]
-event_id = "event_id"
-entity_id = "entity_id"
-value = "value"
-payload = "payload"
-fingerprint = "fingerprint"
-source_topic = "kafka.topic"
-source_partition = "kafka.partition"
-source_offset = "kafka.offset"
-written_at = "now"
-
-[[targets]]
-table = "entity_state"
-kind = "versioned"
-key = "entity_id"
-[targets.columns]
-entity_id = "entity_id"
-version = "version"
-payload = "payload"
-event_id = "event_id"
-updated_at = "now"
-
-[[targets]]
-kind = "provider"
-name = "{provider_name}"
-dedup_url = "{dedup_url}"
-provider_url = "{provider_url}"
-call_timeout = "1s"
-lease_ttl = "10s"
-"#
-    )
+    let provider = eos_testkit::sink_targets::ProviderTarget {
+        name: provider_name,
+        dedup_url,
+        provider_url,
+        concurrency: None,
+    };
+    eos_testkit::sink_targets::sink_targets("integration-tests", Some(&provider))
 }
 
 #[cfg(test)]

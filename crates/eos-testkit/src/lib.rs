@@ -6,12 +6,14 @@
 //!
 //! It also holds the rest of what the lab and the tests share, and no service needs:
 //! [`bench_figures`] (a figure over interleaved rounds, the machine's load), [`loopback_ports`]
-//! (ports for servers started after the port is chosen) and [`scratch_database`] (dropping a
-//! throw-away database services may still be connected to).
+//! (ports for servers started after the port is chosen), [`scratch_database`] (dropping a
+//! throw-away database services may still be connected to) and [`sink_targets`] (the sink's
+//! targets file).
 
 pub mod bench_figures;
 pub mod loopback_ports;
 pub mod scratch_database;
+pub mod sink_targets;
 
 pub mod argv;
 

@@ -1,5 +1,6 @@
 //! The whole chain as child processes, for `eos-lab demo` and `eos-lab bench pipeline`: the
-//! services ([`service`]), the run's own PostgreSQL database, and the sink's targets file.
+//! services ([`service`]) and the run's own PostgreSQL database; the sink's targets file is
+//! eos-testkit's, which the tests write too.
 
 pub(crate) mod service;
 
@@ -27,72 +28,7 @@ pub(crate) async fn drop_database(server_url: &str, database: &str) -> anyhow::R
         .with_context(|| format!("dropping database {database}"))
 }
 
-/// The sink's provider target: charges through dedup-service with the event as the operation.
-pub(crate) struct ProviderTarget<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) dedup_url: &'a str,
-    pub(crate) provider_url: &'a str,
-    /// The target's `concurrency` [default: sink-writer's].
-    pub(crate) concurrency: Option<u64>,
-}
-
-/// The sink's targets: the default two tables and, given one, the provider charge.
-pub(crate) fn sink_targets(written_by: &str, provider: Option<&ProviderTarget<'_>>) -> String {
-    let mut targets = format!(
-        r#"# Written by `{written_by}`.
-[[targets]]
-table = "event_sink"
-kind = "append"
-key = "event_id"
-retention = "30d"
-retention_column = "written_at"
-[targets.columns]
-event_id = "event_id"
-entity_id = "entity_id"
-value = "value"
-payload = "payload"
-fingerprint = "fingerprint"
-source_topic = "kafka.topic"
-source_partition = "kafka.partition"
-source_offset = "kafka.offset"
-written_at = "now"
-
-[[targets]]
-table = "entity_state"
-kind = "versioned"
-key = "entity_id"
-[targets.columns]
-entity_id = "entity_id"
-version = "version"
-payload = "payload"
-event_id = "event_id"
-updated_at = "now"
-"#
-    );
-    if let Some(ProviderTarget {
-        name,
-        dedup_url,
-        provider_url,
-        concurrency,
-    }) = provider
-    {
-        targets.push_str(&format!(
-            r#"
-[[targets]]
-kind = "provider"
-name = "{name}"
-dedup_url = "{dedup_url}"
-provider_url = "{provider_url}"
-call_timeout = "1s"
-lease_ttl = "10s"
-"#
-        ));
-        if let Some(concurrency) = concurrency {
-            targets.push_str(&format!("concurrency = {concurrency}\n"));
-        }
-    }
-    targets
-}
+pub(crate) use eos_testkit::sink_targets::{ProviderTarget, sink_targets};
 
 #[cfg(test)]
 mod tests {
