@@ -1,4 +1,4 @@
-//! Progress or alarm (docs/ARCHITECTURE.md "Liveness"): a service loop with work waiting either
+//! Progress or alarm (docs/OBSERVABILITY.md "Liveness"): a service loop with work waiting either
 //! makes progress or says that it does not.
 //!
 //! Exactly-once says nothing about *when*: a loop that reads the same input again and again, or
