@@ -1,6 +1,7 @@
 //! Command-line and environment configuration.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
@@ -33,6 +34,27 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_API_TOPIC", default_value = "payments")]
     pub topic: String,
 
+    /// Longest a client may take to send a request's headers, counted from the connection's
+    /// start or, on a keep-alive connection, from the previous answer; then the connection is
+    /// closed (docs/security.md "payments-api").
+    #[arg(long, env = "PAYMENTS_API_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Longest a client may take to send a request's whole body, counted from its headers; then
+    /// the request is answered 408 and the connection closed.
+    #[arg(long, env = "PAYMENTS_API_BODY_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub body_read_timeout: Duration,
+
+    /// Longest a keep-alive connection is kept open with no request in progress.
+    #[arg(long, env = "PAYMENTS_API_IDLE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Most open HTTP connections; one more is closed at once (counted as connection_cap in
+    /// payments_api_connections_dropped_total). Keep it below the process's file-descriptor
+    /// limit.
+    #[arg(long, env = "PAYMENTS_API_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+
     /// Most open database connections.
     #[arg(long, env = "PAYMENTS_API_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -51,6 +73,29 @@ pub struct Config {
 
 /// What the command line asks for: run the service (the flags of [`Config`]) or `payments-api migrate`.
 pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
+
+impl Config {
+    /// The HTTP connection limits these flags give, or which flag is out of range.
+    pub fn connection_limits(&self) -> anyhow::Result<crate::http_server::ConnectionLimits> {
+        for (flag, value) in [
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--body-read-timeout", self.body_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
+        ] {
+            anyhow::ensure!(!value.is_zero(), "{flag} must be positive");
+        }
+        anyhow::ensure!(
+            self.max_connections > 0,
+            "--max-connections must be positive"
+        );
+        Ok(crate::http_server::ConnectionLimits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections,
+        })
+    }
+}
 
 impl eos_runtime::service_flags::LogFormatFlag for Config {
     fn log_format(&self) -> eos_runtime::LogFormat {

@@ -4,18 +4,20 @@
 //! (`request_span`). Every such span names the payment it is about.
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
 use metrics::counter;
 use serde_json::json;
 use sqlx::PgPool;
+use std::time::Duration;
 use tracing::Instrument as _;
 
 use eos_runtime::trace_context;
 
+use crate::http_server::{BodyError, read_body};
 use crate::payment_request::{
     IDEMPOTENCY_KEY_HEADER, PaymentRequest, RequestError, idempotency_key,
 };
@@ -39,6 +41,8 @@ pub fn describe_metrics() {
 pub struct AppState {
     pub pool: PgPool,
     pub topic: String,
+    /// `--body-read-timeout`: the whole body must arrive within it (`http_server::read_body`).
+    pub body_read_timeout: Duration,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -52,11 +56,24 @@ fn refusal(status: StatusCode, outcome: &'static str, reason: impl Into<String>)
     (status, Json(json!({ "error": reason.into() }))).into_response()
 }
 
-async fn create_payment(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+/// A body that was not read whole. The connection is closed after the answer: what is left of
+/// the body is unread (or drained in the background, for a body that is too large).
+fn body_refusal(error: &BodyError) -> Response {
+    let status = match error {
+        BodyError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        BodyError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+        BodyError::Broken(_) => StatusCode::BAD_REQUEST,
+    };
+    counter!(REQUESTS, "outcome" => "invalid").increment(1);
+    (
+        status,
+        [(header::CONNECTION, "close")],
+        Json(json!({ "error": format!("{error}; nothing was written") })),
+    )
+        .into_response()
+}
+
+async fn create_payment(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let key = match idempotency_key(
         headers
             .get(IDEMPOTENCY_KEY_HEADER)
@@ -64,6 +81,10 @@ async fn create_payment(
     ) {
         Ok(key) => key,
         Err(reason) => return refusal(StatusCode::BAD_REQUEST, "invalid", reason),
+    };
+    let body = match read_body(body, state.body_read_timeout).await {
+        Ok(body) => body,
+        Err(error) => return body_refusal(&error),
     };
     let request = match PaymentRequest::parse(&body) {
         Ok(request) => request,

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod http_api;
+pub mod http_server;
 pub mod payment_request;
 pub mod payment_store;
 pub mod request_span;
@@ -61,16 +62,16 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 
 /// Serves until `shutdown` is cancelled; requests in flight finish first.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let limits = config.connection_limits().context("configuration")?;
     // Before the ops endpoint: on port 0 it could be handed the fixed HTTP port, free since the
     // process this one replaces died a moment ago.
     let listener = TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;
-    let ops = OpsEndpoint::start(
-        config.metrics_addr,
-        boundary(&config),
-        http_api::describe_metrics,
-    )
+    let ops = OpsEndpoint::start(config.metrics_addr, boundary(&config), || {
+        http_api::describe_metrics();
+        http_server::describe_metrics();
+    })
     .await?;
     let Some(pool) = PoolBuilder::new(config.db_max_connections)
         .connect_at_start(config.database.url(), START_MAX_BACKOFF, &shutdown)
@@ -99,14 +100,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let app = http_api::router(http_api::AppState {
         pool: pool.clone(),
         topic: config.topic.clone(),
+        body_read_timeout: limits.body_read_timeout,
     });
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+    http_server::serve(listener, app, limits, shutdown.clone()).await;
     readiness.await.ok();
     pool.close().await;
     ops.stop().await;
-    served.context("serving HTTP")?;
     tracing::info!("stopped");
     Ok(())
 }

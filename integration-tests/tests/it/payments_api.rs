@@ -467,3 +467,216 @@ async fn an_amount_past_the_limit_is_refused_and_the_account_keeps_working() -> 
     assert!(status.success(), "{}", api.process.log_tail(30));
     db.drop_database().await
 }
+
+/// The connection limits the slow-client test runs with: short, so the test is quick.
+const SHORT_LIMITS: &[&str] = &[
+    "--header-read-timeout",
+    "2s",
+    "--body-read-timeout",
+    "2s",
+    "--idle-timeout",
+    "2s",
+];
+/// How long after connecting a slow client may still be open: the 2 s limit plus scheduling.
+const CLOSED_WITHIN: Duration = Duration::from_secs(4);
+
+/// One hostile client on loopback: it connects, sends `opening` at once, then one byte of
+/// `trickle` per second, and reports how long after connecting the server closed it (`None`:
+/// still open after `CLOSED_WITHIN` and a margin). Every loop is bounded.
+async fn slow_client(addr: String, opening: String, trickle: &'static [u8]) -> Option<Duration> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let started = std::time::Instant::now();
+    let stream = tokio::net::TcpStream::connect(&addr).await.ok()?;
+    let (mut reader, mut writer) = stream.into_split();
+    let writing = tokio::spawn(async move {
+        if writer.write_all(opening.as_bytes()).await.is_err() {
+            return;
+        }
+        for byte in trickle {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if writer.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+        }
+        // Then nothing: the body never comes. Held open until the reader is done.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    });
+    let closed = tokio::time::timeout(CLOSED_WITHIN * 3, async {
+        let mut buffer = [0u8; 1024];
+        loop {
+            match reader.read(&mut buffer).await {
+                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok();
+    writing.abort();
+    closed
+}
+
+/// Issue 50 (hole 1): 200 slow clients — 100 sending their headers at a byte per second, 100
+/// sending headers and then stalling their body — do not stop payments: a normal payment is
+/// answered within 1 s while they are connected, each is closed within its timeout, and the
+/// closings are counted by reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_clients_are_cut_off_and_payments_go_on() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let mut api = PaymentsApi::start_on(
+        &db.url,
+        &unique_name("payments-api-slow"),
+        SHORT_LIMITS,
+        &[],
+    )?;
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    let slow_headers = "POST /payments HTTP/1.1\r\nHost: payments\r\n".to_owned();
+    let stalled_body = "POST /payments HTTP/1.1\r\nHost: payments\r\nIdempotency-Key: stall\r\n\
+                        Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        .to_owned();
+    let trickle: &'static [u8] = b"Idempotency-Key: trickled-one-byte-at-a-time\r\n\r\n";
+    let mut clients = Vec::new();
+    for n in 0..200 {
+        let (opening, trickle) = if n % 2 == 0 {
+            (slow_headers.clone(), trickle)
+        } else {
+            (stalled_body.clone(), &b""[..])
+        };
+        clients.push(tokio::spawn(slow_client(addr.clone(), opening, trickle)));
+    }
+    // All 200 are connected and holding on when the payment comes.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let started = std::time::Instant::now();
+    let (status, _, answer) = api
+        .pay(
+            Some("normal"),
+            r#"{"account_id":"acct-1","amount":100,"currency":"EUR"}"#,
+        )
+        .await?;
+    let latency = started.elapsed();
+    assert_eq!(status, 201, "{answer}");
+    println!("a normal payment under 200 slow clients answered in {latency:?}");
+    assert!(latency < Duration::from_secs(1), "answered in {latency:?}");
+
+    let mut slowest = Duration::ZERO;
+    for client in clients {
+        let closed = client.await?;
+        let closed = closed.context("a slow client was still connected")?;
+        slowest = slowest.max(closed);
+    }
+    println!("the slowest of 200 slow clients was closed {slowest:?} after it connected");
+    assert!(slowest <= CLOSED_WITHIN, "closed after {slowest:?}");
+
+    let ops = api
+        .process
+        .wait_for_log_field("metrics_addr", START_TIMEOUT)?;
+    let metrics = api
+        .client
+        .get(format!("http://{ops}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    for reason in ["header_timeout", "body_timeout"] {
+        let count = metric_value(
+            &metrics,
+            &format!("payments_api_connections_dropped_total{{reason=\"{reason}\"}}"),
+        );
+        assert!(count >= 100.0, "{reason}: {count} in\n{metrics}");
+    }
+    let status = api.process.terminate(Duration::from_secs(30))?;
+    assert!(status.success(), "{}", api.process.log_tail(30));
+    db.drop_database().await
+}
+
+/// The value of the sample `name{labels}` in a Prometheus text page, or 0.
+fn metric_value(page: &str, sample: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(sample))
+        .and_then(|rest| rest.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Sends a 10 MB body (`chunked`, or with a Content-Length) over a raw socket as most clients
+/// do — the whole body first, then the answer — and returns what was read before the connection
+/// ended. A server that stops reading and closes makes the kernel reset the connection: the
+/// client's writes fail, or its read does, and the answer is lost.
+async fn send_big_body(addr: &str, chunked: bool) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const BODY: usize = 10 * 1024 * 1024;
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let framing = if chunked {
+        "Transfer-Encoding: chunked".to_owned()
+    } else {
+        format!("Content-Length: {BODY}")
+    };
+    let head = format!(
+        "POST /payments HTTP/1.1\r\nHost: payments\r\nIdempotency-Key: big\r\n\
+         Content-Type: application/json\r\n{framing}\r\n\r\n"
+    );
+    let sent = tokio::time::timeout(Duration::from_secs(20), async {
+        stream.write_all(head.as_bytes()).await?;
+        let chunk = vec![b' '; 64 * 1024];
+        for _ in 0..BODY / chunk.len() {
+            if chunked {
+                stream
+                    .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                    .await?;
+            }
+            stream.write_all(&chunk).await?;
+            if chunked {
+                stream.write_all(b"\r\n").await?;
+            }
+        }
+        if chunked {
+            stream.write_all(b"0\r\n\r\n").await?;
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
+    match sent {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => anyhow::bail!("sending the body failed: {error}"),
+        Err(_) => anyhow::bail!("the body was not taken within 20 s"),
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => answer.extend_from_slice(&buffer[..n]),
+                Err(error) => return Err(error),
+            }
+        }
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    match read {
+        Ok(Ok(())) => Ok(answer),
+        Ok(Err(error)) => anyhow::bail!("{error} after reading {answer:?}"),
+        Err(_) => anyhow::bail!("no end within 20 s after reading {answer:?}"),
+    }
+}
+
+/// Issue 50 (hole 4): a body over the size limit is answered 413, chunked or with a length —
+/// never cut by a reset — and nothing is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_body_is_answered_413_chunked_or_not() -> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let mut api = PaymentsApi::start(&db, &unique_name("payments-api-big"))?;
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    for chunked in [true, false] {
+        let answer = send_big_body(&addr, chunked)
+            .await
+            .with_context(|| format!("chunked: {chunked}"))?;
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "chunked: {chunked}: {answer:?}"
+        );
+    }
+    assert_eq!(counts(&db.pool).await?, (0, 0), "nothing written");
+    let status = api.process.terminate(Duration::from_secs(30))?;
+    assert!(status.success(), "{}", api.process.log_tail(30));
+    db.drop_database().await
+}
