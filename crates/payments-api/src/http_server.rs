@@ -56,7 +56,7 @@ pub fn describe_metrics() {
 }
 
 /// Serves `app` on `listener` until `shutdown`, then lets open connections finish their request
-/// (bounded by [`SHUTDOWN_DRAIN`]).
+/// (bounded by `SHUTDOWN_DRAIN`).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -187,7 +187,7 @@ pub enum BodyError {
 
 /// The whole body, within `timeout` (from now, for the whole body: a trickle of bytes does not
 /// extend it) and [`MAX_BODY_BYTES`]. An oversized body is drained in the background, bounded by
-/// [`MAX_DRAIN_BYTES`] and `timeout`, so the 413 reaches the client instead of a reset.
+/// `MAX_DRAIN_BYTES` and `timeout`, so the 413 reaches the client instead of a reset.
 pub async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, BodyError> {
     let deadline = Instant::now() + timeout;
     let declared_too_large = HttpBody::size_hint(&body).lower() > MAX_BODY_BYTES as u64;
