@@ -38,3 +38,25 @@ pub fn shutdown_token() -> CancellationToken {
     });
     token
 }
+
+/// The next connection on `listener`, or `None` once `shutdown` is cancelled: the accept step of
+/// the servers that hold their connections themselves (payments-api, provider-sim). A failed
+/// accept (out of descriptors, most likely) is logged and waited out rather than spun on.
+pub async fn accept_until(
+    listener: &tokio::net::TcpListener,
+    shutdown: &CancellationToken,
+) -> Option<tokio::net::TcpStream> {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => return None,
+        };
+        match accepted {
+            Ok((stream, _)) => return Some(stream),
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

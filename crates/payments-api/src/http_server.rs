@@ -65,20 +65,7 @@ pub async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let connections = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                // Out of descriptors, most likely: wait rather than spin.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some(stream) = eos_runtime::shutdown::accept_until(&listener, &shutdown).await {
         // Refused at once rather than left in the backlog: the client learns now, and the
         // descriptors and memory of the open ones stay bounded.
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {

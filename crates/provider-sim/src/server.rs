@@ -87,19 +87,7 @@ pub async fn serve(
     drain: Duration,
 ) {
     let graceful = GracefulShutdown::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some(stream) = eos_runtime::shutdown::accept_until(&listener, &shutdown).await {
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let required = access.required_authorization.clone();
