@@ -16,9 +16,10 @@ use eos_testkit::argv;
 use integration_tests::aimed_kill::kill_when;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, PostgresRestartGuard, TestDatabase, arg_refs, bootstrap_servers, create_topic_on,
-    read_topic_on, unique_name,
+    Isolation, PostgresRestartGuard, TestDatabase, arg_refs, bootstrap_servers, client_config_for,
+    create_topic_on, read_topic_on, unique_name,
 };
+use outbox_relay::position_topic::RelayPosition;
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
@@ -264,6 +265,78 @@ impl Outbox {
         ))
     }
 
+    /// With an exactly-once relay frozen: whether Kafka holds a committed position that
+    /// PostgreSQL does not know yet — in logical mode past the slot's confirmed position (a batch
+    /// committed, the slot not advanced), in xmin mode past the position copy in PostgreSQL (the
+    /// copy not yet written) — while rows are still to publish. A restart then must resume from
+    /// Kafka's position and skip what the slot or the table still offers: the worst moment for a
+    /// kill. `None` when not, or when something moved during the look.
+    async fn committed_past_what_postgres_knows(&self) -> anyhow::Result<Option<String>> {
+        let last = self.last_cursor().await?;
+        let relayed = relayed_position(&self.db.pool, &self.relay_name).await?;
+        if relayed.is_some_and(|relayed| relayed >= last) {
+            return Ok(None);
+        }
+        let slot = self.slot_lsn().await?;
+        let (bootstrap, topic, relay_name) = (
+            self.bootstrap.clone(),
+            self.positions_topic.clone(),
+            self.relay_name.clone(),
+        );
+        // A frozen relay's open transaction holds the topic's stable offset: such a look times out
+        // and proves nothing.
+        let in_kafka = tokio::task::spawn_blocking(move || {
+            outbox_relay::position_topic::read_position(
+                &client_config_for(&bootstrap),
+                &topic,
+                &relay_name,
+                Duration::from_secs(2),
+            )
+        })
+        .await?;
+        let Ok(Some(in_kafka)) = in_kafka else {
+            return Ok(None);
+        };
+        if relayed_position(&self.db.pool, &self.relay_name).await? != relayed
+            || self.slot_lsn().await? != slot
+        {
+            return Ok(None);
+        }
+        Ok(match (self.mode, in_kafka) {
+            (
+                Mode::Logical,
+                RelayPosition::Logical {
+                    lsn,
+                    table_after: None,
+                },
+            ) => slot.filter(|&slot| slot < lsn.0 as i64).map(|slot| {
+                let slot = outbox_relay::pgoutput::Lsn(slot as u64);
+                format!("Kafka's position at WAL {lsn}, the slot at {slot}")
+            }),
+            (Mode::Xmin, RelayPosition::Xmin(cursor)) => {
+                relayed.is_none_or(|relayed| relayed < cursor).then(|| {
+                    format!("Kafka's position at {cursor:?}, PostgreSQL's copy at {relayed:?}")
+                })
+            }
+            _ => None,
+        })
+    }
+
+    /// The outbox's last row, in (order_xid, position) order.
+    async fn last_cursor(&self) -> anyhow::Result<OutboxCursor> {
+        Ok(sqlx::query_as::<_, (i64, i64)>(
+            "SELECT order_xid, position FROM eos_outbox ORDER BY order_xid DESC, position DESC \
+             LIMIT 1",
+        )
+        .fetch_optional(&self.db.pool)
+        .await?
+        .map(|(order_xid, position)| OutboxCursor {
+            order_xid,
+            position,
+        })
+        .unwrap_or_default())
+    }
+
     /// The logical slot's confirmed position in bytes, if the slot exists.
     async fn slot_lsn(&self) -> anyhow::Result<Option<i64>> {
         Ok(sqlx::query_scalar(
@@ -291,17 +364,7 @@ impl Outbox {
         relay: &ServiceProcess,
         bound: Duration,
     ) -> anyhow::Result<()> {
-        let last = sqlx::query_as::<_, (i64, i64)>(
-            "SELECT order_xid, position FROM eos_outbox ORDER BY order_xid DESC, position DESC \
-             LIMIT 1",
-        )
-        .fetch_optional(&self.db.pool)
-        .await?
-        .map(|(order_xid, position)| OutboxCursor {
-            order_xid,
-            position,
-        })
-        .unwrap_or_default();
+        let last = self.last_cursor().await?;
         let deadline = Instant::now() + bound;
         loop {
             let relayed = relayed_position(&self.db.pool, &self.relay_name).await?;
@@ -1560,6 +1623,9 @@ async fn a_backlog_of_many_batches_drains_exactly_under_a_kill_mid_catch_up() ->
 /// 2,700 rows; it takes a few seconds on a loaded two-core machine).
 const BACKLOG_DRAIN_BOUND: Duration = Duration::from_secs(60);
 
+/// How long the catch-up's kill may look for its moment.
+const BACKLOG_AIM_WITHIN: Duration = Duration::from_secs(60);
+
 async fn backlog_drains_under_a_kill_in(mode: Mode) -> anyhow::Result<()> {
     const BATCH: i64 = 50;
     // 25 batches before and 25 after the large transaction, in transactions of 1 to 3 rows.
@@ -1598,11 +1664,24 @@ async fn backlog_drains_under_a_kill_in(mode: Mode) -> anyhow::Result<()> {
         .await?;
     assert!(backlog - 20 >= 20 * BATCH, "a backlog of {backlog} rows");
 
-    // The catch-up, SIGKILLed once it publishes.
+    // The catch-up, SIGKILLed at its worst moment: a batch committed in Kafka that the slot (or
+    // PostgreSQL's position copy) does not know of yet, with rows still to publish.
     let mut relay = outbox.spawn_relay("exactly-once", &batch)?;
     outbox.wait_publishing(&mut relay, || false).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    relay.kill_hard()?;
+    let handle = tokio::runtime::Handle::current();
+    let aimed = tokio::task::block_in_place(|| {
+        kill_when(&mut relay, BACKLOG_AIM_WITHIN, || {
+            handle.block_on(outbox.committed_past_what_postgres_knows())
+        })
+    })?
+    .with_context(|| {
+        format!(
+            "no moment in {BACKLOG_AIM_WITHIN:?} with a batch in Kafka that PostgreSQL did not \
+             know of and rows left to publish\n{}",
+            relay.log_tail(30)
+        )
+    })?;
+    eprintln!("{} mode: killed mid catch-up: {aimed}", mode.as_str());
     outbox.end_sessions_of_a_killed_relay().await?;
     let restarted = Instant::now();
     let mut relay = outbox.spawn_relay("exactly-once", &batch)?;
