@@ -166,7 +166,8 @@ pub struct Config {
     #[arg(long, env = "DEDUP_METRICS_ADDR", default_value = "127.0.0.1:9466")]
     pub metrics_addr: SocketAddr,
 
-    /// When the reconciler's pass that makes no progress is warned of and fails the health check.
+    /// When a reconciler pass, or intent writes, that make no progress are warned of and fail the
+    /// health check (docs/OBSERVABILITY.md "Liveness").
     #[command(flatten)]
     pub stall: StallFlags,
 

@@ -74,6 +74,34 @@ impl DedupError {
         }
     }
 
+    /// Whether the database decided the call (a result or a refusal such as a stale token): for
+    /// the progress watch of the intent writes, progress (docs/OBSERVABILITY.md "Liveness").
+    /// A database error, a corrupt row or a lost group is no answer.
+    pub fn is_answer(&self) -> bool {
+        match self {
+            Self::Unavailable(_)
+            | Self::Database(_)
+            | Self::CorruptRow(_)
+            | Self::GroupCommitLost => false,
+            Self::Group(shared) => shared.is_answer(),
+            Self::InvalidArgument { .. }
+            | Self::NotFound { .. }
+            | Self::StaleToken { .. }
+            | Self::WrongFencingSecret { .. }
+            | Self::NotOperator { .. }
+            | Self::WrongState { .. } => true,
+        }
+    }
+
+    /// The database's error behind this one, if any.
+    pub fn database_error(&self) -> Option<&sqlx::Error> {
+        match self {
+            Self::Unavailable(error) | Self::Database(error) => Some(error),
+            Self::Group(shared) => shared.database_error(),
+            _ => None,
+        }
+    }
+
     /// Serialization failures and deadlocks: the statement had no effect and may run again.
     pub fn is_retryable_conflict(&self) -> bool {
         match self {

@@ -15,6 +15,11 @@
 //! A call whose caller went away before its group formed is left out; one that is already in a
 //! group is decided with it (as a single statement already sent would be), and its answer is
 //! dropped.
+//!
+//! Every call is watched (`write_watch.rs`, docs/OBSERVABILITY.md "Liveness") from its arrival
+//! until its group's statement ends: a call queued behind groups whose commits hang is work
+//! waiting, and a group committed is progress. The watch goes with the call into its group, so
+//! a statement that outlives its callers' deadlines is still seen waiting.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,7 +32,9 @@ use crate::error::DedupError;
 use crate::intent_store::{BeginAnswer, IntentStore};
 use crate::metrics;
 use crate::validation::{BeginItem, CompleteItem};
+use crate::write_watch::WriteWatch;
 use dedup_client::state_machine::Intent;
+use eos_runtime::progress_watch::InFlight;
 
 /// How calls are grouped (`--group-commit-max-calls`, `--group-commit-groups`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,12 +61,12 @@ pub struct GroupCommit {
 
 impl GroupCommit {
     /// Starts the two dispatchers (tokio tasks that end when the last `GroupCommit` clone is
-    /// dropped).
-    pub fn start(store: IntentStore, settings: GroupCommitSettings) -> Self {
+    /// dropped); every call is told to `watch`.
+    pub fn start(store: IntentStore, settings: GroupCommitSettings, watch: WriteWatch) -> Self {
         let begin_store = store.clone();
         let begin = Grouper::start(
-            "Begin",
-            settings,
+            ("Begin", "a group commit of Begin calls"),
+            (settings, watch.clone()),
             |item: &BeginItem| item.operation_id.as_str(),
             Arc::new(move |items: Vec<BeginItem>| {
                 let store = begin_store.clone();
@@ -70,8 +77,8 @@ impl GroupCommit {
             }),
         );
         let complete = Grouper::start(
-            "Complete",
-            settings,
+            ("Complete", "a group commit of Complete calls"),
+            (settings, watch),
             |item: &CompleteItem| item.operation_id.as_str(),
             Arc::new(move |items: Vec<CompleteItem>| {
                 let store = store.clone();
@@ -105,23 +112,30 @@ struct Call<I, A> {
     item: I,
     reply: oneshot::Sender<Result<A, DedupError>>,
     queued_at: Instant,
+    /// The call on the watch, until its group's statement ends.
+    waiting: InFlight,
 }
 
 struct Grouper<I, A> {
     method: &'static str,
+    /// What a call of this grouper waits for, as the watch names it.
+    step: &'static str,
     queue: mpsc::UnboundedSender<Call<I, A>>,
     /// The group slots, shared with the dispatcher.
     slots: Arc<Semaphore>,
     run: RunGroup<I, A>,
+    watch: WriteWatch,
 }
 
 impl<I, A> Clone for Grouper<I, A> {
     fn clone(&self) -> Self {
         Self {
             method: self.method,
+            step: self.step,
             queue: self.queue.clone(),
             slots: Arc::clone(&self.slots),
             run: Arc::clone(&self.run),
+            watch: self.watch.clone(),
         }
     }
 }
@@ -134,8 +148,8 @@ impl<I, A> std::fmt::Debug for Grouper<I, A> {
 
 impl<I: Send + 'static, A: Send + 'static> Grouper<I, A> {
     fn start(
-        method: &'static str,
-        settings: GroupCommitSettings,
+        (method, step): (&'static str, &'static str),
+        (settings, watch): (GroupCommitSettings, WriteWatch),
         key: fn(&I) -> &str,
         run: RunGroup<I, A>,
     ) -> Self {
@@ -147,19 +161,22 @@ impl<I: Send + 'static, A: Send + 'static> Grouper<I, A> {
             method,
             settings,
             key,
-            Arc::clone(&run),
+            (Arc::clone(&run), watch.clone()),
             Arc::clone(&slots),
             calls,
         ));
         Self {
             method,
+            step,
             queue,
             slots,
             run,
+            watch,
         }
     }
 
     async fn call(&self, item: I) -> Result<A, DedupError> {
+        let waiting = self.watch.enter(self.step);
         // A free slot means no call is queued for one (a freed slot goes to the waiting
         // dispatcher first): this call goes at once, in its own task, as a group of one. At low
         // load that is every call, with no hop to another task and back.
@@ -167,6 +184,7 @@ impl<I: Send + 'static, A: Send + 'static> Grouper<I, A> {
             ::metrics::histogram!(metrics::GROUP_COMMIT_CALLS, "method" => self.method).record(1.0);
             let answer = (self.run)(vec![item]).await;
             drop(slot);
+            self.watch.call_ended(waiting, &answer);
             return match answer {
                 Ok(mut answers) if answers.len() == 1 => {
                     answers.pop().unwrap_or(Err(DedupError::GroupCommitLost))
@@ -184,6 +202,7 @@ impl<I: Send + 'static, A: Send + 'static> Grouper<I, A> {
             item,
             reply,
             queued_at: Instant::now(),
+            waiting,
         };
         self.queue
             .send(call)
@@ -198,7 +217,7 @@ async fn dispatch<I: Send + 'static, A: Send + 'static>(
     method: &'static str,
     settings: GroupCommitSettings,
     key: fn(&I) -> &str,
-    run: RunGroup<I, A>,
+    (run, watch): (RunGroup<I, A>, WriteWatch),
     slots: Arc<Semaphore>,
     mut calls: mpsc::UnboundedReceiver<Call<I, A>>,
 ) {
@@ -252,10 +271,10 @@ async fn dispatch<I: Send + 'static, A: Send + 'static>(
         if group.is_empty() {
             continue;
         }
-        let run = Arc::clone(&run);
+        let (run, watch) = (Arc::clone(&run), watch.clone());
         let deferred = waiting.len();
         tokio::spawn(async move {
-            run_group(method, group, deferred, run).await;
+            run_group(method, group, deferred, (run, watch)).await;
             drop(slot);
         });
     }
@@ -265,7 +284,7 @@ async fn run_group<I, A>(
     method: &'static str,
     group: Vec<Call<I, A>>,
     deferred: usize,
-    run: RunGroup<I, A>,
+    (run, watch): (RunGroup<I, A>, WriteWatch),
 ) {
     let calls = group.len();
     let oldest_wait = group
@@ -274,12 +293,18 @@ async fn run_group<I, A>(
         .max()
         .unwrap_or_default();
     ::metrics::histogram!(metrics::GROUP_COMMIT_CALLS, "method" => method).record(calls as f64);
+    let mut waiting = Vec::with_capacity(calls);
     let (items, replies): (Vec<I>, Vec<_>) = group
         .into_iter()
-        .map(|call| (call.item, call.reply))
+        .map(|call| {
+            waiting.push(call.waiting);
+            (call.item, call.reply)
+        })
         .unzip();
     let started = Instant::now();
     let outcome = run(items).await;
+    // Decided before the answers take the outcome; told after they are sent.
+    let watched = watch.ended(waiting, outcome.as_ref().err());
     tracing::debug!(
         method,
         calls,
@@ -325,6 +350,7 @@ async fn run_group<I, A>(
             }
         }
     }
+    watched.await;
 }
 
 #[cfg(test)]
@@ -333,6 +359,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    use eos_runtime::progress_watch::{ProgressWatch, StallPolicy, StallState};
 
     /// The call numbers of each group, in the order the groups ran.
     type Groups = Arc<Mutex<Vec<Vec<usize>>>>;
@@ -345,14 +373,29 @@ mod tests {
         fail: bool,
         gate: Arc<tokio::sync::Mutex<()>>,
     ) -> (Grouper<(String, usize), usize>, Groups) {
+        let (grouper, groups, _) = watched_grouper(max_calls, fail, gate);
+        (grouper, groups)
+    }
+
+    /// [`grouper`], with the progress watch its calls are told to.
+    fn watched_grouper(
+        max_calls: usize,
+        fail: bool,
+        gate: Arc<tokio::sync::Mutex<()>>,
+    ) -> (Grouper<(String, usize), usize>, Groups, Arc<ProgressWatch>) {
         let groups = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&groups);
+        let watch = ProgressWatch::spawn("test", StallPolicy::default(), &StallState::default())
+            .expect("the watch's thread");
         let grouper = Grouper::start(
-            "Test",
-            GroupCommitSettings {
-                max_calls,
-                groups: 1,
-            },
+            ("Test", "a group commit of Test calls"),
+            (
+                GroupCommitSettings {
+                    max_calls,
+                    groups: 1,
+                },
+                WriteWatch::new(Arc::clone(&watch), None),
+            ),
             |item: &(String, usize)| item.0.as_str(),
             Arc::new(move |items: Vec<(String, usize)>| {
                 let seen = Arc::clone(&seen);
@@ -369,7 +412,7 @@ mod tests {
                 }) as BoxFuture<'static, _>
             }),
         );
-        (grouper, groups)
+        (grouper, groups, watch)
     }
 
     async fn until(condition: impl Fn() -> bool) {
@@ -471,6 +514,46 @@ mod tests {
         assert_eq!(
             *groups.lock().expect("not poisoned"),
             vec![vec![0], vec![2]]
+        );
+    }
+
+    #[tokio::test]
+    async fn calls_behind_a_hanging_commit_are_work_waiting_until_their_group_commits() {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let closed = gate.lock().await;
+        let (grouper, groups, watch) = watched_grouper(8, false, Arc::clone(&gate));
+        assert_eq!(watch.stalled_for(), None, "nothing waits yet");
+        let first = queue_behind(&grouper, &[("a", 0)]);
+        until(|| groups.lock().expect("not poisoned").len() == 1).await;
+        let queued = queue_behind(&grouper, &[("b", 1), ("c", 2)]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (step, waited) = watch.stalled_for().expect("calls wait on a commit");
+        assert_eq!(step, "a group commit of Test calls");
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        drop(closed);
+        for handle in first.into_iter().chain(queued) {
+            handle.await.expect("joined").expect("answered");
+        }
+        assert_eq!(
+            watch.stalled_for(),
+            None,
+            "committed: progress, and nothing waits"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_group_is_no_progress() {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let (grouper, _, watch) = watched_grouper(8, true, gate);
+        let calls = queue_behind(&grouper, &[("a", 0), ("b", 1)]);
+        for handle in calls {
+            handle.await.expect("joined").expect_err("the group failed");
+        }
+        // Told in a task of its own once the callers have their answers.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            watch.stalled_for().is_some(),
+            "a write that failed moved nothing: the clock runs on"
         );
     }
 }

@@ -21,6 +21,7 @@ use crate::error::DedupError;
 use crate::group_commit::{GroupCommit, GroupCommitSettings};
 use crate::intent_store::{BeginAnswer, HolderReport, IntentStore};
 use crate::validation::{self, LeaseLimits};
+use crate::write_watch::WriteWatch;
 use dedup_client::proto_convert;
 use dedup_client::state_machine::BeginOutcome;
 
@@ -33,19 +34,26 @@ pub struct DedupApi {
     /// Single Begin and Complete calls go through it when grouping is on
     /// (`--group-commit-max-calls` above 1); batches and the other calls never do.
     groups: Option<GroupCommit>,
+    /// Every write is told to it, grouped or not (`write_watch.rs`).
+    writes: WriteWatch,
 }
 
 impl DedupApi {
     /// Starts the group commit's dispatchers when `groups` turns grouping on: call it inside the
     /// tokio runtime.
-    pub fn new(store: IntentStore, limits: LeaseLimits, groups: GroupCommitSettings) -> Self {
+    pub fn new(
+        store: IntentStore,
+        limits: LeaseLimits,
+        (groups, writes): (GroupCommitSettings, WriteWatch),
+    ) -> Self {
         let groups = groups
             .enabled()
-            .then(|| GroupCommit::start(store.clone(), groups));
+            .then(|| GroupCommit::start(store.clone(), groups, writes.clone()));
         Self {
             store,
             limits,
             groups,
+            writes,
         }
     }
 }
@@ -146,7 +154,10 @@ impl DedupApi {
         &self,
         items: Vec<validation::BeginItem>,
     ) -> Result<Vec<pb::BeginResponse>, DedupError> {
-        let answers = self.store.begin_batch(&items).await?;
+        let answers = self
+            .writes
+            .watched("a Begin statement", self.store.begin_batch(&items))
+            .await?;
         record_answers(&answers);
         Ok(answers
             .into_iter()
@@ -165,8 +176,12 @@ impl DedupApi {
         validation::fencing_token(fencing_token, "fencing_token")?;
         let transition = report.transition();
         let intent = self
-            .store
-            .report(&operation_id, fencing_token, &fencing_secret, report)
+            .writes
+            .watched(
+                "a holder's report (Complete, Fail, MarkUnknown)",
+                self.store
+                    .report(&operation_id, fencing_token, &fencing_secret, report),
+            )
             .await?;
         ::metrics::counter!(metrics::REPORTS, "transition" => transition.verb()).increment(1);
         Ok(pb::IntentResponse {
@@ -314,7 +329,13 @@ impl Dedup for DedupApi {
         );
         respond("CompleteBatch", span, async move {
             let items = validation::complete_batch(request)?;
-            let results = self.store.complete_batch(&items).await?;
+            let results = self
+                .writes
+                .watched(
+                    "a CompleteBatch statement",
+                    self.store.complete_batch(&items),
+                )
+                .await?;
             drop(spans);
             let items = results
                 .into_iter()
@@ -445,7 +466,10 @@ impl Dedup for DedupApi {
         respond("Resolve", span, async move {
             role.require_operator("Resolve")?;
             let resolution = validation::resolution(request)?;
-            let intent = self.store.resolve(&resolution).await?;
+            let intent = self
+                .writes
+                .watched("a Resolve", self.store.resolve(&resolution))
+                .await?;
             tracing::info!(
                 outcome = %intent.state,
                 evidence = %resolution.evidence,

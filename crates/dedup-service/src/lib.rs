@@ -22,6 +22,7 @@ pub mod purge;
 pub mod reconciler;
 pub mod retention;
 pub mod validation;
+pub mod write_watch;
 
 use std::time::Duration;
 
@@ -46,6 +47,7 @@ pub use error::DedupError;
 use grpc_service::DedupApi;
 use intent_store::IntentStore;
 use reconciler::ReconcilerSettings;
+use write_watch::WriteWatch;
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
@@ -147,6 +149,44 @@ fn provider_access(config: &Config) -> anyhow::Result<ProviderAccess> {
     Ok(access)
 }
 
+/// How often the gRPC health statuses are set from the progress watches.
+const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The gRPC health service says what `/healthz` and `/readyz` say (docs/OBSERVABILITY.md
+/// "Liveness"), for the orchestrators that probe dedup-service over gRPC (the Helm chart's
+/// probes do): the server's overall status ("") is NOT_SERVING while a restart is due, the
+/// `eos.dedup.v1.Dedup` service's while a loop is stalled past its warning. Until `shutdown`.
+async fn grpc_health_follows_stalls(
+    health: tonic_health::server::HealthReporter,
+    stalls: StallState,
+    shutdown: CancellationToken,
+) {
+    use tonic::server::NamedService as _;
+    use tonic_health::ServingStatus;
+    let status = |failing: bool| {
+        if failing {
+            ServingStatus::NotServing
+        } else {
+            ServingStatus::Serving
+        }
+    };
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(GRPC_HEALTH_INTERVAL) => {}
+        }
+        health
+            .set_service_status("", status(stalls.restart_due().is_some()))
+            .await;
+        health
+            .set_service_status(
+                DedupServer::<DedupApi>::NAME,
+                status(stalls.stalled().is_some()),
+            )
+            .await;
+    }
+}
+
 async fn serve(
     config: Config,
     auth: AuthPolicy,
@@ -186,6 +226,11 @@ async fn serve(
     let tasks = TaskTracker::new();
     let progress = ProgressWatch::spawn("dedup-reconciler", config.stall.policy(), &stalls)
         .context("starting the progress watch")?;
+    let writes = WriteWatch::new(
+        ProgressWatch::spawn(write_watch::LOOP, config.stall.policy(), &stalls)
+            .context("starting the progress watch")?,
+        Some(pool.clone()),
+    );
     tasks.spawn(reconciler::run(
         store.clone(),
         (provider, progress),
@@ -207,6 +252,11 @@ async fn serve(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<DedupServer<DedupApi>>().await;
+    let health_follows_stalls = tokio::spawn(grpc_health_follows_stalls(
+        health.clone(),
+        stalls,
+        shutdown.clone(),
+    ));
     let authenticator = Authenticator::new(auth);
     // Reflection describes the API to whoever may call it: off unless asked for, and behind the
     // same credentials as Dedup when on.
@@ -228,7 +278,7 @@ async fn serve(
         DedupServer::new(DedupApi::new(
             store,
             config.lease_limits(),
-            config.group_commit_settings(),
+            (config.group_commit_settings(), writes),
         ))
         .max_decoding_message_size(config.max_decoding_message_size)
         .max_encoding_message_size(config.max_encoding_message_size),
@@ -242,6 +292,8 @@ async fn serve(
             shutdown.cancelled().await;
             tracing::info!("draining gRPC calls");
             readiness.set(false);
+            // Stopped first, so that it cannot mark the service serving again.
+            let _ = health_follows_stalls.await;
             health.set_not_serving::<DedupServer<DedupApi>>().await;
         }
     };
