@@ -7,6 +7,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use eos_runtime::LogFlags;
 use eos_runtime::secrets::DatabaseUrlFlags;
+use eos_runtime::service_flags::StallFlags;
 
 /// A domain service built on the outbox: POST /payments with an Idempotency-Key header records
 /// the payment, bumps the account, and enqueues the payment's event in the same PostgreSQL
@@ -66,6 +67,11 @@ pub struct Config {
         default_value = "127.0.0.1:9468"
     )]
     pub metrics_addr: SocketAddr,
+
+    /// When a request waiting on PostgreSQL with none answered is warned of, and when
+    /// `/healthz` fails for it (docs/OBSERVABILITY.md "Liveness").
+    #[command(flatten)]
+    pub stall: StallFlags,
 
     #[command(flatten)]
     pub log: LogFlags,

@@ -23,6 +23,7 @@ use crate::payment_request::{
 };
 use crate::payment_store::{Begun, Recorded, StoreError, begin_payment};
 use crate::request_span::{RequestTags, SpanPlan, request_span};
+use crate::request_watch::RequestWatch;
 
 /// Set on an answer that repeats an earlier request's.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -43,6 +44,8 @@ pub struct AppState {
     pub topic: String,
     /// `--body-read-timeout`: the whole body must arrive within it (`http_server::read_body`).
     pub body_read_timeout: Duration,
+    /// Told while a request waits on PostgreSQL, and when PostgreSQL answered it.
+    pub requests: RequestWatch,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -104,6 +107,7 @@ async fn create_payment(State(state): State<AppState>, headers: HeaderMap, body:
     // Started here, so it times the whole request, but entered only once the key was looked at:
     // that decides which trace it joins (see `request_span`).
     let span = request_span(request.account_id.as_str());
+    let waiting = state.requests.enter();
     let begun = begin_payment(&state.pool, &key, &request, &payment_id).await;
     let plan = match &begun {
         Ok(Begun::New(new)) => SpanPlan::new(&caller, Some(new.payment_id()), None),
@@ -120,6 +124,7 @@ async fn create_payment(State(state): State<AppState>, headers: HeaderMap, body:
         Ok(Begun::Seen(recorded)) => Ok(recorded),
         Err(error) => Err(error),
     };
+    state.requests.ended(waiting, &recorded);
     RequestTags::of(&recorded).record(&span);
     match recorded {
         Ok(Recorded::Created(payment)) => {

@@ -11,6 +11,7 @@ pub mod http_server;
 pub mod payment_request;
 pub mod payment_store;
 pub mod request_span;
+pub mod request_watch;
 
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use eos_core::{Boundary, Guarantee};
 use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::postgres_pool::{PoolBuilder, START_MAX_BACKOFF};
+use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
@@ -97,10 +99,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ops.readiness.clone(),
         shutdown.clone(),
     ));
+    let requests = ProgressWatch::spawn(request_watch::LOOP, config.stall.policy(), &ops.stalls)
+        .context("starting the progress watch")?;
     let app = http_api::router(http_api::AppState {
         pool: pool.clone(),
         topic: config.topic.clone(),
         body_read_timeout: limits.body_read_timeout,
+        requests: request_watch::RequestWatch::new(requests, pool.clone()),
     });
     http_server::serve(listener, app, limits, shutdown.clone()).await;
     readiness.await.ok();

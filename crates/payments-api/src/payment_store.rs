@@ -109,6 +109,16 @@ pub enum StoreError {
     PaymentId(String),
 }
 
+impl StoreError {
+    /// The database's error behind this one, if any.
+    pub fn database_error(&self) -> Option<&sqlx::Error> {
+        match self {
+            Self::Database(error) | Self::Outbox(OutboxError::Database(error)) => Some(error),
+            Self::Refused(_) | Self::Outbox(_) | Self::PaymentId(_) => None,
+        }
+    }
+}
+
 /// A payment whose key was new: its account bumped and its row inserted in a transaction still
 /// open; [`NewPayment::commit`] enqueues its event and commits. Dropped, it rolls back.
 #[derive(Debug)]
