@@ -51,6 +51,7 @@ pub mod config;
 pub mod consumed_positions;
 mod dead_letter_record;
 pub mod error;
+mod lag_watch;
 mod local_checkpoint;
 #[doc(hidden)]
 pub mod metrics;

@@ -23,19 +23,20 @@
 //! restart reads again), `record_decision.rs` (one record into the open batch, with its span),
 //! `dead_letter_record.rs` (the record a dead letter becomes), `open_batch.rs` (the batch and
 //! what its commit applies), `batch_commit.rs` (the exactly-once transaction),
-//! `batch_recovery.rs` (what follows its failure) and `at_least_once.rs` (the other mode).
+//! `batch_recovery.rs` (what follows its failure), `at_least_once.rs` (the other mode) and
+//! `lag_watch.rs` (the consumer lag, measured beside the loop so that it moves while the loop is
+//! stuck).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics::gauge;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use eos_core::Guarantee;
 use eos_runtime::ops_http::Readiness;
@@ -44,19 +45,12 @@ use eos_runtime::rebalance::{RebalanceRecorder, subscribe_static_member};
 use eos_runtime::transactional_producer::TransactionalProducer;
 
 use crate::error::ProcessorError;
+use crate::lag_watch::LagWatch;
 use crate::local_checkpoint::{CHECKPOINT_INTERVAL, ChangelogEnd};
-use crate::metrics as m;
 use crate::open_batch::Batch;
 use crate::partition_state::{DecisionPolicy, PartitionState};
 use crate::state_store::StateStore;
 use crate::transform::Transform;
-
-/// How often the consumer lag gauge is refreshed: each owned partition costs one request to its
-/// leader, so not on every pass.
-const LAG_INTERVAL: Duration = Duration::from_secs(5);
-/// The first refresh after start-up: soon, so a restarted instance's lag shows at once.
-const FIRST_LAG_REPORT: Duration = Duration::from_secs(1);
-const LAG_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -125,12 +119,13 @@ impl LoopSettings {
     }
 }
 
-type LoopConsumer = BaseConsumer<RebalanceRecorder>;
+pub(crate) type LoopConsumer = BaseConsumer<RebalanceRecorder>;
 
 pub struct TransactionLoop<T: Transform> {
     pub(crate) settings: LoopSettings,
     pub(crate) transform: T,
-    pub(crate) consumer: LoopConsumer,
+    /// Shared with the consumer lag's thread (`lag_watch.rs`).
+    pub(crate) consumer: Arc<LoopConsumer>,
     pub(crate) producer: TransactionalProducer,
     pub(crate) store: Arc<StateStore>,
     pub(crate) states: HashMap<i32, PartitionState<T::State>>,
@@ -145,9 +140,8 @@ pub struct TransactionLoop<T: Transform> {
     /// Told when input waits in an open batch and when a batch commits (docs/OBSERVABILITY.md
     /// "Liveness").
     pub(crate) progress: Arc<ProgressWatch>,
-    last_lag_report: Instant,
-    /// Partitions whose lag gauge this instance set, to zero it once they are revoked.
-    lag_reported: BTreeSet<i32>,
+    /// Measures `eos_processor_consumer_lag` beside the loop, while it lives.
+    _lag_watch: Option<LagWatch>,
 }
 
 impl<T: Transform> std::fmt::Debug for TransactionLoop<T> {
@@ -201,12 +195,13 @@ impl<T: Transform> TransactionLoop<T> {
             "state store open"
         );
         let producer = settings.create_producer()?;
-        let consumer = subscribe_static_member(
+        let consumer = Arc::new(subscribe_static_member(
             &settings.client_config,
             &settings.group_id,
             &settings.instance_id,
             &settings.input_topic,
-        )?;
+        )?);
+        let lag_watch = LagWatch::spawn(&consumer, settings.input_topic.clone());
         Ok(Self {
             settings,
             transform,
@@ -222,10 +217,7 @@ impl<T: Transform> TransactionLoop<T> {
             transactions_written: 0,
             readiness,
             progress,
-            last_lag_report: Instant::now()
-                .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
-                .unwrap_or_else(Instant::now),
-            lag_reported: BTreeSet::new(),
+            _lag_watch: lag_watch,
         })
     }
 
@@ -309,54 +301,6 @@ impl<T: Transform> TransactionLoop<T> {
             if full || due {
                 self.finish_batch()?;
             }
-            // Between batches only: the watermark requests must not delay an open commit.
-            if self.batch.is_empty() && self.last_lag_report.elapsed() >= LAG_INTERVAL {
-                self.report_lag();
-            }
-        }
-    }
-
-    /// Sets `eos_processor_consumer_lag` of each owned partition: the last stable offset (what
-    /// `fetch_watermarks` answers a `read_committed` consumer) minus the consumer's position. A
-    /// partition revoked since the last report is set to 0: its new owner reports it, and a
-    /// stale value would add to the job's sum for good.
-    fn report_lag(&mut self) {
-        self.last_lag_report = Instant::now();
-        let Ok(positions) = self.consumer.position() else {
-            return;
-        };
-        for element in positions.elements_for_topic(&self.settings.input_topic) {
-            let partition = element.partition();
-            if !self.states.contains_key(&partition) {
-                continue;
-            }
-            // No position yet (nothing fetched since the assignment): the next report has one.
-            let Some(position) = element.offset().to_raw().filter(|&next| next >= 0) else {
-                continue;
-            };
-            match self
-                .consumer
-                .fetch_watermarks(&self.settings.input_topic, partition, LAG_TIMEOUT)
-            {
-                Ok((_, end)) => {
-                    gauge!(m::CONSUMER_LAG, "partition" => partition.to_string())
-                        .set((end - position).max(0) as f64);
-                    self.lag_reported.insert(partition);
-                }
-                Err(error) => {
-                    debug!(partition, %error, "cannot fetch watermarks for the lag gauge")
-                }
-            }
-        }
-        let revoked: Vec<i32> = self
-            .lag_reported
-            .iter()
-            .copied()
-            .filter(|partition| !self.states.contains_key(partition))
-            .collect();
-        for partition in revoked {
-            gauge!(m::CONSUMER_LAG, "partition" => partition.to_string()).set(0.0);
-            self.lag_reported.remove(&partition);
         }
     }
 

@@ -28,6 +28,7 @@ pub mod dead_letters;
 pub mod decision;
 pub mod error;
 pub mod held_gauge;
+mod lag_watch;
 pub mod mapping;
 pub mod metrics;
 mod partition_positioning;

@@ -50,15 +50,13 @@ use crate::config::OffsetsMode;
 use crate::dead_letters;
 use crate::decision;
 use crate::error::SinkError;
+use crate::lag_watch::{Checkpoints, LagWatch};
 use crate::mapping::InputRecord;
 use crate::metrics as m;
 use crate::partition_positioning::{Positioning, partition_list};
 use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
 
-const LAG_INTERVAL: Duration = Duration::from_secs(10);
-/// The first lag report after start-up: soon, so a restarted sink's lag shows at once.
-const FIRST_LAG_REPORT: Duration = Duration::from_secs(1);
 /// Longest single wait for records, so the shutdown signal is seen within it.
 const POLL_SLICE: Duration = Duration::from_millis(200);
 
@@ -100,7 +98,7 @@ enum Slot {
         epoch: Option<i64>,
         /// The next offset expected: records below it are stale fetches and dropped.
         next: Option<i64>,
-        /// The last committed checkpoint, for Kafka offsets and the lag gauge.
+        /// The last committed checkpoint, for Kafka offsets and the lag gauge (`lag_watch.rs`).
         committed: Option<i64>,
     },
 }
@@ -113,7 +111,8 @@ pub struct SinkLoop {
     providers: Arc<Vec<ProviderTarget>>,
     /// Cancels waits for provider outcomes on shutdown.
     shutdown: CancellationToken,
-    consumer: LoopConsumer,
+    /// Shared with the checkpoint lag's thread (`lag_watch.rs`).
+    consumer: Arc<LoopConsumer>,
     dlq: dead_letters::DeadLetterProducer,
     slots: BTreeMap<i32, Slot>,
     batch: Vec<InputRecord>,
@@ -123,11 +122,13 @@ pub struct SinkLoop {
     /// When the last record joined the batch: `--batch-idle` counts from it.
     last_accepted: Option<Instant>,
     backoff: Backoff,
-    last_lag_report: Instant,
     readiness: Readiness,
     /// Told when records wait in a batch and when a batch commits (docs/OBSERVABILITY.md
     /// "Liveness").
     progress: Arc<ProgressWatch>,
+    /// What the checkpoint lag is measured from, beside the loop (`lag_watch.rs`).
+    checkpoints: Checkpoints,
+    _lag_watch: Option<LagWatch>,
 }
 
 impl std::fmt::Debug for SinkLoop {
@@ -149,12 +150,14 @@ impl SinkLoop {
         (readiness, progress): (Readiness, Arc<ProgressWatch>),
         shutdown: CancellationToken,
     ) -> Result<Self, SinkError> {
-        let consumer = subscribe_static_member(
+        let consumer = Arc::new(subscribe_static_member(
             &settings.client_config,
             &settings.group_id,
             &settings.instance_id,
             &settings.topic,
-        )?;
+        )?);
+        let checkpoints = Checkpoints::default();
+        let lag_watch = LagWatch::spawn(&consumer, settings.topic.clone(), checkpoints.clone());
         let dlq =
             dead_letters::create_producer(&settings.client_config, settings.dead_letter_max_bytes)?;
         let backoff = Backoff::new(settings.max_backoff);
@@ -173,11 +176,10 @@ impl SinkLoop {
             batch_started: None,
             last_accepted: None,
             backoff,
-            last_lag_report: Instant::now()
-                .checked_sub(LAG_INTERVAL - FIRST_LAG_REPORT)
-                .unwrap_or_else(Instant::now),
             readiness,
             progress,
+            checkpoints,
+            _lag_watch: lag_watch,
         })
     }
 
@@ -242,7 +244,6 @@ impl SinkLoop {
                     }
                 }
             }
-            self.report_lag();
         }
     }
 
@@ -319,7 +320,9 @@ impl SinkLoop {
     }
 
     fn handle_rebalance_events(&mut self) {
-        for event in self.consumer.context().take() {
+        let events = self.consumer.context().take();
+        let rebalanced = !events.is_empty();
+        for event in events {
             match event {
                 RebalanceEvent::Revoked { partitions, lost } => {
                     // The undecided records of these partitions go: their next owner reads them
@@ -357,6 +360,18 @@ impl SinkLoop {
         gauge!(m::ASSIGNED_PARTITIONS).set(self.slots.len() as f64);
         self.readiness
             .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
+        if rebalanced {
+            self.publish_checkpoints();
+        }
+    }
+
+    /// Tells the lag's thread the committed checkpoint of each owned partition.
+    fn publish_checkpoints(&self) {
+        self.checkpoints
+            .publish(self.slots.iter().map(|(&partition, slot)| match slot {
+                Slot::Pending => (partition, None),
+                Slot::Ready { committed, .. } => (partition, Some(*committed)),
+            }));
     }
 
     fn pause(&self, partitions: &[i32]) {
@@ -412,6 +427,9 @@ impl SinkLoop {
                 ready.push(partition);
                 info!(partition, ?epoch, next_offset = ?next, "partition positioned");
             }
+        }
+        if !ready.is_empty() {
+            self.publish_checkpoints();
         }
         if !ready.is_empty()
             && let Err(error) = self
@@ -633,6 +651,7 @@ impl SinkLoop {
                 *committed = Some(to.next_offset);
             }
         }
+        self.publish_checkpoints();
         debug!(
             records = report.records,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -668,32 +687,6 @@ impl SinkLoop {
         }
         if let Err(error) = self.consumer.commit(&list, mode) {
             warn!(%error, "cannot commit Kafka group offsets (lag dashboards lag)");
-        }
-    }
-
-    fn report_lag(&mut self) {
-        if self.last_lag_report.elapsed() < LAG_INTERVAL {
-            return;
-        }
-        self.last_lag_report = Instant::now();
-        for (&partition, slot) in &self.slots {
-            let Slot::Ready { committed, .. } = slot else {
-                continue;
-            };
-            match self.consumer.fetch_watermarks(
-                &self.settings.topic,
-                partition,
-                Duration::from_secs(1),
-            ) {
-                Ok((low, high)) => {
-                    let lag = high - committed.unwrap_or(low).max(low);
-                    gauge!(m::CHECKPOINT_LAG, "partition" => partition.to_string())
-                        .set(lag.max(0) as f64);
-                }
-                Err(error) => {
-                    debug!(partition, %error, "cannot fetch watermarks for the lag gauge")
-                }
-            }
         }
     }
 }
