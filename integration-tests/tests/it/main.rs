@@ -16,6 +16,7 @@ mod generic_events;
 mod held_operations;
 mod kafka_cluster;
 mod kafka_transactions;
+mod liveness;
 mod migrate;
 mod network_faults;
 mod outbox;
