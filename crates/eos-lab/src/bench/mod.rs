@@ -38,6 +38,7 @@ mod pass_through;
 pub mod pipeline;
 mod processor_process;
 pub mod relay;
+pub mod relay_process;
 pub mod relay_staleness;
 pub mod report;
 pub mod sink;

@@ -76,6 +76,24 @@ pub struct BenchArgs {
     /// Events per second committed into each mode's outbox during --blocker.
     #[arg(long, default_value_t = 100.0)]
     pub staleness_rate: f64,
+
+    /// Instead of the runs above: run the `outbox-relay` binary in this mode as users do, and
+    /// print its drain of an --events backlog and its cost at each --steady-rates, PostgreSQL's
+    /// backends counted (the server needs wal_level=logical for `logical`).
+    #[arg(long, value_enum)]
+    pub process: Option<super::relay_process::ProcessMode>,
+
+    /// The outbox-relay binary for --process (default: the one next to eos-lab).
+    #[arg(long)]
+    pub relay_bin: Option<std::path::PathBuf>,
+
+    /// Rows/s the writers commit, in transactions of 5 rows, for each steady run of --process.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    pub steady_rates: Vec<f64>,
+
+    /// How long each steady run of --process writes.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub steady_run: Duration,
 }
 
 /// What `eos-lab bench relay` measured: the throughput and latency runs, or, with `--blocker`,
@@ -85,6 +103,7 @@ pub struct BenchArgs {
 pub enum RelayBench {
     Throughput(Box<RelayBenchReport>),
     Staleness(super::relay_staleness::StalenessReport),
+    Process(super::relay_process::RelayProcessReport),
 }
 
 impl RelayBench {
@@ -92,6 +111,7 @@ impl RelayBench {
         match self {
             Self::Throughput(report) => report.table(),
             Self::Staleness(report) => report.table(),
+            Self::Process(report) => report.table(),
         }
     }
 }
@@ -424,6 +444,28 @@ pub async fn measure(args: &BenchArgs, kafka: &KafkaSettings) -> anyhow::Result<
         )
         .await?;
         return Ok(RelayBench::Staleness(report));
+    }
+    if let Some(mode) = args.process {
+        let relay_bin = match &args.relay_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .context("cannot find the running executable")?
+                .with_file_name("outbox-relay"),
+        };
+        let run = super::relay_process::ProcessRun {
+            database_url: &args.database_url,
+            kafka,
+            relay_bin,
+            mode,
+            events: args.events,
+            record_bytes: args.record_bytes,
+            batch_size: args.batch_size,
+            steady_rates: &args.steady_rates,
+            steady_run: args.steady_run,
+        };
+        return Ok(RelayBench::Process(
+            super::relay_process::measure(&run).await?,
+        ));
     }
     Ok(RelayBench::Throughput(Box::new(
         measure_throughput(args, kafka).await?,
