@@ -14,6 +14,7 @@ mod demo_traces;
 mod eosctl_audit;
 mod generic_events;
 mod held_operations;
+mod hostile_input;
 mod kafka_cluster;
 mod kafka_transactions;
 mod liveness;
