@@ -41,6 +41,7 @@ use crate::state_machine::FencingToken;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// `endpoint` is shown without its user information, which could be a credential.
     #[error("bad dedup-service endpoint {endpoint:?}: {source}")]
     Endpoint {
         endpoint: String,
@@ -174,7 +175,10 @@ impl DedupClient {
             Self::connect_lazy(endpoint)?
         } else {
             return Err(ClientError::Credentials(CredentialError::Invalid {
-                what: format!("dedup-service endpoint {endpoint:?}"),
+                what: format!(
+                    "dedup-service endpoint {:?}",
+                    eos_runtime::secrets::redact_url_userinfo(endpoint)
+                ),
                 problem: "TLS files are set but the endpoint is not https://".into(),
             }));
         };
@@ -192,7 +196,7 @@ impl DedupClient {
     pub fn connect_lazy(endpoint: &str) -> Result<Self, ClientError> {
         let channel = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|source| ClientError::Endpoint {
-                endpoint: endpoint.to_owned(),
+                endpoint: eos_runtime::secrets::redact_url_userinfo(endpoint),
                 source,
             })?
             .connect_timeout(Duration::from_secs(2))
@@ -204,7 +208,7 @@ impl DedupClient {
     /// Like [`DedupClient::connect_lazy`], over TLS (`https://…`), trusting what `tls` says.
     pub fn connect_lazy_tls(endpoint: &str, tls: ClientTlsConfig) -> Result<Self, ClientError> {
         let bad = |source| ClientError::Endpoint {
-            endpoint: endpoint.to_owned(),
+            endpoint: eos_runtime::secrets::redact_url_userinfo(endpoint),
             source,
         };
         let channel = Endpoint::from_shared(endpoint.to_owned())

@@ -97,7 +97,7 @@ impl ProviderAccess {
 /// and served wherever the URL is; give them as a header instead).
 fn parse_base_url(base_url: &str) -> Result<reqwest::Url, ProviderError> {
     let bad = |detail: &str| ProviderError::Url {
-        url: eos_runtime::secrets::redact_url(base_url),
+        url: eos_runtime::secrets::redact_url_userinfo(base_url),
         detail: detail.to_owned(),
     };
     let base = reqwest::Url::parse(base_url).map_err(|e| bad(&e.to_string()))?;

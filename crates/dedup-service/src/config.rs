@@ -104,7 +104,9 @@ pub struct Config {
 
     /// Base URL of the provider's HTTP API (GET {url}/charges/{key}). Without it UNKNOWN intents
     /// are only settled by Resolve calls.
-    #[arg(long, env = "DEDUP_PROVIDER_URL")]
+    // The value is hidden from --help: a URL with user:password@ is refused at start-up, but
+    // --help shows the environment before anything is checked.
+    #[arg(long, env = "DEDUP_PROVIDER_URL", hide_env_values = true)]
     pub provider_url: Option<String>,
 
     /// The value of the provider's credential header (e.g. "Bearer …"). Prefer

@@ -210,6 +210,8 @@ struct EffectList {
 /// `GET {provider_url}/effects`: every effect the provider ever applied.
 pub async fn read_provider_effects(provider_url: &str) -> anyhow::Result<Vec<ProviderEffect>> {
     let url = format!("{}/effects", provider_url.trim_end_matches('/'));
+    // The URL's user information may be the provider's credential: errors show it without.
+    let shown = eos_runtime::secrets::redact_url_userinfo(&url);
     let client = reqwest::Client::builder()
         .timeout(PROVIDER_TIMEOUT)
         .build()
@@ -219,10 +221,10 @@ pub async fn read_provider_effects(provider_url: &str) -> anyhow::Result<Vec<Pro
         .send()
         .await
         .and_then(reqwest::Response::error_for_status)
-        .with_context(|| format!("GET {url} (--provider-url)"))?
+        .with_context(|| format!("GET {shown} (--provider-url)"))?
         .json()
         .await
-        .with_context(|| format!("GET {url}: not an effect list"))?;
+        .with_context(|| format!("GET {shown}: not an effect list"))?;
     Ok(list.effects)
 }
 

@@ -171,7 +171,13 @@ pub struct HeldResolveArgs {
     pub database: eos_runtime::secrets::DatabaseUrlFlags,
 
     /// dedup-service's gRPC endpoint (https:// needs --dedup-tls-ca).
-    #[arg(long, env = "EOS_DEDUP_URL", default_value = "http://127.0.0.1:50051")]
+    // Hidden from --help, as every URL that can carry user:password@ is.
+    #[arg(
+        long,
+        env = "EOS_DEDUP_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:50051"
+    )]
     pub dedup_url: String,
 
     /// A file holding one of dedup-service's operator tokens (its --operator-token-file):
@@ -202,7 +208,13 @@ pub struct TraceArgs {
     pub event_id: String,
 
     /// Base URL of Jaeger's query API (its HTTP port; `deploy/local/stack up` starts one).
-    #[arg(long, env = "EOS_JAEGER_URL", default_value = "http://127.0.0.1:16686")]
+    // Hidden from --help: a Jaeger behind basic authentication takes user:password@.
+    #[arg(
+        long,
+        env = "EOS_JAEGER_URL",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:16686"
+    )]
     pub jaeger_url: String,
 
     /// Look again every 500 ms, for up to this long, until a trace carries the id and its spans

@@ -148,6 +148,12 @@ impl JaegerTrace {
     }
 }
 
+/// `url` as errors and messages show it: without its user information, which is the
+/// credential of a Jaeger behind basic authentication (`http://user:password@jaeger:16686`).
+fn shown(url: &str) -> String {
+    eos_runtime::secrets::redact_url_userinfo(url)
+}
+
 /// A client of one Jaeger query API.
 #[derive(Debug, Clone)]
 pub struct JaegerClient {
@@ -160,12 +166,12 @@ impl JaegerClient {
     pub fn new(url: &str, request_timeout: Duration) -> Result<Self, JaegerError> {
         let base = url.trim_end_matches('/').to_owned();
         let parsed = reqwest::Url::parse(&base).map_err(|error| JaegerError::InvalidUrl {
-            url: url.to_owned(),
+            url: shown(url),
             reason: error.to_string(),
         })?;
         if parsed.scheme() != "http" {
             return Err(JaegerError::InvalidUrl {
-                url: url.to_owned(),
+                url: shown(url),
                 reason: "expected an http:// URL (this eosctl is built without TLS)".to_owned(),
             });
         }
@@ -173,14 +179,15 @@ impl JaegerClient {
             .timeout(request_timeout)
             .build()
             .map_err(|source| JaegerError::Unreachable {
-                url: base.clone(),
+                url: shown(&base),
                 source,
             })?;
         Ok(Self { base, http })
     }
 
-    pub fn url(&self) -> &str {
-        &self.base
+    /// The query API's base URL as messages show it (no user information).
+    pub fn url(&self) -> String {
+        shown(&self.base)
     }
 
     /// The services Jaeger has spans of.
@@ -255,7 +262,7 @@ impl JaegerClient {
             .send()
             .await
             .map_err(|source| JaegerError::Unreachable {
-                url: url.to_owned(),
+                url: shown(url),
                 source,
             })?;
         let status = response.status();
@@ -263,24 +270,24 @@ impl JaegerClient {
             .bytes()
             .await
             .map_err(|source| JaegerError::Unreachable {
-                url: url.to_owned(),
+                url: shown(url),
                 source,
             })?;
         if !status.is_success() {
             return Err(JaegerError::Status {
-                url: url.to_owned(),
+                url: shown(url),
                 status,
                 body: String::from_utf8_lossy(&body).chars().take(500).collect(),
             });
         }
         let envelope: Envelope<T> =
             serde_json::from_slice(&body).map_err(|source| JaegerError::Decode {
-                url: url.to_owned(),
+                url: shown(url),
                 source,
             })?;
         if let Some(error) = envelope.errors.unwrap_or_default().into_iter().next() {
             return Err(JaegerError::Api {
-                url: url.to_owned(),
+                url: shown(url),
                 message: format!("{} (code {})", error.msg, error.code),
             });
         }

@@ -51,6 +51,7 @@ use eos_runtime::ops_http::{OpsEndpoint, Readiness};
 use eos_runtime::postgres_pool::PoolBuilder;
 use eos_runtime::progress_watch::{ProgressWatch, StallState};
 use eos_runtime::schema_migrations as migrations;
+use eos_runtime::secrets::redact_url_userinfo;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -95,11 +96,16 @@ pub fn boundary(config: &Config, targets: &Targets) -> Boundary {
             ),
         })
         .collect();
+    // Logged and served on /boundary before the URLs are checked: a credential in either
+    // (user information) must not reach them.
     tables.extend(targets.providers.iter().map(|p| {
         format!(
             "provider {} at {} (one charge per event_id, key {}:<event_id>, intents at \
              dedup-service {}; settled before the checkpoint)",
-            p.name, p.provider_url, p.name, p.dedup_url
+            p.name,
+            redact_url_userinfo(&p.provider_url),
+            p.name,
+            redact_url_userinfo(&p.dedup_url)
         )
     }));
     let result = format!(
@@ -208,8 +214,8 @@ async fn serve(
     for spec in specs.providers {
         tracing::info!(
             target_name = %spec.name,
-            dedup_url = %spec.dedup_url,
-            provider_url = %spec.provider_url,
+            dedup_url = %redact_url_userinfo(&spec.dedup_url),
+            provider_url = %redact_url_userinfo(&spec.provider_url),
             call_timeout_ms = spec.call_timeout.as_millis() as u64,
             lease_ttl_ms = spec.lease_ttl.as_millis() as u64,
             "provider target"

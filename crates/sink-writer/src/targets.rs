@@ -380,9 +380,13 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
     }
     let url = |field: &str, value: Option<String>| match value {
         Some(url) if url.starts_with("http://") || url.starts_with("https://") => Ok(url),
+        // Shown without its user information, which could be a credential.
         Some(url) => Err(invalid(
             &name,
-            format!("{field} {url:?} must be an http:// or https:// URL"),
+            format!(
+                "{field} {:?} must be an http:// or https:// URL",
+                eos_runtime::secrets::redact_url_userinfo(&url)
+            ),
         )),
         None => Err(invalid(&name, format!("{field} is required"))),
     };

@@ -36,8 +36,13 @@ async fn resolve(args: HeldResolveArgs) -> anyhow::Result<Status> {
         )?,
         tls: args.dedup_tls.files(),
     };
-    let dedup = DedupClient::connect_lazy_with(&args.dedup_url, &credentials)
-        .with_context(|| format!("dedup-service at {}", args.dedup_url))?;
+    let dedup =
+        DedupClient::connect_lazy_with(&args.dedup_url, &credentials).with_context(|| {
+            format!(
+                "dedup-service at {}",
+                eos_runtime::secrets::redact_url_userinfo(&args.dedup_url)
+            )
+        })?;
     let resolved = held::resolve(
         &pool,
         &dedup,
