@@ -1031,6 +1031,14 @@ fn dead_letters_on(
             "the dead letter of {} does not stand for it",
             original.what
         );
+        // A dead letter that fits whole keeps the key, a 512 KiB one included.
+        if header_text(&letter, dead_letter::TRUNCATED_HEADER) == "false" {
+            ensure!(
+                letter.key() == Some(original.key.as_bytes()),
+                "the dead letter of {} lost its key",
+                original.what
+            );
+        }
         reasons.insert(
             offset,
             header_text(&letter, dead_letter::REASON_HEADER).to_owned(),
