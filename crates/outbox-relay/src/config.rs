@@ -95,6 +95,13 @@ pub struct Config {
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 5000)]
     pub batch_size: i64,
 
+    /// Caught up, the least time from one read that found rows to the next read: rows committed
+    /// meanwhile go out in one Kafka transaction instead of one each, which is most of the
+    /// relay's and PostgreSQL's CPU at a steady rate (docs/BENCHMARKS.md, outbox-relay). A row
+    /// committed after a quiet spell is read at once (0s: never wait).
+    #[arg(long, env = "OUTBOX_LINGER", default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub linger: Duration,
+
     /// How often to look for rows when no notification came.
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,

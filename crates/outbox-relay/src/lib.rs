@@ -154,6 +154,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         positions_topic: config.positions_topic.clone(),
         batch_size: config.batch_size,
         poll_interval: config.poll_interval,
+        linger: config.linger,
         transaction_timeout: config.transaction_timeout,
         logical: (config.mode() == RelayMode::Logical).then(|| {
             logical::LogicalSource::new(pool.clone(), config.slot_name(), config.publication_name())

@@ -76,6 +76,8 @@ pub struct RelaySettings {
     pub positions_topic: String,
     pub batch_size: i64,
     pub poll_interval: Duration,
+    /// Caught up: the least time from a read that found rows to the next read (`--linger`).
+    pub linger: Duration,
     pub transaction_timeout: Duration,
     /// Logical mode: the slot's source (`None`: xmin mode).
     pub logical: Option<LogicalSource>,
@@ -120,6 +122,8 @@ pub struct RelayLoop {
     purge_marks: VecDeque<PurgeMark>,
     /// Logical mode: when the slot was last advanced.
     advanced_at: Option<Instant>,
+    /// When the last read that found rows started: the next read waits out the linger from it.
+    rows_read_at: Option<Instant>,
     /// The write of the last published position to PostgreSQL, if still running.
     recording: Option<JoinHandle<()>>,
     /// What the backlog gauges' task reads of the published position.
@@ -198,6 +202,7 @@ impl RelayLoop {
             committed_at: Instant::now(),
             purge_marks: VecDeque::new(),
             advanced_at: None,
+            rows_read_at: None,
             recording: None,
             progress,
             published: SharedPublished::default(),
@@ -246,13 +251,25 @@ impl RelayLoop {
                     .await
                     .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic())),
                 None => {
-                    Batch::read(
+                    // Caught up: rows that arrive together go out in one transaction.
+                    let linger = self.rows_read_at.map_or(Duration::ZERO, |at| {
+                        self.settings.linger.saturating_sub(at.elapsed())
+                    });
+                    if !linger.is_zero() {
+                        sleep_or_shutdown(linger, shutdown).await;
+                    }
+                    let started = Instant::now();
+                    let read = Batch::read(
                         self.pool.clone(),
                         self.settings.logical.clone(),
                         self.position,
                         self.settings.batch_size,
                     )
-                    .await
+                    .await;
+                    if read.as_ref().is_ok_and(|batch| !batch.rows.is_empty()) {
+                        self.rows_read_at = Some(started);
+                    }
+                    read
                 }
             };
             let batch = match read {

@@ -192,6 +192,8 @@ fn settings(args: &BenchArgs, kafka: &ClientConfig, relay_name: &str) -> RelaySe
         positions_topic: format!("{relay_name}-positions"),
         batch_size: args.batch_size,
         poll_interval: Duration::from_millis(100),
+        // outbox-relay's default (--linger).
+        linger: Duration::from_millis(20),
         transaction_timeout: Duration::from_secs(10),
         logical: None,
         idle_position_interval: Duration::from_secs(5),

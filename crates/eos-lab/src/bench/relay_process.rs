@@ -82,6 +82,9 @@ pub struct SteadyRun {
     pub largest_backlog: u64,
     /// From the writers' last commit to the last row published.
     pub drained_after_seconds: f64,
+    /// Kafka transactions the relay committed for them: rows per transaction is what the
+    /// per-row cost depends on most.
+    pub transactions: u64,
     pub relay_cpu_per_100k: f64,
     pub postgres_cpu_per_100k: f64,
 }
@@ -224,6 +227,12 @@ impl RelayProcess {
         }
         let text = reqwest::get(&self.metrics).await?.text().await?;
         Ok(metric_value(&text, outbox_relay::metrics::RECORDS_PUBLISHED).unwrap_or(0.0) as u64)
+    }
+
+    /// `outbox_relay_transactions_total{outcome="committed"}`.
+    async fn transactions(&self) -> anyhow::Result<u64> {
+        let text = reqwest::get(&self.metrics).await?.text().await?;
+        Ok(Self::transactions_committed(&text) as u64)
     }
 
     fn transactions_committed(text: &str) -> f64 {
@@ -474,6 +483,7 @@ async fn steady_run(
 ) -> anyhow::Result<SteadyRun> {
     anyhow::ensure!(rate > 0.0, "a steady rate must be above 0");
     let published_before = relay.published().await?;
+    let transactions_before = relay.transactions().await?;
     let transactions_per_writer = rate / (ROWS_PER_TRANSACTION * WRITERS) as f64;
     let started = Instant::now();
     let mut writers = Vec::new();
@@ -537,6 +547,7 @@ async fn steady_run(
     }
     let drained_after_seconds = stopped.elapsed().as_secs_f64();
     cpu.sample(pool, relay.pid(), relay_name).await?;
+    let transactions = relay.transactions().await? - transactions_before;
     Ok(SteadyRun {
         rate_asked: rate,
         rate_written: rows as f64 / seconds,
@@ -544,6 +555,7 @@ async fn steady_run(
         rows,
         largest_backlog,
         drained_after_seconds,
+        transactions,
         relay_cpu_per_100k: cpu.relay.seconds() * 100_000.0 / rows.max(1) as f64,
         postgres_cpu_per_100k: cpu.postgres.seconds() * 100_000.0 / rows.max(1) as f64,
     })
@@ -579,13 +591,14 @@ impl RelayProcessReport {
             let _ = writeln!(
                 out,
                 "  steady {:.0} rows/s asked ({:.0} written, {:.0} s): largest backlog {} rows, \
-                 drained {:.2} s after the writers stopped; CPU per 100k rows: relay {:.2} s, \
-                 PostgreSQL backends {:.2} s, together {:.2} s",
+                 drained {:.2} s after the writers stopped; {:.1} rows per transaction; CPU per \
+                 100k rows: relay {:.2} s, PostgreSQL backends {:.2} s, together {:.2} s",
                 run.rate_asked,
                 run.rate_written,
                 run.seconds,
                 run.largest_backlog,
                 run.drained_after_seconds,
+                run.rows as f64 / run.transactions.max(1) as f64,
                 run.relay_cpu_per_100k,
                 run.postgres_cpu_per_100k,
                 run.relay_cpu_per_100k + run.postgres_cpu_per_100k

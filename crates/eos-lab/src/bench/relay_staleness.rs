@@ -184,6 +184,8 @@ async fn run(
             positions_topic: format!("{relay_name}-positions"),
             batch_size: 5000,
             poll_interval: Duration::from_secs(1),
+            // outbox-relay's default (--linger).
+            linger: Duration::from_millis(20),
             transaction_timeout: Duration::from_secs(10),
             logical: (*mode == "logical").then(|| {
                 LogicalSource::new(
