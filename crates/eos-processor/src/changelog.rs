@@ -3,7 +3,10 @@
 //! consumed offsets, and read back with `read_committed` before a partition is processed.
 //!
 //! Keys are `entity/<entity_id>` (value: the transform's entity state as JSON) and
-//! `seen/<event_id>` (value: fingerprint and expiry); a tombstone deletes an expired id. Every
+//! `seen/<event_id>` (value: fingerprint, expiry and the event's final outcome, `SeenEvent`); a
+//! tombstone deletes an expired id. A `seen/` record written before outcomes were recorded has
+//! no outcome and reads as applied, which every id it holds was: a changelog of any age restores
+//! without a migration. Every
 //! record is an upsert or a delete by key, so replaying any part of the changelog over a store
 //! that already holds it changes nothing: a restore may start at any offset at or before the
 //! first one the local store does not cover.
@@ -324,10 +327,7 @@ mod tests {
         );
         overlay.seen.insert(
             "e-102".into(),
-            SeenEvent {
-                fingerprint: Fingerprint::of_json(&serde_json::Value::Null),
-                expires_at: 42,
-            },
+            SeenEvent::applied(Fingerprint::of_json(&serde_json::Value::Null), 42),
         );
         overlay.expired.insert("e-001".into());
         let records = records_for::<LedgerTransform>(&overlay);
@@ -342,10 +342,10 @@ mod tests {
                     entities: vec![],
                     seen: vec![(
                         "e-001".into(),
-                        Some(SeenEvent {
-                            fingerprint: Fingerprint::of_json(&serde_json::Value::Null),
-                            expires_at: 1,
-                        }),
+                        Some(SeenEvent::applied(
+                            Fingerprint::of_json(&serde_json::Value::Null),
+                            1,
+                        )),
                     )],
                 },
                 None,
@@ -386,6 +386,61 @@ mod tests {
                 "one expiry entry per live id"
             );
         }
+    }
+
+    /// A `seen/` record as every changelog held before outcomes were recorded restores as an
+    /// applied event; a refused and re-driven one keeps its outcome through the changelog and
+    /// the local store, and an applied one is still written in the old form.
+    #[test]
+    fn seen_records_of_before_outcomes_restore_as_applied_and_outcomes_round_trip() {
+        let fingerprint = Fingerprint::of_json(&serde_json::json!({"n": 1}));
+        let old = format!(r#"{{"fp":"{fingerprint}","exp":1800000000}}"#);
+        let refused = SeenEvent {
+            dead_letter: Some(eos_core::DeadLetterReason::TransformRefused),
+            redrives: vec!["rd-1".into()],
+            ..SeenEvent::applied(fingerprint, 1_800_000_001)
+        };
+        let mut overlay = Overlay::<LedgerTotals>::default();
+        overlay.seen.insert("e-refused".into(), refused.clone());
+        overlay.seen.insert(
+            "e-applied".into(),
+            SeenEvent::applied(fingerprint, 1_800_000_000),
+        );
+        let mut records = records_for::<LedgerTransform>(&overlay);
+        records.sort_by(|a, b| a.key.cmp(&b.key));
+        assert_eq!(
+            records[0].value.as_deref(),
+            Some(old.as_bytes()),
+            "an applied id is written as before"
+        );
+        let mut changes = StateChanges::default();
+        for (key, value) in [
+            ("seen/e-old".as_bytes(), old.as_bytes()),
+            (
+                records[1].key.as_bytes(),
+                records[1].value.as_deref().unwrap_or_default(),
+            ),
+        ] {
+            decode_record(&LedgerTransform, &mut changes, key, Some(value)).expect("decodes");
+        }
+        assert_eq!(
+            changes.seen,
+            [
+                (
+                    "e-old".to_owned(),
+                    Some(SeenEvent::applied(fingerprint, 1_800_000_000))
+                ),
+                ("e-refused".to_owned(), Some(refused.clone())),
+            ]
+        );
+        let store = StateStore::in_memory().expect("store");
+        let partition = store.partition("c", 0).expect("tables");
+        partition.write(&changes, Some(2)).expect("writes");
+        assert_eq!(partition.seen("e-refused").expect("reads"), Some(refused));
+        assert_eq!(
+            partition.seen("e-old").expect("reads"),
+            Some(SeenEvent::applied(fingerprint, 1_800_000_000))
+        );
     }
 
     #[test]

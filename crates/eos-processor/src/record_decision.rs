@@ -159,8 +159,20 @@ impl<T: Transform> TransactionLoop<T> {
                 event_id,
                 entity_id,
                 outputs,
+                redrive,
             } => {
                 span.record("eos.decision", "emit");
+                if let Some(redrive) = &redrive {
+                    // An operator's act: the event was dead-lettered before and is judged again.
+                    info!(
+                        event_id,
+                        redrive,
+                        partition,
+                        offset = source.offset,
+                        outputs = outputs.len(),
+                        "re-driven event applied"
+                    );
+                }
                 // Without an exporter the span has no context of its own: pass the input's on.
                 let span_cx = span.context();
                 let cx = if span_cx.span().span_context().is_valid() {
@@ -177,10 +189,18 @@ impl<T: Transform> TransactionLoop<T> {
                             value: Some(value),
                         });
                     }
-                    let headers = trace_context::with_event_id(
+                    let mut headers = trace_context::with_event_id(
                         trace_context::inject_kafka(&cx, headers),
                         &event_id,
                     );
+                    // Which re-drive made it, so an output after a dead letter of the same id
+                    // says why there are two (docs/TRANSFORMS.md "Re-driving dead letters").
+                    if let Some(redrive) = &redrive {
+                        headers = headers.insert(Header {
+                            key: eos_core::redrive::REDRIVE_ID_HEADER,
+                            value: Some(redrive),
+                        });
+                    }
                     let topic = self.settings.outputs[&output.output].clone();
                     batch.counts.outputs += 1;
                     batch.records.push(PendingRecord {

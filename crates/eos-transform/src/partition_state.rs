@@ -14,6 +14,16 @@
 //! expired carries the same record timestamp, which is by then past the horizon too: it is
 //! dead-lettered, never counted again. The same event re-sent as a new record without
 //! `occurred_at` gets a new record timestamp: after the id expired it is a new event.
+//!
+//! An event's outcome is final (docs/TRANSFORMS.md "An event's outcome is final"): applied
+//! (outputs written, or consumed with none), refused or failed (a panic, a WebAssembly trap or
+//! limit, an unknown output), its id is remembered with that outcome, so a re-delivery with the
+//! same fingerprint is a duplicate and with another an `event_id_conflict` — a refused event is
+//! never judged again by itself, not even when the entity's state would now let it through. The
+//! one way to judge it again is an operator's re-drive (`eos_core::redrive`): a record carrying a
+//! re-drive id that this event's outcome has not met yet, and only while the outcome is a dead
+//! letter; its new outcome replaces the old one, and the id is kept with it, so the same re-drive
+//! delivered twice is a duplicate.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::marker::PhantomData;
@@ -21,7 +31,7 @@ use std::panic::AssertUnwindSafe;
 
 use serde::{Deserialize, Serialize};
 
-use eos_core::{DeadLetterReason, Event, EventContract, Fingerprint, RecordParts};
+use eos_core::{DeadLetterReason, Event, EventContract, Fingerprint, RecordParts, redrive};
 
 use crate::state_format;
 use crate::state_store::{PartitionStore, StateChanges, StoreError};
@@ -31,13 +41,52 @@ use crate::transform::{Output, SourcePosition, Transform};
 /// burst of expiries never makes one huge transaction.
 pub const EXPIRY_SWEEP_MAX: usize = 10_000;
 
-/// An event id remembered for dedup, until `expires_at` (unix seconds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// An event id remembered for dedup with its final outcome, until `expires_at` (unix seconds).
+///
+/// In the changelog it is JSON (`seen/<event_id>`): `{"fp":…,"exp":…}` for an applied event,
+/// exactly as before outcomes were recorded, so a changelog written then restores unchanged (every
+/// id in it was applied); `"dl"` and `"rd"` are added only when there is something to say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeenEvent {
     #[serde(rename = "fp")]
     pub fingerprint: Fingerprint,
     #[serde(rename = "exp")]
     pub expires_at: i64,
+    /// The dead letter's reason when the event was refused or failed; `None` when it was applied.
+    #[serde(rename = "dl", default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterReason>,
+    /// The re-drives (`eos-redrive-id`) that judged the event again, oldest first: each is
+    /// admitted once.
+    #[serde(rename = "rd", default, skip_serializing_if = "Vec::is_empty")]
+    pub redrives: Vec<String>,
+}
+
+impl SeenEvent {
+    /// An applied event (outputs written, or consumed with none).
+    pub fn applied(fingerprint: Fingerprint, expires_at: i64) -> Self {
+        Self {
+            fingerprint,
+            expires_at,
+            dead_letter: None,
+            redrives: Vec::new(),
+        }
+    }
+
+    /// Whether a record with this re-drive id is judged again: only a re-drive, only of a
+    /// dead-lettered outcome (an applied event's effects are written; judging it again would
+    /// apply it twice), and only once per re-drive id.
+    fn admits_redrive(&self, redrive: Option<&str>) -> bool {
+        redrive.is_some_and(|id| {
+            self.dead_letter.is_some() && !self.redrives.iter().any(|seen| seen == id)
+        })
+    }
+
+    fn outcome(&self) -> String {
+        match self.dead_letter {
+            None => "applied".to_owned(),
+            Some(reason) => format!("dead-lettered ({reason})"),
+        }
+    }
 }
 
 /// Committed state of one partition, on disk.
@@ -86,6 +135,8 @@ pub enum Decision {
         event_id: String,
         entity_id: String,
         outputs: Vec<Output>,
+        /// The re-drive that had it judged again, whose id its outputs carry.
+        redrive: Option<String>,
     },
     /// The same event again (same id, same fingerprint): drop it, count it.
     Duplicate { event_id: String },
@@ -145,7 +196,7 @@ impl<S: Clone + Default> PartitionState<S> {
 
     fn seen(&self, overlay: &Overlay<S>, event_id: &str) -> Result<Option<SeenEvent>, StoreError> {
         if let Some(seen) = overlay.seen.get(event_id) {
-            return Ok(Some(*seen));
+            return Ok(Some(seen.clone()));
         }
         if overlay.expired.contains(event_id) {
             return Ok(None);
@@ -211,19 +262,53 @@ impl<S: Clone + Default> PartitionState<S> {
             ));
         }
         let fingerprint = event.fingerprint;
+        let redrive = match redrive::redrive_id(record.headers) {
+            Ok(redrive) => redrive.map(str::to_owned),
+            Err(error) => {
+                return Ok(Decision::dead_letter(
+                    DeadLetterReason::InvalidField,
+                    error.to_string(),
+                    Some(event_id),
+                ));
+            }
+        };
+        // The re-drives this event met before, kept with whatever outcome it gets now.
+        let mut redrives = Vec::new();
         if let Some(seen) = self.seen(overlay, &event_id)? {
-            if seen.fingerprint == fingerprint {
+            if seen.fingerprint != fingerprint {
+                return Ok(Decision::dead_letter(
+                    DeadLetterReason::EventIdConflict,
+                    format!(
+                        "event_id already {} with fingerprint {}, this record has {fingerprint}",
+                        seen.outcome(),
+                        seen.fingerprint
+                    ),
+                    Some(event_id),
+                ));
+            }
+            if !seen.admits_redrive(redrive.as_deref()) {
                 return Ok(Decision::Duplicate { event_id });
             }
-            return Ok(Decision::dead_letter(
-                DeadLetterReason::EventIdConflict,
-                format!(
-                    "event_id already applied with fingerprint {}, this record has {fingerprint}",
-                    seen.fingerprint
-                ),
-                Some(event_id),
-            ));
+            redrives = seen.redrives;
         }
+        redrives.extend(redrive.iter().cloned());
+        let expires_at = event_time.saturating_add(policy.horizon_secs);
+        // Whatever the transform makes of it, the outcome is remembered with the id, in this
+        // batch's changelog records: so it commits or aborts with the dead letter or outputs.
+        let mut remember = |overlay: &mut Overlay<S>, dead_letter: Option<DeadLetterReason>| {
+            // Swept earlier in this batch and seen again: the id stays, so no tombstone for it
+            // (the changelog would otherwise delete what the store keeps).
+            overlay.expired.remove(&event_id);
+            overlay.seen.insert(
+                event_id.clone(),
+                SeenEvent {
+                    fingerprint,
+                    expires_at,
+                    dead_letter,
+                    redrives: std::mem::take(&mut redrives),
+                },
+            );
+        };
         let entity_id = event.entity.to_string();
         let mut entity_state = self.entity(overlay, transform, &entity_id)?;
         // A panic in the transform is the transform's bug on this one event: the event is set
@@ -239,6 +324,7 @@ impl<S: Clone + Default> PartitionState<S> {
             {
                 // The transform's bug, like a panic: nothing of the event is written.
                 Some(unknown) => {
+                    remember(overlay, Some(DeadLetterReason::TransformRefused));
                     return Ok(Decision::DeadLetter {
                         reason: DeadLetterReason::TransformRefused,
                         code: Some("unknown_output".to_owned()),
@@ -252,9 +338,10 @@ impl<S: Clone + Default> PartitionState<S> {
                 }
                 None => outputs,
             },
-            // Nothing recorded: the state stays as it was and the id is not remembered, so a
-            // redelivery is refused the same way.
+            // The state stays as it was; the id is remembered with the refusal, so a
+            // re-delivery is a duplicate even once the state would let it through.
             Ok(Err(refusal)) => {
+                remember(overlay, Some(refusal.reason));
                 return Ok(Decision::DeadLetter {
                     reason: refusal.reason,
                     code: refusal.code,
@@ -268,6 +355,7 @@ impl<S: Clone + Default> PartitionState<S> {
                     .map(|s| (*s).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic without a message".to_owned());
+                remember(overlay, Some(DeadLetterReason::TransformPanic));
                 return Ok(Decision::dead_letter(
                     DeadLetterReason::TransformPanic,
                     format!("the transform panicked: {message}"),
@@ -276,20 +364,12 @@ impl<S: Clone + Default> PartitionState<S> {
             }
         };
         overlay.entities.insert(entity_id.clone(), entity_state);
-        // Swept earlier in this batch and seen again: the id stays, so no tombstone for it (the
-        // changelog would otherwise delete what the store keeps).
-        overlay.expired.remove(&event_id);
-        overlay.seen.insert(
-            event_id.clone(),
-            SeenEvent {
-                fingerprint,
-                expires_at: event_time.saturating_add(policy.horizon_secs),
-            },
-        );
+        remember(overlay, None);
         Ok(Decision::Emit {
             event_id,
             entity_id,
             outputs,
+            redrive,
         })
     }
 
@@ -559,7 +639,17 @@ mod tests {
                 ..
             }
         ));
-        assert!(overlay.is_empty());
+        // Only the record the ledger judged (its id and entity were there) is remembered, with
+        // its refusal; a record without an id cannot be.
+        assert!(overlay.entities.is_empty());
+        assert_eq!(
+            overlay
+                .seen
+                .iter()
+                .map(|(id, seen)| (id.as_str(), seen.dead_letter))
+                .collect::<Vec<_>>(),
+            [("e", Some(DeadLetterReason::InvalidField))]
+        );
     }
 
     #[test]
@@ -588,7 +678,15 @@ mod tests {
             ),
             "{decision:?}"
         );
-        assert!(overlay.is_empty(), "a refused event changes no state");
+        assert!(
+            overlay.entities.is_empty(),
+            "a refused event changes no state"
+        );
+        assert_eq!(
+            overlay.seen["e-2"].dead_letter,
+            Some(DeadLetterReason::TotalOverflow),
+            "its outcome is remembered"
+        );
         assert_eq!(
             entity(&state, "a"),
             Some(LedgerTotals {
@@ -659,20 +757,8 @@ mod tests {
                 &StateChanges {
                     entities: vec![],
                     seen: vec![
-                        (
-                            "e-old".into(),
-                            Some(SeenEvent {
-                                fingerprint: null,
-                                expires_at: NOW - 1,
-                            }),
-                        ),
-                        (
-                            "e-new".into(),
-                            Some(SeenEvent {
-                                fingerprint: null,
-                                expires_at: NOW + 100,
-                            }),
-                        ),
+                        ("e-old".into(), Some(SeenEvent::applied(null, NOW - 1))),
+                        ("e-new".into(), Some(SeenEvent::applied(null, NOW + 100))),
                     ],
                 },
                 None,
@@ -896,7 +982,8 @@ mod tests {
         ));
         assert_eq!(overlay.entities["card-1"], 2);
         assert!(overlay.seen.contains_key("a-5"));
-        // A refusal, a panic and an unknown output: dead letters, the state and ids untouched.
+        // A refusal, a panic and an unknown output: dead letters, the state untouched, the ids
+        // remembered with their outcome.
         for (id, n, reason, code) in [
             ("a-3", 3, DeadLetterReason::TransformRefused, Some("odd")),
             ("a-13", 13, DeadLetterReason::TransformPanic, None),
@@ -918,13 +1005,262 @@ mod tests {
                 panic!("{id}: {decision:?}");
             };
             assert_eq!((r, c.as_deref()), (reason, code), "{id}: {detail}");
-            assert!(!overlay.seen.contains_key(id), "{id}");
+            assert_eq!(overlay.seen[id].dead_letter, Some(reason), "{id}");
             assert_eq!(overlay.entities["card-1"], 2, "{id}");
         }
-        let panicked = split(&state, &mut overlay, "a-13", 13);
-        assert!(
-            matches!(&panicked, Decision::DeadLetter { detail, .. } if detail.contains("unlucky 13")),
-            "{panicked:?}"
+        // A failure is as final as a refusal: the same event again is a duplicate.
+        assert_eq!(
+            split(&state, &mut overlay, "a-13", 13),
+            Decision::Duplicate {
+                event_id: "a-13".into()
+            }
         );
+    }
+
+    /// `split` with the record's headers: the event id and, for a re-drive, its id.
+    fn split_redriven(
+        state: &PartitionState<u64>,
+        overlay: &mut Overlay<u64>,
+        id: &str,
+        n: i64,
+        redrive: &str,
+    ) -> Decision {
+        let value = format!(r#"{{"n":{n}}}"#);
+        let headers: [(&str, Option<&[u8]>); 2] = [
+            ("event_id", Some(id.as_bytes())),
+            (redrive::REDRIVE_ID_HEADER, Some(redrive.as_bytes())),
+        ];
+        let policy = DecisionPolicy {
+            outputs: BTreeSet::from(["default".to_owned(), "audit".to_owned()]),
+            contract: EventContract::default(),
+            ..policy()
+        };
+        state
+            .decide(
+                overlay,
+                &Splitter,
+                InputRecord {
+                    key: Some(b"card-1"),
+                    value: Some(value.as_bytes()),
+                    headers: &headers,
+                    timestamp_secs: NOW,
+                },
+                &source(0),
+                NOW,
+                &policy,
+            )
+            .expect("store reads")
+    }
+
+    /// Issue 51: a refused event re-delivered after the state changed was applied, and one
+    /// re-delivered with other content was applied as new. Its outcome is final now, through
+    /// the committed store as through the batch's overlay.
+    #[test]
+    fn a_refused_event_is_final_whatever_the_state_says_later() {
+        let state = fresh();
+        let mut overlay = Overlay::default();
+        let max = format!(
+            r#"{{"event_id":"e-1","entity_id":"a","value":{}}}"#,
+            i64::MAX
+        );
+        let big = r#"{"event_id":"e-2","entity_id":"a","value":100}"#;
+        assert!(matches!(
+            decide(&state, &mut overlay, &max, 0),
+            Decision::Emit { .. }
+        ));
+        assert!(matches!(
+            decide(&state, &mut overlay, big, 1),
+            Decision::DeadLetter {
+                reason: DeadLetterReason::TotalOverflow,
+                ..
+            }
+        ));
+        state.apply::<LedgerTransform>(overlay).expect("applies");
+        let stored = state
+            .store()
+            .seen("e-2")
+            .expect("reads")
+            .expect("remembered");
+        assert_eq!(stored.dead_letter, Some(DeadLetterReason::TotalOverflow));
+        // A refund makes room: before, the re-delivery of e-2 was applied now.
+        let mut overlay = Overlay::default();
+        let refund = r#"{"event_id":"e-3","entity_id":"a","value":-500}"#;
+        assert!(matches!(
+            decide(&state, &mut overlay, refund, 2),
+            Decision::Emit { .. }
+        ));
+        assert_eq!(
+            decide(&state, &mut overlay, big, 3),
+            Decision::Duplicate {
+                event_id: "e-2".into()
+            }
+        );
+        let other = r#"{"event_id":"e-2","entity_id":"a","value":1}"#;
+        let conflict = decide(&state, &mut overlay, other, 4);
+        assert!(
+            matches!(
+                &conflict,
+                Decision::DeadLetter { reason: DeadLetterReason::EventIdConflict, detail, .. }
+                    if detail.contains("already dead-lettered (total_overflow)")
+            ),
+            "{conflict:?}"
+        );
+        assert_eq!(entity(&state, "a").map(|t| t.count), Some(1));
+    }
+
+    #[test]
+    fn a_redrive_judges_a_dead_lettered_event_again_once() {
+        let store = StateStore::in_memory().expect("in-memory store");
+        let state = PartitionState::<u64>::new(store.partition("changelog", 0).expect("tables"));
+        let mut overlay = Overlay::default();
+        // 3 is refused, 13 panics.
+        for (id, n) in [("a-3", 3), ("a-13", 13)] {
+            assert!(matches!(
+                split(&state, &mut overlay, id, n),
+                Decision::DeadLetter { .. }
+            ));
+        }
+        state.apply::<Splitter>(overlay).expect("applies");
+        let mut overlay = Overlay::default();
+        // Re-driven with a transform that still refuses: refused again, and the re-drive kept.
+        let again = split_redriven(&state, &mut overlay, "a-3", 3, "rd-1");
+        assert!(
+            matches!(
+                again,
+                Decision::DeadLetter {
+                    reason: DeadLetterReason::TransformRefused,
+                    ..
+                }
+            ),
+            "{again:?}"
+        );
+        assert_eq!(overlay.seen["a-3"].redrives, ["rd-1"]);
+        // The same re-drive delivered twice: a duplicate, not a third judgement.
+        assert_eq!(
+            split_redriven(&state, &mut overlay, "a-3", 3, "rd-1"),
+            Decision::Duplicate {
+                event_id: "a-3".into()
+            }
+        );
+        state.apply::<Splitter>(overlay).expect("applies");
+        // A re-drive with other content is a conflict like any other record.
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            split_redriven(&state, &mut overlay, "a-3", 4, "rd-2"),
+            Decision::DeadLetter {
+                reason: DeadLetterReason::EventIdConflict,
+                ..
+            }
+        ));
+        // The panic's event re-driven after "the fix" (here: content the transform takes, which
+        // a fix would be) is out of reach; a re-drive of an applied event changes nothing.
+        let Decision::Emit {
+            outputs, redrive, ..
+        } = split_redriven(&state, &mut overlay, "a-2", 2, "rd-3")
+        else {
+            panic!("a new event under a re-drive is judged");
+        };
+        assert_eq!((outputs.len(), redrive.as_deref()), (2, Some("rd-3")));
+        assert_eq!(
+            split_redriven(&state, &mut overlay, "a-2", 2, "rd-4"),
+            Decision::Duplicate {
+                event_id: "a-2".into()
+            },
+            "an applied event is never judged again"
+        );
+        state.apply::<Splitter>(overlay).expect("applies");
+        let stored = state.store().seen("a-3").expect("reads").expect("kept");
+        assert_eq!(
+            (stored.dead_letter, stored.redrives),
+            (
+                Some(DeadLetterReason::TransformRefused),
+                vec!["rd-1".to_owned()]
+            )
+        );
+        // A re-drive id that cannot be one is refused, not taken for an ordinary re-delivery.
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            split_redriven(&state, &mut overlay, "a-3", 3, "not an id"),
+            Decision::DeadLetter {
+                reason: DeadLetterReason::InvalidField,
+                ..
+            }
+        ));
+    }
+
+    /// A transform fixed between a refusal and its re-drive: the re-drive applies it, its outputs
+    /// name the re-drive, and the event's outcome is then applied for every later record.
+    #[test]
+    fn a_redriven_refusal_applied_replaces_the_refusal() {
+        struct Limit(i64);
+        impl Transform for Limit {
+            type State = i64;
+            fn apply(
+                &self,
+                spent: &mut i64,
+                event: Event,
+                _source: &SourcePosition,
+            ) -> Result<Vec<Output>, crate::transform::Refusal> {
+                let amount = event.value["n"].as_i64().unwrap_or_default();
+                if *spent + amount > self.0 {
+                    return Err(crate::transform::Refusal::new("over_limit", "over"));
+                }
+                *spent += amount;
+                Ok(vec![Output::to_default(*spent)])
+            }
+        }
+        let store = StateStore::in_memory().expect("in-memory store");
+        let state = PartitionState::<i64>::new(store.partition("changelog", 0).expect("tables"));
+        let decide_with = |limit: i64, overlay: &mut Overlay<i64>, redrive: Option<&str>| {
+            let mut headers: Vec<(&str, Option<&[u8]>)> = vec![("event_id", Some(b"a-1"))];
+            if let Some(redrive) = redrive {
+                headers.push((redrive::REDRIVE_ID_HEADER, Some(redrive.as_bytes())));
+            }
+            state
+                .decide(
+                    overlay,
+                    &Limit(limit),
+                    InputRecord {
+                        key: Some(b"card-1"),
+                        value: Some(br#"{"n":50}"#),
+                        headers: &headers,
+                        timestamp_secs: NOW,
+                    },
+                    &source(0),
+                    NOW,
+                    &DecisionPolicy {
+                        contract: EventContract::default(),
+                        ..policy()
+                    },
+                )
+                .expect("store reads")
+        };
+        let mut overlay = Overlay::default();
+        assert!(matches!(
+            decide_with(10, &mut overlay, None),
+            Decision::DeadLetter { .. }
+        ));
+        // The limit raised: a plain re-delivery is still a duplicate, the re-drive applies it.
+        assert!(matches!(
+            decide_with(100, &mut overlay, None),
+            Decision::Duplicate { .. }
+        ));
+        assert!(matches!(
+            decide_with(100, &mut overlay, Some("rd-1")),
+            Decision::Emit {
+                redrive: Some(_),
+                ..
+            }
+        ));
+        assert_eq!(overlay.seen["a-1"].dead_letter, None);
+        for redrive in [None, Some("rd-1"), Some("rd-2")] {
+            assert!(
+                matches!(
+                    decide_with(100, &mut overlay, redrive),
+                    Decision::Duplicate { .. }
+                ),
+                "{redrive:?}"
+            );
+        }
     }
 }

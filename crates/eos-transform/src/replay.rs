@@ -10,6 +10,12 @@
 //! output lost or doubled, or a transform that is not deterministic shows up as a difference,
 //! whatever the logic is.
 //!
+//! An event's outcome is final (docs/TRANSFORMS.md "An event's outcome is final"), and the replay
+//! decides as the processor does, so a run that judged a re-delivered event again — refused it a
+//! second time, or applied what it had refused — differs at those records; the report names such
+//! event ids as having two outcomes. A re-drive's new outcome is no second one: it is what the
+//! replay computes for the re-drive record.
+//!
 //! The dedup horizon is checked against each record's own timestamp, not the clock of the run:
 //! an event already past the horizon when it was read is reported as a difference, to be
 //! explained by the operator (the audit's dead-letter check shows the reason).
@@ -83,6 +89,9 @@ pub struct Expected {
     pub applied: u64,
     /// Re-deliveries dropped as duplicates.
     pub duplicates: u64,
+    /// The event id of every input record that has one, by source (partition, offset): what a
+    /// committed dead letter's source position says about which event it judged.
+    pub event_ids: BTreeMap<(i32, i64), String>,
 }
 
 /// Computes what `transform` writes for `inputs` (in any order: they are replayed per partition
@@ -135,11 +144,23 @@ pub fn expected<T: Transform>(
                 &policy,
             )?;
             state.apply::<T>(overlay)?;
+            let event_id = match &decision {
+                Decision::Emit { event_id, .. } | Decision::Duplicate { event_id } => {
+                    Some(event_id)
+                }
+                Decision::DeadLetter { event_id, .. } => event_id.as_ref(),
+            };
+            if let Some(event_id) = event_id {
+                expected
+                    .event_ids
+                    .insert((partition, record.offset), event_id.clone());
+            }
             match decision {
                 Decision::Emit {
                     event_id,
                     entity_id,
                     outputs,
+                    ..
                 } => {
                     expected.applied += 1;
                     for output in outputs {
@@ -178,6 +199,10 @@ pub struct ReplayReport {
     /// Dead letters at a source position where the replay has another outcome, or none:
     /// (partition, offset, committed reason, replayed reason).
     pub dead_letter_differences: Vec<(i32, i64, String, String)>,
+    /// Event ids the run judged more often than the replay (an outcome is final): dead letters
+    /// that judged the event at two positions, or a judging dead letter and outputs, where the
+    /// replay has one outcome.
+    pub two_outcomes: Vec<String>,
 }
 
 impl ReplayReport {
@@ -186,6 +211,7 @@ impl ReplayReport {
         self.missing.is_empty()
             && self.unexpected.is_empty()
             && self.dead_letter_differences.is_empty()
+            && self.two_outcomes.is_empty()
     }
 }
 
@@ -231,7 +257,46 @@ pub fn compare(
                 .push((partition, offset, name(written), name(replayed)));
         }
     }
+    let committed_outcomes = outcomes_by_event(expected, committed, committed_dead_letters);
+    let replayed_outcomes = outcomes_by_event(expected, &expected.outputs, &expected.dead_letters);
+    report.two_outcomes = committed_outcomes
+        .into_iter()
+        .filter(|(event_id, outcomes)| {
+            *outcomes > 1 && *outcomes > replayed_outcomes.get(event_id).copied().unwrap_or(0)
+        })
+        .map(|(event_id, _)| event_id.to_owned())
+        .collect();
     report
+}
+
+/// How many outcomes each event id has: one for its outputs (all of an event's outputs are one
+/// decision), one per dead letter that judged it — every dead letter of a record with an id but
+/// a conflict's and a horizon's, which leave the event's outcome as it was.
+fn outcomes_by_event<'a>(
+    expected: &'a Expected,
+    outputs: &'a [ReplayOutput],
+    dead_letters: &BTreeMap<(i32, i64), DeadLetterReason>,
+) -> BTreeMap<&'a str, u64> {
+    let mut outcomes: BTreeMap<&str, u64> = BTreeMap::new();
+    let with_outputs: BTreeSet<&str> = outputs
+        .iter()
+        .map(|output| output.event_id.as_str())
+        .collect();
+    for event_id in with_outputs {
+        *outcomes.entry(event_id).or_default() += 1;
+    }
+    for (position, reason) in dead_letters {
+        if matches!(
+            reason,
+            DeadLetterReason::EventIdConflict | DeadLetterReason::BeyondDedupHorizon
+        ) {
+            continue;
+        }
+        if let Some(event_id) = expected.event_ids.get(position) {
+            *outcomes.entry(event_id.as_str()).or_default() += 1;
+        }
+    }
+    outcomes
 }
 
 #[cfg(test)]
@@ -373,6 +438,35 @@ mod tests {
         let report = compare(&replayed, &run.outputs, &run.dead_letters);
         assert!(!report.exact());
         assert_eq!((report.missing.len(), report.unexpected.len()), (2, 2));
+        Ok(())
+    }
+
+    /// What a processor that forgot refusals committed (issue 51): the refused e-3 refused again
+    /// when re-delivered, or applied once a re-delivery found room. Both are an event id with
+    /// two outcomes where the replay, deciding as the processor now does, has one.
+    #[test]
+    fn a_refused_event_judged_again_has_two_outcomes() -> Result<(), StoreError> {
+        let mut inputs = inputs();
+        inputs.push(input(5, "e-3", "b", -1)); // the refused e-3 again
+        let expected = expected(&Counter, &EventContract::default(), &outputs(), &inputs)?;
+        assert_eq!(expected.duplicates, 2, "the re-delivery is a duplicate");
+        let run = [
+            committed("e-1", "a", 1, 5),
+            committed("e-2", "a", 2, 7),
+            committed("e-4", "b", 1, 1),
+        ];
+        assert!(compare(&expected, &run, &expected.dead_letters).exact());
+        let mut refused_twice = expected.dead_letters.clone();
+        refused_twice.insert((0, 5), DeadLetterReason::TransformRefused);
+        let report = compare(&expected, &run, &refused_twice);
+        assert_eq!(report.two_outcomes, ["e-3"]);
+        assert_eq!(report.dead_letter_differences.len(), 1);
+        // Refused, then applied: a dead letter and an output for one id.
+        let mut applied_later = run.to_vec();
+        applied_later.push(committed("e-3", "b", 2, -1));
+        let report = compare(&expected, &applied_later, &expected.dead_letters);
+        assert!(!report.exact());
+        assert_eq!(report.two_outcomes, ["e-3"]);
         Ok(())
     }
 

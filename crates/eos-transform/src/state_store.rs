@@ -188,7 +188,8 @@ impl TableNames {
         TableDefinition::new(&self.entities)
     }
 
-    /// event id → fingerprint (32 bytes) and expiry (8 bytes, big-endian).
+    /// event id → fingerprint (32 bytes) and expiry (8 bytes, big-endian), then for an event that
+    /// was not applied or was re-driven its outcome (see [`encode_seen`]).
     fn seen(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
         TableDefinition::new(&self.seen)
     }
@@ -250,18 +251,49 @@ fn expiry_key(expires_at: i64, event_id: &str) -> Vec<u8> {
     key
 }
 
-fn encode_seen(seen: &SeenEvent) -> [u8; 40] {
-    let mut value = [0u8; 40];
-    value[..32].copy_from_slice(seen.fingerprint.as_bytes());
-    value[32..].copy_from_slice(&seen.expires_at.to_be_bytes());
+/// The part of a stored seen entry every entry has: fingerprint and expiry.
+const SEEN_FIXED_BYTES: usize = 40;
+
+/// What a seen entry says beyond its fingerprint and expiry, stored after them as JSON: only for
+/// an event that was dead-lettered or re-driven, so an applied event's entry keeps the 40 bytes
+/// stores written before outcomes were recorded hold (and those read as applied).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SeenOutcome {
+    #[serde(rename = "dl", default, skip_serializing_if = "Option::is_none")]
+    dead_letter: Option<eos_core::DeadLetterReason>,
+    #[serde(rename = "rd", default, skip_serializing_if = "Vec::is_empty")]
+    redrives: Vec<String>,
+}
+
+fn encode_seen(seen: &SeenEvent) -> Vec<u8> {
+    let mut value = Vec::with_capacity(SEEN_FIXED_BYTES);
+    value.extend_from_slice(seen.fingerprint.as_bytes());
+    value.extend_from_slice(&seen.expires_at.to_be_bytes());
+    if seen.dead_letter.is_some() || !seen.redrives.is_empty() {
+        let outcome = SeenOutcome {
+            dead_letter: seen.dead_letter,
+            redrives: seen.redrives.clone(),
+        };
+        // A struct of a reason code and strings always serialises.
+        value.extend(serde_json::to_vec(&outcome).unwrap_or_default());
+    }
     value
 }
 
 fn decode_seen(event_id: &str, value: &[u8]) -> Result<SeenEvent, StoreError> {
     let corrupt = || StoreError::Corrupt(format!("seen id {event_id:?} has a malformed value"));
-    if value.len() != 40 {
+    if value.len() < SEEN_FIXED_BYTES {
         return Err(corrupt());
     }
+    let (value, outcome) = value.split_at(SEEN_FIXED_BYTES);
+    let outcome = if outcome.is_empty() {
+        SeenOutcome {
+            dead_letter: None,
+            redrives: Vec::new(),
+        }
+    } else {
+        serde_json::from_slice(outcome).map_err(|_| corrupt())?
+    };
     let mut hex = String::with_capacity(64);
     for byte in &value[..32] {
         use std::fmt::Write as _;
@@ -273,6 +305,8 @@ fn decode_seen(event_id: &str, value: &[u8]) -> Result<SeenEvent, StoreError> {
     Ok(SeenEvent {
         fingerprint,
         expires_at: i64::from_be_bytes(expiry),
+        dead_letter: outcome.dead_letter,
+        redrives: outcome.redrives,
     })
 }
 
@@ -472,10 +506,10 @@ mod tests {
     use super::*;
 
     fn seen(expires_at: i64) -> SeenEvent {
-        SeenEvent {
-            fingerprint: Fingerprint::of_json(&serde_json::json!({"n": expires_at})),
+        SeenEvent::applied(
+            Fingerprint::of_json(&serde_json::json!({"n": expires_at})),
             expires_at,
-        }
+        )
     }
 
     #[test]

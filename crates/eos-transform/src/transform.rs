@@ -87,8 +87,10 @@ impl Output {
 }
 
 /// Why a transform refuses an event: it becomes a dead letter, the entity's state is left as it
-/// was, and the event id is not remembered (a re-delivery is refused the same way, or applied if
-/// the state has changed since).
+/// was, and the event id is remembered with the refusal — the event's final outcome, so a
+/// re-delivery is a duplicate (or, with other content, an `event_id_conflict`) even once the
+/// state would let it through. Only an operator's re-drive judges it again (docs/TRANSFORMS.md
+/// "An event's outcome is final").
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{detail}")]
 pub struct Refusal {

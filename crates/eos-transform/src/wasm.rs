@@ -66,8 +66,9 @@ impl Transform for WasmTransform {
             offset: source.offset,
         };
         // A refusal, a trap and a limit each become a dead letter: the state stays as it was
-        // and the id is not remembered, as for any refusal (docs/TRANSFORMS.md). An
-        // interruption decides nothing: the processor asks `interrupted` and commits nothing.
+        // and the id is remembered with that outcome, as for any refusal (docs/TRANSFORMS.md
+        // "An event's outcome is final"). An interruption decides nothing: the processor asks
+        // `interrupted` and commits nothing.
         let applied = self.module.apply(state, &event, position);
         self.interrupted.store(
             matches!(applied, Err(CallError::Interrupted)),

@@ -19,8 +19,14 @@
 //!   tell whether it is a duplicate);
 //! - an occurrence whose value would take its entity's running total past a signed 64-bit
 //!   integer, at its point in processing order, must be dead-lettered with reason
-//!   `total_overflow`; it leaves the total as it was and its id is not remembered, so a later
-//!   occurrence of the same id is tried again and the first that applies defines the event.
+//!   `total_overflow`; it leaves the total as it was;
+//! - an event's outcome is final (docs/TRANSFORMS.md "An event's outcome is final"): applied or
+//!   dead-lettered by the processor's judgement (an overflow, or a record the ledger refused
+//!   although its id was readable), later occurrences of the id are duplicates or conflicts of
+//!   that first judged record, never judged again — except a re-drive record (`eos-redrive-id`)
+//!   of a dead-lettered event, whose new outcome replaces the refusal, once per re-drive id;
+//! - so an event id with two outcomes — two dead letters that judged it, or a judging dead
+//!   letter and outputs, not explained by a re-drive — is a violation (`two_outcomes`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -28,7 +34,8 @@ use std::fmt;
 use eos_core::dead_letter::{
     self, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
 };
-use eos_core::{DeadLetterReason, EventEnvelope, Fingerprint};
+use eos_core::redrive::{REDRIVE_ID_HEADER, check_redrive_id};
+use eos_core::{DeadLetterReason, Event, EventContract, EventEnvelope, Fingerprint, RecordParts};
 use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -108,6 +115,10 @@ pub enum Violation {
     WrongEntityTotal,
     /// An entity's outputs out of its input order (counted per late output).
     OrderViolation,
+    /// An event id judged again after its outcome was final: a second dead letter that judged
+    /// it, or outputs and a judging dead letter, where no re-drive explains the later one
+    /// (counted per extra outcome).
+    TwoOutcomes,
     /// An output event with no row in the sink table.
     MissingRow,
     /// Extra rows for one event id, or extra state rows for one entity (counted per extra row).
@@ -143,7 +154,7 @@ pub enum Violation {
 
 impl Violation {
     /// The kinds every audit reports: the topics'.
-    pub const TOPICS: [Violation; 17] = [
+    pub const TOPICS: [Violation; 18] = [
         Self::MissingOutput,
         Self::DuplicatedOutput,
         Self::UnexpectedOutput,
@@ -161,6 +172,7 @@ impl Violation {
         Self::UnexpectedDlqRecord,
         Self::WrongEntityTotal,
         Self::OrderViolation,
+        Self::TwoOutcomes,
     ];
 
     /// The kinds an audit with `--database-url` adds.
@@ -208,6 +220,7 @@ impl Violation {
             Self::UnexpectedDlqRecord => "unexpected_dlq_record",
             Self::WrongEntityTotal => "wrong_entity_total",
             Self::OrderViolation => "order_violation",
+            Self::TwoOutcomes => "two_outcomes",
             Self::MissingRow => "missing_row",
             Self::DuplicatedRow => "duplicated_row",
             Self::UnexpectedRow => "unexpected_row",
@@ -245,6 +258,7 @@ impl Violation {
             Self::UnexpectedDlqRecord => "DLQ records not traceable to an input",
             Self::WrongEntityTotal => "entities with wrong running totals",
             Self::OrderViolation => "per-entity order violations",
+            Self::TwoOutcomes => "event ids with two outcomes (judged again)",
             Self::MissingRow => "missing: output events without a row",
             Self::DuplicatedRow => "duplicated: extra rows for one event or entity",
             Self::UnexpectedRow => "rows for no output event",
@@ -395,6 +409,11 @@ struct InputEntry<'a> {
     role: Role,
     /// Which group (logical event) a valid input belongs to.
     group: usize,
+    /// A malformed record whose id (and so fingerprint) the ledger's contract reads: the ledger
+    /// judged and refused it, and the processor keeps that outcome for the id.
+    refused_id: Option<(String, Fingerprint)>,
+    /// The record's re-drive id (`eos-redrive-id`), when it is a re-drive.
+    redrive: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -427,8 +446,11 @@ struct Group {
     beyond_horizon: bool,
     /// The event was dead-lettered although valid: reported as misrouted, not also as missing.
     misrouted_to_dlq: bool,
-    /// Every occurrence processed would overflow its entity's total: no output is expected.
+    /// Its final outcome is a `total_overflow`: no output is expected.
     overflowed: bool,
+    /// A record the ledger refused had its id first: that refusal is the event's outcome, every
+    /// valid occurrence a conflict, and no output is expected.
+    refused_before: bool,
 }
 
 pub(crate) struct Recorder {
@@ -479,6 +501,50 @@ fn parse_input(
             })
         }),
     })
+}
+
+/// The record's re-drive id: `None` for no re-drive, an error for a header that is no id.
+fn redrive_of(record: &SourceRecord) -> Result<Option<String>, ()> {
+    match record.last_header_str(REDRIVE_ID_HEADER) {
+        Some(id) => check_redrive_id(id)
+            .map(|()| Some(id.to_owned()))
+            .map_err(|_| ()),
+        None if record
+            .headers
+            .iter()
+            .any(|(name, _)| name == REDRIVE_ID_HEADER) =>
+        {
+            Err(())
+        }
+        None => Ok(None),
+    }
+}
+
+/// The id and fingerprint of a record the ledger's contract reads an id from (as the processor
+/// does before the ledger judges it), or `None` when it cannot.
+fn event_under_contract(
+    record: &SourceRecord,
+    config: &AuditConfig,
+) -> Option<(String, Fingerprint)> {
+    let headers: Vec<(&str, Option<&[u8]>)> = record
+        .headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_deref()))
+        .collect();
+    let contract = EventContract {
+        max_record_bytes: config.max_record_bytes,
+        ..EventContract::ledger()
+    };
+    let event = Event::parse(
+        &contract,
+        RecordParts {
+            key: record.key.as_deref(),
+            value: record.value.as_deref(),
+            headers: &headers,
+        },
+    )
+    .ok()?;
+    Some((event.id.to_string(), event.fingerprint))
 }
 
 fn parse_output(record: &SourceRecord) -> Option<OutputEvent> {
@@ -573,15 +639,16 @@ fn sorted(records: &[SourceRecord]) -> Vec<&SourceRecord> {
 ///
 /// The phases run in this order, and each records its violations in it (the examples of a kind
 /// are the first found): classify the inputs into logical events, trace the dead letters to the
-/// inputs they name, replay the running totals to find the events that overflow them, check each
-/// input's dead letters, match the outputs to the logical events, check the running totals and
-/// the per-entity order, and sum up.
+/// inputs they name, judge the inputs in processing order (the running totals, which events
+/// overflow them, each id's final outcome), check each input's dead letters, match the outputs to
+/// the logical events, check that no id has two outcomes, check the running totals and the
+/// per-entity order, and sum up.
 pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
     let outputs = ParsedOutputs::new(input.output);
     let mut inputs = classify_inputs(input, config, &outputs);
     let mut recorder = Recorder::new(config.example_limit, &Violation::TOPICS);
     let traced = trace_dead_letters(input, config, &inputs, &mut recorder);
-    replay_totals(&mut inputs, &traced.horizon_allowed);
+    judge_in_order(&mut inputs, &traced.horizon_allowed);
     let mut findings = Findings {
         figures: input_figures(&inputs),
         recorder,
@@ -589,6 +656,7 @@ pub fn audit(input: &AuditInput<'_>, config: &AuditConfig) -> AuditReport {
     };
     let dead_lettered = attach_dead_letters(&traced, &mut inputs, &mut findings);
     let exactly_once = match_outputs(&mut inputs, &outputs, &mut findings);
+    check_final_outcomes(input.input_topic, &inputs, &traced, &outputs, &mut findings);
     check_totals(&inputs, &outputs, &mut findings);
     check_order(
         &inputs.entries,
@@ -659,12 +727,26 @@ fn classify_inputs<'a>(
     let mut group_by_id: HashMap<String, usize> = HashMap::new();
     for record in sorted(input.input) {
         let index = entries.len();
-        match parse_input(record, config.max_record_bytes) {
+        let redrive = redrive_of(record);
+        // A record the processor reads an id from, but with a re-drive id that is none, is
+        // refused for that before its id is looked up (and not remembered).
+        let (parsed, refused_id) = match (parse_input(record, config.max_record_bytes), &redrive) {
+            (Ok(event), Ok(_)) => (Ok(event), None),
+            (Ok(_), Err(())) => (Err(DeadLetterReason::InvalidField), None),
+            (Err(reason), redrive) => match (event_under_contract(record, config), redrive) {
+                (Some(_), Err(())) => (Err(DeadLetterReason::InvalidField), None),
+                (judged, _) => (Err(reason), judged),
+            },
+        };
+        let redrive = redrive.unwrap_or_default();
+        match parsed {
             Err(reason) => entries.push(InputEntry {
                 record,
                 event: None,
                 role: Role::Malformed(reason),
                 group: usize::MAX,
+                refused_id,
+                redrive,
             }),
             Ok(event) => {
                 let group = *group_by_id
@@ -678,6 +760,7 @@ fn classify_inputs<'a>(
                             beyond_horizon: false,
                             misrouted_to_dlq: false,
                             overflowed: false,
+                            refused_before: false,
                         });
                         groups.len() - 1
                     });
@@ -687,6 +770,8 @@ fn classify_inputs<'a>(
                     event: Some(event),
                     role: Role::Defining,
                     group,
+                    refused_id: None,
+                    redrive,
                 });
             }
         }
@@ -778,7 +863,8 @@ fn input_figures(inputs: &ClassifiedInputs<'_>) -> Figures {
             (role, Some(event)) => {
                 figures.valid_input_records += 1;
                 figures.sum_valid_input_values += i128::from(event.value);
-                if inputs.groups[entry.group].defining == index {
+                let group = &inputs.groups[entry.group];
+                if group.defining == index && !group.refused_before {
                     figures.sum_logical_values += i128::from(event.value);
                 }
                 match role {
@@ -788,6 +874,9 @@ fn input_figures(inputs: &ClassifiedInputs<'_>) -> Figures {
                     Role::Defining | Role::Malformed(_) => {}
                 }
             }
+            // A record the ledger refused, met again after its id's outcome was final.
+            (Role::Duplicate, None) => figures.duplicate_deliveries += 1,
+            (Role::Conflict, None) => figures.conflicts += 1,
             (_, None) => {}
         }
     }
@@ -840,75 +929,129 @@ fn trace_dead_letters<'a>(
     }
 }
 
-/// Phase 3: replays the processor's running totals in input order (docs/ARCHITECTURE.md "Bad
-/// input"). An occurrence whose value would take its entity's total past a signed 64-bit integer
-/// is refused (`total_overflow`): the total stays as it was and the id is not remembered, so the
-/// next occurrence of the id is tried again, and the first one that applies defines the logical
-/// event (the ones after it are then duplicates or conflicts of *its* content). An event whose
-/// every occurrence overflows has no output. Occurrences dead-lettered for the dedup horizon are
-/// decided before any total, so they take no part.
-fn replay_totals(inputs: &mut ClassifiedInputs<'_>, horizon_allowed: &[bool]) {
+/// Phase 3: judges the inputs in processing order, as the processor does (docs/TRANSFORMS.md
+/// "An event's outcome is final"), replaying the running totals (docs/ARCHITECTURE.md "Bad
+/// input"). The first record of an id the processor judges decides its outcome: a valid envelope
+/// is applied, or refused (`total_overflow`) when its value would take its entity's total past a
+/// signed 64-bit integer (the total stays as it was); a record the ledger refuses although its id
+/// is readable is refused. Every later record of the id is a duplicate (same content) or a
+/// conflict (other content) of that record, whatever the outcome was — except a re-drive record
+/// of a refused event with a re-drive id the event has not met, which is judged again and whose
+/// outcome replaces the refusal. Occurrences dead-lettered for the dedup horizon are decided
+/// before any of this, so they take no part; an occurrence before the defining one (in another
+/// partition, which the output's source chose) keeps the role it has.
+fn judge_in_order(inputs: &mut ClassifiedInputs<'_>, horizon_allowed: &[bool]) {
+    /// What the processor compares a record of an id with: a valid envelope's fingerprint, or
+    /// that of a record the ledger refused (never the same content as a valid envelope).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Content {
+        Envelope(Fingerprint),
+        Refused(Fingerprint),
+    }
+    struct Outcome {
+        content: Content,
+        applied: bool,
+        redrives: Vec<String>,
+    }
+    let mut outcomes: HashMap<&str, Outcome> = HashMap::new();
     let mut totals: HashMap<&str, i64> = HashMap::new();
-    // Per group: an occurrence was applied; an occurrence was tried at all.
-    let mut applied = vec![false; inputs.groups.len()];
-    let mut tried = vec![false; inputs.groups.len()];
+    let mut roles: Vec<(usize, Role)> = Vec::new();
     let mut redefined = Vec::new();
-    let mut overflowing = Vec::new();
     for (index, entry) in inputs.entries.iter().enumerate() {
-        let Some(event) = entry.event.as_ref() else {
-            continue;
-        };
-        let group = &inputs.groups[entry.group];
-        // A group whose defining occurrence went to the DLQ for the horizon has no total to add
-        // to; an occurrence before the defining one (in another partition, which the output's
-        // source chose) keeps the role it has.
-        if applied[entry.group]
-            || horizon_allowed[index]
-            || horizon_allowed[group.defining]
-            || (index != group.defining && !tried[entry.group])
-        {
+        if horizon_allowed[index] {
             continue;
         }
-        tried[entry.group] = true;
-        let total = totals.entry(event.entity_id.as_str()).or_default();
-        match total.checked_add(event.value) {
-            Some(sum) => {
-                *total = sum;
-                applied[entry.group] = true;
-                if index != group.defining {
-                    redefined.push((entry.group, index));
+        let (event_id, content) = match (&entry.event, &entry.refused_id) {
+            (Some(event), _) => {
+                let group = &inputs.groups[entry.group];
+                if horizon_allowed[group.defining] || index < group.defining {
+                    continue;
                 }
+                (
+                    event.event_id.as_str(),
+                    Content::Envelope(event.fingerprint),
+                )
             }
-            None => overflowing.push(index),
-        }
-    }
-    for index in overflowing {
-        inputs.entries[index].role = Role::Overflow;
-    }
-    for (group_index, defining) in redefined {
-        let entries = &mut inputs.entries;
-        let group = &mut inputs.groups[group_index];
-        group.defining = defining;
-        let fingerprint = entries[defining]
-            .event
-            .as_ref()
-            .map(|event| event.fingerprint);
-        for &index in &group.occurrences {
-            let entry = &mut entries[index];
-            if entry.role == Role::Overflow {
+            (None, Some((event_id, fingerprint))) => {
+                (event_id.as_str(), Content::Refused(*fingerprint))
+            }
+            (None, None) => continue,
+        };
+        let redrive = entry.redrive.as_deref();
+        if let Some(outcome) = outcomes.get(event_id) {
+            if outcome.content != content {
+                roles.push((index, Role::Conflict));
                 continue;
             }
-            entry.role = if index == defining {
-                Role::Defining
-            } else if entry.event.as_ref().map(|event| event.fingerprint) == fingerprint {
-                Role::Duplicate
-            } else {
-                Role::Conflict
-            };
+            let admitted = redrive.is_some_and(|id| {
+                !outcome.applied && !outcome.redrives.iter().any(|seen| seen == id)
+            });
+            if !admitted {
+                roles.push((index, Role::Duplicate));
+                continue;
+            }
         }
+        let mut redrives = outcomes
+            .remove(event_id)
+            .map(|outcome| outcome.redrives)
+            .unwrap_or_default();
+        redrives.extend(redrive.map(str::to_owned));
+        let applied = match (&entry.event, content) {
+            (Some(event), Content::Envelope(_)) => {
+                let total = totals.entry(event.entity_id.as_str()).or_default();
+                match total.checked_add(event.value) {
+                    Some(sum) => {
+                        *total = sum;
+                        if index != inputs.groups[entry.group].defining {
+                            redefined.push((entry.group, index));
+                        }
+                        true
+                    }
+                    None => {
+                        roles.push((index, Role::Overflow));
+                        false
+                    }
+                }
+            }
+            // Refused by the ledger: its role is the malformed one it has.
+            _ => false,
+        };
+        outcomes.insert(
+            event_id,
+            Outcome {
+                content,
+                applied,
+                redrives,
+            },
+        );
     }
-    for (group_index, group) in inputs.groups.iter_mut().enumerate() {
-        group.overflowed = tried[group_index] && !applied[group_index];
+    let finals: HashMap<String, (Content, bool)> = outcomes
+        .into_iter()
+        .map(|(event_id, outcome)| (event_id.to_owned(), (outcome.content, outcome.applied)))
+        .collect();
+    for (index, role) in roles {
+        inputs.entries[index].role = role;
+    }
+    for (group_index, defining) in redefined {
+        let group = &mut inputs.groups[group_index];
+        inputs.entries[group.defining].role = match inputs.entries[group.defining].role {
+            Role::Defining => Role::Duplicate,
+            role => role,
+        };
+        group.defining = defining;
+        inputs.entries[defining].role = Role::Defining;
+    }
+    for group in &mut inputs.groups {
+        let event_id = inputs.entries[group.defining]
+            .event
+            .as_ref()
+            .map(|event| event.event_id.as_str())
+            .unwrap_or_default();
+        match finals.get(event_id) {
+            Some((Content::Envelope(_), applied)) => group.overflowed = !applied,
+            Some((Content::Refused(_), _)) => group.refused_before = true,
+            None => {}
+        }
     }
 }
 
@@ -1117,6 +1260,16 @@ fn match_outputs(
             continue;
         };
         let copies = group.matching_outputs.len() as u64;
+        if group.refused_before {
+            if copies > 0 {
+                // Its id was refused first: every valid record of it is a conflict.
+                recorder.add(Violation::ConflictInOutput, copies, || {
+                    event.event_id.clone()
+                });
+                unaccounted[group.defining] = true;
+            }
+            continue;
+        }
         if group.overflowed {
             if copies > 0 {
                 // Applied although its entity's total cannot hold it: a saturated or wrapped total.
@@ -1154,7 +1307,80 @@ fn match_outputs(
     exactly_once
 }
 
-/// Phase 6: the running per-entity totals, walked in output order, when the output carries
+/// Phase 6: an event's outcome is final. Per event id, its outcomes in input order: each dead
+/// letter that judged a record of it (any reason but `event_id_conflict` and
+/// `beyond_dedup_horizon`, which leave the event's outcome as it was), and its outputs (one
+/// outcome per input record they were made from, by their `source`; last when they name none).
+/// The first is the event's outcome; each later one is a violation unless a re-drive made it —
+/// its record carries a re-drive id the event had not met, after a dead letter.
+fn check_final_outcomes(
+    input_topic: &str,
+    inputs: &ClassifiedInputs<'_>,
+    traced: &TracedDeadLetters<'_>,
+    outputs: &ParsedOutputs<'_>,
+    findings: &mut Findings,
+) {
+    /// Where an outcome came from: an input record, or an output naming none.
+    const NO_SOURCE: usize = usize::MAX;
+    let mut by_id: BTreeMap<&str, BTreeSet<(usize, bool)>> = BTreeMap::new();
+    for (index, letters) in traced.by_input.iter().enumerate() {
+        let entry = &inputs.entries[index];
+        let event_id = match (&entry.event, &entry.refused_id) {
+            (Some(event), _) => event.event_id.as_str(),
+            (None, Some((event_id, _))) => event_id.as_str(),
+            (None, None) => continue,
+        };
+        for letter in letters {
+            let reason = letter.last_header_str(REASON_HEADER).unwrap_or_default();
+            if reason == DeadLetterReason::EventIdConflict.as_str()
+                || reason == DeadLetterReason::BeyondDedupHorizon.as_str()
+            {
+                continue;
+            }
+            by_id.entry(event_id).or_default().insert((index, true));
+        }
+    }
+    for output in outputs.events.iter().flatten() {
+        let source = output
+            .source
+            .as_ref()
+            .filter(|(topic, _)| topic == input_topic)
+            .and_then(|(_, position)| inputs.position_index.get(position))
+            .copied()
+            .unwrap_or(NO_SOURCE);
+        by_id
+            .entry(output.event_id.as_str())
+            .or_default()
+            .insert((source, false));
+    }
+    for (event_id, outcomes) in by_id {
+        let mut redrives: Vec<&str> = Vec::new();
+        let mut previous_dead_letter = None;
+        for (index, dead_letter) in outcomes {
+            if let Some(after_dead_letter) = previous_dead_letter {
+                let redrive = inputs
+                    .entries
+                    .get(index)
+                    .and_then(|entry| entry.redrive.as_deref());
+                let admitted =
+                    after_dead_letter && redrive.is_some_and(|id| !redrives.contains(&id));
+                if admitted {
+                    redrives.extend(redrive);
+                } else {
+                    findings
+                        .recorder
+                        .add(Violation::TwoOutcomes, 1, || event_id.to_owned());
+                    if let Some(flag) = findings.unaccounted.get_mut(index) {
+                        *flag = true;
+                    }
+                }
+            }
+            previous_dead_letter = Some(dead_letter);
+        }
+    }
+}
+
+/// Phase 7: the running per-entity totals, walked in output order, when the output carries
 /// them.
 fn check_totals(
     inputs: &ClassifiedInputs<'_>,
@@ -1171,7 +1397,7 @@ fn check_totals(
     for group in inputs
         .groups
         .iter()
-        .filter(|group| !group.beyond_horizon && !group.overflowed)
+        .filter(|group| !group.beyond_horizon && !group.overflowed && !group.refused_before)
     {
         if let Some(event) = inputs.entries[group.defining].event.as_ref() {
             let slot = expected_totals.entry(&event.entity_id).or_default();
@@ -1829,15 +2055,16 @@ mod tests {
         let _ = OUTPUT;
     }
 
-    /// Running totals near the edges of i64: `big` overflows, comes down with a refund, takes the
-    /// refused event's re-delivery, and overflows again; `neg` overflows downwards; `small` never.
+    /// Running totals near the edges of i64: `big` overflows, comes down with a refund (after
+    /// which the refused event's re-deliveries would fit, but are duplicates: its outcome is
+    /// final), and overflows again; `neg` overflows downwards; `small` never.
     fn overflow_scenario() -> Vec<SourceRecord> {
         let mut log = InputLog::default();
         log.push(0, &envelope("e-a", "big", i64::MAX - 10))
             .push(0, &envelope("e-b", "big", 100)) // overflows: total_overflow
             .push(0, &envelope("e-c", "big", -200))
-            .push(0, &envelope("e-b", "big", 100)) // tried again, and now it fits
-            .push(0, &envelope("e-b", "big", 100)) // a plain duplicate of the applied one
+            .push(0, &envelope("e-b", "big", 100)) // would fit now: a duplicate all the same
+            .push(0, &envelope("e-b", "big", 100)) // and again
             .push(0, &envelope("e-d", "big", 500)) // overflows
             .push(0, &envelope("e-s", "small", 1))
             .push(1, &envelope("e-n1", "neg", i64::MIN + 5))
@@ -1864,9 +2091,9 @@ mod tests {
         let figures = &report.figures;
         assert_eq!(figures.total_overflows, 3);
         assert_eq!(figures.logical_events, 7);
-        assert_eq!(figures.expected_output_events, 5);
-        assert_eq!(figures.duplicate_deliveries, 1);
-        assert_eq!(figures.output_records, 5);
+        assert_eq!(figures.expected_output_events, 4);
+        assert_eq!(figures.duplicate_deliveries, 2);
+        assert_eq!(figures.output_records, 4);
         assert_eq!(figures.malformed_inputs, 0);
         assert!(figures.totals_checked);
         assert_eq!(figures.inputs_accounted, 9);
@@ -1895,16 +2122,107 @@ mod tests {
         );
         assert_eq!(report.violation_count(Violation::MissingOutput), 0);
 
-        // A processor that remembered the refused e-b and so dropped its re-delivery, which fits
-        // by then: the re-delivery is the event, and it is missing.
+        // A processor that forgot the refused e-b (as eos-processor did before issue 51) applies
+        // its re-delivery, which fits by then: e-b has two outcomes, the refusal and an output.
         let mut processed = reference_process(&input);
-        processed.output.remove(find_output(&processed, "e-b"));
+        let e_b = EventEnvelope::parse(input[3].value_bytes()).expect("parses");
+        processed.push_output(0, output_value(&e_b, &input[3], 3, i64::MAX - 110));
         let report = run(&input, &processed);
-        assert_violation(&report, Violation::MissingOutput, 1);
+        assert_violation(&report, Violation::TwoOutcomes, 1);
         assert_eq!(
-            report.violations[&Violation::MissingOutput].examples,
+            report.violations[&Violation::TwoOutcomes].examples,
             vec!["e-b".to_owned()]
         );
+        assert_violation(&report, Violation::OverflowInOutput, 1);
+    }
+
+    /// A record the ledger refuses although its id is readable (a `value` of the wrong type) is
+    /// that id's final outcome: its re-delivery is a duplicate, and a valid envelope with the id
+    /// afterwards a conflict. A processor that judged them again refuses twice and applies the
+    /// envelope: two outcomes.
+    #[test]
+    fn a_refused_record_with_a_readable_id_is_that_ids_outcome() {
+        let refused = br#"{"event_id":"e-m","entity_id":"a","value":"12"}"#;
+        let mut log = InputLog::default();
+        log.push(0, refused)
+            .push(0, refused)
+            .push(0, &envelope("e-m", "a", 12))
+            .push(0, &envelope("e-n", "a", 1));
+        let input = log.records;
+        let processed = reference_process(&input);
+        let reasons: Vec<_> = processed
+            .dlq
+            .iter()
+            .map(|dead| dead.header_str(REASON_HEADER).unwrap_or_default())
+            .collect();
+        assert_eq!(reasons, ["invalid_field", "event_id_conflict"]);
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        let figures = &report.figures;
+        assert_eq!(
+            (
+                figures.malformed_inputs,
+                figures.duplicate_deliveries,
+                figures.conflicts
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(figures.expected_output_events, 1);
+        assert_eq!(figures.inputs_accounted, 4);
+
+        let mut judged_again = Processed::default();
+        judged_again.dlq_record(&input[0], DeadLetterReason::InvalidField);
+        judged_again.dlq_record(&input[1], DeadLetterReason::InvalidField);
+        let e_m = EventEnvelope::parse(input[2].value_bytes()).expect("parses");
+        judged_again.push_output(0, output_value(&e_m, &input[2], 1, 12));
+        let e_n = EventEnvelope::parse(input[3].value_bytes()).expect("parses");
+        judged_again.push_output(0, output_value(&e_n, &input[3], 2, 13));
+        let report = run(&input, &judged_again);
+        assert_violation(&report, Violation::TwoOutcomes, 2);
+        assert_violation(&report, Violation::ConflictInOutput, 1);
+    }
+
+    /// The limit raised, an operator re-drives the overflowed e-b (a record with
+    /// `eos-redrive-id`): its output replaces the refusal, once — the same re-drive delivered
+    /// again and another re-drive of the applied event are duplicates. An output for a re-drive
+    /// id used before is a second outcome.
+    #[test]
+    fn a_redrive_replaces_a_refusal_once() {
+        let redriven = |id: &str| {
+            let mut record = record(INPUT, 0, 0, &envelope("e-b", "big", 100));
+            record.headers = vec![(REDRIVE_ID_HEADER.to_owned(), Some(id.as_bytes().to_vec()))];
+            record
+        };
+        let mut log = InputLog::default();
+        log.push(0, &envelope("e-a", "big", i64::MAX - 10))
+            .push(0, &envelope("e-b", "big", 100)) // overflows
+            .push(0, &envelope("e-c", "big", -200))
+            .push(0, &envelope("e-b", "big", 100)) // a plain re-delivery: a duplicate
+            .push(0, b"") // placeholders for the re-drives, below
+            .push(0, b"")
+            .push(0, b"");
+        let mut input = log.records;
+        for (offset, id) in [(4, "rd-1"), (5, "rd-1"), (6, "rd-2")] {
+            input[offset] = SourceRecord {
+                offset: offset as i64,
+                ..redriven(id)
+            };
+        }
+        let processed = reference_process(&input);
+        assert_eq!(processed.dlq.len(), 1, "only the first overflow");
+        assert_eq!(processed.output.len(), 3, "e-a, e-c and the re-driven e-b");
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        assert_eq!(report.figures.total_overflows, 1);
+        assert_eq!(report.figures.expected_output_events, 3);
+        assert_eq!(report.figures.duplicate_deliveries, 3);
+
+        // The same re-drive applied twice (the second delivery of rd-1 judged again).
+        let mut twice = processed.clone();
+        let e_b = EventEnvelope::parse(input[5].value_bytes()).expect("parses");
+        twice.push_output(0, output_value(&e_b, &input[5], 4, i64::MAX - 10));
+        let report = run(&input, &twice);
+        assert_violation(&report, Violation::TwoOutcomes, 1);
     }
 
     #[test]

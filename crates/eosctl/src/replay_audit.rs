@@ -3,7 +3,9 @@
 //! dead letters are read as a `read_committed` consumer sees them; `eos_transform::replay` runs
 //! the transform again over the input with the processor's own decision code and says which
 //! outputs and dead letters differ from what it computes. Counting ids shows one outcome per
-//! event; this shows the outcome is the transform's.
+//! event; this shows the outcome is the transform's. An event's outcome is final, so an event id
+//! the run judged twice (a refusal and an output, two refusals) where the replay judges it once
+//! is named in the report (`two_outcomes`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -54,6 +56,8 @@ pub struct ReplayAuditOutcome {
     pub missing: usize,
     pub unexpected: usize,
     pub dead_letter_differences: usize,
+    /// Event ids with more outcomes than the replay's one.
+    pub two_outcomes: usize,
     /// A few of each difference, for people.
     pub examples: ReplayReport,
 }
@@ -123,6 +127,7 @@ pub async fn run(
         missing: report.missing.len(),
         unexpected: report.unexpected.len(),
         dead_letter_differences: report.dead_letter_differences.len(),
+        two_outcomes: report.two_outcomes.len(),
         examples: ReplayReport {
             matched: report.matched,
             missing: report.missing.into_iter().take(EXAMPLES).collect(),
@@ -132,6 +137,7 @@ pub async fn run(
                 .into_iter()
                 .take(EXAMPLES)
                 .collect(),
+            two_outcomes: report.two_outcomes.into_iter().take(EXAMPLES).collect(),
         },
     })
 }
@@ -204,7 +210,7 @@ pub fn text(outcome: &ReplayAuditOutcome) -> String {
     let mut text = format!(
         "replay of the {} transform over {} input records: {} events applied, {} duplicates \
          dropped, {} dead letters\ncommitted outputs {}: {} as replayed, {} missing, {} \
-         unexpected; {} dead letters differ\n",
+         unexpected; {} dead letters differ; {} event ids with two outcomes\n",
         outcome.transform,
         outcome.input_records,
         outcome.applied,
@@ -215,6 +221,7 @@ pub fn text(outcome: &ReplayAuditOutcome) -> String {
         outcome.missing,
         outcome.unexpected,
         outcome.dead_letter_differences,
+        outcome.two_outcomes,
     );
     for output in &outcome.examples.missing {
         text.push_str(&format!(
@@ -231,6 +238,11 @@ pub fn text(outcome: &ReplayAuditOutcome) -> String {
     for (partition, offset, written, replayed) in &outcome.examples.dead_letter_differences {
         text.push_str(&format!(
             "  dead letter at {partition}@{offset}: committed {written}, replayed {replayed}\n"
+        ));
+    }
+    for event_id in &outcome.examples.two_outcomes {
+        text.push_str(&format!(
+            "  two outcomes for {event_id}: judged again after its outcome was final\n"
         ));
     }
     text.push_str(if outcome.passed {

@@ -8,7 +8,8 @@ use eos_core::dead_letter::{
     DETAIL_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
 };
-use eos_core::{DeadLetterReason, EventEnvelope, Fingerprint};
+use eos_core::redrive::REDRIVE_ID_HEADER;
+use eos_core::{DeadLetterReason, Event, EventContract, EventEnvelope, Fingerprint, RecordParts};
 use serde_json::{Value, json};
 
 use crate::audit::{ENTITY_COUNT_FIELD, ENTITY_TOTAL_FIELD, SOURCE_FIELD};
@@ -142,41 +143,109 @@ pub(crate) fn output_value(
 
 /// A correct processor: partitions in order, records in offset order, one dedup store keyed by
 /// event id, outputs to the same partition number with running totals, everything else to the DLQ
-/// — an event that would overflow its entity's total too, which then stays as it was and forgets
-/// the id (as eos-processor's ledger transform does).
+/// — an event that would overflow its entity's total too, which then stays as it was. An event's
+/// outcome is final (as eos-processor's): a record the ledger refuses is remembered by its id
+/// when the ledger's contract reads one, and a later record of an id is a duplicate or a conflict
+/// of its first, whatever that became — unless it is a re-drive (`eos-redrive-id`) of a refused
+/// event with an id the event has not met.
 pub(crate) fn reference_process(input: &[SourceRecord]) -> Processed {
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Content {
+        Envelope(Fingerprint),
+        Refused(Fingerprint),
+    }
+    struct Seen {
+        content: Content,
+        applied: bool,
+        redrives: Vec<String>,
+    }
     let mut sorted: Vec<&SourceRecord> = input.iter().collect();
     sorted.sort_by_key(|r| r.position());
-    let mut seen: HashMap<String, Fingerprint> = HashMap::new();
+    let mut seen: HashMap<String, Seen> = HashMap::new();
     let mut totals: HashMap<String, (u64, i64)> = HashMap::new();
     let mut processed = Processed::default();
     for source in sorted {
-        let envelope = match EventEnvelope::parse(source.value_bytes()) {
-            Ok(envelope) => envelope,
-            Err(error) => {
-                processed.dlq_record(source, error.reason());
-                continue;
-            }
+        let (event_id, content, envelope) = match EventEnvelope::parse(source.value_bytes()) {
+            Ok(envelope) => (
+                envelope.event_id.to_string(),
+                Content::Envelope(envelope.fingerprint()),
+                Ok(envelope),
+            ),
+            Err(error) => match contract_event(source) {
+                Some((event_id, fingerprint)) => {
+                    (event_id, Content::Refused(fingerprint), Err(error.reason()))
+                }
+                None => {
+                    processed.dlq_record(source, error.reason());
+                    continue;
+                }
+            },
         };
-        let fingerprint = envelope.fingerprint();
-        match seen.get(envelope.event_id.as_str()) {
-            Some(first) if *first == fingerprint => continue,
-            Some(_) => {
+        let redrive = source.last_header_str(REDRIVE_ID_HEADER).map(str::to_owned);
+        let mut redrives = Vec::new();
+        if let Some(first) = seen.get_mut(&event_id) {
+            if first.content != content {
                 processed.dlq_record(source, DeadLetterReason::EventIdConflict);
                 continue;
             }
-            None => {}
+            let admitted = redrive
+                .as_ref()
+                .is_some_and(|id| !first.applied && !first.redrives.contains(id));
+            if !admitted {
+                continue;
+            }
+            redrives = std::mem::take(&mut first.redrives);
         }
-        let entry = totals.entry(envelope.entity_id.to_string()).or_default();
-        let Some(total) = entry.1.checked_add(envelope.value) else {
-            processed.dlq_record(source, DeadLetterReason::TotalOverflow);
-            continue;
+        redrives.extend(redrive);
+        let applied = match envelope {
+            Err(reason) => {
+                processed.dlq_record(source, reason);
+                false
+            }
+            Ok(envelope) => {
+                let entry = totals.entry(envelope.entity_id.to_string()).or_default();
+                match entry.1.checked_add(envelope.value) {
+                    None => {
+                        processed.dlq_record(source, DeadLetterReason::TotalOverflow);
+                        false
+                    }
+                    Some(total) => {
+                        entry.0 += 1;
+                        entry.1 = total;
+                        let value = output_value(&envelope, source, entry.0, entry.1);
+                        processed.push_output(source.partition, value);
+                        true
+                    }
+                }
+            }
         };
-        seen.insert(envelope.event_id.to_string(), fingerprint);
-        entry.0 += 1;
-        entry.1 = total;
-        let value = output_value(&envelope, source, entry.0, entry.1);
-        processed.push_output(source.partition, value);
+        seen.insert(
+            event_id,
+            Seen {
+                content,
+                applied,
+                redrives,
+            },
+        );
     }
     processed
+}
+
+/// The id and fingerprint the ledger's contract reads from `record`, if it reads one.
+fn contract_event(record: &SourceRecord) -> Option<(String, Fingerprint)> {
+    let headers: Vec<(&str, Option<&[u8]>)> = record
+        .headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_deref()))
+        .collect();
+    let event = Event::parse(
+        &EventContract::ledger(),
+        RecordParts {
+            key: record.key.as_deref(),
+            value: record.value.as_deref(),
+            headers: &headers,
+        },
+    )
+    .ok()?;
+    Some((event.id.to_string(), event.fingerprint))
 }

@@ -209,9 +209,8 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
     assert_eq!(inputs.len(), records.len(), "every record produced is read");
     let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
     let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
-    // The workload takes every path: approvals, flags, refusals (a refused id is not
-    // remembered, so its re-delivery is refused again) and re-deliveries of approved ones,
-    // dropped.
+    // The workload takes every path: approvals, flags, refusals and re-deliveries, dropped
+    // (a refused event's too: its outcome is final).
     let paths = replay_paths(&expected, records.len(), FLAGGED_OUTPUT);
     assert!(
         paths.0 > 1_000 && paths.1 > 200 && paths.2 > 200 && paths.3 > 50,

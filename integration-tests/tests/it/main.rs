@@ -21,6 +21,7 @@ mod liveness;
 mod migrate;
 mod network_faults;
 mod outbox;
+mod outcome_final;
 mod payments_api;
 mod poison_input;
 mod postgres_idempotency;

@@ -1,7 +1,9 @@
 //! A running total at the edge of i64 through the real eos-processor: an event that would take
 //! its entity's total past a signed 64-bit integer is a `total_overflow` dead letter and leaves the
-//! total as it was; its re-delivery, once a refund has made room, is applied; and `eosctl audit`,
-//! which replays the totals in processing order, finds the result exact (docs/bad-input.md "Bad input").
+//! total as it was; the refusal is the event's final outcome, so its re-deliveries are duplicates
+//! even once a refund has made room (docs/TRANSFORMS.md "An event's outcome is final"); and
+//! `eosctl audit`, which replays the totals in processing order, finds the result exact
+//! (docs/bad-input.md "Bad input").
 
 use eos_testkit::argv;
 use std::time::Duration;
@@ -56,8 +58,8 @@ fn total_overflow_is_dead_lettered_where_it_overflows_and_audited_exact() -> any
             event("e-a", "big", i64::MAX - 10),
             event("e-b", "big", 100), // overflows
             event("e-c", "big", -200),
-            event("e-b", "big", 100), // the same event again: now it fits
-            event("e-b", "big", 100), // a duplicate of the applied one
+            event("e-b", "big", 100), // the same event again: it would fit, but was refused
+            event("e-b", "big", 100), // and again
             event("e-d", "big", 500), // overflows
             event("e-n1", "neg", i64::MIN + 5),
             event("e-n2", "neg", -10), // overflows downwards
@@ -102,24 +104,26 @@ fn total_overflow_is_dead_lettered_where_it_overflows_and_audited_exact() -> any
             ("e-n2".to_owned(), overflow()),
         ]
     );
-    // The totals were left as they were: big's last output is e-b's, at MAX - 10 - 200 + 100.
+    // The totals were left as they were: big's last output is e-c's, at MAX - 10 - 200, and the
+    // refused e-b has none.
     let outputs = read_topic(&output, Isolation::ReadCommitted)?;
     let last_big = outputs
         .iter()
         .filter_map(|record| serde_json::from_slice::<Value>(record.payload()?).ok())
         .rfind(|value| value["entity_id"] == "big")
         .context("no output for entity big")?;
-    assert_eq!(last_big["event_id"], "e-b");
-    assert_eq!(last_big["entity_total"], i64::MAX - 110);
-    assert_eq!(last_big["entity_count"], 3);
+    assert_eq!(last_big["event_id"], "e-c");
+    assert_eq!(last_big["entity_total"], i64::MAX - 210);
+    assert_eq!(last_big["entity_count"], 2);
 
     let audit = eosctl::audit(&input, &output, &dlq)?;
     assert!(audit.passed(), "audit not exact:\n{}", audit.failures());
     assert_eq!(audit.figure("total_overflows"), 3);
     assert_eq!(audit.figure("logical_events"), 7);
-    assert_eq!(audit.figure("output_records"), 5);
-    assert_eq!(audit.figure("duplicate_deliveries"), 1);
+    assert_eq!(audit.figure("output_records"), 4);
+    assert_eq!(audit.figure("duplicate_deliveries"), 2);
     assert_eq!(audit.violations("overflow_missing_from_dlq"), 0);
     assert_eq!(audit.violations("valid_event_in_dlq"), 0);
+    assert_eq!(audit.violations("two_outcomes"), 0);
     Ok(())
 }

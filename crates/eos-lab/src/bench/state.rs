@@ -185,10 +185,10 @@ fn produce_state(
     }
     for i in 0..count {
         let id = event_id(prefix, i);
-        let seen = SeenEvent {
-            fingerprint: Fingerprint::of_json(&serde_json::Value::String(id.clone())),
+        let seen = SeenEvent::applied(
+            Fingerprint::of_json(&serde_json::Value::String(id.clone())),
             expires_at,
-        };
+        );
         send(
             format!("seen/{id}"),
             serde_json::to_vec(&seen).map_err(|e| BenchError::Setup(e.to_string()))?,

@@ -228,9 +228,9 @@ pub(super) fn build_report(
         check_line(
             "duplicates suppressed",
             &audit,
-            &["duplicated_output"],
+            &["duplicated_output", "two_outcomes"],
             format!(
-                "{} re-deliveries produced no second output",
+                "{} re-deliveries produced no second output or outcome",
                 g("duplicate_deliveries")
             ),
         ),

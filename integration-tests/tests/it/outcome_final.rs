@@ -1,0 +1,589 @@
+//! An event's outcome is final (issue 51; docs/TRANSFORMS.md "An event's outcome is final"):
+//! applied, consumed, refused or failed, a re-delivery of its id with the same content is a counted
+//! duplicate and with other content an `event_id_conflict`, whatever the first outcome was — also
+//! after a SIGKILL, a cold restore from the changelog and a warm one; and the audit flags an
+//! event id with two outcomes. Through the example's real binary
+//! (`examples/card-authorisations`), whose daily limit refuses authorisations, and the ledger
+//! through the real eos-processor.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
+use eos_core::dead_letter;
+use eos_processor::replay::{self, ReplayInput, ReplayOutput};
+use eos_processor::{DEFAULT_OUTPUT, Transform as _};
+use eos_testkit::argv;
+
+use crate::card_authorisations::CommittedRun;
+use integration_tests::aimed_kill::kill_when;
+use integration_tests::service_process::{ServiceProcess, processor_state_dir};
+use integration_tests::{
+    Isolation, bootstrap_servers, client_config, create_topic, produce_records, read_topic,
+    unique_name, wait_until_consumed,
+};
+use rdkafka::Message as _;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::{Headers as _, OwnedMessage};
+use serde_json::{Value, json};
+
+/// A record to write with headers of its own: key, value, headers.
+type HeaderedRecord<'a> = (Option<String>, Vec<u8>, Vec<(&'a str, String)>);
+
+/// Each run below drains (the group commits the input's end) within this, once its last record
+/// is written.
+const DRAIN_BOUND: Duration = Duration::from_secs(60);
+/// How long an aimed kill may look for an open transaction.
+const AIM_WITHIN: Duration = Duration::from_secs(30);
+/// Cards, each with an approval, a refusal over its limit and an approval the next day.
+const CARDS: usize = 30;
+/// The limit the processor runs with: an authorisation of 90.00 then one of 50.00 on one day is
+/// refused.
+const DAILY_LIMIT: &str = "100.00";
+/// The transform as the processor runs it (for the replay).
+const TRANSFORM: CardAuthorisations = CardAuthorisations {
+    daily_limit: 10_000,
+    flag_at: 100_000,
+};
+
+/// The topics, group and instance of one card-authorisations pipeline.
+struct Pipeline {
+    bootstrap: String,
+    input: String,
+    approved: String,
+    flagged: String,
+    group: String,
+    instance: &'static str,
+}
+
+impl Pipeline {
+    async fn create(name: &str) -> anyhow::Result<Self> {
+        let pipeline = Self {
+            bootstrap: bootstrap_servers(),
+            input: unique_name(&format!("{name}-auths")),
+            approved: unique_name(&format!("{name}-approved")),
+            flagged: unique_name(&format!("{name}-flagged")),
+            group: unique_name(&format!("{name}-cards")),
+            instance: "final-0",
+        };
+        create_topic(&pipeline.input, 2).await?;
+        Ok(pipeline)
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}.dlq", self.input)
+    }
+
+    /// The example's binary with `daily_limit`, committing every `commit_interval`.
+    fn spawn(&self, daily_limit: &str, commit_interval: &str) -> anyhow::Result<ServiceProcess> {
+        let args = argv!(card_authorisations::Args {
+            processor.kafka.bootstrap_servers: &self.bootstrap,
+            processor.input_topic: &self.input,
+            processor.output_topic: &self.approved,
+            processor.outputs: format!("{FLAGGED_OUTPUT}={}", self.flagged),
+            processor.group_id: &self.group,
+            processor.instance.instance_id: self.instance,
+            processor.metrics_addr: "127.0.0.1:0",
+            processor.commit_interval: commit_interval,
+            daily_limit: daily_limit,
+            flag_at: "1000.00",
+        });
+        ServiceProcess::spawn("card-authorisations", &args, &[])
+    }
+
+    /// Waits until the group has committed the input's end, within [`DRAIN_BOUND`]; how long
+    /// that took.
+    fn drain(&self, processor: &ServiceProcess) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        wait_until_consumed(&self.bootstrap, &self.group, &self.input, DRAIN_BOUND)
+            .with_context(|| processor.log_tail(40))?;
+        Ok(started.elapsed())
+    }
+
+    /// Forgets the instance's local store, so that its next start restores cold, from the
+    /// changelog alone.
+    fn forget_local_state(&self) -> anyhow::Result<()> {
+        let dir = eos_processor::state_store::instance_dir(
+            &processor_state_dir(),
+            &self.group,
+            self.instance,
+        );
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))
+    }
+}
+
+/// An authorisation of `amount` on `card` at `at`, keyed by the card.
+fn authorisation(
+    auth_id: &str,
+    card: &str,
+    amount: &str,
+    merchant: &str,
+    at: time::OffsetDateTime,
+) -> (Option<String>, Vec<u8>) {
+    let at = at
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let value = json!({
+        "auth_id": auth_id, "card": card, "amount": amount, "currency": "EUR",
+        "merchant": merchant, "at": at,
+    });
+    (Some(card.to_owned()), value.to_string().into_bytes())
+}
+
+/// Yesterday and today at 10:00 UTC: within the default dedup horizon, and two days, so the
+/// second day's first authorisation starts the card's spend from zero.
+fn days() -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let today = time::OffsetDateTime::now_utc()
+        .replace_time(time::macros::time!(10:00))
+        .min(time::OffsetDateTime::now_utc());
+    (today - time::Duration::days(1), today)
+}
+
+/// The three kinds of authorisation per card: approved (`x`), refused over the limit (`r`),
+/// refused for a malformed amount (`b`, every third card) and, the next day, approved (`y`).
+struct Cards {
+    first: Vec<(Option<String>, Vec<u8>)>,
+}
+
+fn card(k: usize) -> String {
+    format!("card-{k}")
+}
+
+fn first_outcomes() -> Cards {
+    let (yesterday, today) = days();
+    let mut first = Vec::new();
+    for k in 0..CARDS {
+        let card = card(k);
+        let second = time::Duration::seconds(k as i64);
+        first.push(authorisation(
+            &format!("x-{k}"),
+            &card,
+            "90.00",
+            "m-1",
+            yesterday + second,
+        ));
+        first.push(authorisation(
+            &format!("r-{k}"),
+            &card,
+            "50.00",
+            "m-2",
+            yesterday + second,
+        ));
+        if k % 3 == 0 {
+            first.push(authorisation(
+                &format!("b-{k}"),
+                &card,
+                "12.5x",
+                "m-3",
+                yesterday + second,
+            ));
+        }
+        first.push(authorisation(
+            &format!("y-{k}"),
+            &card,
+            "10.00",
+            "m-4",
+            today + second,
+        ));
+    }
+    Cards { first }
+}
+
+/// Re-deliveries after the first outcomes: every refused authorisation again with its content (a
+/// duplicate: its spend would fit now, since the card's day moved on), every even card's refused
+/// one with a smaller amount (a conflict), the malformed ones again (duplicates), and the
+/// approved ones again, every fifth with other content (a conflict).
+fn redeliveries(cards: &Cards) -> Vec<(Option<String>, Vec<u8>)> {
+    let (yesterday, _) = days();
+    let by_id: BTreeMap<String, &(Option<String>, Vec<u8>)> = cards
+        .first
+        .iter()
+        .map(|record| (auth_id(&record.1), record))
+        .collect();
+    let mut again = Vec::new();
+    for k in 0..CARDS {
+        let card = card(k);
+        let second = time::Duration::seconds(k as i64);
+        again.push(by_id[&format!("r-{k}")].clone());
+        if k % 2 == 0 {
+            again.push(authorisation(
+                &format!("r-{k}"),
+                &card,
+                "5.00",
+                "m-2",
+                yesterday + second,
+            ));
+        }
+        if k % 3 == 0 {
+            again.push(by_id[&format!("b-{k}")].clone());
+        }
+        again.push(by_id[&format!("x-{k}")].clone());
+        if k % 5 == 0 {
+            again.push(authorisation(
+                &format!("x-{k}"),
+                &card,
+                "1.00",
+                "m-1",
+                yesterday + second,
+            ));
+        }
+    }
+    again
+}
+
+fn auth_id(value: &[u8]) -> String {
+    serde_json::from_slice::<Value>(value)
+        .ok()
+        .and_then(|value| value["auth_id"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a str> {
+    message
+        .headers()?
+        .iter()
+        .filter(|h| h.key == name)
+        .last()
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+/// Whether a transaction is open on one of `topics`: a partition whose last stable offset is
+/// behind its end. Asked while the processor is frozen, that is a batch a SIGKILL now loses.
+fn transaction_open_on(topics: &[&str]) -> anyhow::Result<bool> {
+    let committed: BaseConsumer = client_config()
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let uncommitted: BaseConsumer = client_config()
+        .set("isolation.level", "read_uncommitted")
+        .create()?;
+    for topic in topics {
+        let metadata = uncommitted.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            let (_, end) =
+                uncommitted.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+            let (_, stable) =
+                committed.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+            if stable < end {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// What one event id came to, as committed: its dead letters (reason, transform code, source
+/// offset) and how many outputs it has on each output.
+#[derive(Debug, Default)]
+struct Outcomes {
+    dead_letters: Vec<(String, String, String)>,
+    approved: usize,
+    flagged: usize,
+}
+
+fn committed_outcomes(pipeline: &Pipeline) -> anyhow::Result<BTreeMap<String, Outcomes>> {
+    let mut outcomes: BTreeMap<String, Outcomes> = BTreeMap::new();
+    for letter in read_topic(&pipeline.dlq(), Isolation::ReadCommitted)? {
+        let id = auth_id(letter.payload().unwrap_or_default());
+        let field = |name| header(&letter, name).unwrap_or_default().to_owned();
+        outcomes.entry(id).or_default().dead_letters.push((
+            field(dead_letter::REASON_HEADER),
+            field(dead_letter::TRANSFORM_REASON_HEADER),
+            field(dead_letter::SOURCE_OFFSET_HEADER),
+        ));
+    }
+    for message in read_topic(&pipeline.approved, Isolation::ReadCommitted)? {
+        let id = header(&message, "event_id").unwrap_or_default().to_owned();
+        outcomes.entry(id).or_default().approved += 1;
+    }
+    for message in read_topic(&pipeline.flagged, Isolation::ReadCommitted)? {
+        let id = header(&message, "event_id").unwrap_or_default().to_owned();
+        outcomes.entry(id).or_default().flagged += 1;
+    }
+    Ok(outcomes)
+}
+
+/// The committed input with its headers, the outputs and the dead letters by source position,
+/// for the replay.
+fn committed_run(pipeline: &Pipeline) -> anyhow::Result<CommittedRun> {
+    let inputs = read_topic(&pipeline.input, Isolation::ReadCommitted)?
+        .iter()
+        .map(|message| ReplayInput {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers: message
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for (topic, name) in [
+        (&pipeline.approved, DEFAULT_OUTPUT),
+        (&pipeline.flagged, FLAGGED_OUTPUT),
+    ] {
+        for message in read_topic(topic, Isolation::ReadCommitted)? {
+            outputs.push(ReplayOutput::committed(
+                header(&message, "event_id").unwrap_or_default(),
+                name,
+                message.key(),
+                message.payload().unwrap_or_default(),
+            ));
+        }
+    }
+    let letters = read_topic(&pipeline.dlq(), Isolation::ReadCommitted)?
+        .iter()
+        .filter_map(|letter| {
+            Some((
+                (
+                    header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
+                        .parse()
+                        .ok()?,
+                    header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
+                        .parse()
+                        .ok()?,
+                ),
+                header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    Ok((inputs, outputs, letters))
+}
+
+/// The replay (the processor's own decision code over the committed input) computes exactly
+/// what was committed.
+fn assert_replay_exact(pipeline: &Pipeline) -> anyhow::Result<()> {
+    let (inputs, committed, letters) = committed_run(pipeline)?;
+    let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
+    let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
+    let report = replay::compare(&expected, &committed, &letters);
+    assert!(report.exact(), "the replay differs: {report:?}");
+    Ok(())
+}
+
+/// The finality rule under SIGKILL: refused authorisations (over the daily limit, a malformed
+/// amount) re-delivered with the same content are counted duplicates — no second dead letter, and
+/// no approval although the card's spend would allow it by then — and with other content
+/// `event_id_conflict`s; the same after a SIGKILL and a cold restore from the changelog, and with
+/// a SIGKILL aimed at an open transaction of the re-deliveries and a warm restore after it.
+#[test]
+fn a_refused_event_keeps_its_outcome_through_redeliveries_and_sigkills() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let pipeline = runtime.block_on(Pipeline::create("final"))?;
+    let cards = first_outcomes();
+    produce_records(&pipeline.input, &cards.first)?;
+    let mut first = pipeline.spawn(DAILY_LIMIT, "100ms")?;
+    let drained = pipeline.drain(&first)?;
+    eprintln!("first outcomes drained in {drained:?}");
+    // Idle, so nothing is lost; its store goes too, so the next start restores cold.
+    first.kill_hard()?;
+    pipeline.forget_local_state()?;
+
+    // A long commit interval keeps each batch's transaction open long enough to aim at.
+    let mut second = pipeline.spawn(DAILY_LIMIT, "1s")?;
+    second.wait_for_log_line("state restored", Duration::from_secs(60))?;
+    produce_records(&pipeline.input, &redeliveries(&cards))?;
+    let dlq = pipeline.dlq();
+    let topics = [dlq.as_str(), pipeline.approved.as_str()];
+    kill_when(&mut second, AIM_WITHIN, || {
+        Ok(transaction_open_on(&topics)?.then_some(()))
+    })?
+    .with_context(|| {
+        format!(
+            "no open transaction of the re-deliveries within {AIM_WITHIN:?}\n{}",
+            second.log_tail(30)
+        )
+    })?;
+    // The same instance again: its init_transactions aborts the open batch, and it restores warm.
+    let mut third = pipeline.spawn(DAILY_LIMIT, "100ms")?;
+    let drained = pipeline.drain(&third)?;
+    eprintln!("re-deliveries drained in {drained:?} after the aimed kill");
+    third.stop_gracefully()?;
+
+    let outcomes = committed_outcomes(&pipeline)?;
+    let none = Outcomes::default();
+    for k in 0..CARDS {
+        let refused = format!("r-{k}");
+        let got = outcomes.get(&refused).unwrap_or(&none);
+        assert_eq!(
+            got.approved, 0,
+            "{refused} was refused over its daily limit, then approved when re-delivered: {got:?}"
+        );
+        let over_limit = got
+            .dead_letters
+            .iter()
+            .filter(|(_, code, _)| code == "over_daily_limit")
+            .count();
+        assert_eq!(
+            over_limit, 1,
+            "{refused}: one over_daily_limit dead letter, its re-delivery a duplicate: {got:?}"
+        );
+        let conflicts = got
+            .dead_letters
+            .iter()
+            .filter(|(reason, _, _)| reason == "event_id_conflict")
+            .count();
+        assert_eq!(
+            conflicts,
+            usize::from(k % 2 == 0),
+            "{refused}: other content after a refusal is an event_id_conflict: {got:?}"
+        );
+        if k % 3 == 0 {
+            let malformed = format!("b-{k}");
+            let got = outcomes.get(&malformed).unwrap_or(&none);
+            assert_eq!(
+                (got.dead_letters.len(), got.approved),
+                (1, 0),
+                "{malformed}: one invalid_amount dead letter, its re-delivery a duplicate: {got:?}"
+            );
+            assert_eq!(got.dead_letters[0].1, "invalid_amount", "{got:?}");
+        }
+        for approved in [format!("x-{k}"), format!("y-{k}")] {
+            let got = outcomes.get(&approved).unwrap_or(&none);
+            assert_eq!(got.approved, 1, "{approved}: approved once: {got:?}");
+            let conflicts = usize::from(approved.starts_with('x') && k % 5 == 0);
+            assert_eq!(got.dead_letters.len(), conflicts, "{approved}: {got:?}");
+        }
+    }
+    assert_replay_exact(&pipeline)?;
+    eprintln!("finality under SIGKILL: {:?} in all", started.elapsed());
+    Ok(())
+}
+
+/// Writes `records` (key, value, headers) to `topic` with an idempotent producer: what a
+/// processor of the code before finality wrote, forged after the fact.
+fn produce_with_headers(topic: &str, records: &[HeaderedRecord<'_>]) -> anyhow::Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let producer: BaseProducer =
+        eos_runtime::kafka_clients::idempotent_producer(&client_config()).create()?;
+    for (key, value, headers) in records {
+        let mut owned = OwnedHeaders::new();
+        for (name, header) in headers {
+            owned = owned.insert(Header {
+                key: name,
+                value: Some(header.as_bytes()),
+            });
+        }
+        let mut record = BaseRecord::<str, [u8]>::to(topic)
+            .payload(value.as_slice())
+            .headers(owned);
+        if let Some(key) = key {
+            record = record.key(key.as_str());
+        }
+        producer.send(record).map_err(|(error, _)| error)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    Ok(())
+}
+
+/// The audit flags an event id with two outcomes: the ledger through the real eos-processor
+/// (an overflow refused, its re-delivery a duplicate although a refund made room) is exact;
+/// then what the processor before finality committed on top — the re-delivery applied (an output
+/// after the refusal), then refused a second time (another dead letter) — is `two_outcomes`,
+/// once per extra outcome, in `eosctl audit` and in its replay proof.
+#[test]
+fn the_audit_flags_an_event_id_with_two_outcomes() -> anyhow::Result<()> {
+    let bootstrap = bootstrap_servers();
+    let (input, output, group) = (
+        unique_name("two-outcomes-payments"),
+        unique_name("two-outcomes-ledger"),
+        unique_name("two-outcomes-processor"),
+    );
+    tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 1))?;
+    let dlq = format!("{input}.dlq");
+    let ledger = |event_id: &str, value: i64| {
+        (
+            Some("big".to_owned()),
+            json!({"event_id": event_id, "entity_id": "big", "value": value})
+                .to_string()
+                .into_bytes(),
+        )
+    };
+    let events = [
+        ledger("e-a", i64::MAX - 10),
+        ledger("e-b", 100), // overflows
+        ledger("e-c", -200),
+        ledger("e-b", 100), // re-delivered: it would fit now, but its outcome is final
+    ];
+    produce_records(&input, &events)?;
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        input_topic: &input,
+        output_topic: &output,
+        group_id: &group,
+        instance.instance_id: "two-outcomes",
+        metrics_addr: "127.0.0.1:0",
+    });
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    let started = Instant::now();
+    wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND)
+        .with_context(|| processor.log_tail(40))?;
+    eprintln!("ledger drained in {:?}", started.elapsed());
+    processor.stop_gracefully()?;
+    let exact = integration_tests::eosctl::audit(&input, &output, &dlq)?;
+    assert!(exact.passed(), "audit not exact:\n{}", exact.failures());
+    assert_eq!(exact.violations("two_outcomes"), 0);
+    assert_eq!(exact.figure("duplicate_deliveries"), 1);
+
+    // The code before: the re-delivery at offset 3 applied, with the totals it had then.
+    let applied_again = json!({
+        "event_id": "e-b", "entity_id": "big", "value": 100,
+        "entity_total": i64::MAX - 110, "entity_count": 3,
+        "source": {"topic": input, "partition": 0, "offset": 3},
+    });
+    produce_records(
+        &output,
+        &[(
+            Some("big".to_owned()),
+            applied_again.to_string().into_bytes(),
+        )],
+    )?;
+    let audit = integration_tests::eosctl::audit(&input, &output, &dlq)?;
+    assert!(!audit.passed(), "a refusal and an output for e-b passed");
+    assert_eq!(audit.violations("two_outcomes"), 1, "{}", audit.failures());
+    assert_eq!(
+        audit.report["violations"]["two_outcomes"]["examples"][0],
+        "e-b"
+    );
+    // And refused a second time: another dead letter that judged e-b.
+    let (_, refused_again) = ledger("e-b", 100);
+    produce_with_headers(
+        &dlq,
+        &[(
+            Some("big".to_owned()),
+            refused_again,
+            vec![
+                (dead_letter::REASON_HEADER, "total_overflow".to_owned()),
+                (dead_letter::SOURCE_TOPIC_HEADER, input.clone()),
+                (dead_letter::SOURCE_PARTITION_HEADER, "0".to_owned()),
+                (dead_letter::SOURCE_OFFSET_HEADER, "3".to_owned()),
+                (dead_letter::TRUNCATED_HEADER, "false".to_owned()),
+            ],
+        )],
+    )?;
+    let audit = integration_tests::eosctl::audit(&input, &output, &dlq)?;
+    assert_eq!(audit.violations("two_outcomes"), 2, "{}", audit.failures());
+    // The replay proof, deciding as the processor does, names it too.
+    let replay = integration_tests::eosctl::audit_with(
+        &bootstrap,
+        &input,
+        &output,
+        &dlq,
+        &["--replay", "--transform", "ledger"],
+    )?;
+    assert_eq!(replay.exit_code, 1, "{}", replay.report);
+    assert_eq!(replay.report["two_outcomes"], 1, "{}", replay.report);
+    assert_eq!(replay.report["examples"]["two_outcomes"][0], "e-b");
+    Ok(())
+}
