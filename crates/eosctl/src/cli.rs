@@ -28,7 +28,7 @@ pub fn global_option(arg: clap::Arg) -> clap::Arg {
     name = "eosctl",
     version,
     about = "Produce at-least-once workloads, audit a pipeline's exactly-once result, watch its \
-             lag, show an event's trace and settle held operations",
+             lag, show an event's trace, settle held operations and re-drive dead letters",
     after_help = EXIT_STATUS,
     mut_arg("bootstrap_servers", global_option),
     mut_arg("kafka_properties", global_option),
@@ -127,6 +127,131 @@ pub enum Command {
     /// token) and marks the held rows resolved.
     #[command(subcommand)]
     Held(HeldCommand),
+    /// List dead letters, or re-drive chosen ones through the processor, once, on the record
+    ///
+    /// An event's outcome is final: once the processor applied, refused or failed it, a
+    /// re-delivery of its id is a duplicate (or, with other content, an event_id_conflict), never
+    /// judged again. `list` shows the dead letters of a dead-letter topic by reason, transform
+    /// reason, source topic, event id and time, and which re-drive took each. `redrive` is the
+    /// operator's act of judging chosen ones again (the transform fixed, a limit raised): it
+    /// sends each dead letter's original record, read back from its input partition, to that
+    /// partition again with eos-redrive-id, eos-redriven-by and eos-redrive-reason, and writes a
+    /// record of who re-drove which dead letter and why to the re-drive log topic, in one Kafka
+    /// transaction. The processor judges a dead-lettered event again once per re-drive id; the
+    /// new outcome replaces the refusal, exactly once, and a dead letter already re-driven is
+    /// skipped.
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLettersCommand {
+    /// Show the dead letters the filters choose, oldest first, with the re-drive that took each
+    List(DeadLettersListArgs),
+    /// Re-drive the dead letters the filters choose (at least one filter), as one act of --by
+    /// for --why
+    Redrive(DeadLettersRedriveArgs),
+}
+
+/// Which dead letters, and where they and their re-drive log are.
+#[derive(Debug, Args)]
+pub struct DeadLetterFilters {
+    /// The dead-letter topic (the processor's --dlq-topic; by default <input topic>.dlq).
+    #[arg(long, value_name = "TOPIC")]
+    pub dlq: String,
+
+    /// Only dead letters with this reason (eos-dlq-reason: transform_refused, transform_panic,
+    /// transform_trap, transform_limit, total_overflow, …); repeat for several.
+    #[arg(long = "reason", value_name = "REASON")]
+    pub reasons: Vec<eos_core::DeadLetterReason>,
+
+    /// Only those with this transform reason code (eos-dlq-transform-reason, such as
+    /// over_daily_limit); repeat for several.
+    #[arg(long = "transform-reason", value_name = "CODE")]
+    pub transform_reasons: Vec<String>,
+
+    /// Only those of records read from this input topic; repeat for several.
+    #[arg(long = "source-topic", value_name = "TOPIC")]
+    pub source_topics: Vec<String>,
+
+    /// Only those of this event id (read where --event-id says); repeat for several.
+    #[arg(long = "id", value_name = "EVENT_ID")]
+    pub ids: Vec<String>,
+
+    /// Only those dead-lettered at or after this time: RFC 3339, or how long ago (90m, 2h, 7d).
+    #[arg(long, value_parser = parse_time_bound, value_name = "TIME")]
+    pub since: Option<OffsetDateTime>,
+
+    /// Only those dead-lettered before this time: RFC 3339, or how long ago.
+    #[arg(long, value_parser = parse_time_bound, value_name = "TIME")]
+    pub until: Option<OffsetDateTime>,
+
+    /// Where the events keep their id, as the processor's --event-id: header:<name>, key or a
+    /// JSON pointer into the original value such as /auth_id.
+    #[arg(long, default_value = "header:event_id", value_name = "LOCATION")]
+    pub event_id: eos_core::FieldLocation,
+
+    /// The re-drive log topic [default: <source topic>.redrives, for each source topic].
+    #[arg(long, value_name = "TOPIC")]
+    pub redrive_log: Option<String>,
+
+    /// Give up when a topic makes no progress towards its end for this long.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub end_timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct DeadLettersListArgs {
+    #[command(flatten)]
+    pub filters: DeadLetterFilters,
+
+    /// Only dead letters no re-drive took yet.
+    #[arg(long)]
+    pub not_redriven: bool,
+
+    /// Print the dead letters as one JSON array on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DeadLettersRedriveArgs {
+    #[command(flatten)]
+    pub filters: DeadLetterFilters,
+
+    /// Who re-drives them (a name the audit trail keeps: eos-redriven-by and the log).
+    #[arg(long, env = "EOSCTL_OPERATOR", value_name = "NAME")]
+    pub by: String,
+
+    /// Why (the transform fixed, a limit raised, a ticket): eos-redrive-reason and the log.
+    #[arg(long, value_name = "TEXT")]
+    pub why: String,
+
+    /// The re-drive's id [default: rd-<UTC time>-<random>]: give the id of an earlier run to
+    /// repeat it, which the processor then takes as a duplicate wherever it was judged.
+    #[arg(long, value_name = "ID")]
+    pub redrive_id: Option<String>,
+
+    /// Show what would be re-driven, and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--since`/`--until`: an RFC 3339 time, or a duration meaning that long before now.
+fn parse_time_bound(text: &str) -> Result<OffsetDateTime, String> {
+    if let Ok(at) = OffsetDateTime::parse(text, &Rfc3339) {
+        return Ok(at);
+    }
+    let ago = humantime::parse_duration(text)
+        .map_err(|_| format!("{text:?} is neither an RFC 3339 time nor a duration such as 2h"))?;
+    let ago = time::Duration::try_from(ago).map_err(|e| e.to_string())?;
+    OffsetDateTime::now_utc()
+        .checked_sub(ago)
+        .ok_or_else(|| format!("{text} ago is before any time"))
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,7 +1,8 @@
 //! `eosctl`, the command-line tool of eos-suite: it writes realistic at-least-once workloads to
 //! Kafka (`produce`), proves — or refutes — a pipeline's exactly-once result (`audit`), tells how
-//! far a consumer group is behind (`lag`), shows an event's trace from Jaeger as a tree (`trace`)
-//! and settles the operations the sink held (`held`). The demo and the benchmarks are eos-lab's:
+//! far a consumer group is behind (`lag`), shows an event's trace from Jaeger as a tree (`trace`),
+//! settles the operations the sink held (`held`) and lists and re-drives dead letters
+//! (`dead-letters`). The demo and the benchmarks are eos-lab's:
 //! it runs this crate's producer, lag watch, audit and trace in-process.
 //!
 //! Guarantee of the audit: it passes only when every input record is accounted for exactly once —
@@ -11,9 +12,10 @@
 //! a database and a provider, it also passes only when the sink's tables and the provider's
 //! effects hold each output event exactly once.
 //!
-//! The audit's rules ([`audit`], [`boundary_audit`]) and the workload generator ([`workload`])
-//! are pure and unit-tested; [`topic_reader`], [`kafka_client`], [`group_offsets`] and
-//! [`produce`] are the Kafka adapters, [`boundary_reader`] the PostgreSQL and provider one,
+//! The audit's rules ([`audit`], [`boundary_audit`]), the workload generator ([`workload`]) and
+//! the choice of dead letters and their re-drive records ([`dead_letters`]) are pure and
+//! unit-tested; [`topic_reader`], [`kafka_client`], [`group_offsets`], [`produce`] and
+//! [`redrive`] are the Kafka adapters, [`boundary_reader`] the PostgreSQL and provider one,
 //! [`jaeger`] the Jaeger query API's (its spans become trees in the pure [`trace_tree`]).
 //! [`commands`] holds one module per subcommand, which puts these together and prints the
 //! result.
@@ -23,12 +25,14 @@ pub mod boundary_audit;
 pub mod boundary_reader;
 pub mod cli;
 pub mod commands;
+pub mod dead_letters;
 pub mod group_offsets;
 pub mod held;
 pub mod jaeger;
 pub mod kafka_client;
 pub mod lag;
 pub mod produce;
+pub mod redrive;
 pub mod replay_audit;
 pub mod report;
 pub mod source_record;

@@ -1,10 +1,11 @@
 //! An event's outcome is final (issue 51; docs/TRANSFORMS.md "An event's outcome is final"):
 //! applied, consumed, refused or failed, a re-delivery of its id with the same content is a counted
 //! duplicate and with other content an `event_id_conflict`, whatever the first outcome was — also
-//! after a SIGKILL, a cold restore from the changelog and a warm one; and the audit flags an
-//! event id with two outcomes. Through the example's real binary
-//! (`examples/card-authorisations`), whose daily limit refuses authorisations, and the ledger
-//! through the real eos-processor.
+//! after a SIGKILL, a cold restore from the changelog and a warm one; judging it again is an
+//! operator's re-drive, which takes effect exactly once (docs/TRANSFORMS.md "Re-driving dead
+//! letters"); and the audit flags an event id with two outcomes. Through the example's real
+//! binary (`examples/card-authorisations`), whose daily limit refuses authorisations, and the
+//! ledger through the real eos-processor.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -457,6 +458,205 @@ fn a_refused_event_keeps_its_outcome_through_redeliveries_and_sigkills() -> anyh
     }
     assert_replay_exact(&pipeline)?;
     eprintln!("finality under SIGKILL: {:?} in all", started.elapsed());
+    Ok(())
+}
+
+/// Runs the real `eosctl` with `args` against the local stack; its JSON answer.
+fn eosctl_json(args: &[&str]) -> anyhow::Result<Value> {
+    let output = std::process::Command::new(integration_tests::workspace_binary("eosctl")?)
+        .args(args)
+        .args(["--bootstrap-servers", &bootstrap_servers(), "--json"])
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "eosctl {args:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).context("eosctl printed no JSON")
+}
+
+/// A re-drive exactly once, with a SIGKILL during it: authorisations refused over a daily limit
+/// of 100.00; the limit raised to 1,000.00 and the processor restarted; an operator re-drives
+/// the over_daily_limit dead letters with `eosctl dead-letters redrive`, and the processor is
+/// SIGKILLed while the re-drive's approvals are in an open transaction. Meanwhile the re-drive
+/// records are delivered a second time and the refused authorisations re-delivered plainly. Each
+/// refused authorisation is then approved exactly once, by that re-drive (its output names it),
+/// its dead letter stays the only one, and the log says who re-drove it and why; the same
+/// command again re-drives nothing.
+#[test]
+fn a_redrive_replaces_a_refusal_exactly_once_under_sigkill() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let pipeline = runtime.block_on(Pipeline::create("redrive"))?;
+    let (yesterday, _) = days();
+    let mut first = Vec::new();
+    for k in 0..CARDS {
+        let second = time::Duration::seconds(k as i64);
+        first.push(authorisation(
+            &format!("x-{k}"),
+            &card(k),
+            "90.00",
+            "m-1",
+            yesterday + second,
+        ));
+        first.push(authorisation(
+            &format!("r-{k}"),
+            &card(k),
+            "50.00",
+            "m-2",
+            yesterday + second,
+        ));
+    }
+    produce_records(&pipeline.input, &first)?;
+    let mut strict = pipeline.spawn(DAILY_LIMIT, "100ms")?;
+    pipeline.drain(&strict)?;
+    strict.stop_gracefully()?;
+
+    // The limit raised; the refusals stand until an operator re-drives them.
+    let raised = "1000.00";
+    let mut second = pipeline.spawn(raised, "1s")?;
+    second.wait_for_log_line("state restored", Duration::from_secs(60))?;
+    let dlq = pipeline.dlq();
+    let redrive_args = [
+        "dead-letters",
+        "redrive",
+        "--dlq",
+        &dlq,
+        "--transform-reason",
+        "over_daily_limit",
+        "--event-id",
+        "/auth_id",
+        "--by",
+        "it-operator",
+        "--why",
+        "daily limit raised to 1000.00",
+    ];
+    let redrive = eosctl_json(&redrive_args)?;
+    let redrive_id = redrive["redrive_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        redrive["redriven"].as_array().map(Vec::len),
+        Some(CARDS),
+        "{redrive}"
+    );
+    let approved = pipeline.approved.clone();
+    kill_when(&mut second, AIM_WITHIN, || {
+        Ok(transaction_open_on(&[approved.as_str()])?.then_some(()))
+    })?
+    .with_context(|| {
+        format!(
+            "no open transaction of the re-drive within {AIM_WITHIN:?}\n{}",
+            second.log_tail(30)
+        )
+    })?;
+    // The re-drive records delivered again (a retrying producer), and the refused ones
+    // re-delivered plainly: duplicates, all of them.
+    let redrive_copies: Vec<HeaderedRecord<'_>> =
+        read_topic(&pipeline.input, Isolation::ReadCommitted)?
+            .iter()
+            .filter(|record| header(record, eos_core::redrive::REDRIVE_ID_HEADER).is_some())
+            .map(|record| {
+                let headers = [
+                    eos_core::redrive::REDRIVE_ID_HEADER,
+                    eos_core::redrive::REDRIVEN_BY_HEADER,
+                ]
+                .into_iter()
+                .filter_map(|name| Some((name, header(record, name)?.to_owned())))
+                .collect();
+                (
+                    record
+                        .key()
+                        .map(|key| String::from_utf8_lossy(key).into_owned()),
+                    record.payload().unwrap_or_default().to_vec(),
+                    headers,
+                )
+            })
+            .collect();
+    assert_eq!(redrive_copies.len(), CARDS);
+    produce_with_headers(&pipeline.input, &redrive_copies)?;
+    let refused_again: Vec<_> = first
+        .iter()
+        .filter(|(_, value)| auth_id(value).starts_with("r-"))
+        .cloned()
+        .collect();
+    produce_records(&pipeline.input, &refused_again)?;
+    let mut third = pipeline.spawn(raised, "100ms")?;
+    let drained = pipeline.drain(&third)?;
+    eprintln!("re-drive drained in {drained:?} after the aimed kill");
+    third.stop_gracefully()?;
+
+    let outcomes = committed_outcomes(&pipeline)?;
+    let redriven_by: BTreeMap<String, String> =
+        read_topic(&pipeline.approved, Isolation::ReadCommitted)?
+            .iter()
+            .filter_map(|output| {
+                Some((
+                    header(output, "event_id")?.to_owned(),
+                    header(output, eos_core::redrive::REDRIVE_ID_HEADER)?.to_owned(),
+                ))
+            })
+            .collect();
+    let none = Outcomes::default();
+    for k in 0..CARDS {
+        let refused = format!("r-{k}");
+        let got = outcomes.get(&refused).unwrap_or(&none);
+        assert_eq!(
+            got.approved, 1,
+            "{refused}: approved exactly once, by the re-drive: {got:?}"
+        );
+        assert_eq!(redriven_by.get(&refused), Some(&redrive_id), "{refused}");
+        assert_eq!(
+            got.dead_letters.len(),
+            1,
+            "{refused}: its refusal is the only dead letter: {got:?}"
+        );
+        let approved = format!("x-{k}");
+        let got = outcomes.get(&approved).unwrap_or(&none);
+        assert_eq!((got.approved, got.dead_letters.len()), (1, 0), "{approved}");
+    }
+    let log: Vec<Value> = read_topic(
+        &format!("{}.redrives", pipeline.input),
+        Isolation::ReadCommitted,
+    )?
+    .iter()
+    .filter_map(|record| serde_json::from_slice(record.payload()?).ok())
+    .collect();
+    assert_eq!(log.len(), CARDS, "one log record per dead letter re-driven");
+    for record in &log {
+        assert_eq!(record["redriven_by"], "it-operator");
+        assert_eq!(record["reason"], "daily limit raised to 1000.00");
+        assert_eq!(record["redrive_id"], redrive_id.as_str());
+    }
+    // The act is on the record: listed as re-driven, and not re-driven twice.
+    let listed = eosctl_json(&[
+        "dead-letters",
+        "list",
+        "--dlq",
+        &dlq,
+        "--event-id",
+        "/auth_id",
+        "--transform-reason",
+        "over_daily_limit",
+    ])?;
+    let listed = listed.as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), CARDS);
+    assert!(
+        listed
+            .iter()
+            .all(|letter| letter["redriven"]["redrive_id"] == redrive_id.as_str()),
+        "{listed:?}"
+    );
+    let again = eosctl_json(&redrive_args)?;
+    assert_eq!(
+        again["redriven"].as_array().map(Vec::len),
+        Some(0),
+        "{again}"
+    );
+    assert_eq!(again["skipped"].as_array().map(Vec::len), Some(CARDS));
+    eprintln!("re-drive exactly once: {:?} in all", started.elapsed());
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! (a table, or `--json`) and says how the command ended.
 
 pub mod audit;
+pub mod dead_letters;
 pub mod held;
 pub mod lag;
 pub mod produce;
@@ -64,6 +65,7 @@ async fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Lag(args) => lag::run(kafka, args).await,
         Command::Trace(args) => trace::run(args).await,
         Command::Held(command) => held::run(command).await,
+        Command::DeadLetters(command) => dead_letters::run(kafka, command).await,
     }
 }
 
