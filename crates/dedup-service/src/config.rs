@@ -10,6 +10,7 @@ use eos_runtime::secrets::{DatabaseUrlFlags, Secret, parse_secret, parse_secret_
 use eos_runtime::service_flags::{LogFlags, StallFlags};
 
 use crate::group_commit::GroupCommitSettings;
+use crate::grpc_connections::ConnectionLimits;
 use crate::retention::RetentionPolicy;
 use crate::validation::{LeaseLimits, MAX_BATCH_ITEMS};
 
@@ -259,6 +260,23 @@ pub struct Config {
     #[arg(long, env = "DEDUP_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub http2_keepalive_timeout: Duration,
 
+    /// Most open gRPC connections; one more is closed as soon as it is accepted (counted as
+    /// connection_cap in eos_dedup_connections_dropped_total). Keep it below the process's
+    /// file-descriptor limit, with room for the database pool and the ops endpoint.
+    #[arg(long, env = "DEDUP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// How long a new gRPC connection has to finish its handshake — send the HTTP/2 preface and
+    /// its SETTINGS frame, or with --tls-cert finish the TLS handshake — before it is closed.
+    #[arg(long, env = "DEDUP_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// How long a gRPC connection may go with no call in flight (from its handshake or its last
+    /// answer) before it is closed; its client connects again for its next call. Keep-alive
+    /// PINGs do not count as calls.
+    #[arg(long, env = "DEDUP_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
     /// Largest request message accepted, in bytes (larger: RESOURCE_EXHAUSTED). 4 MiB holds a
     /// batch of 1000 Begins or typical Completes.
     #[arg(long, env = "DEDUP_MAX_DECODING_MESSAGE_SIZE", default_value_t = 4 * 1024 * 1024)]
@@ -289,6 +307,14 @@ impl Config {
         GroupCommitSettings {
             max_calls: self.group_commit_max_calls,
             groups: self.group_commit_groups,
+        }
+    }
+
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections,
+            handshake_timeout: self.handshake_timeout,
+            idle_timeout: self.idle_timeout,
         }
     }
 
@@ -390,6 +416,9 @@ impl Config {
         if self.reconcile_concurrency == 0 {
             return Err("--reconcile-concurrency must be at least 1".into());
         }
+        if self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
+        }
         if self.concurrency_per_connection == 0 {
             return Err("--concurrency-per-connection must be at least 1".into());
         }
@@ -397,6 +426,8 @@ impl Config {
             ("--request-timeout", self.request_timeout),
             ("--http2-keepalive-interval", self.http2_keepalive_interval),
             ("--http2-keepalive-timeout", self.http2_keepalive_timeout),
+            ("--handshake-timeout", self.handshake_timeout),
+            ("--idle-timeout", self.idle_timeout),
         ];
         for (flag, value) in limits {
             if value.is_zero() {
@@ -587,6 +618,39 @@ mod tests {
             .validate()
             .expect_err("zero timeout");
         assert!(error.contains("--request-timeout"), "{error}");
+    }
+
+    #[test]
+    fn connections_are_capped_and_timed_out_by_default() {
+        let limits = parse(&[]).connection_limits();
+        assert_eq!(limits.max_connections, 1024);
+        assert_eq!(limits.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(limits.idle_timeout, Duration::from_secs(300));
+        let limits = parse(&[
+            "--max-connections",
+            "8",
+            "--handshake-timeout",
+            "1s",
+            "--idle-timeout",
+            "2s",
+        ])
+        .connection_limits();
+        assert_eq!(
+            (
+                limits.max_connections,
+                limits.handshake_timeout,
+                limits.idle_timeout
+            ),
+            (8, Duration::from_secs(1), Duration::from_secs(2))
+        );
+        for (flag, value) in [
+            ("--max-connections", "0"),
+            ("--handshake-timeout", "0s"),
+            ("--idle-timeout", "0s"),
+        ] {
+            let error = parse(&[flag, value]).validate().expect_err(flag);
+            assert!(error.contains(flag), "{error}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod group_commit;
+pub mod grpc_connections;
 pub mod grpc_service;
 pub mod intent_store;
 pub mod metrics;
@@ -37,7 +38,6 @@ use eos_runtime::schema_migrations as migrations;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use auth::{AuthPolicy, Authenticator};
@@ -285,9 +285,13 @@ async fn serve(
         authenticator,
     );
 
+    // Connections are accepted until the drain has begun: readiness and the health service say
+    // so first.
+    let accepting = CancellationToken::new();
     let drained = {
         let shutdown = shutdown.clone();
         let readiness = readiness.clone();
+        let accepting = accepting.clone();
         async move {
             shutdown.cancelled().await;
             tracing::info!("draining gRPC calls");
@@ -295,13 +299,18 @@ async fn serve(
             // Stopped first, so that it cannot mark the service serving again.
             let _ = health_follows_stalls.await;
             health.set_not_serving::<DedupServer<DedupApi>>().await;
+            accepting.cancel();
         }
     };
+    // tonic's own limits are per call and per connection once it is open; how many are open,
+    // and for how long a silent or idle one stays, is grpc_connections' (docs/security.md
+    // "dedup-service").
     let mut builder = Server::builder()
         .concurrency_limit_per_connection(config.concurrency_per_connection)
         .timeout(config.request_timeout)
         .http2_keepalive_interval(Some(config.http2_keepalive_interval))
-        .http2_keepalive_timeout(Some(config.http2_keepalive_timeout));
+        .http2_keepalive_timeout(Some(config.http2_keepalive_timeout))
+        .layer(grpc_connections::track_calls());
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => {
             let cert = std::fs::read(cert)
@@ -323,12 +332,13 @@ async fn serve(
         }
         _ => false,
     };
+    let limits = config.connection_limits();
     let server = builder
         .add_service(health_service)
         .add_optional_service(reflection)
         .add_service(api)
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            grpc_connections::incoming(listener, limits, tls, accepting),
             drained,
         );
     readiness.set(true);
@@ -337,6 +347,9 @@ async fn serve(
         tls,
         mtls = config.tls_client_ca.is_some(),
         reflection = config.reflection,
+        max_connections = limits.max_connections,
+        handshake_timeout = ?limits.handshake_timeout,
+        idle_timeout = ?limits.idle_timeout,
         "serving gRPC"
     );
 

@@ -18,6 +18,7 @@ pub const RECONCILE_STUCK: &str = "eos_dedup_reconcile_stuck_total";
 pub const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
 pub const PURGED: &str = "eos_dedup_purged_intents_total";
 pub const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
+pub const CONNECTIONS_DROPPED: &str = "eos_dedup_connections_dropped_total";
 pub const RETENTION_SECONDS: &str = "eos_dedup_retention_seconds";
 pub const REPLAY_HORIZON_SECONDS: &str = "eos_dedup_replay_horizon_seconds";
 pub const GROUP_COMMIT_CALLS: &str = "eos_dedup_group_commit_calls";
@@ -37,6 +38,9 @@ pub fn describe() {
     }
     for reason in crate::auth::REFUSAL_LABELS {
         metrics::counter!(AUTH_REFUSED, "reason" => reason).absolute(0);
+    }
+    for reason in crate::grpc_connections::DropReason::ALL {
+        metrics::counter!(CONNECTIONS_DROPPED, "reason" => reason.label()).absolute(0);
     }
     metrics::describe_histogram!(RPC_SECONDS, "gRPC handling time by method");
     metrics::describe_counter!(
@@ -80,6 +84,13 @@ pub fn describe() {
     metrics::describe_counter!(
         AUTH_REFUSED,
         "gRPC calls refused before any handler ran, by reason (missing_token, unknown_token)"
+    );
+    metrics::describe_counter!(
+        CONNECTIONS_DROPPED,
+        "gRPC connections closed by the server on its own, by reason: connection_cap (accepted \
+         past --max-connections), handshake_timeout (no HTTP/2 preface and SETTINGS, or no TLS \
+         handshake, within --handshake-timeout), idle_timeout (no call in flight for \
+         --idle-timeout)"
     );
     metrics::describe_histogram!(
         GROUP_COMMIT_CALLS,
