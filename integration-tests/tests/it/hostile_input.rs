@@ -1430,3 +1430,211 @@ async fn bad_flag_values_exit_non_zero_with_one_clear_error_line() -> anyhow::Re
     ensure!(failures.is_empty(), "{}", failures.join("\n---\n"));
     Ok(())
 }
+
+/// The client's HTTP/2 connection preface: what a client sends first, before its SETTINGS frame.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads `stream` until the server closes it (or resets it); how long after `since` that was, or
+/// `None` if it was still open `limit` after `since`. Whatever the server sends first (its
+/// SETTINGS, a PING) is read and dropped.
+async fn closed_after(
+    mut stream: tokio::net::TcpStream,
+    since: Instant,
+    limit: Duration,
+) -> Option<Duration> {
+    let deadline = tokio::time::Instant::from_std(since + limit);
+    let mut buffer = [0u8; 1024];
+    tokio::time::timeout_at(deadline, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return since.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// The sample `name{reason="…"}` of a Prometheus page, if the page has it.
+fn dropped_connections(page: &str, reason: &str) -> Option<f64> {
+    let sample = format!("eos_dedup_connections_dropped_total{{reason=\"{reason}\"}}");
+    page.lines()
+        .find_map(|line| line.strip_prefix(sample.as_str()))
+        .and_then(|rest| rest.trim().parse().ok())
+}
+
+/// Issue 50, the hole the probe left: a TCP connection to the gRPC port that sent nothing, or
+/// only the HTTP/2 preface, was still open after 150 s, and nothing capped the connections, so a
+/// few thousand such clients took every descriptor dedup-service had and stopped every call.
+/// With short limits set by flag: connections that do not finish the HTTP/2 handshake in time
+/// are closed, one past `--max-connections` is closed at once, an established connection with no
+/// call is closed after the idle timeout (its client reconnects for its next call), a normal
+/// call is answered quickly meanwhile, and each closing is counted by reason from 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn silent_grpc_connections_are_closed_and_capped_while_calls_go_on() -> anyhow::Result<()> {
+    const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+    const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+    const MAX_CONNECTIONS: usize = 32;
+    const PREFACE_ONLY: usize = 5;
+    // How late after its timeout a connection may be closed on a loaded machine.
+    const SLACK: Duration = Duration::from_secs(2);
+    let started = Instant::now();
+    let db = TestDatabase::create().await?;
+    let mut service = Dedup::spawn(
+        &db,
+        &[
+            "--reconcile-interval",
+            "1h",
+            "--client-token",
+            CLIENT_TOKEN,
+            "--handshake-timeout",
+            &humantime::format_duration(HANDSHAKE_TIMEOUT).to_string(),
+            "--idle-timeout",
+            &humantime::format_duration(IDLE_TIMEOUT).to_string(),
+            "--max-connections",
+            &MAX_CONNECTIONS.to_string(),
+        ],
+    )?;
+    let grpc_addr = service.endpoint().trim_start_matches("http://").to_owned();
+    let before = service.metrics().await?;
+    for reason in ["connection_cap", "handshake_timeout", "idle_timeout"] {
+        ensure!(
+            dropped_connections(&before, reason) == Some(0.0),
+            "{reason} does not start at 0:\n{before}"
+        );
+    }
+
+    // One honest client, connected and called: the connection the flood must not stop.
+    let mut grpc = GrpcClient::new(
+        tonic::transport::Endpoint::from_shared(service.endpoint())?
+            .connect()
+            .await?,
+    );
+    let acquired = |answer: &pb::BeginResponse| {
+        matches!(
+            answer.outcome,
+            Some(pb::begin_response::Outcome::Acquired(_))
+        )
+    };
+    let first = grpc
+        .begin(bearer(begin("silent-first"), Some(CLIENT_TOKEN))?)
+        .await?
+        .into_inner();
+    ensure!(acquired(&first), "{first:?}");
+
+    // The rest of the cap: silent connections, and some that send only the preface.
+    let mut held = Vec::new();
+    for n in 0..MAX_CONNECTIONS - 1 {
+        let mut stream = tokio::net::TcpStream::connect(&grpc_addr).await?;
+        let connected = Instant::now();
+        if n < PREFACE_ONLY {
+            stream.write_all(HTTP2_PREFACE).await?;
+        }
+        held.push((stream, connected));
+    }
+    // One past the cap: closed at once, long before any timeout.
+    let past_cap = tokio::net::TcpStream::connect(&grpc_addr).await?;
+    let refused = closed_after(past_cap, Instant::now(), HANDSHAKE_TIMEOUT / 2).await;
+    ensure!(
+        refused.is_some(),
+        "a connection past --max-connections {MAX_CONNECTIONS} was still open after {:?}",
+        HANDSHAKE_TIMEOUT / 2
+    );
+    println!("the connection past the cap was closed after {refused:?}");
+
+    // The honest client is answered while the silent ones hold every other slot.
+    let call = Instant::now();
+    let during = grpc
+        .begin(bearer(begin("silent-during"), Some(CLIENT_TOKEN))?)
+        .await?
+        .into_inner();
+    let latency = call.elapsed();
+    ensure!(acquired(&during), "{during:?}");
+    println!(
+        "a call under {} silent connections answered in {latency:?}",
+        held.len()
+    );
+    ensure!(latency < Duration::from_secs(1), "answered in {latency:?}");
+
+    // Every silent and preface-only connection is closed at the handshake timeout.
+    let closings: Vec<_> = held
+        .into_iter()
+        .map(|(stream, connected)| {
+            tokio::spawn(closed_after(stream, connected, HANDSHAKE_TIMEOUT + SLACK))
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for (n, closing) in closings.into_iter().enumerate() {
+        let what = if n < PREFACE_ONLY {
+            "a preface-only connection"
+        } else {
+            "a silent connection"
+        };
+        let closed = closing.await?.with_context(|| {
+            format!(
+                "{what} was still open after {:?}",
+                HANDSHAKE_TIMEOUT + SLACK
+            )
+        })?;
+        ensure!(
+            closed >= HANDSHAKE_TIMEOUT,
+            "{what} was closed after {closed:?}, before the handshake timeout"
+        );
+        slowest = slowest.max(closed);
+    }
+    println!("the slowest of the silent connections was closed after {slowest:?}");
+
+    // A connection that finishes the handshake (preface and SETTINGS) and then makes no call is
+    // closed after the idle timeout — and so is the honest client's, which calls again after it.
+    let mut idle = tokio::net::TcpStream::connect(&grpc_addr).await?;
+    let connected = Instant::now();
+    idle.write_all(HTTP2_PREFACE).await?;
+    idle.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await?;
+    let idle_closed = closed_after(idle, connected, IDLE_TIMEOUT + SLACK)
+        .await
+        .with_context(|| {
+            format!(
+                "an idle connection was still open after {:?}",
+                IDLE_TIMEOUT + SLACK
+            )
+        })?;
+    println!("an idle connection was closed after {idle_closed:?}");
+    ensure!(
+        idle_closed >= IDLE_TIMEOUT,
+        "an idle connection was closed after {idle_closed:?}, before the idle timeout"
+    );
+    let after = grpc
+        .begin(bearer(begin("silent-after"), Some(CLIENT_TOKEN))?)
+        .await?
+        .into_inner();
+    ensure!(acquired(&after), "{after:?}");
+
+    let metrics = service.metrics().await?;
+    let count = |reason| dropped_connections(&metrics, reason).unwrap_or(-1.0);
+    ensure!(
+        count("connection_cap") == 1.0,
+        "connection_cap {}:\n{metrics}",
+        count("connection_cap")
+    );
+    ensure!(
+        count("handshake_timeout") == (MAX_CONNECTIONS - 1) as f64,
+        "handshake_timeout {}:\n{metrics}",
+        count("handshake_timeout")
+    );
+    // The raw idle connection and the honest client's first one, at least.
+    ensure!(
+        count("idle_timeout") >= 2.0,
+        "idle_timeout {}:\n{metrics}",
+        count("idle_timeout")
+    );
+    ensure!(
+        !service.process.log().contains("panicked"),
+        "{}",
+        service.process.log_tail(30)
+    );
+    drop(service);
+    db.drop_database().await?;
+    println!("the test took {:?}", started.elapsed());
+    Ok(())
+}
