@@ -7,8 +7,8 @@
 //! It is a crate of its own so that the replay proof runs the processor's own code without
 //! linking the processor: eos-processor (the Kafka transaction loop around this code) and eosctl
 //! (`audit --replay`) both depend on it, and the operator's tool depends on no service crate
-//! (docs/ARCHITECTURE.md "Crates"). Nothing here talks to Kafka or spawns a task, and no decision
-//! reads the clock; the only I/O is the state store's file.
+//! (docs/ARCHITECTURE.md "Crates"). No decision talks to Kafka, spawns a task or reads the
+//! clock; the only I/O of the decision code is the state store's file.
 //!
 //! eos-processor re-exports every module and item at its old path (`eos_processor::Transform`,
 //! `eos_processor::transform`, `eos_processor::replay`, …), so a transform written against the
@@ -16,7 +16,10 @@
 //!
 //! With the `wasm` feature, the `wasm` module runs a WebAssembly module as a transform
 //! (docs/TRANSFORMS.md "WebAssembly transforms"). The crate's name is not the modules' interface
-//! version, `eos-transform/1`, which is `wasm-transform`'s.
+//! version, `eos-transform/2`, which is `wasm-transform`'s.
+//!
+//! With the `kafka` feature, `replay::read_committed_run` reads what a run committed from Kafka,
+//! for the replay proof: the one part of the crate that talks to Kafka, and only to read.
 #![warn(missing_docs)]
 
 // Public for eos-processor's transaction loop and restore (and eos-lab's state benchmark), not

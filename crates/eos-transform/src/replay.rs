@@ -19,22 +19,41 @@
 //! The dedup horizon is checked against each record's own timestamp, not the clock of the run:
 //! an event already past the horizon when it was read is reported as a difference, to be
 //! explained by the operator (the audit's dead-letter check shows the reason).
+//!
+//! A dead letter is compared by its reason and by the transform's own code
+//! (`eos-dlq-transform-reason`): a refusal with the wrong code is a refusal of another kind,
+//! however right its reason.
+//!
+//! What a run committed is a [`CommittedRun`]: [`CommittedRun::from_records`] reads it from the
+//! records of its topics, and, with the crate's `kafka` feature, [`read_committed_run`] reads
+//! those from Kafka as a `read_committed` consumer sees them — the reader `eosctl audit --replay`
+//! runs, for a user's own test of their transform (docs/TRANSFORMS.md "Prove it: the replay
+//! audit"). The replay must decide under the contract the run had: take it from the run's own
+//! configuration (the processor's `Config::event_contract(transform.contract())`, eosctl's
+//! `--event-id`, `--entity`, `--occurred-at`), never from `transform.contract()` alone, which the
+//! run's flags may have overridden.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use eos_core::fingerprint::canonical_json;
-use eos_core::{DeadLetterReason, EventContract};
+use eos_core::{DeadLetterReason, EventContract, dead_letter};
 
 use crate::partition_state::{Decision, DecisionPolicy, InputRecord, Overlay, PartitionState};
 use crate::state_store::{StateStore, StoreError};
 use crate::transform::{SourcePosition, Transform};
 
-/// An input record as read from the input topic.
+#[cfg(feature = "kafka")]
+mod kafka;
+#[cfg(feature = "kafka")]
+pub use kafka::{ReadRunError, read_committed_run};
+
+/// A record as committed on one of a run's topics: its input, an output, the dead letters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayInput {
+pub struct CommittedRecord {
     /// Its partition.
     pub partition: i32,
     /// Its offset.
@@ -43,10 +62,30 @@ pub struct ReplayInput {
     pub key: Option<Vec<u8>>,
     /// Its value.
     pub value: Option<Vec<u8>>,
-    /// Its headers, in order.
+    /// Its headers, in order: the input's decide the event id when the contract reads it from
+    /// one (`header:event_id`) and whether a record is a re-drive (`eos-redrive-id`).
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// Its Kafka timestamp, in Unix milliseconds.
     pub timestamp_ms: i64,
+}
+
+/// What the replay runs over: the input topic's committed records.
+pub type ReplayInput = CommittedRecord;
+
+impl CommittedRecord {
+    /// The value of the last header named `name`, as UTF-8.
+    pub fn last_header(&self, name: &str) -> Option<&str> {
+        header_in(&self.headers, name)
+    }
+}
+
+fn header_in<'a>(headers: &'a [(String, Option<Vec<u8>>)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .rev()
+        .find(|(key, _)| key == name)
+        .and_then(|(_, value)| value.as_deref())
+        .and_then(|value| std::str::from_utf8(value).ok())
 }
 
 /// One output: where it went, its key and its value (canonical JSON), for one event.
@@ -76,6 +115,154 @@ impl ReplayOutput {
             value,
         }
     }
+
+    /// A record of the topic of output `output`: its event id is its last `event_id` header,
+    /// the one the processor writes after any a transform added.
+    pub fn from_record(output: &str, record: &CommittedRecord) -> Self {
+        Self::committed(
+            record.last_header(EVENT_ID_HEADER).unwrap_or_default(),
+            output,
+            record.key.as_deref(),
+            record.value.as_deref().unwrap_or_default(),
+        )
+    }
+}
+
+/// The header every output carries its event's id in.
+const EVENT_ID_HEADER: &str = "event_id";
+
+/// A dead letter as the replay compares it: its reason and the transform's own code.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ReplayDeadLetter {
+    /// `eos-dlq-reason`.
+    pub reason: DeadLetterReason,
+    /// `eos-dlq-transform-reason`: the code a transform refused or failed with (`not_payable`,
+    /// `over_daily_limit`); `None` on a dead letter the processor's own checks wrote.
+    pub code: Option<String>,
+}
+
+impl ReplayDeadLetter {
+    /// A dead letter without a transform's code.
+    pub fn reason(reason: DeadLetterReason) -> Self {
+        Self { reason, code: None }
+    }
+
+    /// A dead letter with the transform's `code`.
+    pub fn coded(reason: DeadLetterReason, code: &str) -> Self {
+        Self {
+            reason,
+            code: Some(code.to_owned()),
+        }
+    }
+
+    /// The input position a dead letter on the run's dead-letter topic stands for, and what it
+    /// says, when it is a dead letter of `input` (`eos-source-topic`). The processor writes the
+    /// original's own headers first and its own after them, from `eos-dlq-reason` on
+    /// (`eos_core::dead_letter::build`), so only headers from the last `eos-dlq-reason` on are
+    /// read: an original that carried a header of the same name cannot pass for the processor.
+    pub fn from_record(input: &str, record: &CommittedRecord) -> Option<((i32, i64), Self)> {
+        let start = record
+            .headers
+            .iter()
+            .rposition(|(key, _)| key == dead_letter::REASON_HEADER)?;
+        let own = &record.headers[start..];
+        if header_in(own, dead_letter::SOURCE_TOPIC_HEADER)? != input {
+            return None;
+        }
+        let partition = header_in(own, dead_letter::SOURCE_PARTITION_HEADER)?
+            .parse()
+            .ok()?;
+        let offset = header_in(own, dead_letter::SOURCE_OFFSET_HEADER)?
+            .parse()
+            .ok()?;
+        let letter = Self {
+            reason: header_in(own, dead_letter::REASON_HEADER)?.parse().ok()?,
+            code: header_in(own, dead_letter::TRANSFORM_REASON_HEADER).map(str::to_owned),
+        };
+        Some(((partition, offset), letter))
+    }
+}
+
+impl fmt::Display for ReplayDeadLetter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.code {
+            Some(code) => write!(f, "{} ({code})", self.reason.as_str()),
+            None => f.write_str(self.reason.as_str()),
+        }
+    }
+}
+
+/// What a run committed, as a `read_committed` consumer sees it: the input the replay runs
+/// over, the outputs and the dead letters it is compared with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommittedRun {
+    /// Every committed input record, headers included.
+    pub inputs: Vec<ReplayInput>,
+    /// Every committed output, under the name of its output.
+    pub outputs: Vec<ReplayOutput>,
+    /// Every dead letter of the run's input, by the source position it names.
+    pub dead_letters: BTreeMap<(i32, i64), ReplayDeadLetter>,
+    /// Records on the dead-letter topic that are no dead letter of the run's input: another
+    /// input's (a dead-letter topic shared by several processors), or a record without the
+    /// headers a processor's dead letter carries. Not compared.
+    pub other_dead_letters: usize,
+}
+
+impl CommittedRun {
+    /// The run of `input` from the records of its topics: the input's, each output's under the
+    /// output's name, and the dead-letter topic's.
+    pub fn from_records(
+        input: &str,
+        inputs: Vec<CommittedRecord>,
+        outputs: impl IntoIterator<Item = (String, Vec<CommittedRecord>)>,
+        dead_letters: &[CommittedRecord],
+    ) -> Self {
+        let mut run = Self {
+            inputs,
+            ..Self::default()
+        };
+        for (name, records) in outputs {
+            run.outputs.extend(
+                records
+                    .iter()
+                    .map(|record| ReplayOutput::from_record(&name, record)),
+            );
+        }
+        for record in dead_letters {
+            match ReplayDeadLetter::from_record(input, record) {
+                Some((position, letter)) => {
+                    run.dead_letters.insert(position, letter);
+                }
+                None => run.other_dead_letters += 1,
+            }
+        }
+        run
+    }
+
+    /// Compares the run with what the replay computed ([`compare`]).
+    pub fn compare(&self, expected: &Expected) -> ReplayReport {
+        compare(expected, &self.outputs, &self.dead_letters)
+    }
+}
+
+/// Where a run read and wrote, as its processor was configured (`--input-topic`,
+/// `--output-topic` and `--output NAME=TOPIC`, `--dlq-topic`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTopics {
+    /// The input topic.
+    pub input: String,
+    /// Each output's topic by the output's name, the default output's (`default`) included when
+    /// the run had one.
+    pub outputs: BTreeMap<String, String>,
+    /// The dead-letter topic.
+    pub dead_letters: String,
+}
+
+impl RunTopics {
+    /// The names of the outputs: what [`expected`] takes.
+    pub fn output_names(&self) -> BTreeSet<String> {
+        self.outputs.keys().cloned().collect()
+    }
 }
 
 /// What the transform must have written for the input.
@@ -83,8 +270,8 @@ impl ReplayOutput {
 pub struct Expected {
     /// Every output, sorted.
     pub outputs: Vec<ReplayOutput>,
-    /// Every dead letter: source (partition, offset) and reason.
-    pub dead_letters: BTreeMap<(i32, i64), DeadLetterReason>,
+    /// Every dead letter by its source (partition, offset).
+    pub dead_letters: BTreeMap<(i32, i64), ReplayDeadLetter>,
     /// Logical events applied (new event ids), whether or not they wrote anything.
     pub applied: u64,
     /// Re-deliveries dropped as duplicates.
@@ -174,10 +361,11 @@ pub fn expected<T: Transform>(
                     }
                 }
                 Decision::Duplicate { .. } => expected.duplicates += 1,
-                Decision::DeadLetter { reason, .. } => {
-                    expected
-                        .dead_letters
-                        .insert((partition, record.offset), reason);
+                Decision::DeadLetter { reason, code, .. } => {
+                    expected.dead_letters.insert(
+                        (partition, record.offset),
+                        ReplayDeadLetter { reason, code },
+                    );
                 }
             }
         }
@@ -196,9 +384,8 @@ pub struct ReplayReport {
     /// Committed but not computed, or committed more often than computed (a repeated effect, or
     /// an output computed differently).
     pub unexpected: Vec<ReplayOutput>,
-    /// Dead letters at a source position where the replay has another outcome, or none:
-    /// (partition, offset, committed reason, replayed reason).
-    pub dead_letter_differences: Vec<(i32, i64, String, String)>,
+    /// Dead letters at a source position where the replay has another outcome, or none.
+    pub dead_letter_differences: Vec<DeadLetterDifference>,
     /// Event ids the run judged more often than the replay (an outcome is final): dead letters
     /// that judged the event at two positions, or a judging dead letter and outputs, where the
     /// replay has one outcome.
@@ -215,12 +402,92 @@ impl ReplayReport {
     }
 }
 
-/// Compares the committed outputs and dead letters (source position → reason) with the replay's,
-/// as multisets: an output committed twice where the replay computes it once is unexpected once.
+/// How many of each difference [`ReplayReport`]'s text shows.
+const SHOWN: usize = 10;
+
+impl fmt::Display for ReplayReport {
+    /// The verdict and the figures, then the first few of each difference: what a test prints
+    /// when the replay is not exact.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} outputs as replayed, {} missing, {} unexpected; {} dead letters differ; {} \
+             event ids with two outcomes",
+            if self.exact() { "exact" } else { "NOT exact" },
+            self.matched,
+            self.missing.len(),
+            self.unexpected.len(),
+            self.dead_letter_differences.len(),
+            self.two_outcomes.len(),
+        )?;
+        for output in self.missing.iter().take(SHOWN) {
+            write!(f, "\n  missing    {output}")?;
+        }
+        for output in self.unexpected.iter().take(SHOWN) {
+            write!(f, "\n  unexpected {output}")?;
+        }
+        for difference in self.dead_letter_differences.iter().take(SHOWN) {
+            write!(f, "\n  {difference}")?;
+        }
+        for event_id in self.two_outcomes.iter().take(SHOWN) {
+            write!(
+                f,
+                "\n  two outcomes for {event_id}: judged again after its outcome was final"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ReplayOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} → {} key {:?}: {}",
+            self.event_id, self.output, self.key, self.value
+        )
+    }
+}
+
+/// A source position whose dead letter the run and the replay disagree on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterDifference {
+    /// The input partition.
+    pub partition: i32,
+    /// The input offset.
+    pub offset: i64,
+    /// The dead letter the run committed there; `None`: none.
+    pub committed: Option<ReplayDeadLetter>,
+    /// The dead letter the replay computes there; `None`: none (the event applied, consumed or
+    /// a duplicate).
+    pub replayed: Option<ReplayDeadLetter>,
+}
+
+impl fmt::Display for DeadLetterDifference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = |letter: &Option<ReplayDeadLetter>| {
+            letter
+                .as_ref()
+                .map_or_else(|| "none".to_owned(), ToString::to_string)
+        };
+        write!(
+            f,
+            "dead letter at {}@{}: committed {}, replayed {}",
+            self.partition,
+            self.offset,
+            name(&self.committed),
+            name(&self.replayed)
+        )
+    }
+}
+
+/// Compares the committed outputs and dead letters (by source position) with the replay's,
+/// outputs as multisets (an output committed twice where the replay computes it once is
+/// unexpected once), dead letters by reason and transform code.
 pub fn compare(
     expected: &Expected,
     committed: &[ReplayOutput],
-    committed_dead_letters: &BTreeMap<(i32, i64), DeadLetterReason>,
+    committed_dead_letters: &BTreeMap<(i32, i64), ReplayDeadLetter>,
 ) -> ReplayReport {
     // Per distinct output: (computed, committed) copies.
     let mut counts: BTreeMap<&ReplayOutput, (u64, u64)> = BTreeMap::new();
@@ -249,12 +516,12 @@ pub fn compare(
         let replayed = expected.dead_letters.get(&(partition, offset));
         let written = committed_dead_letters.get(&(partition, offset));
         if replayed != written {
-            let name = |reason: Option<&DeadLetterReason>| {
-                reason.map_or_else(|| "none".to_owned(), |r| r.as_str().to_owned())
-            };
-            report
-                .dead_letter_differences
-                .push((partition, offset, name(written), name(replayed)));
+            report.dead_letter_differences.push(DeadLetterDifference {
+                partition,
+                offset,
+                committed: written.cloned(),
+                replayed: replayed.cloned(),
+            });
         }
     }
     let committed_outcomes = outcomes_by_event(expected, committed, committed_dead_letters);
@@ -275,7 +542,7 @@ pub fn compare(
 fn outcomes_by_event<'a>(
     expected: &'a Expected,
     outputs: &'a [ReplayOutput],
-    dead_letters: &BTreeMap<(i32, i64), DeadLetterReason>,
+    dead_letters: &BTreeMap<(i32, i64), ReplayDeadLetter>,
 ) -> BTreeMap<&'a str, u64> {
     let mut outcomes: BTreeMap<&str, u64> = BTreeMap::new();
     let with_outputs: BTreeSet<&str> = outputs
@@ -285,9 +552,9 @@ fn outcomes_by_event<'a>(
     for event_id in with_outputs {
         *outcomes.entry(event_id).or_default() += 1;
     }
-    for (position, reason) in dead_letters {
+    for (position, letter) in dead_letters {
         if matches!(
-            reason,
+            letter.reason,
             DeadLetterReason::EventIdConflict | DeadLetterReason::BeyondDedupHorizon
         ) {
             continue;
@@ -390,7 +657,10 @@ mod tests {
         assert_eq!((expected.applied, expected.duplicates), (3, 1));
         assert_eq!(
             expected.dead_letters,
-            BTreeMap::from([((0, 3), DeadLetterReason::TransformRefused)])
+            BTreeMap::from([(
+                (0, 3),
+                ReplayDeadLetter::coded(DeadLetterReason::TransformRefused, "negative")
+            )])
         );
         // Field order and whitespace differ from the replay's; the committed set is exact.
         let run = [
@@ -457,7 +727,10 @@ mod tests {
         ];
         assert!(compare(&expected, &run, &expected.dead_letters).exact());
         let mut refused_twice = expected.dead_letters.clone();
-        refused_twice.insert((0, 5), DeadLetterReason::TransformRefused);
+        refused_twice.insert(
+            (0, 5),
+            ReplayDeadLetter::coded(DeadLetterReason::TransformRefused, "negative"),
+        );
         let report = compare(&expected, &run, &refused_twice);
         assert_eq!(report.two_outcomes, ["e-3"]);
         assert_eq!(report.dead_letter_differences.len(), 1);
@@ -475,13 +748,155 @@ mod tests {
     {
         let expected = expected(&Counter, &EventContract::default(), &outputs(), &inputs())?;
         let mut letters = expected.dead_letters.clone();
-        letters.insert((0, 4), DeadLetterReason::InvalidField);
+        letters.insert(
+            (0, 4),
+            ReplayDeadLetter::reason(DeadLetterReason::InvalidField),
+        );
         let report = compare(&expected, &[], &letters);
         assert_eq!(
             report.dead_letter_differences,
-            [(0, 4, "invalid_field".to_owned(), "none".to_owned())]
+            [DeadLetterDifference {
+                partition: 0,
+                offset: 4,
+                committed: Some(ReplayDeadLetter::reason(DeadLetterReason::InvalidField)),
+                replayed: None,
+            }]
         );
         assert_eq!(report.missing.len(), 3);
         Ok(())
+    }
+
+    /// A refusal with the right reason and the wrong code (issue 51: `not_paid` for
+    /// `not_payable`) is a refusal of another kind: the replay is not exact, and says which.
+    #[test]
+    fn a_refusal_with_another_code_is_a_difference() -> Result<(), StoreError> {
+        let expected = expected(&Counter, &EventContract::default(), &outputs(), &inputs())?;
+        let run = [
+            committed("e-1", "a", 1, 5),
+            committed("e-2", "a", 2, 7),
+            committed("e-4", "b", 1, 1),
+        ];
+        let mut letters = expected.dead_letters.clone();
+        letters.insert(
+            (0, 3),
+            ReplayDeadLetter::coded(DeadLetterReason::TransformRefused, "not_negative"),
+        );
+        let report = compare(&expected, &run, &letters);
+        assert!(!report.exact());
+        assert_eq!(report.matched, 3);
+        assert_eq!(
+            report.dead_letter_differences[0].to_string(),
+            "dead letter at 0@3: committed transform_refused (not_negative), replayed \
+             transform_refused (negative)"
+        );
+        assert!(
+            report
+                .to_string()
+                .starts_with("NOT exact: 3 outputs as replayed")
+        );
+        // Without a code where the transform gave one: a difference too.
+        letters.insert(
+            (0, 3),
+            ReplayDeadLetter::reason(DeadLetterReason::TransformRefused),
+        );
+        assert_eq!(
+            compare(&expected, &run, &letters)
+                .dead_letter_differences
+                .len(),
+            1
+        );
+        Ok(())
+    }
+
+    fn record(headers: &[(&str, &str)]) -> CommittedRecord {
+        CommittedRecord {
+            partition: 1,
+            offset: 9,
+            key: Some(b"a".to_vec()),
+            value: Some(br#"{"amount": 5, "count": 1, "id": "e-1"}"#.to_vec()),
+            headers: headers
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), Some(value.as_bytes().to_vec())))
+                .collect(),
+            timestamp_ms: 0,
+        }
+    }
+
+    /// The processor's own dead-letter headers, after the original's: `eos-dlq-reason`, the
+    /// transform's code when there is one, the detail and the source position.
+    fn letter(own: &[(&str, &str)], original: &[(&str, &str)]) -> CommittedRecord {
+        let mut headers = original.to_vec();
+        headers.extend_from_slice(own);
+        record(&headers)
+    }
+
+    #[test]
+    fn a_run_is_read_from_its_records_by_the_processor_s_own_headers() {
+        use eos_core::dead_letter::{
+            DETAIL_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER,
+            SOURCE_TOPIC_HEADER, TRANSFORM_REASON_HEADER,
+        };
+        let refused = [
+            (REASON_HEADER, "transform_refused"),
+            (TRANSFORM_REASON_HEADER, "negative"),
+            (DETAIL_HEADER, "negative amount"),
+            (SOURCE_TOPIC_HEADER, "in"),
+            (SOURCE_PARTITION_HEADER, "0"),
+            (SOURCE_OFFSET_HEADER, "3"),
+        ];
+        let malformed = [
+            (REASON_HEADER, "missing_field"),
+            (DETAIL_HEADER, "no event_id"),
+            (SOURCE_TOPIC_HEADER, "in"),
+            (SOURCE_PARTITION_HEADER, "2"),
+            (SOURCE_OFFSET_HEADER, "41"),
+        ];
+        let letters = [
+            letter(&refused, &[]),
+            // The original carried headers of the processor's names: only those after the last
+            // eos-dlq-reason are the processor's, so no code is read from the original.
+            letter(
+                &malformed,
+                &[
+                    (REASON_HEADER, "nonsense"),
+                    (TRANSFORM_REASON_HEADER, "forged"),
+                    (SOURCE_OFFSET_HEADER, "7"),
+                ],
+            ),
+            // Another input's dead letter on a shared topic, and a record that is none.
+            letter(
+                &[
+                    (REASON_HEADER, "missing_field"),
+                    (SOURCE_TOPIC_HEADER, "other"),
+                    (SOURCE_PARTITION_HEADER, "0"),
+                    (SOURCE_OFFSET_HEADER, "1"),
+                ],
+                &[],
+            ),
+            record(&[(REASON_HEADER, "missing_field")]),
+        ];
+        let output = record(&[("event_id", "forged-by-the-transform"), ("event_id", "e-1")]);
+        let run = CommittedRun::from_records(
+            "in",
+            vec![record(&[("event_id", "e-1")])],
+            [(DEFAULT_OUTPUT.to_owned(), vec![output])],
+            &letters,
+        );
+        assert_eq!(
+            run.dead_letters,
+            BTreeMap::from([
+                (
+                    (0, 3),
+                    ReplayDeadLetter::coded(DeadLetterReason::TransformRefused, "negative")
+                ),
+                (
+                    (2, 41),
+                    ReplayDeadLetter::reason(DeadLetterReason::MissingField)
+                ),
+            ])
+        );
+        assert_eq!(run.other_dead_letters, 2);
+        assert_eq!(run.outputs, [committed("e-1", "a", 1, 5)]);
+        assert_eq!(run.inputs[0].last_header("event_id"), Some("e-1"));
     }
 }

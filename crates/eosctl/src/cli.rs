@@ -552,8 +552,11 @@ pub struct AuditArgs {
 
     /// Prove the outputs instead of counting ids: run --transform again over the input, with
     /// the processor's own dedup and state code, and compare every committed output (as
-    /// canonical JSON) and dead letter with what it computes (docs/TRANSFORMS.md "Prove it:
-    /// the replay audit"). Reads the topics only. Exit status 1 when any output or dead letter differs.
+    /// canonical JSON) and dead letter (its reason and the transform's code,
+    /// eos-dlq-transform-reason) with what it computes (docs/TRANSFORMS.md "Prove it: the
+    /// replay audit"). Give it the processor's own flags for the transform, the event's parts
+    /// and the outputs, so that it replays what the run ran. Reads the topics only. Exit
+    /// status 1 when any output or dead letter differs.
     #[arg(
         long,
         conflicts_with_all = ["database_url", "provider_url", "outbox_database_url"],
@@ -561,15 +564,29 @@ pub struct AuditArgs {
     )]
     pub replay: bool,
 
-    /// The processor's built-in transform to replay.
+    /// The processor's --transform: ledger, pass-through, or wasm:PATH, the WebAssembly module
+    /// the run ran (an eosctl built with its `wasm` feature), loaded by the processor's host
+    /// under the limits of --wasm-fuel, --wasm-max-memory and --wasm-timeout.
     #[arg(
         long,
-        value_enum,
         default_value = "ledger",
+        value_parser = parse_replay_transform,
         requires = "replay",
         help_heading = "Replay proof"
     )]
-    pub transform: eos_transform::BuiltinTransform,
+    pub transform: ReplayTransform,
+
+    /// wasm: the processor's --wasm-fuel.
+    #[arg(long, default_value = "200000000", help_heading = "Replay proof")]
+    pub wasm_fuel: u64,
+
+    /// wasm: the processor's --wasm-max-memory (bytes, or with a KiB, MiB or GiB suffix).
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes, help_heading = "Replay proof")]
+    pub wasm_max_memory: u64,
+
+    /// wasm: the processor's --wasm-timeout.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, help_heading = "Replay proof")]
+    pub wasm_timeout: Duration,
 
     /// Where the event id is, as the processor was told (`header:<name>`, `key` or a JSON
     /// pointer; default: the transform's).
@@ -617,6 +634,62 @@ pub struct AuditArgs {
     /// pass-through: the processor's --filter-equals.
     #[arg(long, requires = "filter_pointer", help_heading = "Replay proof")]
     pub filter_equals: Option<String>,
+}
+
+/// What `audit --replay --transform` names, as the processor's `--transform` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplayTransform {
+    /// `ledger` or `pass-through`.
+    Builtin(eos_transform::BuiltinTransform),
+    /// `wasm:PATH`.
+    Wasm(PathBuf),
+}
+
+/// `--transform`: a built-in's name, or `wasm:` and the path of a module file. An eosctl built
+/// without its `wasm` feature has no WebAssembly host: `wasm:` is then a usage error that says
+/// how to build one that has.
+fn parse_replay_transform(text: &str) -> Result<ReplayTransform, String> {
+    if let Some(path) = text.strip_prefix("wasm:") {
+        if !cfg!(feature = "wasm") {
+            return Err(
+                "this eosctl was built without its `wasm` feature, so it cannot load a \
+                        WebAssembly module: build it with `cargo build -p eosctl --features wasm`"
+                    .into(),
+            );
+        }
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            return Err(format!(
+                "{} is not a file: wasm:PATH names a WebAssembly module",
+                path.display()
+            ));
+        }
+        return Ok(ReplayTransform::Wasm(path));
+    }
+    <eos_transform::BuiltinTransform as clap::ValueEnum>::from_str(text, false)
+        .map(ReplayTransform::Builtin)
+        .map_err(|_| format!("{text:?} is not ledger, pass-through or wasm:PATH"))
+}
+
+/// A size in bytes, optionally with a KiB, MiB or GiB suffix, as the processor's
+/// `--wasm-max-memory` takes it.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let unit = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(format!("{text:?} is not a size such as 256MiB")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| format!("{text:?} is not a size such as 256MiB"))
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {
@@ -770,7 +843,47 @@ mod tests {
         assert_eq!(args.state_table, "entity_state");
         assert_eq!(args.provider_url, None);
         assert_eq!(args.provider_operation_prefix, "payments:");
+        assert_eq!(
+            args.transform,
+            ReplayTransform::Builtin(eos_transform::BuiltinTransform::Ledger)
+        );
         Ok(())
+    }
+
+    /// The replay runs a module under the processor's limits: the same defaults.
+    #[cfg(feature = "wasm")]
+    #[test]
+    fn the_replay_s_module_limits_default_to_the_processor_s() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["eosctl", "audit", "--input", "in", "--output", "out"])?;
+        let Command::Audit(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let limits = eos_transform::wasm::Limits::default();
+        assert_eq!(
+            (args.wasm_fuel, args.wasm_max_memory, args.wasm_timeout),
+            (limits.fuel, limits.max_memory_bytes, limits.timeout)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn the_replay_takes_a_builtin_or_a_module() {
+        assert_eq!(
+            parse_replay_transform("pass-through"),
+            Ok(ReplayTransform::Builtin(
+                eos_transform::BuiltinTransform::PassThrough
+            ))
+        );
+        assert!(parse_replay_transform("lua").is_err());
+        let missing = parse_replay_transform("wasm:/no/such/module.wasm");
+        if cfg!(feature = "wasm") {
+            assert!(missing.expect_err("no file").contains("is not a file"));
+        } else {
+            assert!(missing.expect_err("no host").contains("--features wasm"));
+        }
+        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("1TB").is_err());
     }
 
     #[test]

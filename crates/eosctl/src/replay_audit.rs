@@ -1,35 +1,40 @@
-//! `eosctl audit --replay`: the replay proof of a built-in transform's outputs
-//! (docs/TRANSFORMS.md "Prove it: the replay audit"). The input, every output topic and the
-//! dead letters are read as a `read_committed` consumer sees them; `eos_transform::replay` runs
-//! the transform again over the input with the processor's own decision code and says which
-//! outputs and dead letters differ from what it computes. Counting ids shows one outcome per
-//! event; this shows the outcome is the transform's. An event's outcome is final, so an event id
-//! the run judged twice (a refusal and an output, two refusals) where the replay judges it once
-//! is named in the report (`two_outcomes`).
+//! `eosctl audit --replay`: the replay proof of a transform's outputs (docs/TRANSFORMS.md "Prove
+//! it: the replay audit"): a built-in transform, or with the `wasm` feature a WebAssembly module
+//! loaded by the processor's own host. The run — its input, every output topic and the dead
+//! letters — is read by `eos_transform::replay::read_committed_run`, the reader a user's own
+//! test calls, as a `read_committed` consumer sees it; `eos_transform::replay` runs the transform
+//! again over the input with the processor's own decision code, under the contract and outputs
+//! the processor's flags gave the run, and says which outputs and dead letters (reason and the
+//! transform's code) differ from what it computes. Counting ids shows one outcome per event;
+//! this shows the outcome is the transform's. An event's outcome is final, so an event id the
+//! run judged twice (a refusal and an output, two refusals) where the replay judges it once is
+//! named in the report (`two_outcomes`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use eos_core::{DeadLetterReason, EventContract, dead_letter};
-use eos_transform::replay::{self, ReplayInput, ReplayOutput, ReplayReport};
+use anyhow::Context as _;
+use eos_core::EventContract;
+use eos_transform::replay::{self, CommittedRun, ReplayReport, RunTopics};
 use eos_transform::transform::filter_value;
 use eos_transform::{
     BuiltinTransform, DEFAULT_OUTPUT, LedgerTransform, PassThroughTransform, Transform,
 };
 use serde::Serialize;
 
+use crate::cli::ReplayTransform;
 use crate::kafka_client::KafkaSettings;
-use crate::source_record::SourceRecord;
-use crate::topic_reader::read_topics;
 
 /// How many differing outputs the report lists.
 const EXAMPLES: usize = 10;
 
-/// What to replay: the transform, where its events keep their parts, and the topics.
+/// What to replay: the transform, where its events keep their parts, and the topics — each as
+/// the processor was told.
 #[derive(Debug, Clone)]
 pub struct ReplayAuditConfig {
-    pub transform: BuiltinTransform,
+    pub transform: ReplayTransform,
+    /// The processor's `--wasm-fuel`, `--wasm-max-memory` and `--wasm-timeout`.
+    pub wasm_limits: WasmLimits,
     pub event_id: Option<eos_core::FieldLocation>,
     pub entity: Option<eos_core::FieldLocation>,
     pub occurred_at: Option<String>,
@@ -42,10 +47,20 @@ pub struct ReplayAuditConfig {
     pub end_timeout: Duration,
 }
 
+/// The limits a module ran under in the processor, to run it under again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WasmLimits {
+    pub fuel: u64,
+    pub max_memory_bytes: u64,
+    pub timeout: Duration,
+}
+
 /// The replay's verdict and figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayAuditOutcome {
     pub passed: bool,
+    /// `ledger`, `pass-through`, or `webassembly module sha256:…` (as the processor's
+    /// `/boundary` names a module).
     pub transform: String,
     pub input_records: usize,
     pub applied: u64,
@@ -58,76 +73,65 @@ pub struct ReplayAuditOutcome {
     pub dead_letter_differences: usize,
     /// Event ids with more outcomes than the replay's one.
     pub two_outcomes: usize,
+    /// Records on the dead-letter topic that are no dead letter of this input (another input's,
+    /// or without a dead letter's headers): not compared.
+    pub other_dead_letters: usize,
     /// A few of each difference, for people.
     pub examples: ReplayReport,
 }
 
-/// Reads the topics and replays `config.transform` over the input.
+/// Reads the run and replays `config.transform` over its input. Blocking work (the read, a
+/// module's compilation, the replay) runs off the async runtime.
 pub async fn run(
     kafka: KafkaSettings,
     config: ReplayAuditConfig,
 ) -> anyhow::Result<ReplayAuditOutcome> {
-    let topics: Vec<String> = std::iter::once(config.input.clone())
-        .chain(config.outputs.values().cloned())
-        .chain(std::iter::once(config.dlq.clone()))
-        .collect();
-    let end_timeout = config.end_timeout;
-    let mut snapshots = tokio::task::spawn_blocking(move || {
-        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        read_topics(&kafka, &names, end_timeout, &mut |_| {})
-    })
-    .await
-    .context("reading the topics")?
-    .context("reading the topics")?
-    .into_iter();
-    let input = snapshots.next().context("no input topic read")?;
-    if !input.exists {
-        bail!("input topic {:?} does not exist", config.input);
-    }
-    let mut committed = Vec::new();
-    for name in config.outputs.keys() {
-        let output = snapshots.next().context("an output topic was not read")?;
-        committed.extend(
-            output
-                .records
-                .iter()
-                .map(|record| committed_output(name, record)),
-        );
-    }
-    let dlq = snapshots.next().context("no dead-letter topic read")?;
-    let inputs: Vec<ReplayInput> = input.records.iter().map(replay_input).collect();
-    let letters = dead_letter_reasons(&dlq.records);
-    let names: BTreeSet<String> = config.outputs.keys().cloned().collect();
-    let (expected, transform) = match config.transform {
-        BuiltinTransform::Ledger => (
-            expected(&LedgerTransform, &config, &names, &inputs)?,
-            "ledger",
-        ),
-        BuiltinTransform::PassThrough => {
+    tokio::task::spawn_blocking(move || replay_run(&kafka, &config))
+        .await
+        .context("the replay panicked")?
+}
+
+fn replay_run(
+    kafka: &KafkaSettings,
+    config: &ReplayAuditConfig,
+) -> anyhow::Result<ReplayAuditOutcome> {
+    let topics = RunTopics {
+        input: config.input.clone(),
+        outputs: config.outputs.clone(),
+        dead_letters: config.dlq.clone(),
+    };
+    let run = replay::read_committed_run(&kafka.client_config(), &topics, config.end_timeout)
+        .context("reading the run")?;
+    let replayed = match &config.transform {
+        ReplayTransform::Builtin(BuiltinTransform::Ledger) => {
+            replay_with(&LedgerTransform, "ledger", config, &topics, &run)?
+        }
+        ReplayTransform::Builtin(BuiltinTransform::PassThrough) => {
             let filter = config
                 .filter
                 .clone()
                 .map(|(pointer, equals)| (pointer, filter_value(&equals)));
-            (
-                expected(&PassThroughTransform { filter }, &config, &names, &inputs)?,
-                "pass-through",
-            )
+            let transform = PassThroughTransform { filter };
+            replay_with(&transform, "pass-through", config, &topics, &run)?
         }
+        ReplayTransform::Wasm(path) => replay_module(path, config, &topics, &run)?,
     };
-    let report = replay::compare(&expected, &committed, &letters);
+    let (expected, transform) = replayed;
+    let report = run.compare(&expected);
     Ok(ReplayAuditOutcome {
         passed: report.exact(),
-        transform: transform.to_owned(),
-        input_records: inputs.len(),
+        transform,
+        input_records: run.inputs.len(),
         applied: expected.applied,
         duplicates: expected.duplicates,
         dead_letters: expected.dead_letters.len(),
-        committed_outputs: committed.len(),
+        committed_outputs: run.outputs.len(),
         matched: report.matched,
         missing: report.missing.len(),
         unexpected: report.unexpected.len(),
         dead_letter_differences: report.dead_letter_differences.len(),
         two_outcomes: report.two_outcomes.len(),
+        other_dead_letters: run.other_dead_letters,
         examples: ReplayReport {
             matched: report.matched,
             missing: report.missing.into_iter().take(EXAMPLES).collect(),
@@ -142,76 +146,78 @@ pub async fn run(
     })
 }
 
-fn expected<T: Transform>(
-    transform: &T,
+/// Loads the module with the processor's host and limits, and replays it.
+#[cfg(feature = "wasm")]
+fn replay_module(
+    path: &std::path::Path,
     config: &ReplayAuditConfig,
-    outputs: &BTreeSet<String>,
-    inputs: &[ReplayInput],
-) -> anyhow::Result<replay::Expected> {
-    let base = transform.contract();
-    let contract = EventContract {
+    topics: &RunTopics,
+    run: &CommittedRun,
+) -> anyhow::Result<(replay::Expected, String)> {
+    use eos_transform::wasm::{Limits, Options, WasmTransform};
+    let options = Options {
+        limits: Limits {
+            fuel: config.wasm_limits.fuel,
+            max_memory_bytes: config.wasm_limits.max_memory_bytes,
+            timeout: config.wasm_limits.timeout,
+        },
+        ..Options::default()
+    };
+    let transform = WasmTransform::load(path, options)
+        .with_context(|| format!("loading the WebAssembly module {}", path.display()))?;
+    let name = format!("webassembly module {}", transform.digest());
+    tracing::info!(module = %path.display(), digest = transform.digest(), "webassembly transform loaded for the replay");
+    replay_with(&transform, &name, config, topics, run)
+}
+
+/// Unreachable: `--transform wasm:` is refused at parse time without the feature.
+#[cfg(not(feature = "wasm"))]
+fn replay_module(
+    path: &std::path::Path,
+    _config: &ReplayAuditConfig,
+    _topics: &RunTopics,
+    _run: &CommittedRun,
+) -> anyhow::Result<(replay::Expected, String)> {
+    anyhow::bail!(
+        "cannot replay {}: this eosctl was built without its `wasm` feature",
+        path.display()
+    )
+}
+
+fn replay_with<T: Transform>(
+    transform: &T,
+    name: &str,
+    config: &ReplayAuditConfig,
+    topics: &RunTopics,
+    run: &CommittedRun,
+) -> anyhow::Result<(replay::Expected, String)> {
+    let contract = run_contract(transform.contract(), config);
+    let expected = replay::expected(transform, &contract, &topics.output_names(), &run.inputs)?;
+    Ok((expected, name.to_owned()))
+}
+
+/// The contract the run had: the transform's own, with what the processor's flags said instead
+/// (as the processor's `Config::event_contract` makes it), so that the replay decides what the
+/// run decided even when the flags overrode the transform.
+fn run_contract(base: EventContract, config: &ReplayAuditConfig) -> EventContract {
+    EventContract {
         event_id: config.event_id.clone().unwrap_or(base.event_id),
         entity: config.entity.clone().unwrap_or(base.entity),
         occurred_at: config.occurred_at.clone().or(base.occurred_at),
         max_record_bytes: config.max_record_bytes,
-    };
-    Ok(replay::expected(transform, &contract, outputs, inputs)?)
-}
-
-fn replay_input(record: &SourceRecord) -> ReplayInput {
-    ReplayInput {
-        partition: record.partition,
-        offset: record.offset,
-        key: record.key.clone(),
-        value: record.value.clone(),
-        headers: record.headers.clone(),
-        timestamp_ms: record.timestamp_ms.unwrap_or_default(),
     }
-}
-
-fn header<'a>(record: &'a SourceRecord, name: &str) -> Option<&'a str> {
-    record
-        .headers
-        .iter()
-        .rev()
-        .find(|(key, _)| key == name)
-        .and_then(|(_, value)| value.as_deref())
-        .and_then(|value| std::str::from_utf8(value).ok())
-}
-
-fn committed_output(name: &str, record: &SourceRecord) -> ReplayOutput {
-    ReplayOutput::committed(
-        header(record, "event_id").unwrap_or_default(),
-        name,
-        record.key.as_deref(),
-        record.value.as_deref().unwrap_or_default(),
-    )
-}
-
-/// Source position → reason of every dead letter that says where it came from.
-fn dead_letter_reasons(letters: &[SourceRecord]) -> BTreeMap<(i32, i64), DeadLetterReason> {
-    letters
-        .iter()
-        .filter_map(|letter| {
-            let partition = header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
-                .parse()
-                .ok()?;
-            let offset = header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
-                .parse()
-                .ok()?;
-            let reason = header(letter, dead_letter::REASON_HEADER)?.parse().ok()?;
-            Some(((partition, offset), reason))
-        })
-        .collect()
 }
 
 /// The report for people.
 pub fn text(outcome: &ReplayAuditOutcome) -> String {
+    let replayed = match outcome.transform.as_str() {
+        module if module.starts_with("webassembly") => module.to_owned(),
+        builtin => format!("the {builtin} transform"),
+    };
     let mut text = format!(
-        "replay of the {} transform over {} input records: {} events applied, {} duplicates \
-         dropped, {} dead letters\ncommitted outputs {}: {} as replayed, {} missing, {} \
+        "replay of {} over {} input records: {} events applied, {} duplicates dropped, {} dead letters\ncommitted outputs {}: {} as replayed, {} missing, {} \
          unexpected; {} dead letters differ; {} event ids with two outcomes\n",
-        outcome.transform,
+        replayed,
         outcome.input_records,
         outcome.applied,
         outcome.duplicates,
@@ -223,22 +229,21 @@ pub fn text(outcome: &ReplayAuditOutcome) -> String {
         outcome.dead_letter_differences,
         outcome.two_outcomes,
     );
-    for output in &outcome.examples.missing {
+    if outcome.other_dead_letters > 0 {
         text.push_str(&format!(
-            "  missing    {} → {} key {:?}: {}\n",
-            output.event_id, output.output, output.key, output.value
+            "{} records on the dead-letter topic are no dead letter of this input (not \
+             compared)\n",
+            outcome.other_dead_letters
         ));
+    }
+    for output in &outcome.examples.missing {
+        text.push_str(&format!("  missing    {output}\n"));
     }
     for output in &outcome.examples.unexpected {
-        text.push_str(&format!(
-            "  unexpected {} → {} key {:?}: {}\n",
-            output.event_id, output.output, output.key, output.value
-        ));
+        text.push_str(&format!("  unexpected {output}\n"));
     }
-    for (partition, offset, written, replayed) in &outcome.examples.dead_letter_differences {
-        text.push_str(&format!(
-            "  dead letter at {partition}@{offset}: committed {written}, replayed {replayed}\n"
-        ));
+    for difference in &outcome.examples.dead_letter_differences {
+        text.push_str(&format!("  {difference}\n"));
     }
     for event_id in &outcome.examples.two_outcomes {
         text.push_str(&format!(
@@ -264,49 +269,32 @@ pub fn output_topics(default_topic: &str, named: &[(String, String)]) -> BTreeMa
 mod tests {
     use super::*;
 
-    fn record(headers: &[(&str, &str)]) -> SourceRecord {
-        SourceRecord {
-            topic: "t.dlq".into(),
-            partition: 0,
-            offset: 3,
-            key: None,
-            value: None,
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), Some(v.as_bytes().to_vec())))
-                .collect(),
-            timestamp_ms: None,
-        }
-    }
-
     #[test]
-    fn dead_letters_are_read_by_their_source_position_and_the_last_reason_header() {
-        let letters = [
-            record(&[
-                (dead_letter::REASON_HEADER, "missing_field"),
-                (dead_letter::SOURCE_PARTITION_HEADER, "2"),
-                (dead_letter::SOURCE_OFFSET_HEADER, "41"),
-            ]),
-            // An input's own header of the name comes first; the service's is last.
-            record(&[
-                (dead_letter::REASON_HEADER, "nonsense"),
-                (dead_letter::REASON_HEADER, "transform_refused"),
-                (dead_letter::SOURCE_PARTITION_HEADER, "0"),
-                (dead_letter::SOURCE_OFFSET_HEADER, "7"),
-            ]),
-            // Without its position it cannot be matched: left out.
-            record(&[(dead_letter::REASON_HEADER, "missing_field")]),
-        ];
+    fn the_flags_say_where_the_run_found_the_event_s_parts() {
+        let config = ReplayAuditConfig {
+            transform: ReplayTransform::Builtin(BuiltinTransform::PassThrough),
+            wasm_limits: WasmLimits {
+                fuel: 1,
+                max_memory_bytes: 1,
+                timeout: Duration::from_secs(1),
+            },
+            event_id: None,
+            entity: Some(eos_core::FieldLocation::Pointer("/account".into())),
+            occurred_at: None,
+            max_record_bytes: 4096,
+            filter: None,
+            input: "in".into(),
+            outputs: output_topics("out", &[("flagged".into(), "f".into())]),
+            dlq: "in.dlq".into(),
+            end_timeout: Duration::from_secs(1),
+        };
+        let contract = run_contract(EventContract::ledger(), &config);
+        assert_eq!(contract.event_id, EventContract::ledger().event_id);
         assert_eq!(
-            dead_letter_reasons(&letters),
-            BTreeMap::from([
-                ((0, 7), DeadLetterReason::TransformRefused),
-                ((2, 41), DeadLetterReason::MissingField),
-            ])
+            contract.entity,
+            eos_core::FieldLocation::Pointer("/account".into())
         );
-        assert_eq!(
-            output_topics("ledger", &[("flagged".into(), "f".into())]).len(),
-            2
-        );
+        assert_eq!(contract.max_record_bytes, 4096);
+        assert_eq!(config.outputs.len(), 2);
     }
 }

@@ -1,7 +1,8 @@
 //! The example of your own events and logic (`examples/card-authorisations`) under the same chaos
 //! as the ledger: card authorisations with re-deliveries are produced while the example's binary
 //! is SIGKILLed and restarted at random moments, and the replay proof (`eos_processor::replay`,
-//! the example's own transform run again over the committed input) must find every approved and
+//! the example's own transform run again over the committed input, read by the library's
+//! `read_committed_run`, under the configuration the run had) must find every approved and
 //! flagged output and every refusal exactly once, as computed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,16 +10,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
-use eos_core::{DeadLetterReason, dead_letter};
-use eos_processor::replay::{self, ReplayInput, ReplayOutput};
-use eos_processor::{DEFAULT_OUTPUT, Transform as _};
+use eos_processor::{DEFAULT_OUTPUT, Transform};
 use eos_runtime::kafka_clients;
 use eos_testkit::argv;
+use eos_transform::replay::{self, CommittedRun, RunTopics};
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, arg_refs, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
-    wait_until_consumed,
+    arg_refs, bootstrap_servers, client_config, create_topic, unique_name, wait_until_consumed,
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
@@ -29,8 +28,8 @@ use serde_json::json;
 const AUTHORISATIONS: usize = 4_000;
 const CARDS: usize = 400;
 const KILLS: usize = 6;
-/// About ten authorisations of about 200.00 per card and day: the later ones of a card pass its
-/// limit of 2,000.00, and about a quarter are flagged.
+/// The binary's limits: about ten authorisations of about 200.00 per card and day, so the later
+/// ones of a card pass its limit of 2,000.00, and about a quarter are flagged.
 const TRANSFORM: CardAuthorisations = CardAuthorisations {
     daily_limit: 200_000,
     flag_at: 30_000,
@@ -100,7 +99,7 @@ fn authorisations(seed: u64) -> Vec<Authorisation> {
 }
 
 /// The example binary's command line: its topics (input, approved, flagged), group and instance,
-/// with the workload's limit of 2,000.00 a day and flags from 300.00.
+/// with [`TRANSFORM`]'s limit of 2,000.00 a day and flags from 300.00.
 fn processor_args(
     bootstrap: &str,
     (input, approved, flagged): (&str, &str, &str),
@@ -115,8 +114,8 @@ fn processor_args(
         processor.group_id: group,
         processor.instance.instance_id: instance,
         processor.metrics_addr: "127.0.0.1:0",
-        daily_limit: "2000.00",
-        flag_at: "300.00",
+        daily_limit: card_authorisations::decimal(TRANSFORM.daily_limit),
+        flag_at: card_authorisations::decimal(TRANSFORM.flag_at),
     })
 }
 
@@ -179,10 +178,8 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         let (input, records) = (input.clone(), records.clone());
         std::thread::spawn(move || produce(&input, &records, 700))
     };
-    let spawn = || {
-        let args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "cards");
-        ServiceProcess::spawn("card-authorisations", &args, &[])
-    };
+    let args = processor_args(&bootstrap, (&input, &approved, &flagged), &group, "cards");
+    let spawn = || ServiceProcess::spawn("card-authorisations", &args, &[]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for _ in 0..KILLS {
         let mut processor = spawn()?;
@@ -202,13 +199,12 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         .with_context(|| last.log_tail(40))?;
     last.stop_gracefully()?;
 
-    let (inputs, committed, letters) = committed_run(
-        &input,
-        &[(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED_OUTPUT)],
-    )?;
-    assert_eq!(inputs.len(), records.len(), "every record produced is read");
-    let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
-    let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
+    let (expected, run) = replay_run(&args, example_transform)?;
+    assert_eq!(
+        run.inputs.len(),
+        records.len(),
+        "every record produced is read"
+    );
     // The workload takes every path: approvals, flags, refusals and re-deliveries, dropped
     // (a refused event's too: its outcome is final).
     let paths = replay_paths(&expected, records.len(), FLAGGED_OUTPUT);
@@ -217,8 +213,51 @@ fn card_authorisations_survive_repeated_sigkill_and_replay_exactly() -> anyhow::
         "(applied, flagged, refused, duplicates) = {paths:?}"
     );
     eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
-    assert_replay_exact(&expected, &committed, &letters);
+    assert_replay_exact(&expected, &run);
     Ok(())
+}
+
+/// `args` parsed as the example's binary parses its command line.
+pub(crate) fn example_args(args: &[String]) -> anyhow::Result<card_authorisations::Args> {
+    Ok(<card_authorisations::Args as clap::Parser>::try_parse_from(
+        std::iter::once("card-authorisations".to_owned()).chain(args.iter().cloned()),
+    )?)
+}
+
+/// The transform the example's binary runs with `args`, as its `main` builds it.
+pub(crate) fn example_transform(args: &card_authorisations::Args) -> CardAuthorisations {
+    CardAuthorisations {
+        daily_limit: args.daily_limit,
+        flag_at: args.flag_at,
+    }
+}
+
+/// How long reading a run may go without progress: an open transaction of a SIGKILLed instance
+/// is aborted well within it, by its successor or its timeout.
+pub(crate) const READ_STALL: Duration = Duration::from_secs(60);
+
+/// What a run of the example's binary committed, and what the replay computes for it, under the
+/// configuration the run had: `args`, its command line, parsed again as the binary parses it,
+/// gives the transform (`transform`), the topics and the event contract — the transform's own
+/// with what the flags say instead, as the processor made it (`Config::event_contract`), never
+/// the transform's contract alone.
+pub(crate) fn replay_run<T: Transform>(
+    args: &[String],
+    transform: impl FnOnce(&card_authorisations::Args) -> T,
+) -> anyhow::Result<(replay::Expected, CommittedRun)> {
+    let args = example_args(args)?;
+    let transform = transform(&args);
+    let config = &args.processor;
+    let topics = RunTopics {
+        input: config.input_topic.clone(),
+        outputs: config.output_topics(),
+        dead_letters: config.dlq_topic(),
+    };
+    let kafka = config.kafka.settings(&[])?.client_config();
+    let run = replay::read_committed_run(&kafka, &topics, READ_STALL)?;
+    let contract = config.event_contract(transform.contract());
+    let expected = replay::expected(&transform, &contract, &topics.output_names(), &run.inputs)?;
+    Ok((expected, run))
 }
 
 /// (applied, flagged, refused, duplicates) of a replay, once each of the `records` written is
@@ -246,25 +285,15 @@ pub(crate) fn replay_paths(
 }
 
 /// The replay's outputs and dead letters are exactly what the run committed: none missing, none
-/// unexpected, every dead letter with the replay's reason.
-pub(crate) fn assert_replay_exact(
-    expected: &replay::Expected,
-    committed: &[ReplayOutput],
-    letters: &BTreeMap<(i32, i64), DeadLetterReason>,
-) {
-    let report = replay::compare(expected, committed, letters);
+/// unexpected, every dead letter with the replay's reason and code, and none of another input.
+pub(crate) fn assert_replay_exact(expected: &replay::Expected, run: &CommittedRun) {
+    let report = run.compare(expected);
     assert!(
         report.exact(),
-        "the committed outputs are not the transform's: {} missing, {} unexpected, {} dead \
-         letters differ; first: {:?} / {:?} / {:?}",
-        report.missing.len(),
-        report.unexpected.len(),
-        report.dead_letter_differences.len(),
-        report.missing.first(),
-        report.unexpected.first(),
-        report.dead_letter_differences.first(),
+        "the committed outputs are not the transform's: {report}"
     );
-    assert_eq!(report.matched as usize, committed.len());
+    assert_eq!(report.matched as usize, run.outputs.len());
+    assert_eq!(run.other_dead_letters, 0);
 }
 
 /// The whole chain with no ledger field anywhere: card authorisations → the example's processor
@@ -358,19 +387,13 @@ source_offset = "kafka.offset"
     let _ = std::fs::remove_file(&targets);
 
     // Kafka → Kafka: the replay.
-    let (inputs, committed, letters) = tokio::task::block_in_place(|| {
-        committed_run(
-            &input,
-            &[(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED_OUTPUT)],
-        )
-    })?;
-    let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
-    let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
-    let report = replay::compare(&expected, &committed, &letters);
-    assert!(report.exact(), "{report:?}");
+    let (expected, run) =
+        tokio::task::block_in_place(|| replay_run(&processor_args, example_transform))?;
+    assert_replay_exact(&expected, &run);
 
     // Kafka → PostgreSQL: one row per approved authorisation, with its content.
-    let mut want: Vec<(String, String, String)> = committed
+    let mut want: Vec<(String, String, String)> = run
+        .outputs
         .iter()
         .filter(|output| output.output == DEFAULT_OUTPUT)
         .map(|output| {
@@ -438,55 +461,4 @@ source_offset = "kafka.offset"
         );
     }
     db.drop_database().await
-}
-
-/// What a run committed: its input, its outputs (by output name) and its dead letters by source
-/// position.
-pub(crate) type CommittedRun = (
-    Vec<ReplayInput>,
-    Vec<ReplayOutput>,
-    BTreeMap<(i32, i64), DeadLetterReason>,
-);
-
-/// Reads what a run committed, as a `read_committed` consumer sees it.
-pub(crate) fn committed_run(input: &str, outputs: &[(&str, &str)]) -> anyhow::Result<CommittedRun> {
-    let inputs = read_topic(input, Isolation::ReadCommitted)?
-        .iter()
-        .map(|message| ReplayInput {
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            value: message.payload().map(<[u8]>::to_vec),
-            headers: Vec::new(),
-            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
-        })
-        .collect();
-    let mut committed = Vec::new();
-    for (topic, output) in outputs {
-        for message in read_topic(topic, Isolation::ReadCommitted)? {
-            committed.push(ReplayOutput::committed(
-                header(&message, "event_id").unwrap_or_default(),
-                output,
-                message.key(),
-                message.payload().unwrap_or_default(),
-            ));
-        }
-    }
-    let letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?
-        .iter()
-        .filter_map(|letter| {
-            Some((
-                (
-                    header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
-                        .parse()
-                        .ok()?,
-                    header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
-                        .parse()
-                        .ok()?,
-                ),
-                header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
-            ))
-        })
-        .collect();
-    Ok((inputs, committed, letters))
 }

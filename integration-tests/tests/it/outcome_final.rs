@@ -11,13 +11,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use card_authorisations::{CardAuthorisations, FLAGGED_OUTPUT};
+use card_authorisations::FLAGGED_OUTPUT;
 use eos_core::dead_letter;
-use eos_processor::replay::{self, ReplayInput, ReplayOutput};
-use eos_processor::{DEFAULT_OUTPUT, Transform as _};
 use eos_testkit::argv;
 
-use crate::card_authorisations::CommittedRun;
+use crate::card_authorisations::{assert_replay_exact, example_transform, replay_run};
 use integration_tests::aimed_kill::kill_when;
 use integration_tests::service_process::{ServiceProcess, processor_state_dir};
 use integration_tests::{
@@ -42,11 +40,6 @@ const CARDS: usize = 30;
 /// The limit the processor runs with: an authorisation of 90.00 then one of 50.00 on one day is
 /// refused.
 const DAILY_LIMIT: &str = "100.00";
-/// The transform as the processor runs it (for the replay).
-const TRANSFORM: CardAuthorisations = CardAuthorisations {
-    daily_limit: 10_000,
-    flag_at: 100_000,
-};
 
 /// The topics, group and instance of one card-authorisations pipeline.
 struct Pipeline {
@@ -78,7 +71,16 @@ impl Pipeline {
 
     /// The example's binary with `daily_limit`, committing every `commit_interval`.
     fn spawn(&self, daily_limit: &str, commit_interval: &str) -> anyhow::Result<ServiceProcess> {
-        let args = argv!(card_authorisations::Args {
+        ServiceProcess::spawn(
+            "card-authorisations",
+            &self.args(daily_limit, commit_interval),
+            &[],
+        )
+    }
+
+    /// The example binary's command line.
+    fn args(&self, daily_limit: &str, commit_interval: &str) -> Vec<String> {
+        argv!(card_authorisations::Args {
             processor.kafka.bootstrap_servers: &self.bootstrap,
             processor.input_topic: &self.input,
             processor.output_topic: &self.approved,
@@ -89,8 +91,7 @@ impl Pipeline {
             processor.commit_interval: commit_interval,
             daily_limit: daily_limit,
             flag_at: "1000.00",
-        });
-        ServiceProcess::spawn("card-authorisations", &args, &[])
+        })
     }
 
     /// Waits until the group has committed the input's end, within [`DRAIN_BOUND`]; how long
@@ -305,72 +306,6 @@ fn committed_outcomes(pipeline: &Pipeline) -> anyhow::Result<BTreeMap<String, Ou
     Ok(outcomes)
 }
 
-/// The committed input with its headers, the outputs and the dead letters by source position,
-/// for the replay.
-fn committed_run(pipeline: &Pipeline) -> anyhow::Result<CommittedRun> {
-    let inputs = read_topic(&pipeline.input, Isolation::ReadCommitted)?
-        .iter()
-        .map(|message| ReplayInput {
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            value: message.payload().map(<[u8]>::to_vec),
-            headers: message
-                .headers()
-                .map(|headers| {
-                    headers
-                        .iter()
-                        .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
-        })
-        .collect();
-    let mut outputs = Vec::new();
-    for (topic, name) in [
-        (&pipeline.approved, DEFAULT_OUTPUT),
-        (&pipeline.flagged, FLAGGED_OUTPUT),
-    ] {
-        for message in read_topic(topic, Isolation::ReadCommitted)? {
-            outputs.push(ReplayOutput::committed(
-                header(&message, "event_id").unwrap_or_default(),
-                name,
-                message.key(),
-                message.payload().unwrap_or_default(),
-            ));
-        }
-    }
-    let letters = read_topic(&pipeline.dlq(), Isolation::ReadCommitted)?
-        .iter()
-        .filter_map(|letter| {
-            Some((
-                (
-                    header(letter, dead_letter::SOURCE_PARTITION_HEADER)?
-                        .parse()
-                        .ok()?,
-                    header(letter, dead_letter::SOURCE_OFFSET_HEADER)?
-                        .parse()
-                        .ok()?,
-                ),
-                header(letter, dead_letter::REASON_HEADER)?.parse().ok()?,
-            ))
-        })
-        .collect();
-    Ok((inputs, outputs, letters))
-}
-
-/// The replay (the processor's own decision code over the committed input) computes exactly
-/// what was committed.
-fn assert_replay_exact(pipeline: &Pipeline) -> anyhow::Result<()> {
-    let (inputs, committed, letters) = committed_run(pipeline)?;
-    let outputs = [DEFAULT_OUTPUT, FLAGGED_OUTPUT].map(str::to_owned).into();
-    let expected = replay::expected(&TRANSFORM, &TRANSFORM.contract(), &outputs, &inputs)?;
-    let report = replay::compare(&expected, &committed, &letters);
-    assert!(report.exact(), "the replay differs: {report:?}");
-    Ok(())
-}
-
 /// The finality rule under SIGKILL: refused authorisations (over the daily limit, a malformed
 /// amount) re-delivered with the same content are counted duplicates — no second dead letter, and
 /// no approval although the card's spend would allow it by then — and with other content
@@ -456,7 +391,9 @@ fn a_refused_event_keeps_its_outcome_through_redeliveries_and_sigkills() -> anyh
             assert_eq!(got.dead_letters.len(), conflicts, "{approved}: {got:?}");
         }
     }
-    assert_replay_exact(&pipeline)?;
+    // The replay, under the configuration of the run's binary, decides as the run did.
+    let (expected, run) = replay_run(&pipeline.args(DAILY_LIMIT, "100ms"), example_transform)?;
+    assert_replay_exact(&expected, &run);
     eprintln!("finality under SIGKILL: {:?} in all", started.elapsed());
     Ok(())
 }

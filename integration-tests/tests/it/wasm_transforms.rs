@@ -4,7 +4,7 @@
 //! `--transform wasm:PATH` while card authorisations with re-deliveries are produced and the
 //! binary is SIGKILLed at random moments; then the replay proof (`eos_processor::replay`), run
 //! with the same module, must find every approved and flagged output and every refusal exactly
-//! once, as computed.
+//! once, as computed — in the test, and in `eosctl audit --replay --transform wasm:PATH`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,10 +13,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use eos_core::{EventContract, FieldLocation};
 use eos_processor::DEFAULT_OUTPUT;
-use eos_processor::replay;
 use eos_processor::wasm::{Options, WasmTransform};
 use eos_runtime::kafka_clients;
 use eos_testkit::argv;
+use eos_transform::replay::{self, RunTopics};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
     Isolation, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
@@ -27,7 +27,7 @@ use rdkafka::Message as _;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use serde_json::json;
 
-use crate::card_authorisations::{assert_replay_exact, committed_run, header, replay_paths};
+use crate::card_authorisations::{READ_STALL, assert_replay_exact, header, replay_paths};
 
 const AUTHORISATIONS: usize = 2_000;
 const CARDS: usize = 200;
@@ -189,9 +189,19 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
     );
     last.stop_gracefully()?;
 
-    let (inputs, committed, letters) =
-        committed_run(&input, &[(&approved, DEFAULT_OUTPUT), (&flagged, FLAGGED)])?;
-    assert_eq!(inputs.len(), records.len(), "every record produced is read");
+    let topics = RunTopics {
+        input: input.clone(),
+        outputs: [(DEFAULT_OUTPUT, &approved), (FLAGGED, &flagged)]
+            .map(|(name, topic)| (name.to_owned(), topic.clone()))
+            .into(),
+        dead_letters: format!("{input}.dlq"),
+    };
+    let run = replay::read_committed_run(&client_config(), &topics, READ_STALL)?;
+    assert_eq!(
+        run.inputs.len(),
+        records.len(),
+        "every record produced is read"
+    );
     let mut codes: BTreeMap<String, usize> = BTreeMap::new();
     for letter in read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)? {
         *codes
@@ -212,15 +222,54 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
 
     // The replay runs the same module, loaded afresh, over the committed input.
     let transform = WasmTransform::load(&module, Options::default())?;
-    let outputs = [DEFAULT_OUTPUT, FLAGGED].map(str::to_owned).into();
-    let expected = replay::expected(&transform, &contract(), &outputs, &inputs)?;
+    let expected = replay::expected(&transform, &contract(), &topics.output_names(), &run.inputs)?;
     let paths = replay_paths(&expected, records.len(), FLAGGED);
     assert!(
         paths.0 > 500 && paths.1 > 100 && paths.2 > 100 && paths.3 > 20,
         "(applied, flagged, refused, duplicates) = {paths:?}"
     );
     eprintln!("replayed (applied, flagged, refused, duplicates) = {paths:?}");
-    assert_replay_exact(&expected, &committed, &letters);
+    assert_replay_exact(&expected, &run);
+
+    // The operator's proof of the same run: eosctl loads the module with the processor's host
+    // and takes the flags the processor had.
+    let started = std::time::Instant::now();
+    let flagged_output = format!("{FLAGGED}={flagged}");
+    let proof = integration_tests::eosctl::audit_with(
+        &bootstrap,
+        &input,
+        &approved,
+        &topics.dead_letters,
+        &[
+            "--replay",
+            "--transform",
+            &format!("wasm:{}", module.display()),
+            "--event-id",
+            "/auth_id",
+            "--entity",
+            "/card",
+            "--occurred-at",
+            "/at",
+            "--named-output",
+            &flagged_output,
+        ],
+    )?;
+    eprintln!("eosctl audit --replay wasm: in {:?}", started.elapsed());
+    assert!(proof.passed(), "{}", proof.report);
+    assert_eq!(
+        proof.report["transform"],
+        format!("webassembly module {}", transform.digest())
+    );
+    assert_eq!(
+        proof.report["matched"].as_u64(),
+        Some(run.outputs.len() as u64),
+        "{}",
+        proof.report
+    );
+    assert_eq!(
+        proof.report["dead_letters"].as_u64(),
+        Some(expected.dead_letters.len() as u64)
+    );
 
     // Another module over the state the Go module wrote: the same logic in AssemblyScript, so
     // another digest. Without a word from the operator it is refused at the first state it
@@ -483,17 +532,21 @@ fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> any
 
     // The replay runs the module again under the default limits: the burning event meets the
     // clock there too, and the committed run is exactly what it computes.
-    let (inputs, committed, letters) = committed_run(&input, &[(&output, DEFAULT_OUTPUT)])?;
+    let topics = RunTopics {
+        input: input.clone(),
+        outputs: [(DEFAULT_OUTPUT.to_owned(), output.clone())].into(),
+        dead_letters: format!("{input}.dlq"),
+    };
+    let run = replay::read_committed_run(&client_config(), &topics, READ_STALL)?;
     let transform = WasmTransform::load(&module, Options::default())?;
     let contract = EventContract {
         event_id: FieldLocation::Pointer("/id".into()),
         entity: FieldLocation::Pointer("/entity".into()),
         ..EventContract::default()
     };
-    let outputs = [DEFAULT_OUTPUT.to_owned()].into();
-    let expected = replay::expected(&transform, &contract, &outputs, &inputs)?;
+    let expected = replay::expected(&transform, &contract, &topics.output_names(), &run.inputs)?;
     assert_eq!(expected.applied as usize, OTHERS + 3);
     assert_eq!(expected.dead_letters.len(), 1);
-    assert_replay_exact(&expected, &committed, &letters);
+    assert_replay_exact(&expected, &run);
     Ok(())
 }

@@ -26,6 +26,11 @@ pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result
             .unwrap_or_else(|| format!("{}.dlq", args.input));
         let config = replay_audit::ReplayAuditConfig {
             transform: args.transform,
+            wasm_limits: replay_audit::WasmLimits {
+                fuel: args.wasm_fuel,
+                max_memory_bytes: args.wasm_max_memory,
+                timeout: args.wasm_timeout,
+            },
             event_id: args.event_id,
             entity: args.entity,
             occurred_at: args.occurred_at,
