@@ -30,6 +30,7 @@ mod processor;
 mod processor_state;
 mod provider_sim;
 mod provider_tls;
+mod replay_proof;
 mod resend_spans;
 mod scale_out;
 mod secrets;
