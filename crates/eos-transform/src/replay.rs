@@ -25,7 +25,7 @@
 //! however right its reason.
 //!
 //! What a run committed is a [`CommittedRun`]: [`CommittedRun::from_records`] reads it from the
-//! records of its topics, and, with the crate's `kafka` feature, [`read_committed_run`] reads
+//! records of its topics, and, with the crate's `kafka` feature, `read_committed_run` reads
 //! those from Kafka as a `read_committed` consumer sees them — the reader `eosctl audit --replay`
 //! runs, for a user's own test of their transform (docs/TRANSFORMS.md "Prove it: the replay
 //! audit"). The replay must decide under the contract the run had: take it from the run's own
