@@ -437,7 +437,7 @@ impl Config {
         if self.max_decoding_message_size < 64 * 1024 || self.max_encoding_message_size < 64 * 1024
         {
             return Err(
-                "--max-decoding-message-size and --max-encoding-message-size must be at least                  65536 (one 64 KiB result)"
+                "--max-decoding-message-size and --max-encoding-message-size must be at least 65536 (one 64 KiB result)"
                     .into(),
             );
         }
