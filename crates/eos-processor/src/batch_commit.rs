@@ -18,7 +18,7 @@ use crate::error::ProcessorError;
 use crate::metrics as m;
 use crate::open_batch::Batch;
 use crate::transaction_loop::TransactionLoop;
-use crate::transform::{DEFAULT_OUTPUT, Transform};
+use crate::transform::Transform;
 
 impl<T: Transform> TransactionLoop<T> {
     /// Exactly-once: what was just decided goes into the open transaction, which the first
@@ -55,7 +55,7 @@ impl<T: Transform> TransactionLoop<T> {
             otel.kind = "producer",
             messaging.system = "kafka",
             messaging.operation.type = "send",
-            messaging.destination.name = %self.settings.outputs[DEFAULT_OUTPUT],
+            messaging.destination.name = %self.settings.destination(),
             eos.records = batch.counts.records_in,
             eos.outcome = tracing::field::Empty,
         );

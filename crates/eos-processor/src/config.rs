@@ -1,12 +1,16 @@
-//! Command-line and environment configuration.
+//! The processor's own flags ([`Config`]): what every binary that runs a `Processor` has, the
+//! eos-processor binary and a library user's own (docs/TRANSFORMS.md "The binary"). Nothing in
+//! it is the demo's: the topics and the group have no defaults, and the default output is
+//! optional for a transform that writes only to outputs it names. The eos-processor binary's
+//! own flags (the transform's choice, the WebAssembly limits, the filter) and its demo defaults
+//! are `crate::service`'s.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use std::collections::BTreeMap;
-
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use eos_core::envelope::MAX_ID_BYTES;
 use eos_core::{EventContract, FieldLocation, Guarantee};
 use eos_runtime::service_flags::StallFlags;
@@ -14,77 +18,21 @@ use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 pub use eos_transform::transform::{BuiltinTransform, parse_named_output};
 
+use crate::transform::DEFAULT_OUTPUT;
+
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
 /// letter (input + headers) must still fit the broker's default 1 MiB message limit.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
 
-/// What `--transform` names: a built-in transform or a WebAssembly module.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TransformChoice {
-    /// `ledger` or `pass-through`.
-    Builtin(BuiltinTransform),
-    /// `wasm:PATH`.
-    Wasm(PathBuf),
-}
-
-/// `--transform`, as clap's value parser: a built-in's name, or `wasm:` and the path of a
-/// module file (checked to exist here, so a typo is a usage error; the module itself is
-/// checked when it is loaded).
-pub fn parse_transform(text: &str) -> Result<TransformChoice, String> {
-    if let Some(path) = text.strip_prefix("wasm:") {
-        let path = PathBuf::from(path);
-        if !path.is_file() {
-            return Err(format!(
-                "{} is not a file: wasm:PATH names a WebAssembly module",
-                path.display()
-            ));
-        }
-        return Ok(TransformChoice::Wasm(path));
-    }
-    BuiltinTransform::from_str(text, false)
-        .map(TransformChoice::Builtin)
-        .map_err(|_| format!("{text:?} is not ledger, pass-through or wasm:PATH"))
-}
-
-/// A size in bytes, optionally with a KiB, MiB or GiB suffix (`--wasm-max-memory`).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, ""),
-    };
-    let unit = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        _ => return Err(format!("{text:?} is not a size such as 256MiB")),
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
-        .ok_or_else(|| format!("{text:?} is not a size such as 256MiB"))
-}
-
-/// `--wasm-timeout`, as clap's value parser: a duration of at least a millisecond (the host
-/// counts whole milliseconds, and a zero limit would stop every call at once).
-pub fn parse_wasm_timeout(text: &str) -> Result<Duration, String> {
-    let timeout = humantime::parse_duration(text).map_err(|error| format!("{text:?}: {error}"))?;
-    if timeout < Duration::from_millis(1) {
-        return Err(format!("{text:?} is shorter than a millisecond"));
-    }
-    Ok(timeout)
-}
-
-/// Kafka → Kafka exactly-once read-process-write.
+/// Kafka → Kafka exactly-once read-process-write of a transform's events.
 ///
 /// Reads events (JSON objects) from the input topic with read_committed, drops duplicate
-/// deliveries by event id, applies the transform (--transform) with each entity's state, and
-/// writes the outputs, the state changelog, the dead letters and the consumed offsets in one
-/// Kafka transaction per batch. Idempotence, read_committed and manual offset commits are not
+/// deliveries by event id, applies the transform with each entity's state, and writes the
+/// outputs, the state changelog, the dead letters and the consumed offsets in one Kafka
+/// transaction per batch. Idempotence, read_committed and manual offset commits are not
 /// configurable: exactly-once depends on them.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "eos-processor", version, about, long_about)]
+#[command(version, about, long_about)]
 pub struct Config {
     /// Kafka bootstrap servers and the librdkafka property passthrough (TLS, SASL, timeouts).
     #[command(flatten)]
@@ -95,78 +43,33 @@ pub struct Config {
     pub topics: TopicReplicationFlags,
 
     /// Topic to read events from.
-    #[arg(long, env = "EOS_INPUT_TOPIC", default_value = "payments")]
+    #[arg(long, env = "EOS_INPUT_TOPIC")]
     pub input_topic: String,
 
-    /// Topic of the default output (named "default").
-    #[arg(long, env = "EOS_OUTPUT_TOPIC", default_value = "ledger")]
-    pub output_topic: String,
+    /// Topic of the default output (named "default"); needed unless the transform writes only to
+    /// outputs it names (then no default output exists, and none is created).
+    #[arg(long, env = "EOS_OUTPUT_TOPIC")]
+    pub output_topic: Option<String>,
 
     /// A further output the transform writes to, as NAME=TOPIC (repeat the flag, or separate
     /// them with commas in the environment variable).
     #[arg(long = "output", env = "EOS_OUTPUTS", value_name = "NAME=TOPIC", value_delimiter = ',', value_parser = parse_named_output)]
     pub outputs: Vec<(String, String)>,
 
-    /// The transform to run (ignored by a library user's `Processor`).
-    ///
-    /// ledger: the demo's ledger: checks the ledger envelope and keeps per-entity running
-    /// totals.
-    ///
-    /// pass-through: each new event's value to the default output as it came, or only those
-    /// whose value at --filter-pointer equals --filter-equals.
-    ///
-    /// wasm:PATH: the WebAssembly module at PATH, written in any language (docs/TRANSFORMS.md
-    /// "WebAssembly transforms"; see --wasm-fuel, --wasm-max-memory, --wasm-timeout,
-    /// --wasm-state-compatible).
-    #[arg(long, env = "EOS_TRANSFORM", default_value = "ledger", value_parser = parse_transform)]
-    pub transform: TransformChoice,
-
-    /// wasm: fuel per call to the module, about one unit per instruction; a call that uses it
-    /// all is dead-lettered with reason transform_limit.
-    #[arg(long, env = "EOS_WASM_FUEL", default_value_t = crate::wasm::Limits::default().fuel)]
-    pub wasm_fuel: u64,
-
-    /// wasm: the most memory the module may grow to, in bytes or with a KiB, MiB or GiB
-    /// suffix; a call that would pass it is dead-lettered with reason transform_limit.
-    #[arg(long, env = "EOS_WASM_MAX_MEMORY", default_value = "256MiB", value_parser = parse_bytes)]
-    pub wasm_max_memory: u64,
-
-    /// wasm: the longest one call to the module may run, by the wall clock (e.g. 500ms, 2s); a
-    /// call still running then is dead-lettered with reason transform_limit. Fuel alone does
-    /// not bound time (a bulk-memory instruction costs one unit whatever its length); at most
-    /// half of --transaction-timeout.
-    #[arg(long, env = "EOS_WASM_TIMEOUT", default_value = "2s", value_parser = parse_wasm_timeout)]
-    pub wasm_timeout: Duration,
-
-    /// wasm: accept entity state written by a module with another digest (the new module reads
-    /// the old one's state format as it is); without it, and unless the module exports
-    /// eos_upgrade_state, such state stops the restore with an error naming both digests.
-    #[arg(long, env = "EOS_WASM_STATE_COMPATIBLE")]
-    pub wasm_state_compatible: bool,
-
     /// Where the event id is: `header:<name>`, `key` or a JSON pointer such as `/id`
-    /// [default: the transform's; ledger: /event_id, others: header:event_id].
+    /// [default: the transform's; else header:event_id].
     #[arg(long, env = "EOS_EVENT_ID", value_name = "LOCATION")]
     pub event_id: Option<FieldLocation>,
 
     /// Where the entity is (orders its events and keys its state): `key`, `header:<name>` or a
-    /// JSON pointer [default: the transform's; ledger: /entity_id, others: key].
+    /// JSON pointer [default: the transform's; else key].
     #[arg(long, env = "EOS_ENTITY", value_name = "LOCATION")]
     pub entity: Option<FieldLocation>,
 
     /// JSON pointer to the event time (RFC 3339) used for the dedup horizon; without one the
-    /// record's timestamp is used [default: the transform's; ledger: /occurred_at].
+    /// record's timestamp is used [default: the transform's].
     #[arg(long, env = "EOS_OCCURRED_AT", value_name = "POINTER")]
     pub occurred_at: Option<String>,
-
-    /// pass-through: pass only events whose value at this JSON pointer equals --filter-equals.
-    #[arg(long, env = "EOS_FILTER_POINTER", requires = "filter_equals")]
-    pub filter_pointer: Option<String>,
-
-    /// pass-through: the value to compare with, as JSON (`true`, `3`, `"EUR"`) or a plain
-    /// string (`EUR`).
-    #[arg(long, env = "EOS_FILTER_EQUALS", requires = "filter_pointer")]
-    pub filter_equals: Option<String>,
 
     /// Dead-letter topic (default: `<input-topic>.dlq`).
     #[arg(long, env = "EOS_DLQ_TOPIC")]
@@ -177,8 +80,9 @@ pub struct Config {
     #[arg(long, env = "EOS_CHANGELOG_TOPIC")]
     pub changelog_topic: Option<String>,
 
-    /// Consumer group id; also the prefix of the transactional.id.
-    #[arg(long, env = "EOS_GROUP_ID", default_value = "eos-processor")]
+    /// Consumer group id; also the prefix of the transactional.id, so two applications must
+    /// never share one.
+    #[arg(long, env = "EOS_GROUP_ID")]
     pub group_id: String,
 
     /// This instance's id (static group membership, transactional.id, state directory).
@@ -272,14 +176,39 @@ impl Config {
         crate::state_store::instance_dir(&base, &self.group_id, &self.instance.instance_id())
     }
 
-    /// Every output by name, the default one (`--output-topic`) included.
+    /// Every output by name, the default one (`--output-topic`) included when it is given.
     pub fn output_topics(&self) -> BTreeMap<String, String> {
-        std::iter::once((
-            crate::transform::DEFAULT_OUTPUT.to_owned(),
-            self.output_topic.clone(),
-        ))
-        .chain(self.outputs.iter().cloned())
-        .collect()
+        self.output_topic
+            .iter()
+            .map(|topic| (DEFAULT_OUTPUT.to_owned(), topic.clone()))
+            .chain(self.outputs.iter().cloned())
+            .collect()
+    }
+
+    /// Checks that every output the transform writes to has a topic: the default output
+    /// (`--output-topic`) when `writes_default`, and each of `named` (`--output NAME=TOPIC`).
+    /// Refused at start-up, not found at run time as whole events become `unknown_output` dead
+    /// letters.
+    pub fn check_outputs(&self, writes_default: bool, named: &[String]) -> Result<(), String> {
+        if writes_default && self.output_topic.is_none() {
+            return Err(
+                "--output-topic is required: the transform writes to the default output \
+                 (a transform that writes only to outputs it names says so with \
+                 Transform::writes_default_output)"
+                    .into(),
+            );
+        }
+        let configured = self.output_topics();
+        match named
+            .iter()
+            .find(|name| *name != DEFAULT_OUTPUT && !configured.contains_key(*name))
+        {
+            Some(missing) => Err(format!(
+                "the transform writes to output {missing:?}: configure it with --output \
+                 {missing}=TOPIC"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// `base` (the transform's own contract) with what the flags say instead.
@@ -299,13 +228,20 @@ impl Config {
 
     /// Checks what clap cannot: values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), String> {
-        let mut topics = vec![
-            ("--input-topic", self.input_topic.clone()),
-            ("--output-topic", self.output_topic.clone()),
+        let mut topics = vec![("--input-topic", self.input_topic.clone())];
+        topics.extend(
+            self.output_topic
+                .clone()
+                .map(|topic| ("--output-topic", topic)),
+        );
+        topics.extend([
             ("--dlq-topic", self.dlq_topic()),
             ("--changelog-topic", self.changelog_topic()),
-        ];
-        let mut names = std::collections::BTreeSet::from([crate::transform::DEFAULT_OUTPUT]);
+        ]);
+        if self.group_id.is_empty() {
+            return Err("--group-id must not be empty".into());
+        }
+        let mut names = std::collections::BTreeSet::from([DEFAULT_OUTPUT]);
         for (name, topic) in &self.outputs {
             if !names.insert(name) {
                 return Err(format!(
@@ -350,24 +286,6 @@ impl Config {
                 "--occurred-at {pointer:?} is not a JSON pointer (such as /occurred_at)"
             ));
         }
-        if self.filter_pointer.is_some()
-            && self.transform != TransformChoice::Builtin(BuiltinTransform::PassThrough)
-        {
-            return Err("--filter-pointer is for --transform pass-through".into());
-        }
-        // A call that hangs to its limit keeps the batch's transaction open that long, with the
-        // commit interval and the commit still to come: past --transaction-timeout the
-        // coordinator would abort it, and the redone batch would hang on the same call again,
-        // for ever, instead of dead-lettering it.
-        if matches!(self.transform, TransformChoice::Wasm(_))
-            && self.wasm_timeout * 2 > self.transaction_timeout
-        {
-            return Err(format!(
-                "--wasm-timeout ({}) must be at most half of --transaction-timeout ({})",
-                humantime::format_duration(self.wasm_timeout),
-                humantime::format_duration(self.transaction_timeout)
-            ));
-        }
         if self.fault_abort_every == Some(0) {
             return Err("EOS_FAULT_ABORT_EVERY must be at least 1".into());
         }
@@ -377,41 +295,63 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory as _;
+
     use super::*;
 
+    /// What every library binary must be told: its topic and its group.
+    const REQUIRED: [&str; 4] = ["--input-topic", "auths", "--group-id", "cards"];
+
     fn parse(args: &[&str]) -> Config {
-        Config::try_parse_from(std::iter::once("eos-processor").chain(args.iter().copied()))
-            .expect("valid flags")
+        Config::try_parse_from(
+            std::iter::once("processor")
+                .chain(REQUIRED)
+                .chain(args.iter().copied()),
+        )
+        .expect("valid flags")
     }
 
     #[test]
-    fn defaults_follow_the_design() {
+    fn a_library_binary_has_no_demo_defaults() {
+        let error = Config::try_parse_from(["processor"]).expect_err("no topic, no group");
+        assert_eq!(
+            error.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("--input-topic") && message.contains("--group-id"),
+            "{message}"
+        );
+        // Nothing of the eos-processor binary's own: no transform to choose, no module, no
+        // filter.
+        let command = Config::command();
+        for flag in ["transform", "wasm-fuel", "wasm-timeout", "filter-pointer"] {
+            assert!(
+                command
+                    .get_arguments()
+                    .all(|arg| arg.get_long() != Some(flag)),
+                "--{flag}"
+            );
+        }
         let config = parse(&["--instance-id", "pod-0"]);
-        assert_eq!(config.input_topic, "payments");
-        assert_eq!(config.output_topic, "ledger");
-        assert_eq!(config.dlq_topic(), "payments.dlq");
-        assert_eq!(config.changelog_topic(), "eos-processor-payments-changelog");
-        assert_eq!(config.transactional_id(), "eos-processor-pod-0");
+        assert_eq!(config.output_topic, None);
+        assert!(config.output_topics().is_empty());
+        assert_eq!(config.dlq_topic(), "auths.dlq");
+        assert_eq!(config.changelog_topic(), "cards-auths-changelog");
+        assert_eq!(config.transactional_id(), "cards-pod-0");
         assert_eq!(config.commit_interval, Duration::from_millis(100));
         assert_eq!(config.dedup_horizon, Duration::from_secs(7 * 24 * 3600));
         assert_eq!(config.guarantee, Guarantee::ExactlyOnce);
         assert_eq!(
             config.instance_state_dir(),
-            std::env::temp_dir().join("eos-processor-state/eos-processor.pod-0")
+            std::env::temp_dir().join("eos-processor-state/cards.pod-0")
         );
         assert_eq!(
             parse(&["--instance-id", "a/b", "--state-dir", "/var/lib/eos"]).instance_state_dir(),
-            std::path::Path::new("/var/lib/eos/eos-processor.a_b")
+            std::path::Path::new("/var/lib/eos/cards.a_b")
         );
-        assert!(config.validate().is_ok());
-        assert_eq!(
-            config.transform,
-            TransformChoice::Builtin(BuiltinTransform::Ledger)
-        );
-        assert_eq!(
-            config.output_topics(),
-            BTreeMap::from([("default".to_owned(), "ledger".to_owned())])
-        );
+        assert!(config.validate().is_ok(), "{:?}", config.validate());
         // No location flags: the transform's own contract.
         assert_eq!(
             config.event_contract(EventContract::ledger()).event_id,
@@ -420,20 +360,42 @@ mod tests {
     }
 
     #[test]
+    fn the_default_output_is_needed_only_by_a_transform_that_writes_to_it() {
+        let tiers = ["tier".to_owned()];
+        let named_only = parse(&["--output", "tier=loyalty-tiers"]);
+        assert_eq!(named_only.check_outputs(false, &tiers), Ok(()));
+        assert_eq!(
+            named_only.output_topics(),
+            BTreeMap::from([("tier".to_owned(), "loyalty-tiers".to_owned())])
+        );
+        let error = named_only
+            .check_outputs(true, &tiers)
+            .expect_err("no --output-topic");
+        assert!(error.starts_with("--output-topic is required"), "{error}");
+        let error = parse(&["--output-topic", "approved"])
+            .check_outputs(true, &tiers)
+            .expect_err("no --output tier=");
+        assert!(error.contains("--output tier=TOPIC"), "{error}");
+        let both = parse(&["--output-topic", "approved", "--output", "tier=t"]);
+        assert_eq!(both.check_outputs(true, &tiers), Ok(()));
+        assert_eq!(both.output_topics()[DEFAULT_OUTPUT], "approved");
+    }
+
+    #[test]
     fn event_locations_and_outputs_come_from_flags() {
         let config = parse(&[
-            "--transform",
-            "pass-through",
             "--event-id",
             "/id",
             "--entity",
             "header:card",
             "--occurred-at",
             "/at",
+            "--output-topic",
+            "card-approved",
             "--output",
             "flagged=card-flagged",
             "--output",
-            "approved=card-approved",
+            "approved=card-approved-too",
         ]);
         assert!(config.validate().is_ok(), "{:?}", config.validate());
         let contract = config.event_contract(EventContract::default());
@@ -442,93 +404,45 @@ mod tests {
         assert_eq!(contract.occurred_at.as_deref(), Some("/at"));
         assert_eq!(config.output_topics().len(), 3);
         assert_eq!(config.output_topics()["flagged"], "card-flagged");
-        for bad in [
-            &["--event-id", "id"][..],
-            &["--transform", "wasm"],
-            &["--output", "flagged"],
-            &["--filter-pointer", "/a"],
-        ] {
+        for bad in [&["--event-id", "id"][..], &["--output", "flagged"]] {
             assert!(
-                Config::try_parse_from(std::iter::once("eos-processor").chain(bad.iter().copied()))
-                    .is_err(),
+                Config::try_parse_from(
+                    std::iter::once("processor")
+                        .chain(REQUIRED)
+                        .chain(bad.iter().copied())
+                )
+                .is_err(),
                 "{bad:?}"
             );
         }
         let twice = parse(&["--output", "a=t1", "--output", "a=t2"]);
         assert!(twice.validate().expect_err("twice").contains("--output a="));
-        let same_topic = parse(&["--output", "a=ledger"]);
+        let same_topic = parse(&["--output", "a=auths"]);
         assert!(same_topic.validate().is_err());
         let not_a_pointer = parse(&["--occurred-at", "at"]);
         assert!(not_a_pointer.validate().is_err());
     }
 
     #[test]
-    fn a_webassembly_transform_is_a_path_with_its_limits() {
-        // Per process: two test runs at once must not remove each other's file.
-        let module = std::env::temp_dir().join(format!(
-            "eos-processor-config-test-{}.wasm",
-            std::process::id()
-        ));
-        std::fs::write(&module, b"\0asm").expect("writes");
-        let config = parse(&[
-            "--transform",
-            &format!("wasm:{}", module.display()),
-            "--wasm-fuel",
-            "1000",
-            "--wasm-max-memory",
-            "64MiB",
-            "--wasm-state-compatible",
-            "--wasm-timeout",
-            "750ms",
-        ]);
-        assert_eq!(config.transform, TransformChoice::Wasm(module.clone()));
-        assert_eq!(config.wasm_fuel, 1000);
-        assert_eq!(config.wasm_max_memory, 64 << 20);
-        assert!(config.wasm_state_compatible);
-        assert_eq!(config.wasm_timeout, Duration::from_millis(750));
-        assert!(config.validate().is_ok(), "{:?}", config.validate());
-        let defaults = parse(&[]);
-        assert_eq!(defaults.wasm_max_memory, 256 << 20);
-        assert!(!defaults.wasm_state_compatible);
-        assert_eq!(
-            defaults.wasm_timeout,
-            crate::wasm::Limits::default().timeout
-        );
-        // A hanging call must not outlive the transaction it holds open.
-        let outliving = parse(&[
-            "--transform",
-            &format!("wasm:{}", module.display()),
-            "--wasm-timeout",
-            "6s",
-        ]);
-        let error = outliving.validate().expect_err("6 s against 10 s");
-        assert!(error.contains("--wasm-timeout (6s)"), "{error}");
-        for bad in [
-            &["--transform", "wasm:/no/such/module.wasm"][..],
-            &["--transform", "wasm:"],
-            &["--transform", "lua"],
-            &["--wasm-max-memory", "lots"],
-            &["--wasm-max-memory", "1TB"],
-            &["--wasm-timeout", "0s"],
-            &["--wasm-timeout", "soon"],
-        ] {
-            assert!(
-                Config::try_parse_from(std::iter::once("eos-processor").chain(bad.iter().copied()))
-                    .is_err(),
-                "{bad:?}"
-            );
-        }
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
-        std::fs::remove_file(&module).expect("removes the test module");
-    }
-
-    #[test]
     fn nonsense_is_refused_with_the_flag_named() {
-        let config = parse(&["--output-topic", "payments"]);
+        let config = parse(&["--output-topic", "auths"]);
         let error = config.validate().expect_err("same topic twice");
         assert!(error.contains("--output-topic"), "{error}");
-        assert!(Config::try_parse_from(["eos-processor", "--guarantee", "maybe"]).is_err());
+        let error = Config {
+            group_id: String::new(),
+            ..parse(&[])
+        }
+        .validate()
+        .expect_err("empty group");
+        assert!(error.contains("--group-id"), "{error}");
+        assert!(
+            Config::try_parse_from(
+                std::iter::once("processor")
+                    .chain(REQUIRED)
+                    .chain(["--guarantee", "maybe"])
+            )
+            .is_err()
+        );
         let error = parse(&["--max-batch", "0"])
             .validate()
             .expect_err("zero batch");

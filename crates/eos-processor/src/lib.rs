@@ -8,7 +8,9 @@
 //! transaction; a restarted instance with the same `transactional.id` fences its zombie, and
 //! consumer-group metadata fences a stale member of the group.
 //!
-//! As a library it runs a user's own [`Transform`] (docs/TRANSFORMS.md):
+//! As a library it runs a user's own [`Transform`] (docs/TRANSFORMS.md), with the processor's
+//! flags ([`Config`]: no demo defaults, no flags of the eos-processor binary's own) in the
+//! user's command line:
 //!
 //! ```no_run
 //! use clap::Parser as _;
@@ -58,6 +60,8 @@ pub mod metrics;
 mod open_batch;
 mod rebalance_handling;
 mod record_decision;
+#[cfg(feature = "wasm")]
+pub mod service;
 mod state_restore;
 #[doc(hidden)]
 pub mod topics;
@@ -67,10 +71,15 @@ pub mod transaction_loop;
 // The decision code without Kafka is eos-transform's (docs/ARCHITECTURE.md "Crates"), so that
 // eosctl's replay runs it without linking this crate. Its modules and items stay here at the
 // paths they had, so transforms, tests and tools written against eos-processor compile unchanged.
+/// WebAssembly modules as transforms: the crate's `wasm` feature, off unless asked for, since it
+/// builds wasmtime (docs/TRANSFORMS.md "The host: Extism on wasmtime").
+#[cfg(feature = "wasm")]
+#[doc(inline)]
+pub use eos_transform::wasm;
 #[doc(hidden)]
 pub use eos_transform::{partition_state, state_format, state_store};
 #[doc(inline)]
-pub use eos_transform::{replay, transform, wasm};
+pub use eos_transform::{replay, transform};
 
 use std::collections::BTreeSet;
 
@@ -80,9 +89,11 @@ use eos_runtime::ops_http::OpsEndpoint;
 use eos_runtime::progress_watch::ProgressWatch;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{BuiltinTransform, Config, TransformChoice};
+pub use config::{BuiltinTransform, Config};
 pub use error::ProcessorError;
 use partition_state::DecisionPolicy;
+#[cfg(feature = "wasm")]
+pub use service::{ServiceConfig, TransformChoice, run};
 use transaction_loop::{LoopSettings, TransactionLoop};
 pub use transform::{
     DEFAULT_OUTPUT, LedgerTransform, Output, PassThroughTransform, Refusal, SourcePosition,
@@ -149,67 +160,6 @@ pub fn boundary(config: &Config) -> Boundary {
     }
 }
 
-/// Runs the binary's built-in transform (`--transform`) until `shutdown` is cancelled (exit 0
-/// after committing the open batch) or a fatal error (fenced, unrecoverable Kafka state, bad
-/// topics).
-pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    match config.transform.clone() {
-        TransformChoice::Builtin(BuiltinTransform::Ledger) => {
-            Processor::new(config, LedgerTransform).run(shutdown).await
-        }
-        TransformChoice::Wasm(path) => {
-            let options = wasm::Options {
-                limits: wasm::Limits {
-                    fuel: config.wasm_fuel,
-                    max_memory_bytes: config.wasm_max_memory,
-                    timeout: config.wasm_timeout,
-                },
-                state_compatible: config.wasm_state_compatible,
-            };
-            // Compiling a module takes a while (seconds for a Go module): off the runtime's
-            // threads, like the transaction loop.
-            let load_path = path.clone();
-            let transform =
-                tokio::task::spawn_blocking(move || wasm::WasmTransform::load(&load_path, options))
-                    .await
-                    .context("loading the WebAssembly module panicked")?
-                    .with_context(|| {
-                        format!("loading the WebAssembly transform {}", path.display())
-                    })?;
-            tracing::info!(
-                module = %path.display(),
-                digest = transform.digest(),
-                fuel = options.limits.fuel,
-                max_memory_bytes = options.limits.max_memory_bytes,
-                timeout = ?options.limits.timeout,
-                state_compatible = options.state_compatible,
-                "webassembly transform loaded"
-            );
-            // The loop checks the shutdown only between records: a call running when it comes
-            // is interrupted, so SIGTERM does not wait for the call's wall-clock limit. The loop
-            // then commits nothing of the open batch (`TransactionLoop::run`).
-            let interrupter = transform.interrupter();
-            let on_shutdown = shutdown.clone();
-            let interrupt = tokio::spawn(async move {
-                on_shutdown.cancelled().await;
-                interrupter.interrupt();
-            });
-            let result = Processor::new(config, transform).run(shutdown).await;
-            interrupt.abort();
-            result
-        }
-        TransformChoice::Builtin(BuiltinTransform::PassThrough) => {
-            let filter = config
-                .filter_pointer
-                .clone()
-                .zip(config.filter_equals.as_deref().map(transform::filter_value));
-            Processor::new(config, PassThroughTransform { filter })
-                .run(shutdown)
-                .await
-        }
-    }
-}
-
 /// The processor with a transform: what a library user runs (see the crate's example).
 #[derive(Debug)]
 pub struct Processor<T> {
@@ -219,7 +169,7 @@ pub struct Processor<T> {
 
 impl<T: Transform> Processor<T> {
     /// The processor configured by `config` (topics, group, guarantee, the event contract's
-    /// flags), running `transform`. `config.transform` is not read.
+    /// flags), running `transform`.
     pub fn new(config: Config, transform: T) -> Self {
         Self { config, transform }
     }
@@ -238,17 +188,10 @@ async fn run_transform<T: Transform>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     config.validate().map_err(ProcessorError::Config)?;
+    config
+        .check_outputs(transform.writes_default_output(), &transform.outputs())
+        .map_err(ProcessorError::Config)?;
     let outputs = config.output_topics();
-    if let Some(missing) = transform
-        .outputs()
-        .into_iter()
-        .find(|name| !outputs.contains_key(name))
-    {
-        return Err(ProcessorError::Config(format!(
-            "the transform writes to output {missing:?}: configure it with --output {missing}=TOPIC"
-        ))
-        .into());
-    }
     let contract = config.event_contract(transform.contract());
     tracing::info!(
         contract = describe(&contract),

@@ -10,8 +10,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = eos_processor::Config::parse();
-    let log_format = config.log.log_format;
+    let config = eos_processor::ServiceConfig::parse();
+    let log_format = config.processor.log.log_format;
     eos_runtime::service_main("eos-processor", log_format, |shutdown| {
         eos_processor::run(config, shutdown)
     })

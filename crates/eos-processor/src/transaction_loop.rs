@@ -57,7 +57,8 @@ use crate::transform::Transform;
 pub struct LoopSettings {
     pub guarantee: Guarantee,
     pub input_topic: String,
-    /// Output name → topic; always holds [`crate::transform::DEFAULT_OUTPUT`].
+    /// Output name → topic; without [`crate::transform::DEFAULT_OUTPUT`] when the transform
+    /// writes only to outputs it names.
     pub outputs: BTreeMap<String, String>,
     pub dlq_topic: String,
     pub changelog_topic: String,
@@ -85,6 +86,15 @@ pub struct LoopSettings {
 }
 
 impl LoopSettings {
+    /// Where a transaction's outputs go, for its span: the default output's topic, else every
+    /// output's.
+    pub(crate) fn destination(&self) -> String {
+        match self.outputs.get(crate::transform::DEFAULT_OUTPUT) {
+            Some(topic) => topic.clone(),
+            None => self.outputs.values().cloned().collect::<Vec<_>>().join(","),
+        }
+    }
+
     pub(crate) fn call_timeout(&self) -> Duration {
         self.transaction_timeout.max(Duration::from_secs(10))
     }

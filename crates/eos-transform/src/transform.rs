@@ -168,6 +168,14 @@ pub trait Transform: Send + 'static {
         Vec::new()
     }
 
+    /// Whether it writes to [`DEFAULT_OUTPUT`], whose topic (`--output-topic`) is then required
+    /// at start-up. A transform that writes only to the outputs it names answers `false`: it
+    /// needs no default output topic, and the processor creates none (an output to the default
+    /// one is then an `unknown_output` dead letter).
+    fn writes_default_output(&self) -> bool {
+        true
+    }
+
     /// Applies one new event to its entity's state and returns the records to write (none: the
     /// event is consumed on purpose, and its id remembered). On a refusal `state` may be partly
     /// changed: the processor drops it.

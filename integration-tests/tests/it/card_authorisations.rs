@@ -17,7 +17,8 @@ use eos_transform::replay::{self, CommittedRun, RunTopics};
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    arg_refs, bootstrap_servers, client_config, create_topic, unique_name, wait_until_consumed,
+    Isolation, arg_refs, bootstrap_servers, client_config, create_topic, read_topic, unique_name,
+    wait_until_consumed,
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
@@ -461,4 +462,156 @@ source_offset = "kafka.offset"
         );
     }
     db.drop_database().await
+}
+
+/// Writes each event's value to the output it names, `tier`, and never to the default output:
+/// a library user's transform with named outputs only.
+struct TiersOnly;
+
+impl eos_processor::Transform for TiersOnly {
+    type State = ();
+
+    fn contract(&self) -> eos_core::EventContract {
+        TRANSFORM.contract()
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        vec!["tier".to_owned()]
+    }
+
+    fn writes_default_output(&self) -> bool {
+        false
+    }
+
+    fn apply(
+        &self,
+        _state: &mut (),
+        event: eos_core::Event,
+        _source: &eos_processor::SourcePosition,
+    ) -> Result<Vec<eos_processor::Output>, eos_processor::Refusal> {
+        Ok(vec![eos_processor::Output::new("tier", event.value)])
+    }
+}
+
+/// Like [`TiersOnly`], but writing to the default output as well (the trait's default).
+struct TiersAndDefault;
+
+impl eos_processor::Transform for TiersAndDefault {
+    type State = ();
+
+    fn outputs(&self) -> Vec<String> {
+        vec!["tier".to_owned()]
+    }
+
+    fn apply(
+        &self,
+        _state: &mut (),
+        _event: eos_core::Event,
+        _source: &eos_processor::SourcePosition,
+    ) -> Result<Vec<eos_processor::Output>, eos_processor::Refusal> {
+        Ok(Vec::new())
+    }
+}
+
+/// A library binary carries none of the demo's defaults (issue 51, part 2): the example's
+/// `--help` lists no flag of the eos-processor binary's own, started without its topic and group
+/// it refuses with clap's error naming both, and a transform that writes only to an output it
+/// names runs (in this process, as a user's `main` would) without a default output topic, which
+/// is then never created; one that writes to the default output is refused without it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_library_binary_has_no_demo_defaults() -> anyhow::Result<()> {
+    let binary = integration_tests::workspace_binary("card-authorisations")?;
+    let help = std::process::Command::new(&binary).arg("--help").output()?;
+    let help = String::from_utf8(help.stdout)?;
+    assert!(help.contains("--input-topic"), "{help}");
+    for demo_only in [
+        "--transform",
+        "--wasm-",
+        "--filter-",
+        "[default: payments]",
+        "[default: ledger]",
+        "[default: eos-processor]",
+    ] {
+        assert!(!help.contains(demo_only), "{demo_only} in\n{help}");
+    }
+    let bootstrap = bootstrap_servers();
+    let bare = std::process::Command::new(&binary)
+        .args(["--bootstrap-servers", &bootstrap])
+        .output()?;
+    let error = String::from_utf8_lossy(&bare.stderr);
+    assert_eq!(bare.status.code(), Some(2), "{error}");
+    assert!(
+        error.contains("required arguments were not provided")
+            && error.contains("--input-topic")
+            && error.contains("--group-id"),
+        "{error}"
+    );
+
+    let base = unique_name("library-tiers");
+    let (input, tier) = (format!("{base}-in"), format!("{base}-tier"));
+    create_topic(&input, 3).await?;
+    let state_dir = std::env::temp_dir().join(&base);
+    let args = argv!(eos_processor::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        input_topic: &input,
+        outputs: format!("tier={tier}"),
+        group_id: &base,
+        instance.instance_id: "tiers-0",
+        metrics_addr: "127.0.0.1:0",
+        state_dir: state_dir.display().to_string(),
+    });
+    let parse = || {
+        <eos_processor::Config as clap::Parser>::try_parse_from(
+            std::iter::once("tiers".to_owned()).chain(args.iter().cloned()),
+        )
+    };
+    let refused = eos_processor::Processor::new(parse()?, TiersAndDefault)
+        .run(tokio_util::sync::CancellationToken::new())
+        .await
+        .expect_err("a default output without its topic");
+    assert!(
+        refused
+            .to_string()
+            .contains("--output-topic is required: the transform writes to the default output"),
+        "{refused:#}"
+    );
+
+    // Only the processor of this process ever installs the metrics recorder: one per process.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let processor =
+        tokio::spawn(eos_processor::Processor::new(parse()?, TiersOnly).run(shutdown.clone()));
+    let records: Vec<Authorisation> = authorisations(7).into_iter().take(20).collect();
+    let consumed = tokio::task::block_in_place(|| {
+        produce(&input, &records, 1_000)?;
+        wait_until_consumed(&bootstrap, &base, &input, Duration::from_secs(120))
+    });
+    shutdown.cancel();
+    processor.await??;
+    consumed?;
+    let tiers = read_topic(&tier, Isolation::ReadCommitted)?;
+    let distinct: BTreeSet<&str> = records.iter().map(|r| r.auth_id.as_str()).collect();
+    assert_eq!(tiers.len(), distinct.len());
+    let metadata = integration_tests::admin()?
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))?;
+    let created: BTreeSet<&str> = metadata
+        .topics()
+        .iter()
+        .map(|topic| topic.name())
+        .filter(|name| name.starts_with(&base))
+        .collect();
+    let changelog = format!("{base}-{input}-changelog");
+    let dlq = format!("{input}.dlq");
+    assert_eq!(
+        created,
+        BTreeSet::from([
+            input.as_str(),
+            tier.as_str(),
+            dlq.as_str(),
+            changelog.as_str()
+        ]),
+        "no default output topic"
+    );
+    let _ = std::fs::remove_dir_all(&state_dir);
+    Ok(())
 }

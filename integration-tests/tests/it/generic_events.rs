@@ -121,15 +121,15 @@ async fn pass_through_reads_any_event_shape_from_the_configured_locations() -> a
     produce(&input, &records)?;
 
     let bootstrap = bootstrap_servers();
-    let args = argv!(eos_processor::Config {
-        kafka.bootstrap_servers: &bootstrap,
-        input_topic: &input,
-        output_topic: &output,
-        group_id: &group,
-        instance.instance_id: "auths",
-        metrics_addr: "127.0.0.1:0",
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
+        processor.input_topic: &input,
+        processor.output_topic: &output,
+        processor.group_id: &group,
+        processor.instance.instance_id: "auths",
+        processor.metrics_addr: "127.0.0.1:0",
         transform: "pass-through",
-        event_id: "/auth/id",
+        processor.event_id: "/auth/id",
         filter_pointer: "/currency",
         filter_equals: "EUR",
     });

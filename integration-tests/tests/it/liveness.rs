@@ -152,19 +152,19 @@ fn the_consumer_lag_grows_while_the_processor_hangs_in_a_transform_call() -> any
     let input = unique_name("liveness-lag");
     let group = unique_name("liveness-lag");
     tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 1))?;
-    let args = argv!(eos_processor::Config {
-        kafka.bootstrap_servers: &bootstrap,
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
         transform: format!("wasm:{}", module.display()),
-        event_id: "/id",
-        entity: "/entity",
-        input_topic: &input,
-        output_topic: unique_name("liveness-lag-out"),
-        group_id: &group,
-        instance.instance_id: "liveness-lag",
-        metrics_addr: "127.0.0.1:0",
+        processor.event_id: "/id",
+        processor.entity: "/entity",
+        processor.input_topic: &input,
+        processor.output_topic: unique_name("liveness-lag-out"),
+        processor.group_id: &group,
+        processor.instance.instance_id: "liveness-lag",
+        processor.metrics_addr: "127.0.0.1:0",
         wasm_timeout: CALL_LIMIT,
-        transaction_timeout: "60s",
-        stall.stall_warning: "1s",
+        processor.transaction_timeout: "60s",
+        processor.stall.stall_warning: "1s",
     });
     let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
     let addr = metrics_addr(&mut processor)?;

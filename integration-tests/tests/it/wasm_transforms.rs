@@ -135,18 +135,18 @@ fn a_go_webassembly_transform_survives_repeated_sigkill_and_replays_exactly() ->
         let (input, records) = (input.clone(), records.clone());
         std::thread::spawn(move || produce(&input, &records, 80))
     };
-    let args = argv!(eos_processor::Config {
-        kafka.bootstrap_servers: &bootstrap,
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
         transform: format!("wasm:{}", module.display()),
-        event_id: "/auth_id",
-        entity: "/card",
-        occurred_at: "/at",
-        input_topic: &input,
-        output_topic: &approved,
-        outputs: format!("{FLAGGED}={flagged}"),
-        group_id: &group,
-        instance.instance_id: "wasm-cards",
-        metrics_addr: "127.0.0.1:0",
+        processor.event_id: "/auth_id",
+        processor.entity: "/card",
+        processor.occurred_at: "/at",
+        processor.input_topic: &input,
+        processor.output_topic: &approved,
+        processor.outputs: format!("{FLAGGED}={flagged}"),
+        processor.group_id: &group,
+        processor.instance.instance_id: "wasm-cards",
+        processor.metrics_addr: "127.0.0.1:0",
     });
     let spawn = || ServiceProcess::spawn("eos-processor", &args, &[]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -380,18 +380,18 @@ fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> any
     let output = unique_name("wasm-hostile-out");
     let group = unique_name("wasm-hostile");
     tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 3))?;
-    let args = argv!(eos_processor::Config {
-        kafka.bootstrap_servers: &bootstrap,
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
         transform: format!("wasm:{}", module.display()),
-        event_id: "/id",
-        entity: "/entity",
-        input_topic: &input,
-        output_topic: &output,
-        group_id: &group,
-        instance.instance_id: "wasm-hostile",
-        metrics_addr: "127.0.0.1:0",
+        processor.event_id: "/id",
+        processor.entity: "/entity",
+        processor.input_topic: &input,
+        processor.output_topic: &output,
+        processor.group_id: &group,
+        processor.instance.instance_id: "wasm-hostile",
+        processor.metrics_addr: "127.0.0.1:0",
         // Room for phase one's 60 s call limit (at most half of it).
-        transaction_timeout: "120s",
+        processor.transaction_timeout: "120s",
     });
     let event = |id: &str, entity: &str, extra: serde_json::Value| {
         let mut value = json!({"id": id, "entity": entity});

@@ -57,8 +57,8 @@ impl BenchOptions {
         };
         if !processor_bin.is_file() {
             bail!(
-                "no eos-processor binary at {}: build it (cargo build --release -p eos-processor) \
-                 or pass --processor-bin",
+                "no eos-processor binary at {}: build it (cargo build --release -p eos-processor \
+                 --features wasm) or pass --processor-bin",
                 processor_bin.display()
             );
         }
