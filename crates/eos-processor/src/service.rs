@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum as _};
+use eos_core::FieldLocation;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BuiltinTransform, Config};
@@ -202,9 +203,56 @@ fn with_demo_output(mut config: Config, transform: &impl Transform) -> Config {
     config
 }
 
+/// Where the flags disagree with what a module declared (`eos_contract`): a location flag that
+/// names another place than the module's, or an `--output` the module never writes to (a typo
+/// of a declared name, say). The module's own declaration is what it was written against, so
+/// the processor refuses to start rather than run it on other fields. A declared output without
+/// its topic is [`Config::check_outputs`]'s refusal, as for any transform.
+pub fn module_disagreement(
+    config: &Config,
+    declared: &wasm::DeclaredContract,
+) -> Result<(), String> {
+    let locations: [(&str, Option<FieldLocation>, Option<FieldLocation>); 3] = [
+        (
+            "--event-id",
+            config.event_id.clone(),
+            declared.event_id.clone(),
+        ),
+        ("--entity", config.entity.clone(), declared.entity.clone()),
+        (
+            "--occurred-at",
+            config.occurred_at.clone().map(FieldLocation::Pointer),
+            declared.occurred_at.clone().map(FieldLocation::Pointer),
+        ),
+    ];
+    for (flag, given, module) in locations {
+        if let (Some(given), Some(module)) = (given, module)
+            && given != module
+        {
+            return Err(format!(
+                "{flag} {given} disagrees with the WebAssembly module, which declares {module} \
+                 (eos_contract): drop the flag, or give the module's"
+            ));
+        }
+    }
+    if let Some(outputs) = &declared.outputs
+        && let Some((name, topic)) = config
+            .outputs
+            .iter()
+            .find(|(name, _)| !outputs.contains(name))
+    {
+        return Err(format!(
+            "--output {name}={topic} names an output the WebAssembly module does not declare \
+             (eos_contract declares {})",
+            outputs.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the transform `--transform` names until `shutdown` is cancelled (exit 0 after
 /// committing the open batch) or a fatal error (fenced, unrecoverable Kafka state, bad topics,
-/// a module that cannot run).
+/// a module that cannot run or disagrees with the flags).
 pub async fn run(config: ServiceConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().map_err(ProcessorError::Config)?;
     match config.transform.clone() {
@@ -241,6 +289,7 @@ async fn run_module(
             .await
             .context("loading the WebAssembly module panicked")?
             .with_context(|| format!("loading the WebAssembly transform {}", path.display()))?;
+    let declared = transform.declared();
     tracing::info!(
         module = %path.display(),
         digest = transform.digest(),
@@ -248,8 +297,23 @@ async fn run_module(
         max_memory_bytes = options.limits.max_memory_bytes,
         timeout = ?options.limits.timeout,
         state_compatible = options.state_compatible,
+        declared_outputs = ?declared.and_then(|d| d.outputs.as_ref()),
         "webassembly transform loaded"
     );
+    if let Some(declared) = declared {
+        module_disagreement(&config.processor, declared).map_err(ProcessorError::Config)?;
+        if !transform.writes_default_output()
+            && let Some(topic) = &config.processor.output_topic
+        {
+            // Charts set the default output's topic whatever the transform: a warning, not a
+            // refusal.
+            tracing::warn!(
+                topic,
+                "the WebAssembly module declares no default output: --output-topic's topic is \
+                 created and never written to"
+            );
+        }
+    }
     let processor = with_demo_output(config.processor, &transform);
     // The loop checks the shutdown only between records: a call running when it comes is
     // interrupted, so SIGTERM does not wait for the call's wall-clock limit. The loop then
@@ -269,7 +333,7 @@ async fn run_module(
 mod tests {
     use std::collections::BTreeMap;
 
-    use eos_core::{EventContract, FieldLocation};
+    use eos_core::EventContract;
 
     use super::*;
     use crate::transform::DEFAULT_OUTPUT;
@@ -402,5 +466,51 @@ mod tests {
         assert_eq!(parse_bytes("4096"), Ok(4096));
         assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
         std::fs::remove_file(&module).expect("removes the test module");
+    }
+
+    #[test]
+    fn flags_that_disagree_with_a_modules_declaration_are_refused() {
+        let declared = wasm::DeclaredContract {
+            event_id: Some(FieldLocation::Pointer("/auth_id".into())),
+            entity: Some(FieldLocation::Pointer("/card".into())),
+            occurred_at: Some("/at".into()),
+            outputs: Some(vec!["default".into(), "flagged".into()]),
+            reads: None,
+        };
+        // The same places, or none: the module's.
+        for agreeing in [
+            &["--output", "flagged=f"][..],
+            &[
+                "--event-id",
+                "/auth_id",
+                "--entity",
+                "/card",
+                "--occurred-at",
+                "/at",
+            ],
+        ] {
+            let config = parse(agreeing);
+            assert_eq!(
+                module_disagreement(&config.processor, &declared),
+                Ok(()),
+                "{agreeing:?}"
+            );
+        }
+        for (flags, named) in [
+            (&["--event-id", "/id"][..], "--event-id /id"),
+            (&["--entity", "key"], "--entity key"),
+            (&["--occurred-at", "/time"], "--occurred-at /time"),
+            (&["--output", "flaged=f"], "--output flaged=f"),
+        ] {
+            let error =
+                module_disagreement(&parse(flags).processor, &declared).expect_err("disagrees");
+            assert!(error.starts_with(named), "{error}");
+        }
+        // A declared output without its topic is the processor's refusal for any transform.
+        let error = parse(&["--output-topic", "approved"])
+            .processor
+            .check_outputs(true, &["flagged".to_owned()])
+            .expect_err("no --output flagged=");
+        assert!(error.contains("--output flagged=TOPIC"), "{error}");
     }
 }

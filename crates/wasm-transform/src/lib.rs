@@ -42,7 +42,10 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use eos_core::Event;
-pub use interface::{INTERFACE_VERSION, InterfaceResult, ModuleOutput, ModuleRefusal};
+pub use interface::{
+    DeclaredContract, INTERFACE_VERSION, INTERFACE_VERSIONS, InterfaceResult, ModuleOutput,
+    ModuleRefusal,
+};
 
 /// The export that names the interface the module implements.
 pub const VERSION_EXPORT: &str = "eos_interface_version";
@@ -51,6 +54,9 @@ pub const APPLY_EXPORT: &str = "apply";
 /// The optional export that turns state written by another module into this one's:
 /// `{"digest": "sha256:…", "state": …}` in, `{"state": …}` out.
 pub const UPGRADE_EXPORT: &str = "eos_upgrade_state";
+/// The optional export, called once at load, that declares where the module's events keep
+/// their id, entity and time and which outputs it writes to ([`DeclaredContract`]).
+pub const CONTRACT_EXPORT: &str = "eos_contract";
 
 /// WebAssembly pages are 64 KiB.
 const PAGE_BYTES: u64 = 65_536;
@@ -137,7 +143,7 @@ pub enum LoadError {
     /// `eos_interface_version` answered another version.
     #[error(
         "the WebAssembly module implements interface {found:?}; this processor runs \
-         {INTERFACE_VERSION:?}"
+         {INTERFACE_VERSIONS:?}"
     )]
     WrongVersion {
         /// What the module answered.
@@ -146,6 +152,9 @@ pub enum LoadError {
     /// `eos_interface_version` failed.
     #[error("the WebAssembly module's {VERSION_EXPORT} failed: {0}")]
     VersionCall(CallError),
+    /// `eos_contract` failed, or answered something that is not a contract.
+    #[error("the WebAssembly module's {CONTRACT_EXPORT} {0}")]
+    Contract(String),
 }
 
 /// Why one call did not produce a result. Each becomes a dead letter of the event, with the
@@ -300,6 +309,7 @@ pub struct WasmModule {
     instance: Mutex<Option<Plugin>>,
     digest: String,
     upgrades: bool,
+    declared: Option<DeclaredContract>,
     options: Options,
     interrupter: Interrupter,
     written: Written,
@@ -386,6 +396,7 @@ impl WasmModule {
             instance: Mutex::new(None),
             digest: digest(bytes),
             upgrades: false,
+            declared: None,
             options,
             interrupter: Interrupter::default(),
             written,
@@ -397,10 +408,18 @@ impl WasmModule {
             }
         }
         module.upgrades = plugin.function_exists(UPGRADE_EXPORT);
+        let declares = plugin.function_exists(CONTRACT_EXPORT);
         *module.lock() = Some(plugin);
         let found = module.version().map_err(LoadError::VersionCall)?;
-        if found != INTERFACE_VERSION {
+        if !INTERFACE_VERSIONS.contains(&found.as_str()) {
             return Err(LoadError::WrongVersion { found });
+        }
+        if declares {
+            let answer = module
+                .call(CONTRACT_EXPORT, &[])
+                .map_err(|error| LoadError::Contract(format!("failed: {error}")))?;
+            module.declared =
+                Some(interface::declared_contract(&answer).map_err(LoadError::Contract)?);
         }
         Ok(module)
     }
@@ -423,6 +442,11 @@ impl WasmModule {
     /// Whether the module exports [`UPGRADE_EXPORT`].
     pub fn upgrades(&self) -> bool {
         self.upgrades
+    }
+
+    /// What the module's [`CONTRACT_EXPORT`] declared; `None` when it exports none.
+    pub fn declared(&self) -> Option<&DeclaredContract> {
+        self.declared.as_ref()
     }
 
     /// A state read back from the changelog or the store, made fit for this module. State
@@ -559,10 +583,11 @@ impl WasmModule {
         event: &Event,
         position: Position,
     ) -> Result<Vec<ModuleOutput>, CallError> {
-        let input = interface::input(&state.state, event, position)
+        let reads = self.declared.as_ref().and_then(|d| d.reads.as_deref());
+        let input = interface::input(&state.state, event, position, reads)
             .map_err(|error| CallError::Trap(format!("encoding the input: {error}")))?;
         let output = self.call(APPLY_EXPORT, &input)?;
-        match interface::result(&output)? {
+        match interface::result(&output, &event.value)? {
             InterfaceResult::Applied {
                 state: new_state,
                 outputs,

@@ -195,6 +195,168 @@ fn the_result_becomes_state_stamped_with_the_digest_and_outputs() {
     assert_eq!(state.state, serde_json::Value::Null);
 }
 
+/// A module that answers `version` and declares `contract` in `eos_contract`.
+fn declaring(version: &str, contract: &str) -> Vec<u8> {
+    let escaped = contract.replace('\\', "\\\\").replace('"', "\\\"");
+    module(
+        version,
+        r#"{"state":1}"#,
+        "",
+        &format!(
+            r#"(data (i32.const 512) "{escaped}")
+  (func (export "eos_contract") (result i32)
+    (call $out (i32.const 512) (i32.const {})) (i32.const 0))"#,
+            contract.len()
+        ),
+    )
+}
+
+#[test]
+fn a_declared_contract_is_read_at_load_and_a_bad_one_refused() {
+    assert_eq!(load(&answering(r#"{"state":1}"#)).declared(), None);
+    let wasm = load(&declaring(
+        INTERFACE_VERSION,
+        r#"{"event_id":"/auth_id","entity":"key","occurred_at":"/at","outputs":["default","flagged"]}"#,
+    ));
+    assert_eq!(
+        wasm.declared(),
+        Some(&DeclaredContract {
+            event_id: Some(FieldLocation::Pointer("/auth_id".into())),
+            entity: Some(FieldLocation::Key),
+            occurred_at: Some("/at".into()),
+            outputs: Some(vec!["default".into(), "flagged".into()]),
+            reads: None,
+        })
+    );
+    // Every member may be left out.
+    let outputs_only = load(&declaring(INTERFACE_VERSION, r#"{"outputs":["tier"]}"#));
+    assert_eq!(
+        outputs_only.declared(),
+        Some(&DeclaredContract {
+            outputs: Some(vec!["tier".into()]),
+            ..DeclaredContract::default()
+        })
+    );
+    for (contract, says) in [
+        (r#"{"event_id":"auth_id"}"#, "event id at \"auth_id\""),
+        (r#"{"occurred_at":"header:at"}"#, "not a JSON pointer"),
+        (r#"{"outputs":["tier","tier"]}"#, "\"tier\" twice"),
+        (r#"{"outputs":[""]}"#, "(empty)"),
+        (r#"{"output":["tier"]}"#, "unknown field"),
+        ("tier", "is not"),
+    ] {
+        let error = WasmModule::from_bytes(&declaring(INTERFACE_VERSION, contract), small_limits())
+            .expect_err(contract);
+        assert!(matches!(error, LoadError::Contract(_)), "{error}");
+        assert!(
+            error.to_string().contains("eos_contract") && error.to_string().contains(says),
+            "{contract}: {error}"
+        );
+    }
+}
+
+#[test]
+fn a_module_that_declares_what_it_reads_is_given_only_that() {
+    let event = event(json!({"auth_id": "a-1", "card": "c-7", "merchant": "m".repeat(900)}));
+    let given = |reads: Option<&[String]>| -> serde_json::Value {
+        let input = interface::input(&serde_json::Value::Null, &event, AT, reads).expect("input");
+        serde_json::from_slice::<serde_json::Value>(&input).expect("JSON")["event"]["value"].clone()
+    };
+    assert_eq!(given(None), serde_json::Value::Object(event.value.clone()));
+    let reads = ["card".to_owned(), "amount".to_owned()];
+    assert_eq!(given(Some(&reads)), json!({"card": "c-7"}));
+    let declared = load(&declaring(
+        INTERFACE_VERSION,
+        r#"{"reads":["card","amount"]}"#,
+    ));
+    assert_eq!(
+        declared.declared().and_then(|d| d.reads.clone()),
+        Some(reads.to_vec())
+    );
+    let error = WasmModule::from_bytes(
+        &declaring(INTERFACE_VERSION, r#"{"reads":["card","card"]}"#),
+        small_limits(),
+    )
+    .expect_err("twice");
+    assert!(error.to_string().contains("\"card\" twice"), "{error}");
+}
+
+/// What a module is given of an event's value (docs/TRANSFORMS.md "What a module is given"):
+/// the record's JSON parsed and written again, not its bytes.
+#[test]
+fn a_module_is_given_the_value_parsed_and_written_again() {
+    let record =
+        br#"{ "z": 1, "a": 12.50, "n": 1e2, "f": 1.0, "neg": -0, "big": 18446744073709551615,
+        "s": "caf\u00e9 \/ <tab>\t", "nested": {"y": [1, 2.5e-3], "x": null} }"#;
+    let event = Event::parse(
+        &EventContract::default(),
+        RecordParts {
+            key: Some(b"k"),
+            value: Some(record),
+            headers: &[("event_id", Some(b"e-1"))],
+        },
+    )
+    .expect("an event");
+    let input = interface::input(&serde_json::Value::Null, &event, AT, None).expect("input");
+    let input = String::from_utf8(input).expect("UTF-8");
+    let value = input
+        .split_once(r#""value":"#)
+        .and_then(|(_, rest)| rest.split_once(r#","event_id""#))
+        .map(|(value, _)| value)
+        .expect("the value");
+    assert_eq!(
+        value,
+        r#"{"a":12.5,"big":18446744073709551615,"f":1.0,"n":100.0,"neg":-0.0,"nested":{"x":null,"y":[1,0.0025]},"s":"café / <tab>\t","z":1}"#
+    );
+}
+
+#[test]
+fn both_interface_versions_run_and_another_is_refused() {
+    for version in INTERFACE_VERSIONS {
+        let wasm = load(&module(version, r#"{"state":1}"#, "", ""));
+        assert!(
+            wasm.apply(&mut WasmState::default(), &any_event(), AT)
+                .is_ok()
+        );
+    }
+    let error = WasmModule::from_bytes(&module("eos-transform/3", "{}", "", ""), small_limits())
+        .expect_err("a version from the future");
+    assert!(matches!(error, LoadError::WrongVersion { .. }), "{error}");
+}
+
+#[test]
+fn an_output_may_be_the_events_value_with_members_set() {
+    let wasm = load(&answering(
+        r#"{"state":1,"outputs":[{"output":"default","event_value_with":{"status":"approved","card":"c-8"}}]}"#,
+    ));
+    let event = any_event();
+    let outputs = wasm
+        .apply(&mut WasmState::default(), &event, AT)
+        .expect("applied");
+    let mut expected = event.value.clone();
+    expected.insert("status".into(), json!("approved"));
+    expected.insert("card".into(), json!("c-8"));
+    assert_eq!(outputs[0].value, serde_json::Value::Object(expected));
+    for both_or_neither in [
+        r#"{"state":1,"outputs":[{"output":"default","value":1,"event_value_with":{}}]}"#,
+        r#"{"state":1,"outputs":[{"output":"default"}]}"#,
+    ] {
+        let error = load(&answering(both_or_neither))
+            .apply(&mut WasmState::default(), &event, AT)
+            .expect_err(both_or_neither);
+        assert_eq!(error.code(), "transform_trap", "{error}");
+        assert!(error.to_string().contains("event_value_with"), "{error}");
+    }
+    // A null value is a value.
+    let null = load(&answering(
+        r#"{"state":1,"outputs":[{"output":"default","value":null}]}"#,
+    ));
+    let outputs = null
+        .apply(&mut WasmState::default(), &event, AT)
+        .expect("a null value");
+    assert_eq!(outputs[0].value, serde_json::Value::Null);
+}
+
 #[test]
 fn state_of_another_module_is_refused_at_restore_unless_upgraded_or_declared_compatible() {
     let old = load(&answering(r#"{"state":{"v":1}}"#));
@@ -721,6 +883,16 @@ fn the_go_and_assemblyscript_modules_answer_the_same_bytes() {
     let assemblyscript =
         WasmModule::from_bytes(as_bytes, Options::default()).expect("AssemblyScript module");
     assert_ne!(go.digest(), assemblyscript.digest());
+    // Both declare where an authorisation keeps its id, card and time, and both outputs.
+    let declared = DeclaredContract {
+        event_id: Some(FieldLocation::Pointer("/auth_id".into())),
+        entity: Some(FieldLocation::Pointer("/card".into())),
+        occurred_at: Some("/at".into()),
+        outputs: Some(vec!["default".into(), "flagged".into()]),
+        reads: Some(vec!["amount".into(), "currency".into()]),
+    };
+    assert_eq!(go.declared(), Some(&declared));
+    assert_eq!(assemblyscript.declared(), Some(&declared));
 
     // Each card's state is threaded through the calls, so both modules see the same input at
     // every step, and every answer, state and outputs and refusals, is compared byte for byte.
@@ -735,7 +907,8 @@ fn the_go_and_assemblyscript_modules_answer_the_same_bytes() {
             partition: 0,
             offset: i64::try_from(offset).expect("small"),
         };
-        let input = interface::input(&state, event, position).expect("input");
+        let reads = go.declared().and_then(|d| d.reads.as_deref());
+        let input = interface::input(&state, event, position, reads).expect("input");
         let from_go = go.call(APPLY_EXPORT, &input).expect("Go answers");
         let from_as = assemblyscript
             .call(APPLY_EXPORT, &input)
@@ -746,7 +919,7 @@ fn the_go_and_assemblyscript_modules_answer_the_same_bytes() {
             "input {}",
             String::from_utf8_lossy(&input)
         );
-        match interface::result(&from_go).expect("the interface's result") {
+        match interface::result(&from_go, &event.value).expect("the interface's result") {
             InterfaceResult::Applied { state, outputs } => {
                 states.insert(event.entity.as_str().to_owned(), state);
                 *answers

@@ -11,17 +11,15 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 
+	"eos-suite/examples/wasm/card/eos"
 	"github.com/extism/go-pdk"
 )
-
-// The interface this module implements; the host refuses to start with any other.
-const interfaceVersion = "eos-transform/1"
 
 // The same defaults as the Rust example's --daily-limit and --flag-at, in minor units.
 const (
@@ -29,125 +27,178 @@ const (
 	flagAt     = 50000
 )
 
-// The per-card state: the UTC day of the latest authorisation and the spend per currency.
-type cardDay struct {
-	Day   string           `json:"day"`
-	Spent map[string]int64 `json:"spent"`
-}
-
-type event struct {
-	Value      map[string]json.RawMessage `json:"value"`
-	EventID    string                     `json:"event_id"`
-	Entity     string                     `json:"entity"`
-	OccurredAt *string                    `json:"occurred_at"`
-}
-
-type input struct {
-	State *cardDay `json:"state"`
-	Event event    `json:"event"`
-}
-
-type output struct {
-	Output  string            `json:"output"`
-	Value   any               `json:"value"`
-	Headers map[string]string `json:"headers,omitempty"`
-}
-
-type refusal struct {
-	Code   string `json:"code"`
-	Detail string `json:"detail"`
-}
-
-type result struct {
-	State   *cardDay `json:"state,omitempty"`
-	Outputs []output `json:"outputs,omitempty"`
-	Refusal *refusal `json:"refusal,omitempty"`
-}
+// The output large authorisations also go to (--output flagged=TOPIC).
+const flaggedOutput = "flagged"
 
 //go:wasmexport eos_interface_version
 func eosInterfaceVersion() int32 {
-	pdk.OutputString(interfaceVersion)
+	eos.OutputVersion()
+	return 0
+}
+
+// Where the authorisations keep their id, card and time, the outputs written to and the
+// members read: the processor needs no --event-id, --entity or --occurred-at, refuses to start
+// without --output flagged=TOPIC, and hands apply only the amount and the currency of each
+// authorisation's value (the rest reaches the outputs through eos.Output.With).
+//
+//go:wasmexport eos_contract
+func eosContract() int32 {
+	eos.OutputContract(eos.Contract{
+		EventID:    "/auth_id",
+		Entity:     "/card",
+		OccurredAt: "/at",
+		Outputs:    []string{eos.DefaultOutput, flaggedOutput},
+		Reads:      []string{"amount", "currency"},
+	})
 	return 0
 }
 
 //go:wasmexport apply
 func apply() int32 {
-	var in input
-	decoder := json.NewDecoder(bytes.NewReader(pdk.Input()))
-	decoder.UseNumber()
-	if err := decoder.Decode(&in); err != nil {
+	in, err := eos.ReadInput()
+	if err != nil {
 		pdk.SetError(fmt.Errorf("input does not decode: %w", err))
 		return 1
 	}
-	out := authorise(in)
-	if err := pdk.OutputJSON(out); err != nil {
+	if err := authorise(in); err != nil {
 		pdk.SetError(err)
 		return 1
 	}
 	return 0
 }
 
-func refuse(code, detail string) result {
-	return result{Refusal: &refusal{Code: code, Detail: detail}}
+// The per-card state: the UTC day of the latest authorisation and the spend per currency.
+type cardDay struct {
+	day   string
+	spent map[string]int64
 }
 
-func authorise(in input) result {
-	card := cardDay{Spent: map[string]int64{}}
-	if in.State != nil {
-		card = *in.State
-		if card.Spent == nil {
-			card.Spent = map[string]int64{}
+// `{"day": "2026-12-04", "spent": {"EUR": 1250}}`, or null before the card's first event.
+func readCard(raw []byte) (cardDay, error) {
+	card := cardDay{spent: map[string]int64{}}
+	if string(raw) == "null" {
+		return card, nil
+	}
+	state, err := eos.ParseObject(raw)
+	if err != nil {
+		return card, err
+	}
+	card.day, _ = state.String("day")
+	if spent, ok := state.Get("spent"); ok && string(spent) != "null" {
+		currencies, err := eos.ParseObject(spent)
+		if err != nil {
+			return card, err
+		}
+		for _, currency := range currencies {
+			minor, err := strconv.ParseInt(string(currency.Raw), 10, 64)
+			if err != nil {
+				return card, errors.New("the state's spend is not a whole number")
+			}
+			card.spent[currency.Name()] = minor
 		}
 	}
+	return card, nil
+}
+
+// The state as encoding/json writes a struct of the two: the currencies in order.
+func (card cardDay) json() []byte {
+	var w eos.Writer
+	w.Text(`{"day":`)
+	w.String(card.day)
+	w.Text(`,"spent":{`)
+	currencies := make([]string, 0, len(card.spent))
+	for currency := range card.spent {
+		currencies = append(currencies, currency)
+	}
+	sort.Strings(currencies)
+	for i, currency := range currencies {
+		if i > 0 {
+			w.Byte(',')
+		}
+		w.String(currency)
+		w.Byte(':')
+		w.Int(card.spent[currency])
+	}
+	w.Text(`}}`)
+	return w.Bytes()
+}
+
+func authorise(in eos.Input) error {
+	card, err := readCard(in.State)
+	if err != nil {
+		return err
+	}
+	value := in.Event.Value
+	// The amount is a string: null reads as "", anything else is shown as it came.
+	amountRaw, _ := value.Get("amount")
 	var amountText string
-	if err := json.Unmarshal(in.Event.Value["amount"], &amountText); err != nil {
-		return refuse("invalid_amount", fmt.Sprintf("amount %s is not a decimal string with up to 2 places", in.Event.Value["amount"]))
+	switch {
+	case string(amountRaw) == "null":
+	case len(amountRaw) > 0 && amountRaw[0] == '"':
+		amountText, _ = eos.Unquote(amountRaw)
+	default:
+		eos.Refuse("invalid_amount", fmt.Sprintf("amount %s is not a decimal string with up to 2 places", amountRaw))
+		return nil
 	}
 	amount, ok := minorUnits(amountText)
 	if !ok {
-		return refuse("invalid_amount", fmt.Sprintf("amount %q is not a decimal string with up to 2 places", amountText))
+		eos.Refuse("invalid_amount", fmt.Sprintf("amount %q is not a decimal string with up to 2 places", amountText))
+		return nil
 	}
-	var currency string
-	if json.Unmarshal(in.Event.Value["currency"], &currency) != nil || !isCurrency(currency) {
-		return refuse("invalid_currency", "currency is not an ISO 4217 code")
+	currency, _ := value.String("currency")
+	if !isCurrency(currency) {
+		eos.Refuse("invalid_currency", "currency is not an ISO 4217 code")
+		return nil
 	}
-	if in.Event.OccurredAt == nil || len(*in.Event.OccurredAt) < 10 {
-		return refuse("missing_time", "the authorisation has no /at")
+	if len(in.Event.OccurredAt) < 10 {
+		eos.Refuse("missing_time", "the authorisation has no /at")
+		return nil
 	}
 	// The host hands the event time over in UTC (RFC 3339), so its date is the UTC day.
-	day := (*in.Event.OccurredAt)[:10]
-	if card.Day != day {
-		card.Day = day
-		card.Spent = map[string]int64{}
+	day := in.Event.OccurredAt[:10]
+	if card.day != day {
+		card.day = day
+		card.spent = map[string]int64{}
 	}
-	spent := card.Spent[currency]
+	spent := card.spent[currency]
 	after := spent + amount
 	if after < spent || after > dailyLimit {
-		return refuse("over_daily_limit", fmt.Sprintf(
+		eos.Refuse("over_daily_limit", fmt.Sprintf(
 			"card %s would spend %s %s on %s, over its daily limit of %s",
-			in.Event.Entity, decimal(spent+amount), currency, card.Day, decimal(dailyLimit)))
+			in.Event.Entity, decimal(spent+amount), currency, card.day, decimal(dailyLimit)))
+		return nil
 	}
-	card.Spent[currency] = after
+	card.spent[currency] = after
 
-	outputs := make([]output, 0, 2)
+	outputs := make([]eos.Output, 0, 2)
 	if amount >= flagAt {
-		outputs = append(outputs, output{
-			Output: "flagged",
-			Value: map[string]string{
-				"auth_id":  in.Event.EventID,
-				"card":     in.Event.Entity,
-				"amount":   amountText,
-				"currency": currency,
-				"reason":   "large_amount",
-			},
+		var flagged eos.Writer
+		flagged.Text(`{"amount":`)
+		flagged.String(amountText)
+		flagged.Text(`,"auth_id":`)
+		flagged.String(in.Event.ID)
+		flagged.Text(`,"card":`)
+		flagged.String(in.Event.Entity)
+		flagged.Text(`,"currency":`)
+		flagged.String(currency)
+		flagged.Text(`,"reason":"large_amount"}`)
+		outputs = append(outputs, eos.Output{
+			Name:    flaggedOutput,
+			Value:   flagged.Bytes(),
 			Headers: map[string]string{"eos-flag": "large_amount"},
 		})
 	}
-	approved := in.Event.Value
-	approved["status"] = json.RawMessage(`"approved"`)
-	approved["day_spent"] = json.RawMessage(strconv.Quote(decimal(after)))
-	outputs = append(outputs, output{Output: "default", Value: approved})
-	return result{State: &card, Outputs: outputs}
+	// The authorisation as it came, approved: the host sets the two members on the event's
+	// value, so the module never writes the event again.
+	outputs = append(outputs, eos.Output{
+		Name: eos.DefaultOutput,
+		With: eos.Object{
+			eos.NewMember("day_spent", []byte(strconv.Quote(decimal(after)))),
+			eos.NewMember("status", []byte(`"approved"`)),
+		},
+	})
+	eos.Apply(card.json(), outputs...)
+	return nil
 }
 
 func isCurrency(c string) bool {

@@ -514,6 +514,10 @@ fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> any
         header(letter, eos_core::dead_letter::REASON_HEADER),
         Some("transform_limit")
     );
+    assert_eq!(
+        header(letter, eos_core::dead_letter::TRANSFORM_REASON_HEADER),
+        Some("transform_limit")
+    );
     let detail = header(letter, eos_core::dead_letter::DETAIL_HEADER).unwrap_or_default();
     assert!(
         detail.contains("wall-clock limit of 2s (--wasm-timeout)"),
@@ -548,5 +552,135 @@ fn a_bulk_memory_event_is_a_dead_letter_and_sigterm_interrupts_its_call() -> any
     assert_eq!(expected.applied as usize, OTHERS + 3);
     assert_eq!(expected.dead_letters.len(), 1);
     assert_replay_exact(&expected, &run);
+    Ok(())
+}
+
+/// Spawns eos-processor with `args` and waits for it to exit on its own, which a refused
+/// start-up does: its status and the tail of its log.
+fn refused_start(args: &[String]) -> anyhow::Result<(std::process::ExitStatus, String)> {
+    let mut processor = ServiceProcess::spawn("eos-processor", args, &[])?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = processor.try_wait()? {
+            return Ok((status, processor.log_tail(30)));
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the processor kept running\n{}",
+            processor.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A module that declares its contract (`eos_contract`; docs/TRANSFORMS.md "The interface")
+/// against the flags (issue 51, part 4): the Go card module declares its event locations and its
+/// outputs, default and flagged. Without `--output flagged=TOPIC`, or with an `--event-id` of
+/// another place, the processor refuses to start with an error that says what to give, before
+/// it creates any topic; a forgotten output no longer shows only as every large authorisation
+/// becoming an `unknown_output` dead letter.
+#[test]
+fn a_modules_declared_outputs_are_refused_when_a_flag_is_missing() -> anyhow::Result<()> {
+    let module = card_module()?;
+    let base = unique_name("wasm-declared");
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: bootstrap_servers(),
+        transform: format!("wasm:{}", module.display()),
+        processor.input_topic: format!("{base}-in"),
+        processor.output_topic: format!("{base}-approved"),
+        processor.group_id: &base,
+        processor.instance.instance_id: "wasm-declared",
+        processor.metrics_addr: "127.0.0.1:0",
+    });
+    let (status, log) = refused_start(&args)?;
+    assert!(!status.success(), "{status}\n{log}");
+    // The log's text format escapes the quotes around the output's name.
+    assert!(
+        log.contains("configure it with --output flagged=TOPIC"),
+        "{log}"
+    );
+    let elsewhere: Vec<String> = args
+        .iter()
+        .cloned()
+        .chain(argv!(eos_processor::ServiceConfig {
+            processor.outputs: format!("{FLAGGED}={base}-flagged"),
+            processor.event_id: "/id",
+        }))
+        .collect();
+    let (status, log) = refused_start(&elsewhere)?;
+    assert!(!status.success(), "{status}\n{log}");
+    assert!(
+        log.contains(
+            "--event-id /id disagrees with the WebAssembly module, which declares /auth_id"
+        ),
+        "{log}"
+    );
+    let metadata = integration_tests::admin()?
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))?;
+    let created: Vec<&str> = metadata
+        .topics()
+        .iter()
+        .map(|topic| topic.name())
+        .filter(|name| name.starts_with(&base))
+        .collect();
+    assert!(created.is_empty(), "{created:?}");
+    Ok(())
+}
+
+/// A module's trap in the real binary is a dead letter whose `eos-dlq-transform-reason` says so
+/// (`transform_trap`), as a refusal's carries the module's own code: examples/wasm/go/hostile
+/// panics on `"do": "panic"` and echoes the event after it from a fresh instance.
+#[test]
+fn a_trapping_modules_dead_letter_carries_its_reason() -> anyhow::Result<()> {
+    let module = card_module()?.with_file_name("hostile.wasm");
+    let bootstrap = bootstrap_servers();
+    let base = unique_name("wasm-trap");
+    let (input, output) = (format!("{base}-in"), format!("{base}-out"));
+    tokio::runtime::Runtime::new()?.block_on(create_topic(&input, 1))?;
+    let record = |id: &str, extra: serde_json::Value| {
+        let mut value = json!({"id": id, "entity": "k-1"});
+        if let (Some(value), Some(extra)) = (value.as_object_mut(), extra.as_object()) {
+            value.extend(extra.clone());
+        }
+        ("k-1".to_owned(), value.to_string().into_bytes())
+    };
+    produce(
+        &input,
+        &[
+            record("e-panic", json!({"do": "panic"})),
+            record("e-after", json!({})),
+        ],
+        100,
+    )?;
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
+        transform: format!("wasm:{}", module.display()),
+        processor.event_id: "/id",
+        processor.entity: "/entity",
+        processor.input_topic: &input,
+        processor.output_topic: &output,
+        processor.group_id: &base,
+        processor.instance.instance_id: "wasm-trap",
+        processor.metrics_addr: "127.0.0.1:0",
+    });
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    wait_until_consumed(&bootstrap, &base, &input, Duration::from_secs(60))
+        .with_context(|| processor.log_tail(40))?;
+    processor.stop_gracefully()?;
+    let letters = read_topic(&format!("{input}.dlq"), Isolation::ReadCommitted)?;
+    assert_eq!(letters.len(), 1, "one dead letter");
+    for (name, value) in [
+        (eos_core::dead_letter::REASON_HEADER, "transform_trap"),
+        (
+            eos_core::dead_letter::TRANSFORM_REASON_HEADER,
+            "transform_trap",
+        ),
+    ] {
+        assert_eq!(header(&letters[0], name), Some(value), "{name}");
+    }
+    let out = read_topic(&output, Isolation::ReadCommitted)?;
+    assert_eq!(out.len(), 1);
+    assert_eq!(header(&out[0], "event_id"), Some("e-after"));
     Ok(())
 }

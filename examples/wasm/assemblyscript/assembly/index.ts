@@ -7,212 +7,37 @@
 // refused (over_daily_limit); every other one is approved to the default output, and one of at
 // least the flag threshold goes to the "flagged" output as well.
 //
-// The JSON is read and written by hand, because the answer must be the Go module's byte for
-// byte: Go's encoding/json sorts map keys, escapes <, > and & as \u003c, \u003e and \u0026, and
-// copies raw values as they came.
+// The input is read and the result written with ./eos.ts, the helper beside it, which writes
+// strings as the Go module's helper (examples/wasm/go/eos) does.
 
-import { Host } from "@extism/as-pdk";
+import * as eos from "./eos";
 
-const INTERFACE_VERSION = "eos-transform/1";
 // The same defaults as the Go module, in minor units.
 const DAILY_LIMIT: i64 = 100000;
 const FLAG_AT: i64 = 50000;
 const I64_MAX: i64 = 9223372036854775807;
-
-// A trap with the message in the host's error: the processor dead-letters the event.
-export function abort(
-  message: string | null,
-  fileName: string | null,
-  line: u32,
-  column: u32,
-): void {
-  unreachable();
-}
-
-function output(text: string): void {
-  // As bytes: the PDK's outputString counts UTF-16 units, not bytes.
-  Host.output(Uint8Array.wrap(String.UTF8.encode(text)));
-}
+// The output large authorisations also go to (--output flagged=TOPIC).
+const FLAGGED_OUTPUT = "flagged";
+const HEX = "0123456789abcdef";
 
 export function eos_interface_version(): i32 {
-  output(INTERFACE_VERSION);
+  eos.outputVersion();
   return 0;
 }
 
-// ---- reading JSON --------------------------------------------------------------------------
-
-class Reader {
-  constructor(public text: string, public at: i32 = 0) {}
-
-  ws(): void {
-    while (this.at < this.text.length) {
-      const c = this.text.charCodeAt(this.at);
-      if (c != 0x20 && c != 0x09 && c != 0x0a && c != 0x0d) break;
-      this.at++;
-    }
-  }
-
-  peek(): i32 {
-    this.ws();
-    return this.at < this.text.length ? this.text.charCodeAt(this.at) : -1;
-  }
-
-  expect(c: i32): void {
-    if (this.peek() != c) abort("unexpected JSON", null, 0, 0);
-    this.at++;
-  }
-
-  // A string at the cursor, decoded.
-  string(): string {
-    this.expect(0x22);
-    let out = "";
-    let start = this.at;
-    while (true) {
-      const c = this.text.charCodeAt(this.at);
-      if (c == 0x22) break;
-      if (c == 0x5c) {
-        out += this.text.substring(start, this.at);
-        const e = this.text.charCodeAt(this.at + 1);
-        this.at += 2;
-        if (e == 0x75) {
-          out += String.fromCharCode(i32(parseInt(this.text.substr(this.at, 4), 16)));
-          this.at += 4;
-        } else if (e == 0x6e) out += "\n";
-        else if (e == 0x74) out += "\t";
-        else if (e == 0x72) out += "\r";
-        else if (e == 0x62) out += "\b";
-        else if (e == 0x66) out += "\f";
-        else out += String.fromCharCode(e);
-        start = this.at;
-        continue;
-      }
-      this.at++;
-    }
-    out += this.text.substring(start, this.at);
-    this.at++;
-    return out;
-  }
-
-  // Skips the value at the cursor and answers its text as it came.
-  raw(): string {
-    const c = this.peek();
-    const start = this.at;
-    if (c == 0x22) {
-      this.string();
-    } else if (c == 0x7b || c == 0x5b) {
-      const close = c == 0x7b ? 0x7d : 0x5d;
-      this.at++;
-      if (this.peek() == close) {
-        this.at++;
-      } else {
-        while (true) {
-          if (c == 0x7b) {
-            this.string();
-            this.expect(0x3a);
-          }
-          this.raw();
-          if (this.peek() == 0x2c) {
-            this.at++;
-            continue;
-          }
-          this.expect(close);
-          break;
-        }
-      }
-    } else {
-      while (this.at < this.text.length) {
-        const d = this.text.charCodeAt(this.at);
-        if (d == 0x2c || d == 0x7d || d == 0x5d || d == 0x20 || d == 0x0a) break;
-        this.at++;
-      }
-    }
-    return this.text.substring(start, this.at);
-  }
-
-  // The members of the object at the cursor: keys decoded, values as they came.
-  members(): Map<string, string> {
-    const members = new Map<string, string>();
-    this.expect(0x7b);
-    if (this.peek() == 0x7d) {
-      this.at++;
-      return members;
-    }
-    while (true) {
-      const key = this.string();
-      this.expect(0x3a);
-      members.set(key, this.raw());
-      if (this.peek() == 0x2c) {
-        this.at++;
-        continue;
-      }
-      this.expect(0x7d);
-      return members;
-    }
-  }
-}
-
-function decodeString(raw: string): string {
-  return new Reader(raw).string();
-}
-
-function isString(raw: string): bool {
-  return raw.length > 0 && raw.charCodeAt(0) == 0x22;
-}
-
-// ---- writing JSON as Go's encoding/json does -------------------------------------------------
-
-const HEX = "0123456789abcdef";
-
-// Whether Go's encoder would escape anything in `text`: most text needs nothing, and is then
-// copied whole rather than character by character (each += copies the string so far).
-function plain(text: string, raw: bool): bool {
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i);
-    if (c == 0x3c || c == 0x3e || c == 0x26 || c == 0x2028 || c == 0x2029) return false;
-    if (!raw && (c < 0x20 || c == 0x22 || c == 0x5c)) return false;
-  }
-  return true;
-}
-
-function quote(text: string): string {
-  if (plain(text, false)) return '"' + text + '"';
-  let out = '"';
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i);
-    if (c == 0x22) out += '\\"';
-    else if (c == 0x5c) out += "\\\\";
-    else if (c == 0x0a) out += "\\n";
-    else if (c == 0x0d) out += "\\r";
-    else if (c == 0x09) out += "\\t";
-    else if (c < 0x20 || c == 0x3c || c == 0x3e || c == 0x26 || c == 0x2028 || c == 0x2029) {
-      out += "\\u" + HEX.charAt((c >> 12) & 15) + HEX.charAt((c >> 8) & 15);
-      out += HEX.charAt((c >> 4) & 15) + HEX.charAt(c & 15);
-    } else out += String.fromCharCode(c);
-  }
-  return out + '"';
-}
-
-// A raw value as Go re-emits a json.RawMessage: compact already, with its HTML characters
-// escaped.
-function rawOut(raw: string): string {
-  if (plain(raw, true)) return raw;
-  let out = "";
-  for (let i = 0; i < raw.length; i++) {
-    const c = raw.charCodeAt(i);
-    if (c == 0x3c) out += "\\u003c";
-    else if (c == 0x3e) out += "\\u003e";
-    else if (c == 0x26) out += "\\u0026";
-    else if (c == 0x2028) out += "\\u2028";
-    else if (c == 0x2029) out += "\\u2029";
-    else out += String.fromCharCode(c);
-  }
-  return out;
-}
-
-function sortedKeys<V>(map: Map<string, V>): string[] {
-  const keys = map.keys();
-  keys.sort((a: string, b: string): i32 => (a < b ? -1 : a > b ? 1 : 0));
-  return keys;
+// Where the authorisations keep their id, card and time, the outputs written to and the
+// members read: the processor needs no --event-id, --entity or --occurred-at, refuses to start
+// without --output flagged=TOPIC, and hands apply only the amount and the currency of each
+// authorisation's value (the rest reaches the outputs through eos.Output's with).
+export function eos_contract(): i32 {
+  const contract = new eos.Contract();
+  contract.eventId = "/auth_id";
+  contract.entity = "/card";
+  contract.occurredAt = "/at";
+  contract.outputs = [eos.DEFAULT_OUTPUT, FLAGGED_OUTPUT];
+  contract.reads = ["amount", "currency"];
+  eos.outputContract(contract);
+  return 0;
 }
 
 // Go's strconv.Quote for the printable text an amount is.
@@ -279,61 +104,58 @@ function isCurrency(c: string): bool {
   return true;
 }
 
-function refusal(code: string, detail: string): string {
-  return '{"refusal":{"code":' + quote(code) + ',"detail":' + quote(detail) + "}}";
-}
-
-function authorise(input: string): string {
-  const top = new Reader(input).members();
-  const event = new Reader(top.get("event")).members();
-  const value = new Reader(event.get("value")).members();
-  const entity = decodeString(event.get("entity"));
-  const eventId = decodeString(event.get("event_id"));
+function authorise(input: eos.Input): void {
+  const event = input.event;
+  const value = event.value;
 
   let day = "";
   const spent = new Map<string, i64>();
-  const state = top.has("state") ? top.get("state") : "null";
-  if (state != "null") {
-    const card = new Reader(state).members();
-    if (card.has("day") && isString(card.get("day"))) day = decodeString(card.get("day"));
-    if (card.has("spent") && card.get("spent") != "null") {
-      const stored = new Reader(card.get("spent")).members();
-      const currencies = stored.keys();
+  const state = input.state;
+  if (state !== null) {
+    const card = eos.members(state);
+    const stored = card.get("day");
+    if (stored !== null && stored.isString()) day = stored.string();
+    const amounts = card.get("spent");
+    if (amounts !== null && !amounts.isNull()) {
+      const currencies = eos.members(amounts);
       for (let i = 0; i < currencies.length; i++) {
-        spent.set(currencies[i], I64.parseInt(stored.get(currencies[i])));
+        spent.set(currencies.name(i), I64.parseInt(currencies.value(i).text()));
       }
     }
   }
 
-  // Go unmarshals the amount into a string: null leaves it empty, anything but a string or
-  // null fails and is shown as it came.
-  const amountRaw = value.has("amount") ? value.get("amount") : "";
-  if (amountRaw != "null" && !isString(amountRaw)) {
-    return refusal(
+  // Go reads the amount as a string: null leaves it empty, anything but a string or null is
+  // refused and shown as it came.
+  const amountJson = value.get("amount");
+  const amountRaw = amountJson === null ? "" : amountJson.text();
+  if (amountRaw != "null" && !(amountJson !== null && amountJson.isString())) {
+    eos.refuse(
       "invalid_amount",
       "amount " + amountRaw + " is not a decimal string with up to 2 places",
     );
+    return;
   }
-  const amountText = amountRaw == "null" ? "" : decodeString(amountRaw);
+  const amountText = amountRaw == "null" ? "" : amountJson!.string();
   const amount = minorUnits(amountText);
   if (amount < 0) {
-    return refusal(
+    eos.refuse(
       "invalid_amount",
       "amount " + goQuote(amountText) + " is not a decimal string with up to 2 places",
     );
+    return;
   }
-  const currencyRaw = value.has("currency") ? value.get("currency") : "";
-  const currency = isString(currencyRaw) ? decodeString(currencyRaw) : "";
+  const currencyJson = value.get("currency");
+  const currency = currencyJson !== null && currencyJson.isString() ? currencyJson.string() : "";
   if (!isCurrency(currency)) {
-    return refusal("invalid_currency", "currency is not an ISO 4217 code");
+    eos.refuse("invalid_currency", "currency is not an ISO 4217 code");
+    return;
   }
-  const at = event.has("occurred_at") ? event.get("occurred_at") : "null";
-  const occurredAt = at == "null" ? "" : decodeString(at);
   // Go measures the length in bytes; a UTC RFC 3339 time is ASCII.
-  if (at == "null" || String.UTF8.byteLength(occurredAt) < 10) {
-    return refusal("missing_time", "the authorisation has no /at");
+  if (String.UTF8.byteLength(event.occurredAt) < 10) {
+    eos.refuse("missing_time", "the authorisation has no /at");
+    return;
   }
-  const today = occurredAt.substring(0, 10);
+  const today = event.occurredAt.substring(0, 10);
   if (day != today) {
     day = today;
     spent.clear();
@@ -341,45 +163,45 @@ function authorise(input: string): string {
   const before: i64 = spent.has(currency) ? spent.get(currency) : 0;
   const after = before + amount;
   if (after < before || after > DAILY_LIMIT) {
-    return refusal(
+    eos.refuse(
       "over_daily_limit",
-      "card " + entity + " would spend " + decimal(after) + " " + currency + " on " + day +
+      "card " + event.entity + " would spend " + decimal(after) + " " + currency + " on " + day +
         ", over its daily limit of " + decimal(DAILY_LIMIT),
     );
+    return;
   }
   spent.set(currency, after);
 
-  let outputs = "";
+  const outputs = new Array<eos.Output>();
   if (amount >= FLAG_AT) {
-    outputs +=
-      '{"output":"flagged","value":{"amount":' + quote(amountText) +
-      ',"auth_id":' + quote(eventId) + ',"card":' + quote(entity) +
-      ',"currency":' + quote(currency) +
-      ',"reason":"large_amount"},"headers":{"eos-flag":"large_amount"}},';
+    const flagged = new eos.Output();
+    flagged.name = FLAGGED_OUTPUT;
+    flagged.value =
+      '{"amount":' + eos.quote(amountText) + ',"auth_id":' + eos.quote(event.id) +
+      ',"card":' + eos.quote(event.entity) + ',"currency":' + eos.quote(currency) +
+      ',"reason":"large_amount"}';
+    flagged.headerNames = ["eos-flag"];
+    flagged.headerValues = ["large_amount"];
+    outputs.push(flagged);
   }
-  value.set("status", '"approved"');
-  value.set("day_spent", '"' + decimal(after) + '"');
-  const keys = sortedKeys(value);
-  let approved = "";
-  for (let i = 0; i < keys.length; i++) {
-    if (i > 0) approved += ",";
-    approved += quote(keys[i]) + ":" + rawOut(value.get(keys[i]));
-  }
-  outputs += '{"output":"default","value":{' + approved + "}}";
+  // The authorisation as it came, approved: the host sets the two members on the event's
+  // value, so the module never writes the event again.
+  const approved = new eos.Output();
+  approved.withNames = ["day_spent", "status"];
+  approved.withValues = ['"' + decimal(after) + '"', '"approved"'];
+  outputs.push(approved);
 
-  const currencies = sortedKeys(spent);
+  const currencies = spent.keys();
+  currencies.sort((a: string, b: string): i32 => (a < b ? -1 : a > b ? 1 : 0));
   let spentJson = "";
   for (let i = 0; i < currencies.length; i++) {
     if (i > 0) spentJson += ",";
-    spentJson += quote(currencies[i]) + ":" + spent.get(currencies[i]).toString();
+    spentJson += eos.quote(currencies[i]) + ":" + spent.get(currencies[i]).toString();
   }
-  return (
-    '{"state":{"day":' + quote(day) + ',"spent":{' + spentJson + '}},"outputs":[' + outputs +
-    "]}"
-  );
+  eos.apply('{"day":' + eos.quote(day) + ',"spent":{' + spentJson + "}}", outputs);
 }
 
 export function apply(): i32 {
-  output(authorise(Host.inputString()));
+  authorise(eos.readInput());
   return 0;
 }
