@@ -238,7 +238,7 @@ impl Limit {
 }
 
 /// An accepted TCP connection as tonic serves it: its slot of `--max-connections` is held until
-/// tonic drops it, and once its limit passes ([`Limit`]) it reads as closed by the client (end
+/// tonic drops it, and once its limit passes (`Limit`) it reads as closed by the client (end
 /// of file) and refuses writes, so hyper ends the connection and tonic drops it. With no call
 /// in flight nothing is cut short, and the client's next call connects again.
 #[derive(Debug)]

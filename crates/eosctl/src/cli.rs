@@ -186,7 +186,7 @@ pub struct DeadLetterFilters {
     #[arg(long, value_parser = parse_time_bound, value_name = "TIME")]
     pub until: Option<OffsetDateTime>,
 
-    /// Where the events keep their id, as the processor's --event-id: header:<name>, key or a
+    /// Where the events keep their id, as the processor's --event-id: header:NAME, key or a
     /// JSON pointer into the original value such as /auth_id.
     #[arg(long, default_value = "header:event_id", value_name = "LOCATION")]
     pub event_id: eos_core::FieldLocation,
@@ -227,7 +227,7 @@ pub struct DeadLettersRedriveArgs {
     #[arg(long, value_name = "TEXT")]
     pub why: String,
 
-    /// The re-drive's id [default: rd-<UTC time>-<random>]: give the id of an earlier run to
+    /// The re-drive's id [default: rd-UTCTIME-RANDOM]: give the id of an earlier run to
     /// repeat it, which the processor then takes as a duplicate wherever it was judged.
     #[arg(long, value_name = "ID")]
     pub redrive_id: Option<String>,
