@@ -1626,6 +1626,21 @@ const BACKLOG_DRAIN_BOUND: Duration = Duration::from_secs(60);
 /// How long the catch-up's kill may look for its moment.
 const BACKLOG_AIM_WITHIN: Duration = Duration::from_secs(60);
 
+/// A session that holds a lock on the relay's row of `eos_outbox_relay_positions` until it
+/// ends: the relay's writes of its published position wait on it.
+async fn hold_relay_position_row(outbox: &Outbox) -> anyhow::Result<PgConnection> {
+    let mut conn = PgConnection::connect(&outbox.db.url).await?;
+    sqlx::query("BEGIN").execute(&mut conn).await?;
+    let held: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM eos_outbox_relay_positions WHERE relay_name = $1 FOR UPDATE",
+    )
+    .bind(&outbox.relay_name)
+    .fetch_optional(&mut conn)
+    .await?;
+    anyhow::ensure!(held.is_some(), "the relay has no recorded position to hold");
+    Ok(conn)
+}
+
 async fn backlog_drains_under_a_kill_in(mode: Mode) -> anyhow::Result<()> {
     const BATCH: i64 = 50;
     // 25 batches before and 25 after the large transaction, in transactions of 1 to 3 rows.
@@ -1665,9 +1680,18 @@ async fn backlog_drains_under_a_kill_in(mode: Mode) -> anyhow::Result<()> {
     assert!(backlog - 20 >= 20 * BATCH, "a backlog of {backlog} rows");
 
     // The catch-up, SIGKILLed at its worst moment: a batch committed in Kafka that the slot (or
-    // PostgreSQL's position copy) does not know of yet, with rows still to publish.
+    // PostgreSQL's position copy) does not know of yet, with rows still to publish. An xmin relay
+    // drains such a backlog in well under a second and writes its copy a few milliseconds after
+    // each Kafka commit, so a look finds that moment by chance only: a lock on the relay's row
+    // holds the copy back (its relay publishes a second batch, then waits on the first write).
+    let copy_held = match mode {
+        Mode::Xmin => Some(hold_relay_position_row(&outbox).await?),
+        Mode::Logical => None,
+    };
     let mut relay = outbox.spawn_relay("exactly-once", &batch)?;
-    outbox.wait_publishing(&mut relay, || false).await?;
+    outbox
+        .wait_publishing(&mut relay, || copy_held.is_some())
+        .await?;
     let handle = tokio::runtime::Handle::current();
     let aimed = tokio::task::block_in_place(|| {
         kill_when(&mut relay, BACKLOG_AIM_WITHIN, || {
@@ -1682,6 +1706,10 @@ async fn backlog_drains_under_a_kill_in(mode: Mode) -> anyhow::Result<()> {
         )
     })?;
     eprintln!("{} mode: killed mid catch-up: {aimed}", mode.as_str());
+    if let Some(mut copy_held) = copy_held {
+        sqlx::query("ROLLBACK").execute(&mut copy_held).await?;
+        copy_held.close().await?;
+    }
     outbox.end_sessions_of_a_killed_relay().await?;
     let restarted = Instant::now();
     let mut relay = outbox.spawn_relay("exactly-once", &batch)?;
