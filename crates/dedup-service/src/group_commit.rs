@@ -3,8 +3,8 @@
 //! `BeginBatch` and `CompleteBatch` use. Each of those statements decides every row on its own
 //! (one `INSERT … ON CONFLICT` or `UPDATE … FROM unnest` row per operation id), so a call in a
 //! group gets the answer its own statement would have given; the group only shares the round
-//! trip and the WAL flush, which is what a single call's time goes to (docs/ARCHITECTURE.md
-//! "Loop invariants", dedup-service).
+//! trip and the WAL flush, which is what a single call's time goes to
+//! (docs/architecture/loop-invariants.md "Loop invariants", dedup-service).
 //!
 //! Leader/follower, with no added wait: a call that finds a group slot free goes at once, in its
 //! own task (a group of one: at low load every call, with no hop through the queue); calls that

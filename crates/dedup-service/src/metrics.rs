@@ -110,7 +110,7 @@ pub fn describe() {
 /// The two figures of the retention check, exported so that an alert can compare them across
 /// instances: each instance checks only its own at start-up, and during a rolling change one
 /// instance can purge by an old, shorter retention while another's horizon is already longer
-/// (docs/ARCHITECTURE.md, "Retention and the replay horizon").
+/// (docs/architecture/retention.md, "Retention and the replay horizon").
 pub fn record_retention(policy: &RetentionPolicy) {
     metrics::gauge!(RETENTION_SECONDS).set(policy.retention.as_secs_f64());
     metrics::gauge!(REPLAY_HORIZON_SECONDS).set(policy.replay_horizon().as_secs_f64());

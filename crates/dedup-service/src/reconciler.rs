@@ -110,8 +110,8 @@ impl BacklogRates {
         }
     }
 
-    /// Stable only when r > u (docs/ARCHITECTURE.md "Retention and the replay horizon"). A
-    /// non-empty backlog with r <= u is not draining.
+    /// Stable only when r > u (docs/architecture/retention.md "Retention and the replay horizon").
+    /// A non-empty backlog with r <= u is not draining.
     pub fn is_unstable(&self) -> bool {
         self.backlog > 0 && self.reconcile_rate <= self.arrival_rate
     }

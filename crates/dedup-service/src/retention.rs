@@ -1,4 +1,5 @@
-//! Retention against the replay horizon (docs/ARCHITECTURE.md, "Retention and the replay horizon"):
+//! Retention against the replay horizon (docs/architecture/retention.md, "Retention and the replay
+//! horizon"):
 //!
 //! `retention >= max(client retry horizon, broker replay retention, restore horizon) + margin`
 //!

@@ -7,7 +7,7 @@
 //! `max.message.bytes`, above the producer's `message.max.bytes`): then the dead letter holds a
 //! prefix of the original and says so — its original size and SHA-256 — and trims the original
 //! headers, so a dead letter can never be refused by Kafka and stall the pipeline behind it
-//! (docs/ARCHITECTURE.md "Bad input").
+//! (docs/architecture/bad-input.md "Bad input").
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};

@@ -1,5 +1,5 @@
-//! The event envelope (docs/ARCHITECTURE.md "Wire format"): parsing, validation and the identifier
-//! newtypes.
+//! The event envelope (docs/architecture/wire-format.md "Wire format"): parsing, validation and the
+//! identifier newtypes.
 //!
 //! Parsing never panics and every error names the field it is about, so a dead-letter record says
 //! exactly what was wrong with the original bytes.
@@ -347,7 +347,8 @@ impl EventEnvelope {
         serde_json::to_vec(&self.to_json()).unwrap_or_default()
     }
 
-    /// The fingerprint of everything but `event_id` (docs/ARCHITECTURE.md "Wire format").
+    /// The fingerprint of everything but `event_id` (docs/architecture/wire-format.md "Wire
+    /// format").
     pub fn fingerprint(&self) -> Fingerprint {
         // The fields of `content_json`, borrowed: no copy of `extra` and `payload` per record.
         let entity_id = Value::String(self.entity_id.to_string());

@@ -1,7 +1,7 @@
-//! The general event contract (docs/ARCHITECTURE.md "Wire format"): an event is any JSON object,
-//! parsed strictly, plus its Kafka key and headers. Each service is told where the three things
-//! it needs are — the event id, the entity (the key that orders events and holds state) and,
-//! optionally, the event time — as a header, a JSON pointer or the record key
+//! The general event contract (docs/architecture/wire-format.md "Wire format"): an event is any
+//! JSON object, parsed strictly, plus its Kafka key and headers. Each service is told where the
+//! three things it needs are — the event id, the entity (the key that orders events and holds
+//! state) and, optionally, the event time — as a header, a JSON pointer or the record key
 //! ([`FieldLocation`]). Nothing else about the object's shape is assumed here: the ledger
 //! envelope ([`crate::EventEnvelope`]) is one schema a transform may check, not the core's.
 //!

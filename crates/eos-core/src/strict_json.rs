@@ -1,8 +1,8 @@
 //! JSON parsing that refuses what plain `serde_json::Value` would silently guess at
-//! (docs/ARCHITECTURE.md "Wire format"): an object with the same key twice (serde_json keeps the
-//! last value), an integer beyond 64 bits, and a decimal that a 64-bit float cannot hold exactly
-//! (serde_json rounds both to the nearest `f64`). Each would let two different inputs get the same
-//! fingerprint, or one input mean different things to different readers.
+//! (docs/architecture/wire-format.md "Wire format"): an object with the same key twice (serde_json
+//! keeps the last value), an integer beyond 64 bits, and a decimal that a 64-bit float cannot hold
+//! exactly (serde_json rounds both to the nearest `f64`). Each would let two different inputs get
+//! the same fingerprint, or one input mean different things to different readers.
 //!
 //! How: a custom serde visitor builds the `Value` and sees every object's keys, so duplicates are
 //! found in the same pass; numbers are checked on the text, because a visitor only ever sees them

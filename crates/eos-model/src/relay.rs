@@ -1,4 +1,4 @@
-//! outbox-relay's logical mode (docs/ARCHITECTURE.md "Outbox", "Logical mode") as a
+//! outbox-relay's logical mode (docs/architecture/outbox.md "Outbox", "Logical mode") as a
 //! [`stateright::Model`]: a writer committing a bounded number of outbox transactions (one of
 //! them larger than the batch limit), the relay reading them through peeks of the replication
 //! slot, publishing each batch in a Kafka transaction with its position, prefetching the next

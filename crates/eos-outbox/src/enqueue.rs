@@ -19,8 +19,8 @@ pub enum OutboxError {
     Database(#[from] sqlx::Error),
 }
 
-/// One event to publish: the envelope (docs/ARCHITECTURE.md "Wire format"), where it goes and
-/// its record key.
+/// One event to publish: the envelope (docs/architecture/wire-format.md "Wire format"), where it
+/// goes and its record key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxEvent {
     pub topic: String,

@@ -1,5 +1,5 @@
-//! The transactional outbox (docs/ARCHITECTURE.md "Outbox"): a service enqueues an event in the
-//! same PostgreSQL transaction as its domain change ([`enqueue()`]), so the event exists if and
+//! The transactional outbox (docs/architecture/outbox.md "Outbox"): a service enqueues an event in
+//! the same PostgreSQL transaction as its domain change ([`enqueue()`]), so the event exists if and
 //! only if the change committed; `outbox-relay` reads the rows back ([`reader`]) and publishes
 //! them to Kafka.
 //!

@@ -9,7 +9,7 @@
 //! mode. Its cost: a long-running writing transaction anywhere on the server holds the xmin back,
 //! and so delays (never loses) the rows committed after it started. The relay's `logical` mode
 //! reads commit order from a replication slot instead and loads the rows with
-//! [`read_positions`] (docs/ARCHITECTURE.md "Outbox").
+//! [`read_positions`] (docs/architecture/outbox.md "Outbox").
 
 use serde_json::{Map, Value};
 use sqlx::PgExecutor;
@@ -48,8 +48,8 @@ pub struct OutboxRow {
 
 impl OutboxRow {
     /// The record value: a general row's JSON as it was enqueued, else the ledger envelope as
-    /// every service parses it (docs/ARCHITECTURE.md "Wire format"). The table's CHECKs keep the
-    /// fields valid; an error here means a row was written around them.
+    /// every service parses it (docs/architecture/wire-format.md "Wire format"). The table's CHECKs
+    /// keep the fields valid; an error here means a row was written around them.
     pub fn value_bytes(&self) -> Result<Vec<u8>, EnvelopeError> {
         if let Some(record) = &self.record {
             return Ok(json_text::to_vec(record));
@@ -160,7 +160,7 @@ pub async fn read_after<'c>(
 /// Up to `limit` rows after `cursor` in read order that the statement's snapshot sees, whether
 /// or not a transaction below them still runs. Only for rows known to be final by other means:
 /// outbox-relay's logical mode reads the rows committed before its replication slot existed this
-/// way (docs/ARCHITECTURE.md "Outbox").
+/// way (docs/architecture/outbox.md "Outbox").
 pub async fn read_visible_after<'c>(
     executor: impl PgExecutor<'c>,
     cursor: OutboxCursor,

@@ -1,7 +1,7 @@
 //! The exactly-once write of the open batch: records go into the open transaction as they are
 //! decided (the first one begins it), and the commit adds the changelog records and the consumed
 //! offsets (with the group generation, KIP-447) before `commit_transaction`
-//! (docs/ARCHITECTURE.md, "Loop invariants" and "Latency"). A failure goes to
+//! (docs/architecture/loop-invariants.md, "Loop invariants" and "Latency"). A failure goes to
 //! `batch_recovery.rs`.
 
 use std::time::Instant;

@@ -1,11 +1,11 @@
 //! What follows a failed transaction or a fatal client error, by the one policy eos-processor
-//! and outbox-relay share (`eos_runtime::transaction_recovery`; docs/ARCHITECTURE.md "Pitfalls"
-//! and "Loop invariants"): abort, drop the batch's state changes and rewind every owned
-//! partition to its committed offset; or replace the producer (its `init_transactions` settles
-//! the open transaction) and restore state and positions from what Kafka committed; or stop with
-//! a non-zero exit. A lost producer transaction is recovered from, not stopped at, while this
-//! instance's consumer still holds its static group membership (see
-//! [`TransactionLoop::replace_lost_producer`]).
+//! and outbox-relay share (`eos_runtime::transaction_recovery`; docs/architecture/pitfalls.md
+//! "Pitfalls" and docs/architecture/loop-invariants.md "Loop invariants"): abort, drop the
+//! batch's state changes and rewind every owned partition to its committed offset; or replace the
+//! producer (its `init_transactions` settles the open transaction) and restore state and positions
+//! from what Kafka committed; or stop with a non-zero exit. A lost producer transaction is
+//! recovered from, not stopped at, while this instance's consumer still holds its static group
+//! membership (see [`TransactionLoop::replace_lost_producer`]).
 
 use std::time::Duration;
 
@@ -85,7 +85,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// `eos_runtime::transaction_recovery::lost_its_transaction`). A newer instance with this
     /// `group.instance.id` fences the consumer too (FencedInstanceId, fatal), and the group
     /// generation in every offset commit keeps a zombie's batches out meanwhile
-    /// (docs/ARCHITECTURE.md, "Loop invariants").
+    /// (docs/architecture/loop-invariants.md, "Loop invariants").
     fn lost_transaction(&self) -> LostTransaction {
         if self.consumer.client().fatal_error().is_none() {
             LostTransaction::ReplaceProducer

@@ -1,6 +1,6 @@
 //! A dead letter as the record the open batch writes: the original key, value and headers plus
 //! the `eos_core::dead_letter` headers, cut to fit what the producer can write
-//! (docs/ARCHITECTURE.md, "The path of one event").
+//! (docs/architecture/event-path.md, "The path of one event").
 
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 

@@ -1,6 +1,6 @@
 //! The local checkpoint of each owned changelog partition: how far the state store is known to
 //! equal the changelog, so that a restart on the same disk reads only the changelog's tail
-//! (docs/ARCHITECTURE.md, "Processor state on disk").
+//! (docs/architecture/processor-state.md, "Processor state on disk").
 
 use std::time::{Duration, Instant};
 
@@ -73,8 +73,8 @@ impl<T: Transform> TransactionLoop<T> {
                 );
                 continue;
             }
-            // docs/ARCHITECTURE.md "Processor state on disk": the checkpoint only moves forward,
-            // to an end this instance's own committed batches put there.
+            // docs/architecture/processor-state.md "Processor state on disk": the checkpoint only
+            // moves forward, to an end this instance's own committed batches put there.
             debug_assert!(
                 high >= end.checkpointed,
                 "partition {partition}: local checkpoint moved back from {} to {high}",

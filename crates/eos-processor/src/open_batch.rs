@@ -1,8 +1,8 @@
 //! The open batch: the records decided since the last commit with their state changes, consumed
 //! positions, counts and span links; when it is finished (full, due, or the loop idle past
-//! transaction markers), and what its commit does to the store (docs/ARCHITECTURE.md, "Loop
-//! invariants"). How it is written is the guarantee's: `batch_commit.rs` (exactly-once) or
-//! `at_least_once.rs`.
+//! transaction markers), and what its commit does to the store
+//! (docs/architecture/loop-invariants.md, "Loop invariants"). How it is written is the guarantee's:
+//! `batch_commit.rs` (exactly-once) or `at_least_once.rs`.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -158,8 +158,8 @@ impl<T: Transform> TransactionLoop<T> {
     pub(crate) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         self.progress.progressed();
         for (partition, next) in batch.positions.next_offsets() {
-            // docs/ARCHITECTURE.md "Loop invariants": a committed position only moves forward
-            // (the map forgets a partition when it is revoked).
+            // docs/architecture/loop-invariants.md "Loop invariants": a committed position only
+            // moves forward (the map forgets a partition when it is revoked).
             debug_assert!(
                 self.committed_next
                     .get(&partition)

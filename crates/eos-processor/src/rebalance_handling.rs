@@ -2,7 +2,7 @@
 //! (`eos_runtime::rebalance`); they are handled here when `poll` returns, before the record it
 //! returned. A revoke drops the uncommitted batch and aborts the open transaction that holds
 //! outputs of the revoked partitions; an assignment restores each partition's state first
-//! (docs/ARCHITECTURE.md, "Loop invariants").
+//! (docs/architecture/loop-invariants.md, "Loop invariants").
 
 use metrics::gauge;
 use rdkafka::consumer::Consumer;

@@ -1,7 +1,7 @@
 //! The decision on one polled record, into the open batch: its `process` span (a child of the
-//! trace context its headers carry, docs/ARCHITECTURE.md "The path of one event"), the sweep of
-//! dedup ids past the horizon, the batch's commit deadline ("Latency"), and the outputs or the
-//! dead letter the decision makes. The decision itself is `partition_state.rs`'s, pure.
+//! trace context its headers carry, docs/architecture/event-path.md "The path of one event"), the
+//! sweep of dedup ids past the horizon, the batch's commit deadline ("Latency"), and the outputs or
+//! the dead letter the decision makes. The decision itself is `partition_state.rs`'s, pure.
 
 use std::time::{Duration, Instant};
 
@@ -99,7 +99,8 @@ impl<T: Transform> TransactionLoop<T> {
             otel.name = "eos-processor process",
             otel.kind = "consumer",
             // Recorded once decided: the event id is where the contract says, which may be the
-            // value rather than the `event_id` header (docs/ARCHITECTURE.md "Wire format").
+            // value rather than the `event_id` header (docs/architecture/wire-format.md "Wire
+            // format").
             event_id = tracing::field::Empty,
             messaging.system = "kafka",
             messaging.operation.type = "process",

@@ -1,6 +1,7 @@
 //! A partition's state restored before any of its records is processed: read from the
 //! changelog with `read_committed`, from the local checkpoint when the store is still good
-//! (`changelog.rs`; docs/ARCHITECTURE.md "Boundaries" and "Processor state on disk").
+//! (`changelog.rs`; docs/ARCHITECTURE.md "Boundaries" and docs/architecture/processor-state.md
+//! "Processor state on disk").
 
 use std::time::Instant;
 

@@ -7,7 +7,7 @@
 //! was written, see `record_decision::batch_deadline`) or a full batch the changelog records, the
 //! consumed offsets and the commit follow. A `read_committed` reader sees them at the commit
 //! either way; sending as decided takes the write of the whole batch off the time between the
-//! interval's end and the commit (docs/ARCHITECTURE.md, "Latency").
+//! interval's end and the commit (docs/architecture/loop-invariants.md, "Latency").
 //!
 //! A transaction is therefore open while the consumer polls, and a rebalance (its callbacks run
 //! inside `poll`) can revoke partitions whose outputs it holds. They are never committed: when
@@ -17,10 +17,10 @@
 //! the group generation in its offset commit (KIP-447), which fails the transaction.
 //!
 //! This module holds the loop and its state; each of its jobs has a module of its own (the
-//! invariants they keep are docs/ARCHITECTURE.md's "Loop invariants"): `rebalance_handling.rs`
-//! (partitions revoked and assigned while `poll` ran), `state_restore.rs` and
-//! `local_checkpoint.rs` (a partition's state before it is read, and how much of the changelog a
-//! restart reads again), `record_decision.rs` (one record into the open batch, with its span),
+//! invariants they keep are docs/architecture/loop-invariants.md's "Loop invariants"):
+//! `rebalance_handling.rs` (partitions revoked and assigned while `poll` ran), `state_restore.rs`
+//! and `local_checkpoint.rs` (a partition's state before it is read, and how much of the changelog
+//! a restart reads again), `record_decision.rs` (one record into the open batch, with its span),
 //! `dead_letter_record.rs` (the record a dead letter becomes), `open_batch.rs` (the batch and
 //! what its commit applies), `batch_commit.rs` (the exactly-once transaction),
 //! `batch_recovery.rs` (what follows its failure), `at_least_once.rs` (the other mode) and

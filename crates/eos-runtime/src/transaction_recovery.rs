@@ -1,6 +1,7 @@
 //! What a transactional loop (eos-processor's, outbox-relay's) does after a transaction failed:
 //! the one policy both follow, from the error classes [`TxnFailure`] already sorts librdkafka's
-//! errors into (docs/ARCHITECTURE.md, "Pitfalls" and "Loop invariants").
+//! errors into (docs/architecture/pitfalls.md "Pitfalls" and docs/architecture/loop-invariants.md
+//! "Loop invariants").
 //!
 //! The retries are the producer's own ([`crate::transactional_producer`]): a retriable call is
 //! made again there, and a commit whose outcome is unknown is retried, never aborted. What is

@@ -7,11 +7,11 @@
 //! changelog has committed, and simply dropped on abort. So the store never holds uncommitted
 //! state: it always equals a prefix of the changelog.
 //!
-//! Event time and the dedup horizon (docs/ARCHITECTURE.md, "Event time and the dedup horizon"):
-//! an event's time is its `occurred_at`, else the Kafka record's timestamp. An event older than
-//! the horizon fails closed (dead letter `beyond_dedup_horizon`); a new event's id is remembered
-//! until its event time plus the horizon. So a re-delivery of the same record after its id
-//! expired carries the same record timestamp, which is by then past the horizon too: it is
+//! Event time and the dedup horizon (docs/architecture/processor-state.md, "Event time and the
+//! dedup horizon"): an event's time is its `occurred_at`, else the Kafka record's timestamp. An
+//! event older than the horizon fails closed (dead letter `beyond_dedup_horizon`); a new event's id
+//! is remembered until its event time plus the horizon. So a re-delivery of the same record after
+//! its id expired carries the same record timestamp, which is by then past the horizon too: it is
 //! dead-lettered, never counted again. The same event re-sent as a new record without
 //! `occurred_at` gets a new record timestamp: after the id expired it is a new event.
 //!
@@ -312,8 +312,8 @@ impl<S: Clone + Default> PartitionState<S> {
         let entity_id = event.entity.to_string();
         let mut entity_state = self.entity(overlay, transform, &entity_id)?;
         // A panic in the transform is the transform's bug on this one event: the event is set
-        // aside as a dead letter and the loop goes on (docs/ARCHITECTURE.md "Bad input"). The
-        // state it may have half changed is this call's copy, dropped with it.
+        // aside as a dead letter and the loop goes on (docs/architecture/bad-input.md "Bad input").
+        // The state it may have half changed is this call's copy, dropped with it.
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
             transform.apply(&mut entity_state, event, source)
         }));

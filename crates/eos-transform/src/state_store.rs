@@ -6,8 +6,8 @@
 //! Only committed state is ever written here (see [`crate::partition_state`]): a batch's changes
 //! are applied after the Kafka transaction carrying them to the changelog has committed. So the
 //! store always equals a prefix of the changelog, and its checkpoint says which: a restart on the
-//! same disk reads the changelog only from the checkpoint to its end (docs/ARCHITECTURE.md,
-//! "Processor state on disk").
+//! same disk reads the changelog only from the checkpoint to its end
+//! (docs/architecture/processor-state.md, "Processor state on disk").
 //!
 //! Batches are committed without an fsync ([`Durability::None`]); the checkpoint is committed
 //! with one. redb keeps its transactions in order and atomic, so after a crash the store is at

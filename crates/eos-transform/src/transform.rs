@@ -252,8 +252,8 @@ pub struct LedgerTotals {
     pub count: u64,
 }
 
-/// The demo's transform: checks the ledger envelope (docs/ARCHITECTURE.md "Wire format") and
-/// emits it plus `entity_total`, `entity_count` and `source`.
+/// The demo's transform: checks the ledger envelope (docs/architecture/wire-format.md "Wire
+/// format") and emits it plus `entity_total`, `entity_count` and `source`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LedgerTransform;
 

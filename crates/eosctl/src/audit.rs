@@ -1,7 +1,7 @@
 //! The exactly-once audit: given every record of an input topic, the processor's output topic and
 //! its dead-letter topic, decide whether each input was accounted for exactly once
-//! (docs/ARCHITECTURE.md "Bad input"): one output for each logical event, nothing for a duplicate
-//! delivery, one DLQ entry for each malformed or conflicting record.
+//! (docs/architecture/bad-input.md "Bad input"): one output for each logical event, nothing for a
+//! duplicate delivery, one DLQ entry for each malformed or conflicting record.
 //!
 //! Pure logic over in-memory [`SourceRecord`]s — no Kafka, no clock — so the rules are unit-tested.
 //! The boundaries past the output (Postgres tables, a provider's effect list) are checked against
@@ -930,11 +930,11 @@ fn trace_dead_letters<'a>(
 }
 
 /// Phase 3: judges the inputs in processing order, as the processor does (docs/TRANSFORMS.md
-/// "An event's outcome is final"), replaying the running totals (docs/ARCHITECTURE.md "Bad
-/// input"). The first record of an id the processor judges decides its outcome: a valid envelope
-/// is applied, or refused (`total_overflow`) when its value would take its entity's total past a
-/// signed 64-bit integer (the total stays as it was); a record the ledger refuses although its id
-/// is readable is refused. Every later record of the id is a duplicate (same content) or a
+/// "An event's outcome is final"), replaying the running totals (docs/architecture/bad-input.md
+/// "Bad input"). The first record of an id the processor judges decides its outcome: a valid
+/// envelope is applied, or refused (`total_overflow`) when its value would take its entity's total
+/// past a signed 64-bit integer (the total stays as it was); a record the ledger refuses although
+/// its id is readable is refused. Every later record of the id is a duplicate (same content) or a
 /// conflict (other content) of that record, whatever the outcome was — except a re-drive record
 /// of a refused event with a re-drive id the event has not met, which is judged again and whose
 /// outcome replaces the refusal. Occurrences dead-lettered for the dedup horizon are decided

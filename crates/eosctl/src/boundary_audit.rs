@@ -196,9 +196,9 @@ pub fn audit_postgres(
 /// `<prefix><event_id>`, with the event's value as its amount, and nothing else under the prefix.
 /// Events in `refused` (the sink dead-lettered them as not charged) must have no effect instead.
 /// Events in `held` (the sink held them: their operation is UNKNOWN and cannot be settled from
-/// the provider, docs/ARCHITECTURE.md "Held operations") are their own category: whether the
-/// provider applied them is exactly what nobody knows yet, so neither an effect nor its absence
-/// is a violation, and their effects stay out of the sums.
+/// the provider, docs/architecture/held-operations.md "Held operations") are their own category:
+/// whether the provider applied them is exactly what nobody knows yet, so neither an effect nor its
+/// absence is a violation, and their effects stay out of the sums.
 pub fn audit_provider(
     report: &mut AuditReport,
     expected: &OutputSet,

@@ -1,7 +1,7 @@
-//! Held provider operations (docs/ARCHITECTURE.md "Held operations"): events the sink-writer set
-//! aside in `sink_held_operations` because dedup-service's reconciler cannot settle their
-//! operation (UNKNOWN, older than the provider's key retention). Listing them, and settling one:
-//! dedup-service's Resolve with an operator's evidence first, then the rows marked resolved.
+//! Held provider operations (docs/architecture/held-operations.md "Held operations"): events the
+//! sink-writer set aside in `sink_held_operations` because dedup-service's reconciler cannot settle
+//! their operation (UNKNOWN, older than the provider's key retention). Listing them, and settling
+//! one: dedup-service's Resolve with an operator's evidence first, then the rows marked resolved.
 
 use std::fmt::Write as _;
 

@@ -4,8 +4,8 @@
 //! Jaeger's search needs a service name, so the traces of an event are found by asking, for
 //! each service Jaeger knows, for the traces with a span of that service tagged
 //! `event_id=<id>`; the answers are merged by trace id. Every service of eos-suite tags its spans
-//! of an event that way (`docs/ARCHITECTURE.md` "The path of one event"), so a trace is found
-//! even when some service's spans are missing from it.
+//! of an event that way (`docs/architecture/event-path.md` "The path of one event"), so a trace is
+//! found even when some service's spans are missing from it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,4 +1,4 @@
-//! payments-api: an example domain service on the outbox (docs/ARCHITECTURE.md "Outbox").
+//! payments-api: an example domain service on the outbox (docs/architecture/outbox.md "Outbox").
 //!
 //! Guarantee: a payment row exists if and only if its event is in the outbox — both are written
 //! in one PostgreSQL transaction — and one Idempotency-Key records at most one payment: a retry

@@ -1,8 +1,8 @@
 //! The one transaction of a payment: bump the account, insert the payment, enqueue its event.
 //! A key seen before rolls it all back and answers from the stored payment instead, naming that
 //! payment and the trace context of the request that created it, so the resend's span can join
-//! that payment's trace (docs/ARCHITECTURE.md "The path of one event"). The transaction is begun
-//! ([`begin_payment`]) before the request's span is started and committed
+//! that payment's trace (docs/architecture/event-path.md "The path of one event"). The transaction
+//! is begun ([`begin_payment`]) before the request's span is started and committed
 //! ([`NewPayment::commit`]) inside it, since which trace the span belongs to depends on whether
 //! the key is new.
 

@@ -1,5 +1,6 @@
-//! The span of one `POST /payments` (docs/ARCHITECTURE.md "The path of one event": one trace per
-//! `event_id`, every span of it tagged `event_id`, which is how `eosctl trace` and Jaeger find it).
+//! The span of one `POST /payments` (docs/architecture/event-path.md "The path of one event": one
+//! trace per `event_id`, every span of it tagged `event_id`, which is how `eosctl trace` and Jaeger
+//! find it).
 //!
 //! What a request is about is known only once the database has looked at its key: a new key
 //! creates a payment, and the span starts that payment's trace, parented on the caller's

@@ -1,5 +1,5 @@
-//! The dead-letter producer (docs/ARCHITECTURE.md "Bad input"): the original bytes and headers,
-//! plus the reason and the source position as eos-core's `dead_letter` headers.
+//! The dead-letter producer (docs/architecture/bad-input.md "Bad input"): the original bytes and
+//! headers, plus the reason and the source position as eos-core's `dead_letter` headers.
 //!
 //! Ordering: a batch's dead letters are produced and their delivery awaited *inside* the open
 //! database transaction, after the checkpoint row is locked and before the commit. So a crash

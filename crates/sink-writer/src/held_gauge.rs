@@ -1,7 +1,8 @@
 //! The gauge of unresolved held operations per provider target
 //! (`eos_sink_held_operations_unresolved{target}`), read from `sink_held_operations`
-//! (docs/ARCHITECTURE.md "Held operations"). The counter says that events were held; this says
-//! how many still wait for an operator, which is what an alert should stay on until it is 0.
+//! (docs/architecture/held-operations.md "Held operations"). The counter says that events were
+//! held; this says how many still wait for an operator, which is what an alert should stay on until
+//! it is 0.
 //!
 //! Refreshed at start-up, after every committed batch that held an event, and every
 //! `--held-refresh-interval`: an operator's `eosctl held resolve` is another process, so the sink

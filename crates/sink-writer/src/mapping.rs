@@ -1,7 +1,7 @@
 //! From a Kafka record to the rows it becomes: decode the event under the configured contract
-//! (docs/ARCHITECTURE.md "Wire format": any JSON object, its id and entity where the operator
-//! says), then map it into each target's columns. Pure: no I/O, so every way a record can be
-//! refused is unit-tested.
+//! (docs/architecture/wire-format.md "Wire format": any JSON object, its id and entity where the
+//! operator says), then map it into each target's columns. Pure: no I/O, so every way a record can
+//! be refused is unit-tested.
 //!
 //! A record that cannot be decoded, or whose value does not fit some target's column, is refused
 //! as a whole (dead-lettered): one input has exactly one outcome, never a row in one table and a
@@ -110,8 +110,8 @@ pub fn decode_value(value: Option<&[u8]>, format: &EventFormat) -> Result<Decode
     )
 }
 
-/// Parses a record under the format's contract (docs/ARCHITECTURE.md "Wire format"), with its size
-/// limit, and checks the format's schema.
+/// Parses a record under the format's contract (docs/architecture/wire-format.md "Wire format"),
+/// with its size limit, and checks the format's schema.
 pub fn decode(record: &InputRecord, format: &EventFormat) -> Result<DecodedEvent, Refusal> {
     let contract = &format.contract;
     let headers: Vec<(&str, Option<&[u8]>)> = record

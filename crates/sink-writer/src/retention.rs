@@ -1,7 +1,7 @@
-//! The optional purge of old rows (docs/ARCHITECTURE.md "Retention and the replay horizon"). The
-//! unique key is the durable identity of an event, so rows are kept by default; a target may purge
-//! rows older than its `retention`, which the start-up check has already compared with the replay
-//! horizon.
+//! The optional purge of old rows (docs/architecture/retention.md "Retention and the replay
+//! horizon"). The unique key is the durable identity of an event, so rows are kept by default; a
+//! target may purge rows older than its `retention`, which the start-up check has already compared
+//! with the replay horizon.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -227,8 +227,8 @@ impl SinkLoop {
                 Some(Ok(message)) => self.accept(&message),
                 Some(Err(error)) => self.consumer_error(error)?,
                 // Nothing arrived within the wait: an open batch has all the input there is
-                // (docs/ARCHITECTURE.md "Latency"), and an empty one may still have markers to
-                // commit past.
+                // (docs/architecture/loop-invariants.md "Latency"), and an empty one may still have
+                // markers to commit past.
                 None => {
                     let idle = self
                         .last_accepted
@@ -566,9 +566,9 @@ impl SinkLoop {
                     Some(Slot::Ready { epoch, .. }) => *epoch,
                     _ => None,
                 };
-                // docs/ARCHITECTURE.md "Loop invariants": with checkpoints in PostgreSQL a
-                // checkpoint moves only under the owner epoch this instance holds for its
-                // partition, taken when it was positioned.
+                // docs/architecture/loop-invariants.md "Loop invariants": with checkpoints in
+                // PostgreSQL a checkpoint moves only under the owner epoch this instance holds for
+                // its partition, taken when it was positioned.
                 debug_assert!(
                     self.settings.offsets != OffsetsMode::Postgres || epoch.is_some(),
                     "partition {partition}: a checkpoint move without an owner epoch"
@@ -641,7 +641,8 @@ impl SinkLoop {
         }
         for Move { to, .. } in &moves {
             if let Some(Slot::Ready { committed, .. }) = self.slots.get_mut(&to.partition) {
-                // docs/ARCHITECTURE.md "Loop invariants": a checkpoint only moves forward.
+                // docs/architecture/loop-invariants.md "Loop invariants": a checkpoint only moves
+                // forward.
                 debug_assert!(
                     committed.is_none_or(|committed| to.next_offset >= committed),
                     "partition {}: checkpoint moved back from {committed:?} to {}",

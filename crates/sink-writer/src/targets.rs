@@ -43,10 +43,10 @@
 //! ```
 //!
 //! Sources: the envelope fields `event_id`, `entity_id`, `value`, `version`, `payload`,
-//! `occurred_at`; `fingerprint` (hex SHA-256 of the event, docs/ARCHITECTURE.md "Wire format");
-//! `record` (the whole record value as JSON); `kafka.topic`, `kafka.partition`, `kafka.offset`,
-//! `kafka.key` (where the sink read it); `now` (the transaction time); or a JSON pointer starting
-//! with `/`.
+//! `occurred_at`; `fingerprint` (hex SHA-256 of the event, docs/architecture/wire-format.md "Wire
+//! format"); `record` (the whole record value as JSON); `kafka.topic`, `kafka.partition`,
+//! `kafka.offset`, `kafka.key` (where the sink read it); `now` (the transaction time); or a JSON
+//! pointer starting with `/`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -610,8 +610,8 @@ pub fn defaults() -> Vec<TargetSpec> {
     ]
 }
 
-/// The retention check (docs/ARCHITECTURE.md "Retention and the replay horizon"): a purge must not
-/// forget a key that a replay can still bring.
+/// The retention check (docs/architecture/retention.md "Retention and the replay horizon"): a purge
+/// must not forget a key that a replay can still bring.
 pub fn check_retention(
     specs: &[TargetSpec],
     replay_horizon: Duration,
