@@ -1,9 +1,12 @@
 //! The docs the code leans on stay true, checked against the tree rather than by a reader:
 //!
-//! - docs/ARCHITECTURE.md's crate table ("Crates") has one row per workspace crate, and its last
-//!   column names exactly the workspace crates that crate depends on. The truth is
-//!   `cargo metadata`, so a crate split out, added or given a new dependency fails here until
-//!   the table says so.
+//! - docs/ARCHITECTURE.md's crate table ("Crates") and docs/architecture/crates.md's ("Each crate
+//!   in detail") have one row per workspace crate, and their last column names exactly the
+//!   workspace crates that crate depends on. The truth is `cargo metadata`, so a crate split
+//!   out, added or given a new dependency fails here until the tables say so.
+//! - docs/ARCHITECTURE.md's "Where to change X" table names only paths that exist, and every
+//!   function or type it names after a path occurs in that file, so a file moved, split or
+//!   renamed fails here until the map says where the change is made now.
 //! - Every citation of a document's section anywhere in the repository — a comment's
 //!   `docs/ARCHITECTURE.md "Outbox"`, a chart's `README "Security"` — names a heading that exists
 //!   in that document, so a renamed or moved section cannot leave references leading nowhere.
@@ -18,10 +21,15 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The document whose crate table is checked.
+/// The document with the one-line crate table and the "where to change" table.
 const ARCHITECTURE: &str = "docs/ARCHITECTURE.md";
-/// The heading of the section that holds the crate table.
-const CRATES_SECTION: &str = "Crates";
+/// The crate tables checked against `cargo metadata`: (document, heading of their section).
+const CRATE_TABLES: &[(&str, &str)] = &[
+    (ARCHITECTURE, "Crates"),
+    ("docs/architecture/crates.md", "Each crate in detail"),
+];
+/// The heading of the section that holds the "where to change" table.
+const WHERE_SECTION: &str = "Where to change X";
 
 /// Citations known to be stale in files this repository's docs work does not edit (the Helm
 /// chart is maintained on its own; the workspace's Cargo.toml, outbox-relay's source and the
@@ -170,36 +178,44 @@ fn code_spans(text: &str) -> Vec<&str> {
     text.split('`').skip(1).step_by(2).collect()
 }
 
-/// The crate table's rows: crate name -> the workspace crates its last column names.
-fn crate_table(
-    markdown: &str,
-    workspace_crates: &BTreeSet<String>,
-) -> BTreeMap<String, BTreeSet<String>> {
-    let crates = section(markdown, CRATES_SECTION)
-        .unwrap_or_else(|| panic!("{ARCHITECTURE} has no \"## {CRATES_SECTION}\" section"));
-    let mut rows = crates
+/// The rows of the first table in `section` that starts with a header cell `first_header`
+/// (header and separator left out), for `document`'s messages.
+fn table_rows<'a>(section: &'a str, first_header: &str, document: &str) -> Vec<&'a str> {
+    let mut rows = section
         .lines()
-        .skip_while(|line| !line.trim_start().starts_with("| crate"))
+        .skip_while(|line| !line.trim_start().starts_with(&format!("| {first_header}")))
         .take_while(|line| line.trim_start().starts_with('|'));
     let header = rows.next().unwrap_or_else(|| {
-        panic!("{ARCHITECTURE} \"{CRATES_SECTION}\" has no table starting `| crate |`")
+        panic!("{document} has no table starting `| {first_header} |` where it was looked for")
     });
     let columns = cells(header).len();
+    rows.filter(|row| !row.contains("---"))
+        .inspect(|row| {
+            assert_eq!(
+                cells(row).len(),
+                columns,
+                "{document} table row with another column count than its header: {row}"
+            );
+        })
+        .collect()
+}
+
+/// A crate table's rows: crate name -> the workspace crates its last column names.
+fn crate_table(
+    markdown: &str,
+    (document, heading): (&str, &str),
+    workspace_crates: &BTreeSet<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let crates = section(markdown, heading)
+        .unwrap_or_else(|| panic!("{document} has no \"## {heading}\" section"));
     let mut table = BTreeMap::new();
-    for row in rows.filter(|row| !row.contains("---")) {
+    for row in table_rows(crates, "crate", document) {
         let cells = cells(row);
-        assert_eq!(
-            cells.len(),
-            columns,
-            "{ARCHITECTURE} crate table row with another column count: {row}"
-        );
         let name = code_spans(&cells[0])
             .first()
-            .unwrap_or_else(|| {
-                panic!("{ARCHITECTURE} crate table row without a `crate` name: {row}")
-            })
+            .unwrap_or_else(|| panic!("{document} crate table row without a `crate` name: {row}"))
             .to_string();
-        let dependencies = code_spans(&cells[columns - 1])
+        let dependencies = code_spans(&cells[cells.len() - 1])
             .into_iter()
             .filter(|span| workspace_crates.contains(*span))
             .map(str::to_owned)
@@ -264,18 +280,180 @@ fn crate_table_problems(
 }
 
 #[test]
-fn the_architecture_crate_table_matches_cargo_metadata() {
+fn the_crate_tables_match_cargo_metadata() {
     let workspace = cargo_metadata();
-    let markdown =
-        fs::read_to_string(workspace.root.join(ARCHITECTURE)).expect("read the architecture doc");
     let names = workspace.crates.keys().cloned().collect();
-    let problems = crate_table_problems(&crate_table(&markdown, &names), &workspace);
+    for &(document, heading) in CRATE_TABLES {
+        let markdown = fs::read_to_string(workspace.root.join(document))
+            .unwrap_or_else(|error| panic!("read {document}: {error}"));
+        let table = crate_table(&markdown, (document, heading), &names);
+        let problems = crate_table_problems(&table, &workspace);
+        assert!(
+            problems.is_empty(),
+            "{document} \"{heading}\" is stale against `cargo metadata` (the column \"depends on \
+             (workspace crates)\" must name exactly the workspace crates each crate depends on):\n  - {}",
+            problems.join("\n  - ")
+        );
+    }
+}
+
+/// A place a row of the "where to change" table names: a path from the repository root (a
+/// directory when it ends with `/`) and the functions or types that must occur in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Place {
+    path: String,
+    names: Vec<String>,
+}
+
+/// Whether `span` is a name as the table writes one: `ident` or `Type::ident`.
+fn is_name(span: &str) -> bool {
+    span.split("::").all(|segment| {
+        segment.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && segment
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// The places one "where" cell names. Every code span is a path (it has a `/`) or a name; a
+/// name belongs to the last path before it. Anything else in backquotes is an error, so the
+/// table cannot name something this check skips.
+fn places(cell: &str) -> Result<Vec<Place>, String> {
+    let mut places: Vec<Place> = Vec::new();
+    for span in code_spans(cell) {
+        if span.contains('/') {
+            places.push(Place {
+                path: span.to_owned(),
+                names: Vec::new(),
+            });
+        } else if !is_name(span) {
+            return Err(format!(
+                "`{span}` is neither a path (with a `/`) nor a function or type name: write it \
+                 without backquotes"
+            ));
+        } else if let Some(place) = places.last_mut() {
+            place.names.push(span.to_owned());
+        } else {
+            return Err(format!(
+                "`{span}` comes before any path: say which file holds it"
+            ));
+        }
+    }
+    if places.is_empty() {
+        return Err("no path in backquotes".to_owned());
+    }
+    Ok(places)
+}
+
+/// Whether `word` occurs in `text` as a whole identifier.
+fn has_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(at, _)| {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        !text[..at].ends_with(ident) && !text[at + word.len()..].starts_with(ident)
+    })
+}
+
+/// The texts a place's names are looked for in: the file, or every file under the directory.
+fn place_texts(path: &Path) -> Vec<String> {
+    if path.is_file() {
+        return fs::read_to_string(path).into_iter().collect();
+    }
+    scanned_files(path)
+        .iter()
+        .filter_map(|file| fs::read_to_string(file).ok())
+        .collect()
+}
+
+/// What is wrong with one place, one line each: a path that is not there (or not the kind the
+/// trailing `/` says), a name its file does not hold.
+fn place_problems(root: &Path, place: &Place) -> Vec<String> {
+    let path = root.join(&place.path);
+    let exists = if place.path.ends_with('/') {
+        path.is_dir()
+    } else {
+        path.is_file()
+    };
+    if !exists {
+        let kind = if place.path.ends_with('/') {
+            "directory"
+        } else {
+            "file"
+        };
+        return vec![format!("`{}`: no such {kind}", place.path)];
+    }
+    let texts = place_texts(&path);
+    place
+        .names
+        .iter()
+        .filter(|name| {
+            !name
+                .split("::")
+                .all(|segment| texts.iter().any(|text| has_word(text, segment)))
+        })
+        .map(|name| format!("`{}` does not hold `{name}`", place.path))
+        .collect()
+}
+
+#[test]
+fn every_place_where_to_change_x_names_exists() {
+    let root = cargo_metadata().root;
+    let markdown = fs::read_to_string(root.join(ARCHITECTURE)).expect("read the architecture doc");
+    let table = section(&markdown, WHERE_SECTION)
+        .unwrap_or_else(|| panic!("{ARCHITECTURE} has no \"## {WHERE_SECTION}\" section"));
+    let rows = table_rows(table, "to change", ARCHITECTURE);
+    assert!(
+        rows.len() >= 12,
+        "{ARCHITECTURE} \"{WHERE_SECTION}\" has {} rows: the table or its parser is broken",
+        rows.len()
+    );
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for row in rows {
+        let cells = cells(row);
+        let (change, cell) = (&cells[0], &cells[cells.len() - 1]);
+        match places(cell) {
+            Err(problem) => problems.push(format!("\"{change}\": {problem}")),
+            Ok(places) => {
+                for place in &places {
+                    checked += 1;
+                    problems.extend(
+                        place_problems(&root, place)
+                            .into_iter()
+                            .map(|problem| format!("\"{change}\": {problem}")),
+                    );
+                }
+            }
+        }
+    }
     assert!(
         problems.is_empty(),
-        "{ARCHITECTURE} \"{CRATES_SECTION}\" is stale against `cargo metadata` (the column \"depends on \
-         (workspace crates)\" must name exactly the workspace crates each crate depends on):\n  - {}",
+        "{ARCHITECTURE} \"{WHERE_SECTION}\" names places that are not there ({checked} paths \
+         checked); say where the change is made now:\n  - {}",
         problems.join("\n  - ")
     );
+}
+
+/// The "where" cells' reading on the forms the table uses, and the errors it must not let pass.
+#[test]
+fn the_where_table_reader_finds_paths_and_names() {
+    let place = |path: &str, names: &[&str]| Place {
+        path: path.to_owned(),
+        names: names.iter().map(|n| (*n).to_owned()).collect(),
+    };
+    assert_eq!(
+        places("`crates/a/src/x.rs` (`run`, `Loop::decide`); tests in `it/` and `.sqlx/`"),
+        Ok(vec![
+            place("crates/a/src/x.rs", &["run", "Loop::decide"]),
+            place("it/", &[]),
+            place(".sqlx/", &[]),
+        ])
+    );
+    assert!(places("`run` in `crates/a/src/x.rs`").is_err());
+    assert!(places("`crates/a/src/x.rs` with `--flag`").is_err());
+    assert!(places("no code at all").is_err());
+    assert!(has_word("fn decide(&self)", "decide"));
+    assert!(!has_word("fn decide_all(&self)", "decide"));
+    assert!(!has_word("fn undecide(&self)", "decide"));
 }
 
 /// One citation: `file` (as written) and the `section` it names, at `line` of the citing file.
