@@ -48,36 +48,6 @@ const KNOWN_STALE: &[(&str, &str, &str)] = &[
         "Outbox",
         "moved from the README: docs/outbox.md \"The outbox\"",
     ),
-    (
-        "Cargo.toml",
-        "Processor state on disk",
-        "moved: docs/architecture/processor-state.md \"Processor state on disk\"",
-    ),
-    (
-        "crates/outbox-relay/src/relay_loop.rs",
-        "Pitfalls",
-        "moved: docs/architecture/pitfalls.md \"Pitfalls\"",
-    ),
-    (
-        "integration-tests/tests/it/dedup_auth.rs",
-        "Security",
-        "moved: docs/architecture/security.md \"Security\"",
-    ),
-    (
-        "integration-tests/tests/it/dedup_service.rs",
-        "Loop invariants",
-        "moved: docs/architecture/loop-invariants.md \"Loop invariants\"",
-    ),
-    (
-        "integration-tests/tests/it/processor_state.rs",
-        "Processor state on disk",
-        "moved: docs/architecture/processor-state.md \"Processor state on disk\"",
-    ),
-    (
-        "integration-tests/tests/it/resend_spans.rs",
-        "The path of one event",
-        "moved: docs/architecture/event-path.md \"The path of one event\"",
-    ),
 ];
 
 /// Directories never scanned for citations: build output, the local stack's state, git.

@@ -74,7 +74,7 @@ pub(crate) async fn run(
 
 /// xmin mode: the oldest committed row after the cursor, whether or not the read order may
 /// return it yet. A long transaction anywhere on the server holds the read order back
-/// (docs/ARCHITECTURE.md "Outbox") while the rows committed after it wait; the batches alone
+/// (docs/architecture/outbox.md) while the rows committed after it wait; the batches alone
 /// would not show them. Only the next `AGE_HEAD_ROWS` rows in read order are looked at, so a
 /// large backlog costs no more: the order follows transaction ids, so the rows further back are
 /// younger but for rare ones.

@@ -76,6 +76,12 @@ pub struct Config {
     #[arg(long, env = "OUTBOX_IDLE_POSITION_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub idle_position_interval: Duration,
 
+    /// Logical mode: how often the replication session confirms the slot up to the position
+    /// Kafka has committed (a standby status update). Longer: fewer updates, more WAL kept on
+    /// the server; a restart reads from Kafka's position either way.
+    #[arg(long, env = "OUTBOX_SLOT_CONFIRM_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub slot_confirm_interval: Duration,
+
     /// exactly-once (Kafka transactions with the position inside) or at-least-once (position in
     /// PostgreSQL after delivery: a crash repeats records, consumers must dedup by event_id).
     #[arg(long, env = "EOS_GUARANTEE", default_value = "exactly-once")]
@@ -133,7 +139,7 @@ pub struct Config {
     pub log: LogFlags,
 }
 
-/// How the relay finds committed rows (docs/ARCHITECTURE.md "Outbox").
+/// How the relay finds committed rows (docs/architecture/outbox.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RelayMode {
     /// Commit order from a logical replication slot (pgoutput).
@@ -246,6 +252,9 @@ impl Config {
         }
         if self.idle_position_interval.is_zero() {
             return Err("--idle-position-interval must be above 0".into());
+        }
+        if self.slot_confirm_interval.is_zero() {
+            return Err("--slot-confirm-interval must be above 0".into());
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ pub enum RelayError {
     Position { relay: String, detail: String },
     /// Logical mode: the replication slot is missing, invalidated, ahead of Kafka's position or
     /// not the relay's, or returned what cannot be decoded. Resuming would skip or repeat rows,
-    /// so stop and let an operator decide (docs/ARCHITECTURE.md "Outbox").
+    /// so stop and let an operator decide (docs/architecture/outbox.md).
     #[error("replication slot {slot}: {detail}")]
     Slot { slot: String, detail: String },
     /// A row cannot be turned into a valid envelope (it was written around the table's checks):
@@ -37,6 +37,18 @@ pub enum RelayError {
     Kafka(#[from] KafkaError),
     #[error("PostgreSQL: {0}")]
     Database(#[from] sqlx::Error),
+    /// Logical mode: the replication session on the slot failed or ended (the server went away,
+    /// the connection broke, another session holds the slot). Retried like a database error:
+    /// a new session starts at the relay's position.
+    #[error("replication session on slot {slot}: {detail}")]
+    Replication { slot: String, detail: String },
+}
+
+impl RelayError {
+    /// PostgreSQL did not answer or broke off: the same work is tried again after a while.
+    pub fn is_database_outage(&self) -> bool {
+        matches!(self, Self::Database(_) | Self::Replication { .. })
+    }
 }
 
 impl From<eos_runtime::transactional_producer::ProducerError> for RelayError {

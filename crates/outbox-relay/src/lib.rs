@@ -13,6 +13,7 @@ mod backlog_watch;
 pub mod config;
 pub mod error;
 pub mod logical;
+pub mod logical_stream;
 pub mod metrics;
 pub mod pgoutput;
 pub mod position_topic;
@@ -156,9 +157,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         poll_interval: config.poll_interval,
         linger: config.linger,
         transaction_timeout: config.transaction_timeout,
-        logical: (config.mode() == RelayMode::Logical).then(|| {
-            logical::LogicalSource::new(pool.clone(), config.slot_name(), config.publication_name())
-        }),
+        logical: match config.mode() {
+            RelayMode::Logical => Some(logical::LogicalSource::new(
+                pool.clone(),
+                config.slot_name(),
+                config.publication_name(),
+                logical_stream::ReplicationTarget::from_url(config.database.url())?
+                    .with_confirm_interval(config.slot_confirm_interval),
+            )),
+            RelayMode::Xmin => None,
+        },
         idle_position_interval: config.idle_position_interval,
     };
     let progress = ProgressWatch::spawn("outbox-relay", config.stall.policy(), &ops.stalls)

@@ -1,16 +1,20 @@
-//! The logical mode's source (docs/ARCHITECTURE.md "Outbox"): the outbox table's inserts in
-//! commit order, decoded by `pgoutput` from a logical replication slot through the SQL interface
-//! (`pg_logical_slot_peek_binary_changes`). Only each insert's `position` is taken from the WAL;
-//! the rows are then loaded from the table, so `eos_outbox_enqueue` and everything that reads the
-//! table stay as they are.
+//! The logical mode's source (docs/architecture/outbox.md): the outbox table's inserts in commit
+//! order, decoded by `pgoutput` from a logical replication slot. Reads go through a replication
+//! session on the slot (`logical_stream`: each change decoded once, as the WAL is written); the
+//! first start's pass over the rows that were in the table before the slot existed peeks the slot
+//! through the SQL interface (`pg_logical_slot_peek_binary_changes`), with no session open. Only
+//! each insert's `position` is taken from the WAL; the rows are then loaded from the table, so
+//! `eos_outbox_enqueue` and everything that reads the table stay as they are.
 //!
-//! A peek leaves the slot where it is: the slot moves (`pg_replication_slot_advance`) only to a
-//! position Kafka has committed, so a crash anywhere re-decodes what Kafka may not hold. A slot
-//! that lags behind Kafka's position is harmless: transactions whose commit record starts before
-//! the position are skipped, exactly as PostgreSQL skips them for a slot at that position.
+//! The slot moves only to a position Kafka has committed (the session's standby status updates,
+//! or `pg_replication_slot_advance` while no session is open), so a crash anywhere decodes again
+//! what Kafka may not hold. A slot that lags behind Kafka's position is harmless: transactions
+//! whose commit record starts before the position are skipped, exactly as PostgreSQL skips them
+//! for a session started at that position.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
@@ -21,6 +25,7 @@ use tokio::sync::Mutex;
 use eos_outbox::{OutboxCursor, OutboxRow, read_positions, read_visible_after};
 
 use crate::error::RelayError;
+use crate::logical_stream::{ReplicationTarget, WalStream};
 use crate::pgoutput::{self, Lsn, Message};
 use crate::position_topic::RelayPosition;
 
@@ -29,6 +34,9 @@ const OUTBOX_TABLE: &str = "eos_outbox";
 /// How long the first start waits for the WAL it read to be flushed (an asynchronous commit is
 /// flushed within three `wal_writer_delay`s).
 const FLUSH_WAIT: Duration = Duration::from_secs(30);
+/// How long a stream read waits for the WAL's marks (a pool connection, one query) before it
+/// reads without them: a server shutting down refuses connections, and waits for the session.
+const MARKS_WAIT: Duration = Duration::from_millis(500);
 /// How long a decoded row may stay invisible (its transaction committed in the WAL, not yet in
 /// the snapshots: a synchronous standby's confirmation) before the relay stops.
 const VISIBLE_WAIT: Duration = Duration::from_secs(60);
@@ -74,21 +82,40 @@ pub struct TxnAssembler {
 }
 
 impl TxnAssembler {
+    /// One message of a peek, begin and commit included.
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), String> {
         self.done.messages += 1;
         match pgoutput::decode(bytes).map_err(|e| e.to_string())? {
-            Message::Begin(begin) => {
-                if self.open.is_some() {
-                    return Err(format!("begin of xid {} inside a transaction", begin.xid));
-                }
-                self.open = Some(DecodedTxn {
-                    xid: begin.xid,
-                    commit_lsn: begin.final_lsn,
-                    end_lsn: begin.final_lsn,
-                    commit_time: begin.commit_time,
-                    positions: Vec::new(),
-                });
+            Message::Begin(begin) => self.begin(begin.xid, begin.final_lsn, begin.commit_time),
+            Message::Commit(commit) => {
+                self.commit(commit.commit_lsn, commit.end_lsn, commit.commit_time)
             }
+            message => self.change(message),
+        }
+    }
+
+    /// A transaction's begin (the stream hands it over decoded).
+    pub fn begin(&mut self, xid: u32, final_lsn: Lsn, commit_time: i64) -> Result<(), String> {
+        if self.open.is_some() {
+            return Err(format!("begin of xid {xid} inside a transaction"));
+        }
+        self.open = Some(DecodedTxn {
+            xid,
+            commit_lsn: final_lsn,
+            end_lsn: final_lsn,
+            commit_time,
+            positions: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// A message between a begin and its commit, as pgoutput encoded it.
+    pub fn change_bytes(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.change(pgoutput::decode(bytes).map_err(|e| e.to_string())?)
+    }
+
+    fn change(&mut self, message: Message) -> Result<(), String> {
+        match message {
             Message::Relation(relation) => {
                 let position = (relation.name == OUTBOX_TABLE)
                     .then(|| relation.columns.iter().position(|c| c == "position"))
@@ -124,18 +151,44 @@ impl TxnAssembler {
                 };
                 txn.positions.push(position);
             }
-            Message::Commit(commit) => {
-                let mut txn = self.open.take().ok_or("a commit outside a transaction")?;
-                txn.commit_lsn = commit.commit_lsn;
-                txn.end_lsn = commit.end_lsn;
-                txn.commit_time = commit.commit_time;
-                // A transaction with no outbox insert still moves the position (pgoutput before
-                // PostgreSQL 15 sends those too), so it is kept for its LSNs.
-                self.done.txns.push(txn);
+            Message::Begin(begin) => {
+                return Err(format!(
+                    "begin of xid {} handed over as a change",
+                    begin.xid
+                ));
             }
+            Message::Commit(_) => return Err("a commit handed over as a change".into()),
             Message::Other(_) => {}
         }
         Ok(())
+    }
+
+    /// A transaction's commit: the transaction, done (the stream takes it at once; a peek's
+    /// are kept for [`Self::finish`]).
+    pub fn commit(
+        &mut self,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time: i64,
+    ) -> Result<(), String> {
+        let mut txn = self.open.take().ok_or("a commit outside a transaction")?;
+        txn.commit_lsn = commit_lsn;
+        txn.end_lsn = end_lsn;
+        txn.commit_time = commit_time;
+        // A transaction with no outbox insert still moves the position (pgoutput before
+        // PostgreSQL 15 sends those too), so it is kept for its LSNs.
+        self.done.txns.push(txn);
+        Ok(())
+    }
+
+    /// The transactions committed since the last call (the stream's reads).
+    pub fn take_committed(&mut self) -> Vec<DecodedTxn> {
+        std::mem::take(&mut self.done.txns)
+    }
+
+    /// A transaction has begun and not committed yet.
+    pub fn in_transaction(&self) -> bool {
+        self.open.is_some()
     }
 
     pub fn finish(self) -> Result<Decoded, String> {
@@ -178,10 +231,18 @@ pub struct LogicalSource {
     pool: PgPool,
     slot: String,
     publication: String,
-    /// PostgreSQL lets one backend at a time use a slot: a read and an advance take turns. It
-    /// guards the slot's confirmed position as this relay last set or read it (`None`: not
-    /// known yet); nothing else moves the slot while the relay holds it.
+    target: ReplicationTarget,
+    /// PostgreSQL lets one backend at a time use a slot: the SQL calls on it (the first start's
+    /// peeks, advances while no session is open) take turns, and a session is closed before
+    /// them. It guards the slot's confirmed position as this relay last set or read it (`None`:
+    /// not known yet); nothing else moves the slot while the relay holds it.
     slot_lock: Arc<Mutex<Option<Lsn>>>,
+    /// The replication session the reads go on with (`None`: none open, or a read was cut off
+    /// and the next starts a new one).
+    stream: Arc<Mutex<Option<WalStream>>>,
+    /// The highest position Kafka has committed that this relay was told of: what a session
+    /// may confirm.
+    committed: Arc<AtomicU64>,
 }
 
 fn slot_error(slot: &str, detail: impl Into<String>) -> RelayError {
@@ -192,12 +253,15 @@ fn slot_error(slot: &str, detail: impl Into<String>) -> RelayError {
 }
 
 impl LogicalSource {
-    pub fn new(pool: PgPool, slot: String, publication: String) -> Self {
+    pub fn new(pool: PgPool, slot: String, publication: String, target: ReplicationTarget) -> Self {
         Self {
             pool,
             slot,
             publication,
+            target,
             slot_lock: Arc::new(Mutex::new(None)),
+            stream: Arc::new(Mutex::new(None)),
+            committed: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -298,7 +362,7 @@ impl LogicalSource {
                 &self.slot,
                 "was invalidated (wal_status lost: the WAL it needed was removed, e.g. past \
                  max_slot_wal_keep_size), so the changes after its position are gone. Recover \
-                 as for a dropped slot (docs/ARCHITECTURE.md \"Outbox\")",
+                 as for a dropped slot (docs/architecture/outbox.md)",
             ));
         }
         let confirmed = state
@@ -332,8 +396,20 @@ impl LogicalSource {
         Ok(lsn)
     }
 
-    /// Moves the slot to `to`, a position Kafka has committed; never back.
+    /// Moves the slot to `to`, a position Kafka has committed; never back. With a session open,
+    /// the session confirms it (within a second); a read in progress passes it on when it ends.
     pub async fn advance(&self, to: Lsn) -> Result<(), RelayError> {
+        self.committed.fetch_max(to.0, Ordering::SeqCst);
+        match self.stream.try_lock() {
+            Ok(stream) => match stream.as_ref() {
+                Some(stream) => {
+                    stream.acknowledge(to);
+                    return Ok(());
+                }
+                None => drop(stream),
+            },
+            Err(_) => return Ok(()),
+        }
         let mut position = self.slot_lock.lock().await;
         let Some(state) = self.slot_state().await? else {
             return Err(slot_error(&self.slot, "was dropped while the relay ran"));
@@ -345,13 +421,22 @@ impl LogicalSource {
         {
             return Ok(());
         }
-        sqlx::query("SELECT pg_replication_slot_advance($1, $2::TEXT::pg_lsn)")
-            .bind(&self.slot)
-            .bind(to.to_string())
-            .execute(&self.pool)
-            .await?;
+        let advance = || {
+            sqlx::query("SELECT pg_replication_slot_advance($1, $2::TEXT::pg_lsn)")
+                .bind(&self.slot)
+                .bind(to.to_string())
+                .execute(&self.pool)
+        };
+        retry_while_slot_in_use(advance).await?;
         *position = Some(to);
         Ok(())
+    }
+
+    /// Ends the replication session, if one is open, so SQL calls can use the slot.
+    async fn close_stream(&self) {
+        if let Some(stream) = self.stream.lock().await.take() {
+            stream.close().await;
+        }
     }
 
     /// The slot's confirmed position: as this relay last moved it, or read from the server.
@@ -389,18 +474,21 @@ impl LogicalSource {
     /// the slot's position; with `limit`, decoding stops at the first commit past that many
     /// messages.
     pub async fn decode(&self, upto: Lsn, limit: Option<i32>) -> Result<Decoded, RelayError> {
+        self.close_stream().await;
         let _slot = self.slot_lock.lock().await;
-        let rows = sqlx::query(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::TEXT::pg_lsn, $3,
-                 'proto_version', '1', 'publication_names', $4)",
-        )
-        .bind(&self.slot)
-        .bind(upto.to_string())
-        .bind(limit)
-        .bind(format!("\"{}\"", self.publication))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|error| {
+        let publications = format!("\"{}\"", self.publication);
+        let peek = || {
+            sqlx::query(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::TEXT::pg_lsn, $3,
+                     'proto_version', '1', 'publication_names', $4)",
+            )
+            .bind(&self.slot)
+            .bind(upto.to_string())
+            .bind(limit)
+            .bind(&publications)
+            .fetch_all(&self.pool)
+        };
+        let rows = retry_while_slot_in_use(peek).await.map_err(|error| {
             let code = error
                 .as_database_error()
                 .and_then(|e| e.code())
@@ -411,7 +499,7 @@ impl LogicalSource {
                     &self.slot,
                     format!(
                         "cannot be read: {error}. The relay does not guess where to resume \
-                         (docs/ARCHITECTURE.md \"Outbox\")"
+                         (docs/architecture/outbox.md)"
                     ),
                 ),
                 // object_not_in_prerequisite_state: invalidated, its WAL removed.
@@ -449,42 +537,81 @@ impl LogicalSource {
         }
     }
 
-    /// The transactions after `after`, about `limit` messages of them. A peek decodes from the
-    /// slot's position, which is behind `after` while the batch before commits (a prefetch) and
-    /// until the slot is next advanced: a peek of `limit` messages can end before `after` and
-    /// return nothing new. Such a read would find the same nothing for as long as the slot stays
-    /// where it is (a relay once stopped for good that way on any backlog of more than two
-    /// batches), so it decodes further, twice as far each time, until it passes `after`.
+    /// The transactions after `after`, about `limit` rows of them, from the replication
+    /// session (`logical_stream`): the one the last read left open if it ended at `after`, else
+    /// a new one starting there.
     async fn read_stream(&self, after: Lsn, limit: i64) -> Result<LogicalRead, RelayError> {
-        let marks = self.marks().await?;
-        let upto = marks.flush_lsn.max(after);
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        // Behind by the batch in flight, typically: decode that and a batch after it at once.
-        let mut peek_limit = match self.slot_position().await? {
-            Some(slot) if slot < after => limit.saturating_mul(2),
-            _ => limit,
-        };
-        let (positions, lsn, more) = loop {
-            let decoded = self.decode(upto, Some(peek_limit)).await?;
-            match judge_peek(&decoded, peek_limit, after, upto) {
-                PeekJudgement::Read {
-                    positions,
-                    next,
-                    more,
-                } => break (positions, next, more),
-                PeekJudgement::DecodeFurther => peek_limit = peek_limit.saturating_mul(2),
+        // The session goes on while PostgreSQL refuses queries: a server shutting down waits for
+        // the session to confirm the end of its WAL, which takes an idle position committed to
+        // Kafka, which takes reads (and loads nothing, with no rows).
+        let marks = match tokio::time::timeout(MARKS_WAIT, self.marks()).await {
+            Ok(Ok(marks)) => Some(marks),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "reading the stream without the WAL's marks");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(wait = ?MARKS_WAIT, "reading the stream without the WAL's marks: no connection");
+                None
             }
         };
+        let upto = marks.map_or(after, |marks| marks.flush_lsn.max(after));
+        let mut open = self.stream.lock().await;
+        let mut stream = match open.take() {
+            Some(stream) if stream.handed_over() == after => stream,
+            other => {
+                if let Some(stream) = other {
+                    stream.close().await;
+                }
+                let confirmed = self.confirmable().await?;
+                WalStream::start(
+                    &self.target,
+                    (&self.slot, &self.publication),
+                    after,
+                    confirmed,
+                )
+                .await?
+            }
+        };
+        // Taken out while it reads: a read dropped halfway leaves no session behind, and the
+        // next read starts a new one where it is asked to.
+        let read = stream
+            .read(
+                &self.slot,
+                after,
+                upto,
+                usize::try_from(limit).unwrap_or(usize::MAX),
+            )
+            .await?;
+        stream.acknowledge(Lsn(self.committed.load(Ordering::SeqCst)));
+        *open = Some(stream);
+        drop(open);
+        let positions: Vec<i64> = read
+            .txns
+            .iter()
+            .flat_map(|txn| txn.positions.iter().copied())
+            .collect();
         let rows = self.load(&positions).await?;
         Ok(LogicalRead {
             rows,
             position: RelayPosition::Logical {
-                lsn,
+                lsn: read.next,
                 table_after: None,
             },
-            more,
-            purge_mark: Some((marks.xmin, marks.insert_lsn)),
+            more: read.more,
+            purge_mark: marks.map(|marks| (marks.xmin, marks.insert_lsn)),
         })
+    }
+
+    /// What a new session may confirm: the highest position Kafka committed that this relay
+    /// knows of, or the slot's own confirmed position (at or behind Kafka's: the relay checked
+    /// at start-up).
+    async fn confirmable(&self) -> Result<Lsn, RelayError> {
+        let committed = Lsn(self.committed.load(Ordering::SeqCst));
+        if committed.0 > 0 {
+            return Ok(committed);
+        }
+        Ok(self.slot_position().await?.unwrap_or(committed))
     }
 
     /// First start (or a switch from xmin mode): rows committed before the slot's consistent
@@ -662,6 +789,35 @@ pub fn judge_peek(decoded: &Decoded, peek_limit: i32, after: Lsn, upto: Lsn) -> 
         more: cut,
     }
 }
+
+/// Runs `call` again while the slot is still held by a replication session this relay just
+/// closed (SQLSTATE 55006, object_in_use: its walsender has not exited yet), for up to
+/// `SLOT_RELEASE_WAIT`.
+async fn retry_while_slot_in_use<T, F, Fut>(call: F) -> Result<T, sqlx::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let deadline = Instant::now() + SLOT_RELEASE_WAIT;
+    let mut polls = visibility_polls();
+    loop {
+        match call().await {
+            Err(error)
+                if Instant::now() < deadline
+                    && error
+                        .as_database_error()
+                        .and_then(|e| e.code())
+                        .is_some_and(|code| code == "55006") =>
+            {
+                tokio::time::sleep(polls.next().unwrap_or(LONGEST_POLL)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// How long a closed session's walsender may take to let go of the slot.
+const SLOT_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// SQLSTATE 42501 (insufficient_privilege).
 fn privilege_error(error: &sqlx::Error) -> bool {

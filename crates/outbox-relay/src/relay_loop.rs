@@ -3,14 +3,14 @@
 //!
 //! Exactly-once mode: the batch's records and the position record are one Kafka transaction
 //! (`eos_runtime::transactional_producer` classifies its failures, and
-//! `eos_runtime::transaction_recovery` says what follows each, docs/ARCHITECTURE.md "Pitfalls").
+//! `eos_runtime::transaction_recovery` says what follows each, docs/architecture/pitfalls.md).
 //! Aborted: nothing of it is visible, and the same rows are read again. Outcome unknown: the
 //! producer is replaced (its `init_transactions` settles the transaction) and the position is read
 //! back from Kafka, which says whether the batch is in. Fenced or fatal: stop. At-least-once mode:
 //! the position is stored in PostgreSQL after Kafka acknowledged the batch, so a crash in between
 //! publishes the batch again.
 //!
-//! Rows are found in one of two ways (docs/ARCHITECTURE.md "Outbox"): `xmin` mode reads the table
+//! Rows are found in one of two ways (docs/architecture/outbox.md): `xmin` mode reads the table
 //! below the server's oldest running transaction (`eos_outbox::reader`); `logical` mode decodes
 //! the outbox's inserts in commit order from a replication slot ([`crate::logical`]), which moves
 //! only after Kafka committed the position it moves to.
@@ -58,9 +58,10 @@ use crate::position_topic::{RelayPosition, position_record, read_position};
 pub const NOTIFY_CHANNEL: &str = "eos_outbox";
 /// Longest wait between attempts while PostgreSQL or the broker is unreachable.
 const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(5);
-/// Logical mode, caught up: the slot is advanced at most this often. Each advance reads the WAL
-/// from the slot's restart_lsn, and a slot a little behind the position costs only WAL kept a
-/// little longer and reads that skip what Kafka holds. While catching up it moves every batch.
+/// Logical mode, caught up: the slot is advanced at most this often (with a replication session
+/// open an advance is only a position the session confirms; without one, the first start's table
+/// pass, `pg_replication_slot_advance` reads the WAL from the slot's restart_lsn). A slot a little
+/// behind the position costs only WAL kept a little longer. While catching up it moves every batch.
 const ADVANCE_INTERVAL: Duration = Duration::from_secs(1);
 /// Purge marks waiting for the position to pass them; older ones are dropped past this many (a
 /// later mark covers more).
@@ -274,7 +275,7 @@ impl RelayLoop {
             };
             let batch = match read {
                 Ok(batch) => batch,
-                Err(RelayError::Database(error)) => {
+                Err(error) if error.is_database_outage() => {
                     database_failures += 1;
                     readiness.set(false);
                     self.progress
@@ -567,7 +568,9 @@ impl RelayLoop {
                     info!(?position, attempt, "recovered; resuming");
                     return Ok(());
                 }
-                Err(error @ (RelayError::Kafka(_) | RelayError::Database(_))) => {
+                Err(error)
+                    if matches!(error, RelayError::Kafka(_)) || error.is_database_outage() =>
+                {
                     self.progress
                         .waiting_for_outage("Kafka and PostgreSQL to recover the position");
                     let delay = delays.next().unwrap_or(MAX_RETRY_BACKOFF);
@@ -655,7 +658,7 @@ fn recover_xmin(
             return Err(position_error(format!(
                 "the last position committed to {} is a logical one (WAL {lsn}); --mode xmin \
                  cannot tell which rows it covers. Run with --mode logical, or see \
-                 docs/ARCHITECTURE.md \"Outbox\" for switching modes",
+                 docs/architecture/outbox.md for switching modes",
                 settings.positions_topic
             )));
         }
@@ -682,7 +685,7 @@ fn recover_xmin(
     }
 }
 
-/// logical mode (docs/ARCHITECTURE.md "Outbox"). Kafka's position is the authority; the slot
+/// logical mode (docs/architecture/outbox.md). Kafka's position is the authority; the slot
 /// must be at or behind it (it is moved up to it here) and still hold its WAL. With no logical
 /// position yet, the slot is created if missing and the rows committed before it existed are
 /// published from the table first: all of them, or those after an xmin-mode position (a relay
@@ -714,7 +717,7 @@ async fn recover_logical(
                 return Err(slot_error(format!(
                     "is at WAL {confirmed}, past relay {}'s position {lsn} in {}: the WAL \
                      between them is released, so rows may be missing from Kafka. Not guessing \
-                     (docs/ARCHITECTURE.md \"Outbox\")",
+                     (docs/architecture/outbox.md)",
                     settings.relay_name, settings.positions_topic
                 )));
             }
@@ -723,7 +726,7 @@ async fn recover_logical(
                 return Err(slot_error(format!(
                     "relay {}'s position in {} is WAL {lsn}, past the end of this server's WAL \
                      ({end}): another server's position, or a failover lost WAL whose rows were \
-                     published. Not guessing (docs/ARCHITECTURE.md \"Outbox\")",
+                     published. Not guessing (docs/architecture/outbox.md)",
                     settings.relay_name, settings.positions_topic
                 )));
             }

@@ -1,4 +1,4 @@
-//! dedup-service's gRPC security (docs/ARCHITECTURE.md "Security"), against the real
+//! dedup-service's gRPC security (docs/architecture/security.md), against the real
 //! binary and real PostgreSQL: bearer tokens with client and operator roles, fencing secrets
 //! that a guessed counter cannot stand in for, mTLS with certificates made here with rcgen, and
 //! the sink-writer's provider target passing an exact run over mTLS + token.

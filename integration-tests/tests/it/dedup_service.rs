@@ -1273,7 +1273,7 @@ async fn dedup_begin_batch_answers_every_item_in_order() -> anyhow::Result<()> {
     db.drop_database().await
 }
 
-/// Group commit (docs/ARCHITECTURE.md "Loop invariants", dedup-service): many single calls in
+/// Group commit (docs/architecture/loop-invariants.md, dedup-service): many single calls in
 /// flight at once, several with the same operation id and Begins mixed with Completes, each get
 /// the answer a sequential run of the same calls gives: per id exactly one Begin acquires and
 /// every other sees it in progress with the same holder; every Complete with the right token

@@ -265,19 +265,16 @@ impl Outbox {
         ))
     }
 
-    /// With an exactly-once relay frozen: whether Kafka holds a committed position that
-    /// PostgreSQL does not know yet — in logical mode past the slot's confirmed position (a batch
-    /// committed, the slot not advanced), in xmin mode past the position copy in PostgreSQL (the
-    /// copy not yet written) — while rows are still to publish. A restart then must resume from
-    /// Kafka's position and skip what the slot or the table still offers: the worst moment for a
-    /// kill. `None` when not, or when something moved during the look.
+    /// With an exactly-once xmin relay frozen: whether Kafka holds a committed position past the
+    /// position copy in PostgreSQL (the copy not yet written) while rows are still to publish. A
+    /// restart then must resume from Kafka's position and skip what the table still offers: the
+    /// worst moment for a kill. `None` when not, or when something moved during the look.
     async fn committed_past_what_postgres_knows(&self) -> anyhow::Result<Option<String>> {
         let last = self.last_cursor().await?;
         let relayed = relayed_position(&self.db.pool, &self.relay_name).await?;
         if relayed.is_some_and(|relayed| relayed >= last) {
             return Ok(None);
         }
-        let slot = self.slot_lsn().await?;
         let (bootstrap, topic, relay_name) = (
             self.bootstrap.clone(),
             self.positions_topic.clone(),
@@ -294,32 +291,15 @@ impl Outbox {
             )
         })
         .await?;
-        let Ok(Some(in_kafka)) = in_kafka else {
+        let Ok(Some(RelayPosition::Xmin(cursor))) = in_kafka else {
             return Ok(None);
         };
-        if relayed_position(&self.db.pool, &self.relay_name).await? != relayed
-            || self.slot_lsn().await? != slot
-        {
+        if relayed_position(&self.db.pool, &self.relay_name).await? != relayed {
             return Ok(None);
         }
-        Ok(match (self.mode, in_kafka) {
-            (
-                Mode::Logical,
-                RelayPosition::Logical {
-                    lsn,
-                    table_after: None,
-                },
-            ) => slot.filter(|&slot| slot < lsn.0 as i64).map(|slot| {
-                let slot = outbox_relay::pgoutput::Lsn(slot as u64);
-                format!("Kafka's position at WAL {lsn}, the slot at {slot}")
-            }),
-            (Mode::Xmin, RelayPosition::Xmin(cursor)) => {
-                relayed.is_none_or(|relayed| relayed < cursor).then(|| {
-                    format!("Kafka's position at {cursor:?}, PostgreSQL's copy at {relayed:?}")
-                })
-            }
-            _ => None,
-        })
+        Ok(relayed
+            .is_none_or(|relayed| relayed < cursor)
+            .then(|| format!("Kafka's position at {cursor:?}, PostgreSQL's copy at {relayed:?}")))
     }
 
     /// The outbox's last row, in (order_xid, position) order.
@@ -1626,6 +1606,102 @@ const BACKLOG_DRAIN_BOUND: Duration = Duration::from_secs(60);
 /// How long the catch-up's kill may look for its moment.
 const BACKLOG_AIM_WITHIN: Duration = Duration::from_secs(60);
 
+/// xmin mode: the catch-up SIGKILLed with batches committed in Kafka that PostgreSQL's copy of
+/// the position does not know of. An xmin relay drains such a backlog in well under a second and
+/// writes its copy a few milliseconds after each Kafka commit, so a look finds that moment by
+/// chance only: a lock on the relay's row holds the copy back (the relay publishes a second batch,
+/// then waits on the first write) until the kill.
+async fn kill_xmin_catch_up_ahead_of_its_copy(
+    outbox: &Outbox,
+    batch: &[&str],
+) -> anyhow::Result<()> {
+    let mut copy_held = hold_relay_position_row(outbox).await?;
+    let mut relay = outbox.spawn_relay("exactly-once", batch)?;
+    tokio::task::block_in_place(|| {
+        relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
+    })?;
+    let handle = tokio::runtime::Handle::current();
+    let aimed = tokio::task::block_in_place(|| {
+        kill_when(&mut relay, BACKLOG_AIM_WITHIN, || {
+            handle.block_on(outbox.committed_past_what_postgres_knows())
+        })
+    })?
+    .with_context(|| {
+        format!(
+            "no moment in {BACKLOG_AIM_WITHIN:?} with a batch in Kafka that PostgreSQL did not \
+             know of and rows left to publish\n{}",
+            relay.log_tail(30)
+        )
+    })?;
+    eprintln!("xmin mode: killed mid catch-up: {aimed}");
+    sqlx::query("ROLLBACK").execute(&mut copy_held).await?;
+    copy_held.close().await?;
+    Ok(())
+}
+
+/// Logical mode: the catch-up SIGKILLed once it has published its first batch, long before the
+/// end, with its slot confirmed only at the session's start (`--slot-confirm-interval 1h`), so
+/// Kafka holds batches the slot does not know of. (A look while the relay is frozen finds it
+/// inside a Kafka transaction nearly every time — a streaming relay starts the next at once —
+/// and cannot read its position then.) Returns the slot's position after the kill, in bytes;
+/// the restart checks that Kafka's is ahead of it.
+async fn kill_logical_catch_up_ahead_of_its_slot(
+    outbox: &Outbox,
+    batch: &[&str],
+    backlog: i64,
+) -> anyhow::Result<i64> {
+    let mut args = batch.to_vec();
+    args.extend(["--slot-confirm-interval", "1h"]);
+    let mut relay = outbox.spawn_relay("exactly-once", &args)?;
+    let addr: std::net::SocketAddr = tokio::task::block_in_place(|| {
+        relay.wait_for_log_field("metrics_addr", Duration::from_secs(60))
+    })?
+    .parse()?;
+    let deadline = Instant::now() + BACKLOG_AIM_WITHIN;
+    let published = loop {
+        let published = tokio::task::block_in_place(|| {
+            records_published(addr).context("scraping the relay's metrics")
+        })?;
+        if published > 0.0 {
+            break published;
+        }
+        anyhow::ensure!(
+            relay.is_running() && Instant::now() < deadline,
+            "the catch-up published nothing within {BACKLOG_AIM_WITHIN:?}\n{}",
+            relay.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let status = relay.kill_hard()?;
+    anyhow::ensure!(status.code().is_none(), "exited before the kill: {status}");
+    anyhow::ensure!(
+        published < backlog as f64,
+        "killed after all {published} rows were published, not mid catch-up"
+    );
+    let slot = outbox
+        .slot_lsn()
+        .await?
+        .context("the relay's slot is gone")?;
+    eprintln!(
+        "logical mode: killed mid catch-up, {published} rows published, the slot at byte {slot}"
+    );
+    Ok(slot)
+}
+
+/// The relay's `outbox_relay_records_published_total`.
+fn records_published(addr: std::net::SocketAddr) -> anyhow::Result<f64> {
+    let text = reqwest::blocking::get(format!("http://{addr}/metrics"))?.text()?;
+    Ok(text
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("outbox_relay_records_published_total ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0))
+}
+
 /// A session that holds a lock on the relay's row of `eos_outbox_relay_positions` until it
 /// ends: the relay's writes of its published position wait on it.
 async fn hold_relay_position_row(outbox: &Outbox) -> anyhow::Result<PgConnection> {
@@ -1680,39 +1756,31 @@ async fn backlog_drains_under_a_kill_in(mode: Mode) -> anyhow::Result<()> {
     assert!(backlog - 20 >= 20 * BATCH, "a backlog of {backlog} rows");
 
     // The catch-up, SIGKILLed at its worst moment: a batch committed in Kafka that the slot (or
-    // PostgreSQL's position copy) does not know of yet, with rows still to publish. An xmin relay
-    // drains such a backlog in well under a second and writes its copy a few milliseconds after
-    // each Kafka commit, so a look finds that moment by chance only: a lock on the relay's row
-    // holds the copy back (its relay publishes a second batch, then waits on the first write).
-    let copy_held = match mode {
-        Mode::Xmin => Some(hold_relay_position_row(&outbox).await?),
-        Mode::Logical => None,
+    // PostgreSQL's position copy) does not know of yet, with rows still to publish.
+    let slot_before_kill = match mode {
+        Mode::Xmin => {
+            kill_xmin_catch_up_ahead_of_its_copy(&outbox, &batch).await?;
+            None
+        }
+        Mode::Logical => {
+            Some(kill_logical_catch_up_ahead_of_its_slot(&outbox, &batch, backlog - 20).await?)
+        }
     };
-    let mut relay = outbox.spawn_relay("exactly-once", &batch)?;
-    outbox
-        .wait_publishing(&mut relay, || copy_held.is_some())
-        .await?;
-    let handle = tokio::runtime::Handle::current();
-    let aimed = tokio::task::block_in_place(|| {
-        kill_when(&mut relay, BACKLOG_AIM_WITHIN, || {
-            handle.block_on(outbox.committed_past_what_postgres_knows())
-        })
-    })?
-    .with_context(|| {
-        format!(
-            "no moment in {BACKLOG_AIM_WITHIN:?} with a batch in Kafka that PostgreSQL did not \
-             know of and rows left to publish\n{}",
-            relay.log_tail(30)
-        )
-    })?;
-    eprintln!("{} mode: killed mid catch-up: {aimed}", mode.as_str());
-    if let Some(mut copy_held) = copy_held {
-        sqlx::query("ROLLBACK").execute(&mut copy_held).await?;
-        copy_held.close().await?;
-    }
     outbox.end_sessions_of_a_killed_relay().await?;
     let restarted = Instant::now();
     let mut relay = outbox.spawn_relay("exactly-once", &batch)?;
+    if let Some(slot) = slot_before_kill {
+        let resumed = tokio::task::block_in_place(|| {
+            relay.wait_for_log_line(RESUMING_LOG_LINE, Duration::from_secs(60))
+        })?;
+        let kafka = log_field(&resumed, "lsn")?;
+        anyhow::ensure!(
+            kafka > slot,
+            "the kill did not land with Kafka ahead of the slot: Kafka's position {kafka}, the \
+             slot's {slot}"
+        );
+        eprintln!("logical mode: the restart resumes at WAL byte {kafka}, the slot was at {slot}");
+    }
     outbox
         .wait_relayed_within(&relay, BACKLOG_DRAIN_BOUND)
         .await?;

@@ -1,4 +1,4 @@
-//! The processor's state on disk (docs/ARCHITECTURE.md, "Processor state on disk"): a processor
+//! The processor's state on disk (docs/architecture/processor-state.md): a processor
 //! SIGKILLed and restarted with the same `--state-dir` reads only the changelog's tail from its
 //! local checkpoint (warm restore); with the state directory deleted it reads the whole
 //! changelog (cold restore). Either way, re-sent events are still dropped as duplicates: the

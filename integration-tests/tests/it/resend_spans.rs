@@ -1,5 +1,5 @@
-//! payments-api's request spans say which payment a request is about (docs/ARCHITECTURE.md "The
-//! path of one event": one trace per event_id): a resend answered from its Idempotency-Key and a
+//! payments-api's request spans say which payment a request is about
+//! (docs/architecture/event-path.md: one trace per event_id): a resend answered from its Idempotency-Key and a
 //! refused reuse of the key carry the event_id of the payment the key belongs to, never an id no
 //! payment has, and join that payment's trace, so one search by a payment's id finds every
 //! request about it. A resend from a caller with a trace of its own links to the caller's span.

@@ -1,6 +1,6 @@
 //! `eos-lab bench relay --blocker 60s`: commit → visible of both relay modes side by side while a
 //! write transaction stays open in another database of the same server — what the xmin mode
-//! waits for and the logical mode does not (docs/ARCHITECTURE.md "Outbox"). Printed, not
+//! waits for and the logical mode does not (docs/architecture/outbox.md). Printed, not
 //! asserted.
 //!
 //! One scratch database per mode plus one for the blocker, created next to `--database-url` and
@@ -28,6 +28,7 @@ use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_testkit::bench_figures::load_average;
 use outbox_relay::logical::LogicalSource;
+use outbox_relay::logical_stream::ReplicationTarget;
 use outbox_relay::relay_loop::RelaySettings;
 
 /// What one mode measured.
@@ -49,9 +50,8 @@ pub struct StalenessReport {
     pub load_before: Option<[f64; 3]>,
     pub modes: Vec<ModeStaleness>,
     /// The most WAL the logical relay's slot held during the run (its restart_lsn stays behind
-    /// the blocker's first record), and what one read took then.
+    /// the blocker's first record).
     pub slot_retained_wal_bytes_max: i64,
-    pub logical_read_ms_at_end: f64,
 }
 
 /// The logical mode's commit → visible p99 target under the blocker, in milliseconds.
@@ -107,13 +107,22 @@ pub async fn measure(
         server: PgConnectOptions::from_str(database_url)?,
         names: Vec::new(),
     };
-    let result = run(&mut scratch, kafka, blocker, rate, load_before).await;
+    let result = run(
+        &mut scratch,
+        database_url,
+        kafka,
+        blocker,
+        rate,
+        load_before,
+    )
+    .await;
     scratch.drop_all(database_url).await;
     result
 }
 
 async fn run(
     scratch: &mut Scratch,
+    database_url: &str,
     kafka: &ClientConfig,
     blocker: Duration,
     rate: f64,
@@ -132,6 +141,8 @@ async fn run(
     let blocker_pool = scratch
         .create(format!("eos_bench_stale_blocker_{pid}"))
         .await?;
+    let replication_target = ReplicationTarget::from_url(database_url)?
+        .with_database(format!("eos_bench_stale_logical_{pid}"));
 
     let (sender, receiver) = std::sync::mpsc::channel::<(String, Instant)>();
     let stop = Arc::new(AtomicBool::new(false));
@@ -192,6 +203,7 @@ async fn run(
                     pool.clone(),
                     outbox_relay::config::slot_name_from(&relay_name),
                     "eos_outbox".into(),
+                    replication_target.clone(),
                 )
             }),
             idle_position_interval: Duration::from_secs(5),
@@ -241,24 +253,18 @@ async fn run(
     // What the slot holds, and what one read costs, while the blocker is open.
     let logical_pool = outboxes[1].1.clone();
     let slot = outbox_relay::config::slot_name_from(&format!("bench-stale-logical-{pid}"));
-    let source = LogicalSource::new(logical_pool, slot, "eos_outbox".into());
+    let source = LogicalSource::new(
+        logical_pool,
+        slot,
+        "eos_outbox".into(),
+        replication_target.clone(),
+    );
     let mut retained_max = 0i64;
     while blocked_at.elapsed() < blocker {
         if let Ok(Some(state)) = source.slot_state().await {
             retained_max = retained_max.max(state.retained_bytes.unwrap_or(0));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    // The relay's own reads use the slot too (one backend at a time): tried until it is free.
-    let marks = source.marks().await?;
-    let mut logical_read_ms = f64::NAN;
-    for _ in 0..100 {
-        let read_started = Instant::now();
-        if source.decode(marks.flush_lsn, Some(5000)).await.is_ok() {
-            logical_read_ms = read_started.elapsed().as_secs_f64() * 1e3;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut committed: Vec<(&'static str, HashMap<String, Instant>)> = Vec::new();
     for writer in writers {
@@ -315,7 +321,6 @@ async fn run(
         load_before,
         modes,
         slot_retained_wal_bytes_max: retained_max,
-        logical_read_ms_at_end: logical_read_ms,
     })
 }
 
@@ -348,10 +353,8 @@ impl StalenessReport {
         let _ = writeln!(
             out,
             "  logical target: p99 ≤ {TARGET_LOGICAL_P99_MS:.0} ms; its slot held up to {:.1} MiB \
-             of WAL, and one read took {:.1} ms at the end (each read decodes again from the \
-             slot's restart_lsn, held back by the blocker)",
+             of WAL (its restart_lsn stays behind the blocker's first record)",
             self.slot_retained_wal_bytes_max as f64 / (1024.0 * 1024.0),
-            self.logical_read_ms_at_end
         );
         out
     }
