@@ -1,0 +1,23 @@
+//! Schema-registry formats for eos-suite's boundaries (issue 52): a client of the
+//! Confluent-compatible registry API ([`registry`]: Confluent's own, or Apicurio's
+//! `/apis/ccompat/v7`, which the local stack runs), the Confluent wire format ([`wire`]: magic
+//! byte, schema id, payload; Protobuf's message-index list), and Avro datums to and from the JSON
+//! event model that transforms already see ([`avro`]).
+//!
+//! Guarantees: the registry is asked once per schema, never once per record (ids, subjects'
+//! schemas and parsed schemas are cached; a subject's latest version for a set time); a value is
+//! encoded only when all of it fits its schema, nothing rounded or dropped, and a misfit says
+//! where; bytes decode only when they are exactly the datum of the schema their id names. Every
+//! failure is a [`SchemaError`] whose variant says whether to retry (the registry unreachable) or
+//! to dead-letter the record (bytes or ids that are wrong).
+
+pub mod avro;
+pub mod error;
+pub mod registry;
+pub mod wire;
+
+pub use avro::AvroSchema;
+pub use error::SchemaError;
+pub use registry::{
+    RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType, SubjectVersion,
+};

@@ -1,0 +1,678 @@
+//! A client of the Confluent schema-registry API (`/schemas/ids/{id}`, `/subjects/...`), as
+//! Confluent's registry and Apicurio's `/apis/ccompat/v7` serve it, on the workspace's `reqwest`
+//! (rustls). Everything a record needs is cached: a schema by id forever (an id names one schema
+//! text for good), a subject's registered schema by its text forever, and a subject's latest
+//! version for [`RegistryClient::latest_max_age`], so the registry is asked once per schema, not
+//! once per record.
+//!
+//! A small client of our own rather than `schema_registry_converter`: the caller must tell an
+//! unreachable registry (retry, never skip) from an unknown id (dead letter), which
+//! [`SchemaError`] does, and the decoding into the JSON event model is this crate's own anyway.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+use crate::avro::AvroSchema;
+use crate::error::SchemaError;
+
+/// A schema's id in the registry, the 4 bytes of the wire format. With Apicurio it is the content
+/// id (`apicurio.ccompat.legacy-id-mode.enabled=false`, deploy/local/README.md): one id per
+/// schema text, the same under every subject, as Confluent's registry gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SchemaId(pub u32);
+
+impl fmt::Display for SchemaId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The registry's name for a schema's language; a schema without one is Avro.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum SchemaType {
+    #[default]
+    Avro,
+    Protobuf,
+    Json,
+}
+
+/// A schema another one imports (a Protobuf `import`, an Avro named type of another subject).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SchemaReference {
+    pub name: String,
+    pub subject: String,
+    pub version: i64,
+}
+
+/// A schema's text as the registry keeps it, with its language and references.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Schema {
+    pub schema: String,
+    #[serde(default)]
+    pub schema_type: SchemaType,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub references: Vec<SchemaReference>,
+}
+
+impl Schema {
+    /// An Avro schema's text, without references.
+    pub fn avro(text: impl Into<String>) -> Self {
+        Schema {
+            schema: text.into(),
+            schema_type: SchemaType::Avro,
+            references: Vec::new(),
+        }
+    }
+}
+
+/// One version of a subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectVersion {
+    pub subject: String,
+    pub version: i64,
+    pub id: SchemaId,
+    pub schema: Arc<Schema>,
+}
+
+/// Where and how to reach the registry.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// The API's base, e.g. `http://127.0.0.1:8085/apis/ccompat/v7` (Apicurio) or
+    /// `https://registry.example.com` (Confluent).
+    pub url: String,
+    /// HTTP basic credentials, as Confluent's clients send `basic.auth.user.info`.
+    pub basic_auth: Option<(String, String)>,
+    /// Each request's limit; a request past it is [`SchemaError::Unreachable`].
+    pub request_timeout: Duration,
+    /// How long [`RegistryClient::latest`] keeps a subject's latest version before asking again:
+    /// a producer moving to a new version is seen within this time.
+    pub latest_max_age: Duration,
+}
+
+impl RegistryConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        RegistryConfig {
+            url: url.into(),
+            basic_auth: None,
+            request_timeout: Duration::from_secs(10),
+            latest_max_age: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The registry's error body: `{"error_code": 40403, "message": "Schema 7 not found"}`.
+#[derive(Debug, Default, Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    error_code: i64,
+    #[serde(default)]
+    message: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct IdAnswer {
+    id: SchemaId,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SubjectVersionAnswer {
+    subject: String,
+    version: i64,
+    id: SchemaId,
+    schema: String,
+    #[serde(default)]
+    schema_type: SchemaType,
+    #[serde(default)]
+    references: Vec<SchemaReference>,
+}
+
+impl From<SubjectVersionAnswer> for SubjectVersion {
+    fn from(answer: SubjectVersionAnswer) -> Self {
+        SubjectVersion {
+            subject: answer.subject,
+            version: answer.version,
+            id: answer.id,
+            schema: Arc::new(Schema {
+                schema: answer.schema,
+                schema_type: answer.schema_type,
+                references: answer.references,
+            }),
+        }
+    }
+}
+
+/// What a request was about, so that a 404 becomes the error that names it.
+enum Asked<'a> {
+    Id(SchemaId),
+    Subject(&'a str),
+}
+
+/// Characters escaped in a subject put in a URL path: all but letters, digits and `-._~`, so a
+/// subject such as `payments.v1/value` stays one path segment.
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+#[derive(Default)]
+struct Caches {
+    by_id: HashMap<SchemaId, Arc<Schema>>,
+    avro_by_id: HashMap<SchemaId, Arc<AvroSchema>>,
+    /// Subject and schema → the subject's version of it (register and lookup).
+    registered: HashMap<(String, Schema), SubjectVersionOrId>,
+    latest: HashMap<String, (Instant, SubjectVersion)>,
+}
+
+/// A registration answers only the id; a lookup the whole version.
+#[derive(Clone)]
+enum SubjectVersionOrId {
+    Id(SchemaId),
+    Version(SubjectVersion),
+}
+
+/// The registry client; clone it freely (the clones share the HTTP connections and the caches).
+#[derive(Clone)]
+pub struct RegistryClient {
+    http: reqwest::Client,
+    base: String,
+    basic_auth: Option<(String, String)>,
+    latest_max_age: Duration,
+    caches: Arc<RwLock<Caches>>,
+}
+
+impl fmt::Debug for RegistryClient {
+    // No credentials in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryClient")
+            .field("base", &self.base)
+            .field(
+                "basic_auth",
+                &self.basic_auth.as_ref().map(|(user, _)| user),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+const REGISTRY_JSON: &str = "application/vnd.schemaregistry.v1+json";
+
+impl RegistryClient {
+    /// A client of the registry at `config.url`. Credentials in the URL (`https://user:pass@…`)
+    /// are taken out of it and sent as basic authentication, unless `basic_auth` is given, so that
+    /// the URL in errors and logs never carries a password.
+    pub fn new(config: RegistryConfig) -> Result<Self, SchemaError> {
+        let mut url = reqwest::Url::parse(&config.url)
+            .map_err(|error| SchemaError::InvalidUrl(format!("{error}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
+            return Err(SchemaError::InvalidUrl(format!(
+                "{} is not an http:// or https:// URL",
+                url.scheme()
+            )));
+        }
+        let in_url = (!url.username().is_empty()).then(|| {
+            let decode = |part: &str| {
+                percent_encoding::percent_decode_str(part)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            (
+                decode(url.username()),
+                decode(url.password().unwrap_or_default()),
+            )
+        });
+        // Setting both cannot fail on an http(s) URL, which has a host.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        let http = reqwest::Client::builder()
+            .timeout(config.request_timeout)
+            .build()
+            .map_err(|error| {
+                SchemaError::InvalidUrl(format!("building the HTTP client: {error}"))
+            })?;
+        Ok(RegistryClient {
+            http,
+            base: url.as_str().trim_end_matches('/').to_owned(),
+            basic_auth: config.basic_auth.or(in_url),
+            latest_max_age: config.latest_max_age,
+            caches: Arc::default(),
+        })
+    }
+
+    /// The API's base URL, without credentials.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// How long a subject's latest version is kept before [`RegistryClient::latest`] asks again.
+    pub fn latest_max_age(&self) -> Duration {
+        self.latest_max_age
+    }
+
+    /// The schema with this id (`GET /schemas/ids/{id}`); asked once, kept for good.
+    pub async fn schema_by_id(&self, id: SchemaId) -> Result<Arc<Schema>, SchemaError> {
+        if let Some(schema) = self.read_caches().by_id.get(&id) {
+            return Ok(Arc::clone(schema));
+        }
+        let schema: Schema = self
+            .send(
+                self.http.get(format!("{}/schemas/ids/{id}", self.base)),
+                Asked::Id(id),
+            )
+            .await?;
+        let schema = Arc::new(schema);
+        self.write_caches().by_id.insert(id, Arc::clone(&schema));
+        Ok(schema)
+    }
+
+    /// The Avro schema with this id, parsed once and kept: what decoding a record needs.
+    pub async fn avro_schema(&self, id: SchemaId) -> Result<Arc<AvroSchema>, SchemaError> {
+        if let Some(parsed) = self.read_caches().avro_by_id.get(&id) {
+            return Ok(Arc::clone(parsed));
+        }
+        let schema = self.schema_by_id(id).await?;
+        let label = format!("id {id}");
+        if schema.schema_type != SchemaType::Avro {
+            return Err(SchemaError::InvalidSchema {
+                schema: label,
+                detail: format!("is {:?}, not Avro", schema.schema_type),
+            });
+        }
+        if !schema.references.is_empty() {
+            return Err(SchemaError::InvalidSchema {
+                schema: label,
+                detail:
+                    "references other subjects' schemas, which this client does not resolve yet"
+                        .into(),
+            });
+        }
+        let parsed = Arc::new(AvroSchema::parse(&schema.schema, label)?);
+        self.write_caches()
+            .avro_by_id
+            .insert(id, Arc::clone(&parsed));
+        Ok(parsed)
+    }
+
+    /// Registers `schema` under `subject` (`POST /subjects/{subject}/versions`) and answers its
+    /// id; registering a schema the subject already has answers the existing id. Kept for good,
+    /// so a producer's every record costs no request.
+    pub async fn register(&self, subject: &str, schema: &Schema) -> Result<SchemaId, SchemaError> {
+        let key = (subject.to_owned(), schema.clone());
+        if let Some(known) = self.read_caches().registered.get(&key) {
+            return Ok(match known {
+                SubjectVersionOrId::Id(id) => *id,
+                SubjectVersionOrId::Version(version) => version.id,
+            });
+        }
+        let answer: IdAnswer = self
+            .send(
+                self.http
+                    .post(format!(
+                        "{}/subjects/{}/versions",
+                        self.base,
+                        segment(subject)
+                    ))
+                    .json(schema),
+                Asked::Subject(subject),
+            )
+            .await?;
+        self.write_caches()
+            .registered
+            .insert(key, SubjectVersionOrId::Id(answer.id));
+        Ok(answer.id)
+    }
+
+    /// The subject's version of `schema` (`POST /subjects/{subject}`), without registering it:
+    /// [`SchemaError::NotRegistered`] when the subject does not have it. Kept for good.
+    pub async fn lookup(
+        &self,
+        subject: &str,
+        schema: &Schema,
+    ) -> Result<SubjectVersion, SchemaError> {
+        let key = (subject.to_owned(), schema.clone());
+        if let Some(SubjectVersionOrId::Version(version)) = self.read_caches().registered.get(&key)
+        {
+            return Ok(version.clone());
+        }
+        let answer: SubjectVersionAnswer = self
+            .send(
+                self.http
+                    .post(format!("{}/subjects/{}", self.base, segment(subject)))
+                    .json(schema),
+                Asked::Subject(subject),
+            )
+            .await?;
+        let version = SubjectVersion::from(answer);
+        self.write_caches()
+            .registered
+            .insert(key, SubjectVersionOrId::Version(version.clone()));
+        Ok(version)
+    }
+
+    /// The subject's latest version (`GET /subjects/{subject}/versions/latest`), asked again
+    /// once it is older than [`RegistryConfig::latest_max_age`]. Its schema is cached by id too.
+    pub async fn latest(&self, subject: &str) -> Result<SubjectVersion, SchemaError> {
+        if let Some((fetched, version)) = self.read_caches().latest.get(subject)
+            && fetched.elapsed() < self.latest_max_age
+        {
+            return Ok(version.clone());
+        }
+        let answer: SubjectVersionAnswer = self
+            .send(
+                self.http.get(format!(
+                    "{}/subjects/{}/versions/latest",
+                    self.base,
+                    segment(subject)
+                )),
+                Asked::Subject(subject),
+            )
+            .await?;
+        let version = SubjectVersion::from(answer);
+        let mut caches = self.write_caches();
+        caches
+            .by_id
+            .entry(version.id)
+            .or_insert_with(|| Arc::clone(&version.schema));
+        caches
+            .latest
+            .insert(subject.to_owned(), (Instant::now(), version.clone()));
+        Ok(version)
+    }
+
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+        asked: Asked<'_>,
+    ) -> Result<T, SchemaError> {
+        let mut request = request
+            .header(ACCEPT, HeaderValue::from_static(REGISTRY_JSON))
+            .header(CONTENT_TYPE, HeaderValue::from_static(REGISTRY_JSON));
+        if let Some((user, password)) = &self.basic_auth {
+            request = request.basic_auth(user, Some(password));
+        }
+        let unreachable = |error: reqwest::Error| SchemaError::Unreachable {
+            url: self.base.clone(),
+            detail: error.without_url().to_string(),
+        };
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(unreachable)?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|error| SchemaError::Unreachable {
+                url: self.base.clone(),
+                detail: format!(
+                    "an answer that does not parse ({error}): {}",
+                    excerpt(&body)
+                ),
+            });
+        }
+        let ErrorBody {
+            error_code,
+            message,
+        } = serde_json::from_slice(&body).unwrap_or_else(|_| ErrorBody {
+            error_code: 0,
+            message: excerpt(&body),
+        });
+        let status = status.as_u16();
+        Err(match (error_code, asked) {
+            (40403, Asked::Id(id)) => SchemaError::UnknownSchemaId { id },
+            // A lookup's 40403: the subject does not have this schema.
+            (40403, Asked::Subject(subject)) => SchemaError::NotRegistered {
+                subject: subject.to_owned(),
+            },
+            (40401 | 40402, Asked::Subject(subject)) => SchemaError::UnknownSubject {
+                subject: subject.to_owned(),
+                detail: message,
+            },
+            (_, Asked::Subject(subject)) if status == 409 || status == 422 => {
+                SchemaError::Refused {
+                    subject: subject.to_owned(),
+                    status,
+                    error_code,
+                    message,
+                }
+            }
+            _ if status >= 500 => SchemaError::RegistryFailed {
+                url: self.base.clone(),
+                status,
+                message,
+            },
+            _ => SchemaError::Unexpected {
+                url: self.base.clone(),
+                status,
+                error_code,
+                message,
+            },
+        })
+    }
+
+    fn read_caches(&self) -> std::sync::RwLockReadGuard<'_, Caches> {
+        // A panic elsewhere cannot leave a cache half-written: each write is one insert.
+        self.caches.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_caches(&self) -> std::sync::RwLockWriteGuard<'_, Caches> {
+        self.caches.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn segment(subject: &str) -> String {
+    utf8_percent_encode(subject, PATH_SEGMENT).to_string()
+}
+
+/// At most 300 bytes of an answer body, for an error message.
+fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    match text.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_without_a_type_is_avro_and_serializes_as_confluent_expects() {
+        let schema: Schema = serde_json::from_str(r#"{"schema":"\"string\""}"#).expect("parses");
+        assert_eq!(schema, Schema::avro("\"string\""));
+        let body = serde_json::to_value(Schema {
+            schema: "syntax = \"proto3\";".into(),
+            schema_type: SchemaType::Protobuf,
+            references: Vec::new(),
+        })
+        .expect("serializes");
+        assert_eq!(
+            body,
+            serde_json::json!({"schema": "syntax = \"proto3\";", "schemaType": "PROTOBUF"})
+        );
+    }
+
+    #[test]
+    fn subjects_stay_one_path_segment() {
+        assert_eq!(segment("payments-value"), "payments-value");
+        assert_eq!(segment("a/b c:d.e_f~g"), "a%2Fb%20c%3Ad.e_f~g");
+    }
+
+    #[test]
+    fn credentials_in_the_url_become_basic_auth_and_leave_the_url() {
+        let client = RegistryClient::new(RegistryConfig::new(
+            "https://svc%40a:p%3Ass@registry.example/ccompat/",
+        ))
+        .expect("client");
+        assert_eq!(client.url(), "https://registry.example/ccompat");
+        assert_eq!(
+            client.basic_auth,
+            Some(("svc@a".to_owned(), "p:ss".to_owned()))
+        );
+        for bad in ["registry:8081", "file:///etc/passwd", "not a url"] {
+            let error = RegistryClient::new(RegistryConfig::new(bad)).expect_err("refused");
+            assert!(
+                matches!(error, SchemaError::InvalidUrl(_)),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_shows_no_password() {
+        let mut config = RegistryConfig::new("http://127.0.0.1:1/");
+        config.basic_auth = Some(("user".into(), "secret".into()));
+        let client = RegistryClient::new(config).expect("client");
+        let shown = format!("{client:?}");
+        assert!(
+            shown.contains("user") && !shown.contains("secret"),
+            "{shown}"
+        );
+        assert_eq!(client.url(), "http://127.0.0.1:1");
+    }
+
+    /// A registry on loopback that answers every request from `answers` (by request line) and
+    /// counts the requests it gets, each on a connection of its own.
+    async fn counting_registry(
+        answers: &'static [(&'static str, &'static str)],
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&requests);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                // Headers, then as much body as Content-Length says.
+                loop {
+                    let n = socket.read(&mut buffer).await.unwrap_or(0);
+                    request.extend_from_slice(&buffer[..n]);
+                    let text = String::from_utf8_lossy(&request).to_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|line| line.strip_prefix("content-length:"))
+                            .and_then(|value| value.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if n == 0 || request.len() >= end + 4 + length {
+                            break;
+                        }
+                    } else if n == 0 {
+                        break;
+                    }
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let text = String::from_utf8_lossy(&request);
+                let line = text.lines().next().unwrap_or_default();
+                let body = answers
+                    .iter()
+                    .find(|(asked, _)| line.starts_with(asked))
+                    .map_or(
+                        r#"{"error_code": 40401, "message": "not here"}"#,
+                        |(_, body)| body,
+                    );
+                let status = if body.contains("error_code") {
+                    "404 Not Found"
+                } else {
+                    "200 OK"
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        });
+        (url, requests)
+    }
+
+    #[tokio::test]
+    async fn the_registry_is_asked_once_per_schema_not_once_per_record() {
+        use std::sync::atomic::Ordering;
+        const ANSWERS: &[(&str, &str)] = &[
+            ("GET /schemas/ids/7 ", r#"{"schema": "\"string\""}"#),
+            ("POST /subjects/s-value/versions ", r#"{"id": 7}"#),
+            (
+                "GET /subjects/s-value/versions/latest ",
+                r#"{"subject": "s-value", "version": 1, "id": 8, "schema": "\"long\""}"#,
+            ),
+        ];
+        let (url, requests) = counting_registry(ANSWERS).await;
+        let client = RegistryClient::new(RegistryConfig::new(&url)).expect("client");
+        for _ in 0..3 {
+            assert_eq!(
+                client
+                    .schema_by_id(SchemaId(7))
+                    .await
+                    .expect("known")
+                    .schema,
+                "\"string\""
+            );
+            client
+                .avro_schema(SchemaId(7))
+                .await
+                .expect("an Avro string");
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), 1, "one request for id 7");
+        for _ in 0..3 {
+            let id = client
+                .register("s-value", &Schema::avro("\"string\""))
+                .await;
+            assert_eq!(id.expect("registered"), SchemaId(7));
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), 2, "one more to register");
+        for _ in 0..3 {
+            assert_eq!(
+                client.latest("s-value").await.expect("a version").id,
+                SchemaId(8)
+            );
+        }
+        // The latest version's schema is known by its id from then on.
+        client.avro_schema(SchemaId(8)).await.expect("an Avro long");
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            3,
+            "one more for the latest version"
+        );
+
+        // Once the latest version is older than its age limit, it is asked for again.
+        let mut config = RegistryConfig::new(&url);
+        config.latest_max_age = Duration::ZERO;
+        let always_asks = RegistryClient::new(config).expect("client");
+        always_asks.latest("s-value").await.expect("a version");
+        always_asks.latest("s-value").await.expect("a version");
+        assert_eq!(requests.load(Ordering::SeqCst), 5);
+        let error = always_asks
+            .latest("gone-value")
+            .await
+            .expect_err("no such subject");
+        assert!(
+            matches!(error, SchemaError::UnknownSubject { .. }),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_registry_is_transient() {
+        // Port 1 on loopback: nothing listens there, the connection is refused at once.
+        let client =
+            RegistryClient::new(RegistryConfig::new("http://127.0.0.1:1")).expect("client");
+        let error = client
+            .schema_by_id(SchemaId(1))
+            .await
+            .expect_err("nothing listens");
+        assert!(error.is_transient(), "{error}");
+    }
+}

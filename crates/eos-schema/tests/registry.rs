@@ -1,0 +1,179 @@
+//! eos-schema against the real registry of the local stack (Apicurio Registry's
+//! Confluent-compatible API, deploy/local/README.md): registering, looking up and reading back
+//! schemas, and the ids a Confluent client would see. `make test` passes the registry's URL in
+//! EOS_SCHEMA_REGISTRY_URL; each test works on subjects of its own.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use eos_schema::{AvroSchema, RegistryClient, RegistryConfig, Schema, SchemaError, SchemaId, wire};
+use serde_json::json;
+
+fn registry_client() -> RegistryClient {
+    let url = std::env::var("EOS_SCHEMA_REGISTRY_URL").unwrap_or_else(|_| {
+        panic!(
+            "EOS_SCHEMA_REGISTRY_URL is not set: it is the schema registry these tests talk to. \
+             Start the local stack and export its URLs (set -a; eval \"$(deploy/local/stack up)\"; \
+             set +a), or run `make test`, which passes it"
+        )
+    });
+    RegistryClient::new(RegistryConfig::new(url)).expect("a registry client")
+}
+
+/// A subject no other test or run uses.
+fn fresh_subject(test: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_nanos();
+    format!("eos-schema-{test}-{}-{nanos}-value", std::process::id())
+}
+
+/// A record schema whose name is unique to the run, so its text (and so its content id) is
+/// registered by this run first.
+fn payment_schema(name: &str, with_note: bool) -> String {
+    let note = if with_note {
+        r#", {"name": "note", "type": ["null", "string"], "default": null}"#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{"type": "record", "name": "{name}", "namespace": "eos.schema.test", "fields": [
+            {{"name": "id", "type": {{"type": "string", "logicalType": "uuid"}}}},
+            {{"name": "amount", "type": {{"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}}}},
+            {{"name": "at", "type": {{"type": "long", "logicalType": "timestamp-millis"}}}}{note}
+        ]}}"#
+    )
+}
+
+fn unique_name(test: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_nanos();
+    format!("{test}_{}_{nanos}", std::process::id())
+}
+
+#[tokio::test]
+async fn a_registered_schema_comes_back_by_its_id_and_a_record_round_trips() {
+    let registry = registry_client();
+    let subject = fresh_subject("round-trip");
+    let text = payment_schema(&unique_name("RoundTrip"), false);
+
+    let id = registry
+        .register(&subject, &Schema::avro(&text))
+        .await
+        .expect("registered");
+    let fetched = registry.schema_by_id(id).await.expect("the id is known");
+    let given = AvroSchema::parse(&text, "given").expect("parses");
+    let stored = AvroSchema::parse(&fetched.schema, format!("id {id}")).expect("parses");
+    assert_eq!(
+        stored.schema().canonical_form(),
+        given.schema().canonical_form(),
+        "the registry gives back the schema registered"
+    );
+
+    let latest = registry
+        .latest(&subject)
+        .await
+        .expect("the subject has a version");
+    assert_eq!((latest.id, latest.version), (id, 1));
+
+    let payment = json!({
+        "id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+        "amount": "1234.50",
+        "at": "2024-05-01T12:00:00.250Z",
+    });
+    let record = given.encode_framed(id, &payment).expect("fits");
+    let framed = wire::unframe(&record).expect("the wire format");
+    assert_eq!(framed.schema_id, id);
+    let reader = registry
+        .avro_schema(framed.schema_id)
+        .await
+        .expect("the id's schema");
+    assert_eq!(reader.decode(framed.payload).expect("decodes"), payment);
+}
+
+/// Confluent's registry gives one id to one schema text, whatever the subject, and a new id to
+/// a new text. Apicurio's Confluent-compatible API does the same only when its ids are content
+/// ids; with global ids (`apicurio.ccompat.legacy-id-mode.enabled=true`) every registration would
+/// get an id of its own, and the second subject's id below would differ.
+#[tokio::test]
+async fn ids_are_content_ids_as_a_confluent_client_sees_them() {
+    let registry = registry_client();
+    let orders = fresh_subject("orders");
+    let refunds = fresh_subject("refunds");
+    let name = unique_name("ContentId");
+    let first = Schema::avro(payment_schema(&name, false));
+    let evolved = Schema::avro(payment_schema(&name, true));
+
+    let first_id = registry
+        .register(&orders, &first)
+        .await
+        .expect("registered");
+    let evolved_id = registry
+        .register(&orders, &evolved)
+        .await
+        .expect("a backward-compatible version registers");
+    assert_ne!(evolved_id, first_id, "a new schema text gets a new id");
+
+    let same_text_elsewhere = registry
+        .register(&refunds, &first)
+        .await
+        .expect("registered");
+    assert_eq!(
+        same_text_elsewhere, first_id,
+        "the same schema text has the same id under another subject"
+    );
+
+    // A second client, its caches empty, hears the same from the registry itself.
+    let fresh = registry_client();
+    let looked_up = fresh
+        .lookup(&orders, &first)
+        .await
+        .expect("registered under orders");
+    assert_eq!((looked_up.id, looked_up.version), (first_id, 1));
+    let latest = fresh.latest(&orders).await.expect("two versions");
+    assert_eq!((latest.id, latest.version), (evolved_id, 2));
+    assert_eq!(
+        fresh
+            .register(&refunds, &first)
+            .await
+            .expect("already there"),
+        first_id,
+        "registering a subject's existing schema again answers its id"
+    );
+}
+
+#[tokio::test]
+async fn unknown_ids_subjects_and_schemas_are_errors_that_say_which() {
+    let registry = registry_client();
+    let subject = fresh_subject("unknown");
+    // Content ids count up from 1; no test run registers two billion schemas.
+    let unknown = SchemaId(2_000_000_000);
+    match registry.schema_by_id(unknown).await {
+        Err(SchemaError::UnknownSchemaId { id }) => assert_eq!(id, unknown),
+        other => panic!("expected an unknown id, got {other:?}"),
+    }
+
+    match registry.latest(&subject).await {
+        Err(SchemaError::UnknownSubject { subject: named, .. }) => assert_eq!(named, subject),
+        other => panic!("expected an unknown subject, got {other:?}"),
+    }
+
+    let registered = Schema::avro(payment_schema(&unique_name("Known"), false));
+    registry
+        .register(&subject, &registered)
+        .await
+        .expect("registered");
+    let other = Schema::avro(payment_schema(&unique_name("Other"), false));
+    match registry.lookup(&subject, &other).await {
+        Err(SchemaError::NotRegistered { subject: named }) => assert_eq!(named, subject),
+        other => panic!("expected a schema the subject does not have, got {other:?}"),
+    }
+
+    let broken = Schema::avro(r#"{"type": "record", "name": "Broken", "fields": [{"name": "a"}]}"#);
+    match registry.register(&subject, &broken).await {
+        Err(error @ SchemaError::Refused { .. }) => assert!(!error.is_transient(), "{error}"),
+        other => panic!("expected the registry to refuse an invalid schema, got {other:?}"),
+    }
+}
