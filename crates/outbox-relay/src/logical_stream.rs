@@ -32,8 +32,10 @@ const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
 const READ_AT_MOST: Duration = Duration::from_secs(1);
 /// How long closing a session may take before its connection is dropped.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
-/// Events the session buffers ahead of the reads: a few batches.
-const BUFFERED_EVENTS: usize = 32_768;
+/// Events the session buffers ahead of the reads: most are inserts carrying their whole row, so
+/// this bounds the memory a backlog takes (about 4 MiB of 1 KiB rows); past it the walsender
+/// waits, as the socket's flow control makes it.
+const BUFFERED_EVENTS: usize = 4096;
 
 /// Where and as whom the replication session connects: the relay's database URL, read as
 /// libpq (and sqlx) read it, its `PG*` environment defaults included.
