@@ -286,7 +286,7 @@ impl fmt::Debug for DatabaseUrlFlags {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use clap::{CommandFactory as _, FromArgMatches as _, Parser};
 
     use super::*;
 
@@ -294,6 +294,18 @@ mod tests {
     struct Flags {
         #[command(flatten)]
         database: DatabaseUrlFlags,
+    }
+
+    /// Parses as the binaries do, but without the environment: a developer's exported
+    /// DATABASE_URL (the local stack's `env` prints it) would otherwise fill --database-url and
+    /// clash with the flags a test gives.
+    fn parse_without_env<I, T>(args: I) -> Result<Flags, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let command = Flags::command().mut_args(|arg| arg.env(None));
+        Flags::from_arg_matches(&command.try_get_matches_from(args)?)
     }
 
     #[test]
@@ -328,8 +340,8 @@ mod tests {
 
     #[test]
     fn the_url_comes_from_the_flag_or_from_a_file_never_both() {
-        let flags = Flags::try_parse_from(["x", "--database-url", "postgres://u:MARKER@h/d"])
-            .expect("flag");
+        let flags =
+            parse_without_env(["x", "--database-url", "postgres://u:MARKER@h/d"]).expect("flag");
         assert_eq!(flags.database.url(), "postgres://u:MARKER@h/d");
         assert!(!format!("{flags:?}").contains("MARKER"));
 
@@ -338,15 +350,14 @@ mod tests {
         let file = dir.join("database-url");
         std::fs::write(&file, "postgres://u:MARKER@h/d\n").expect("write");
         let path = file.to_str().expect("utf-8 path");
-        let flags = Flags::try_parse_from(["x", "--database-url-file", path]).expect("file");
+        let flags = parse_without_env(["x", "--database-url-file", path]).expect("file");
         assert_eq!(flags.database.url(), "postgres://u:MARKER@h/d");
 
         assert!(
-            Flags::try_parse_from(["x", "--database-url", "a", "--database-url-file", path])
-                .is_err()
+            parse_without_env(["x", "--database-url", "a", "--database-url-file", path]).is_err()
         );
         std::fs::write(&file, "\n").expect("write");
-        let error = Flags::try_parse_from(["x", "--database-url-file", path])
+        let error = parse_without_env(["x", "--database-url-file", path])
             .expect_err("empty file")
             .to_string();
         assert!(error.contains("is empty"), "{error}");
@@ -375,7 +386,7 @@ mod tests {
     #[test]
     fn a_password_apart_is_put_into_a_url_that_has_none() {
         let url = "postgres://app@db.example:5432/eos?sslmode=verify-full&sslrootcert=/etc/ca.crt";
-        let flags = Flags::try_parse_from([
+        let flags = parse_without_env([
             "x",
             "--database-url",
             url,
@@ -400,7 +411,7 @@ mod tests {
         assert!(!format!("{flags:?}").contains("p@ss"), "{flags:?}");
 
         // Without a password flag the URL is used as it is.
-        let flags = Flags::try_parse_from(["x", "--database-url", url]).expect("flags");
+        let flags = parse_without_env(["x", "--database-url", url]).expect("flags");
         assert_eq!(flags.database.url(), url);
     }
 
@@ -411,7 +422,7 @@ mod tests {
         let password_file = dir.join("password");
         std::fs::write(&url_file, "postgres://app@db/eos\n").expect("write");
         std::fs::write(&password_file, format!("{AWKWARD_PASSWORD}\n")).expect("write");
-        let flags = Flags::try_parse_from([
+        let flags = parse_without_env([
             "x",
             "--database-url-file",
             url_file.to_str().expect("utf-8 path"),
@@ -424,7 +435,7 @@ mod tests {
         assert_eq!(password_in(flags.database.url()), AWKWARD_PASSWORD);
 
         std::fs::write(&password_file, " \n").expect("write");
-        let error = Flags::try_parse_from([
+        let error = parse_without_env([
             "x",
             "--database-url",
             "postgres://app@db/eos",
@@ -443,7 +454,7 @@ mod tests {
             "postgres://app:URLSECRET@db/eos",
             "postgres://app@db/eos?sslmode=require&password=URLSECRET",
         ] {
-            let error = Flags::try_parse_from([
+            let error = parse_without_env([
                 "x",
                 "--database-url",
                 url,
@@ -466,7 +477,7 @@ mod tests {
         let dir = scratch_dir("password-twice");
         let password_file = dir.join("password");
         std::fs::write(&password_file, "from-file\n").expect("write");
-        let error = Flags::try_parse_from([
+        let error = parse_without_env([
             "x",
             "--database-url",
             "postgres://app@db/eos",
@@ -491,7 +502,7 @@ mod tests {
             ("postgres:///eos?host=/run/postgresql", "names no host"),
         ] {
             let message =
-                Flags::try_parse_from(["x", "--database-url", url, "--database-password", "pw"])
+                parse_without_env(["x", "--database-url", url, "--database-password", "pw"])
                     .expect_err("no place for the password")
                     .to_string();
             assert!(message.contains(says), "{url}: {message}");
