@@ -13,11 +13,15 @@
 
 pub mod avro;
 pub mod error;
+pub mod json_schema;
+pub mod protobuf;
 pub mod registry;
 pub mod wire;
 
 pub use avro::AvroSchema;
 pub use error::SchemaError;
+pub use json_schema::JsonSchema;
+pub use protobuf::ProtobufSchema;
 pub use registry::{
     RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType, SubjectVersion,
 };
