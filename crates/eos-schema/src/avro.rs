@@ -115,6 +115,46 @@ impl AvroSchema {
             .map_err(|misfit| undecodable(misfit.to_string()))
     }
 
+    /// The JSON value of a datum written with `writer`, read as this (the reader's) schema by
+    /// Avro's schema resolution: a field the writer lacks takes its default, one the reader lacks
+    /// is skipped, an int is read as a long. So a producer that moves to a compatible schema
+    /// mid-run yields the same event model. A pair that does not resolve is
+    /// [`SchemaError::Undecodable`] naming both schemas.
+    pub fn decode_from(&self, writer: &AvroSchema, payload: &[u8]) -> Result<Json, SchemaError> {
+        let undecodable = |detail: String| SchemaError::Undecodable {
+            schema: format!("{} read as {}", writer.label, self.label),
+            detail,
+        };
+        let mut rest = payload;
+        let written = GenericDatumReader::builder(&writer.schema)
+            .build()
+            .and_then(|reader| reader.read_value(&mut rest))
+            .map_err(|error| undecodable(error.to_string()))?;
+        if !rest.is_empty() {
+            return Err(undecodable(format!(
+                "{} bytes left after the datum's {}",
+                rest.len(),
+                payload.len() - rest.len()
+            )));
+        }
+        let value = widen_decimals(written)
+            .resolve_with_names(&self.schema, &self.names)
+            .map_err(|error| undecodable(error.to_string()))?;
+        self.to_json(&value, &self.schema)
+            .map_err(|misfit| undecodable(misfit.to_string()))
+    }
+
+    /// Whether a datum written with `writer` resolves to this schema, by Avro's rules; the
+    /// reason when it does not. Check a pair once, not once per record.
+    pub fn can_read(&self, writer: &AvroSchema) -> Result<(), String> {
+        apache_avro::schema_compatibility::SchemaCompatibility::can_read(
+            &writer.schema,
+            &self.schema,
+        )
+        .map(|_| ())
+        .map_err(|error| error.to_string())
+    }
+
     /// The Avro datum of `value`, which must fit the schema.
     pub fn encode(&self, value: &Json) -> Result<Vec<u8>, SchemaError> {
         let avro = self
@@ -456,6 +496,44 @@ impl AvroSchema {
             Schema::Decimal(_) => Ok(Value::Decimal(Decimal::from(latin1(default)?))),
             other => self.to_avro(default, other),
         }
+    }
+}
+
+/// Every decimal in `value` sign-extended to 64 bytes, the same number. apache-avro 0.22's
+/// resolution refuses a bytes decimal whose length could not hold the reader's whole precision
+/// (1234.50 in a `decimal(12, 2)` is 3 bytes, and 3 bytes hold only 7 digits), which is every
+/// small value; 0.23 checks the digits instead. 64 bytes hold 153 digits, beyond any precision a
+/// registered schema uses.
+fn widen_decimals(value: Value) -> Value {
+    const WIDE: usize = 64;
+    match value {
+        Value::Decimal(decimal) => {
+            let unscaled = BigInt::from(decimal);
+            let bytes = unscaled.to_signed_bytes_be();
+            let fill = if unscaled.sign() == Sign::Minus {
+                0xff
+            } else {
+                0x00
+            };
+            let mut wide = vec![fill; WIDE.saturating_sub(bytes.len())];
+            wide.extend_from_slice(&bytes);
+            Value::Decimal(Decimal::from(wide))
+        }
+        Value::Union(index, inner) => Value::Union(index, Box::new(widen_decimals(*inner))),
+        Value::Array(items) => Value::Array(items.into_iter().map(widen_decimals).collect()),
+        Value::Map(entries) => Value::Map(
+            entries
+                .into_iter()
+                .map(|(key, item)| (key, widen_decimals(item)))
+                .collect(),
+        ),
+        Value::Record(fields) => Value::Record(
+            fields
+                .into_iter()
+                .map(|(name, field)| (name, widen_decimals(field)))
+                .collect(),
+        ),
+        other => other,
     }
 }
 
@@ -1106,5 +1184,55 @@ mod tests {
     fn a_schema_that_does_not_parse_says_which() {
         let error = AvroSchema::parse(r#"{"type": "record"}"#, "id 9").expect_err("no name");
         assert!(error.to_string().starts_with("schema id 9: "), "{error}");
+    }
+
+    #[test]
+    fn a_reader_schema_resolves_a_datum_written_with_an_older_or_newer_one() {
+        let v1 = AvroSchema::parse(
+            r#"{"type": "record", "name": "P", "fields": [
+                {"name": "id", "type": "string"},
+                {"name": "count", "type": "int"},
+                {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+                {"name": "gone", "type": "string"}
+            ]}"#,
+            "id 1",
+        )
+        .expect("parses");
+        // v2: count widened to a long, a new field with a default, `gone` dropped.
+        let v2 = AvroSchema::parse(
+            r#"{"type": "record", "name": "P", "fields": [
+                {"name": "id", "type": "string"},
+                {"name": "count", "type": "long"},
+                {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+                {"name": "note", "type": ["null", "string"], "default": null}
+            ]}"#,
+            "id 2",
+        )
+        .expect("parses");
+        assert!(v2.can_read(&v1).is_ok());
+        let old = v1
+            .encode(&json!({"id": "a", "count": 3, "price": "-1234.50", "gone": "x"}))
+            .expect("fits");
+        let new = v2
+            .encode(&json!({"id": "a", "count": 3, "price": "-1234.50", "note": null}))
+            .expect("fits");
+        // Both read as v2 give the same event.
+        let read_old = v2.decode_from(&v1, &old).expect("resolves");
+        // -1234.50 is 3 bytes, which apache-avro 0.22's resolution alone refuses for a
+        // decimal(12, 2).
+        assert_eq!(
+            read_old,
+            json!({"id": "a", "count": 3, "price": "-1234.50", "note": null})
+        );
+        assert_eq!(read_old, v2.decode_from(&v2, &new).expect("same schema"));
+
+        // v1 cannot read v2's datums: `gone` has no default.
+        let reason = v1.can_read(&v2).expect_err("incompatible");
+        assert!(!reason.is_empty());
+        let error = v1.decode_from(&v2, &new).expect_err("does not resolve");
+        assert!(
+            matches!(&error, SchemaError::Undecodable { schema, .. } if schema == "id 2 read as id 1"),
+            "{error}"
+        );
     }
 }
