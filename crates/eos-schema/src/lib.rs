@@ -1,15 +1,18 @@
 //! Schema-registry formats for eos-suite's boundaries (issue 52): a client of the
 //! Confluent-compatible registry API ([`registry`]: Confluent's own, or Apicurio's
 //! `/apis/ccompat/v7`, which the local stack runs), the Confluent wire format ([`wire`]: magic
-//! byte, schema id, payload; Protobuf's message-index list), and Avro datums to and from the JSON
-//! event model that transforms already see ([`avro`]).
+//! byte, schema id, payload; Protobuf's message-index list), and records to and from the JSON
+//! event model that transforms already see, whatever the topic's format: Avro datums ([`avro`],
+//! with schema resolution from the writer's schema to a reader's), Protobuf messages
+//! ([`protobuf`]) and JSON checked against a JSON Schema ([`json_schema`]).
 //!
-//! Guarantees: the registry is asked once per schema, never once per record (ids, subjects'
-//! schemas and parsed schemas are cached; a subject's latest version for a set time); a value is
-//! encoded only when all of it fits its schema, nothing rounded or dropped, and a misfit says
-//! where; bytes decode only when they are exactly the datum of the schema their id names. Every
-//! failure is a [`SchemaError`] whose variant says whether to retry (the registry unreachable) or
-//! to dead-letter the record (bytes or ids that are wrong).
+//! Guarantees: the registry is asked once per schema, never once per record, and a schema's text
+//! is parsed once per id (ids, subjects' schemas and parsed schemas are cached; a subject's latest
+//! version for a set time); a value is encoded only when all of it fits its schema, nothing
+//! rounded or dropped, and a misfit says where; bytes decode only when they are exactly the
+//! record of the schema their id names. Every failure is a [`SchemaError`] whose variant says
+//! whether to retry (the registry unreachable) or to dead-letter the record (bytes or ids that
+//! are wrong).
 
 pub mod avro;
 pub mod error;
@@ -23,5 +26,6 @@ pub use error::SchemaError;
 pub use json_schema::JsonSchema;
 pub use protobuf::ProtobufSchema;
 pub use registry::{
-    RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType, SubjectVersion,
+    ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType,
+    SubjectVersion,
 };

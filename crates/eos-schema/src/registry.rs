@@ -18,8 +18,13 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value as Json;
+
 use crate::avro::AvroSchema;
 use crate::error::SchemaError;
+use crate::json_schema::JsonSchema;
+use crate::protobuf::ProtobufSchema;
+use crate::wire;
 
 /// A schema's id in the registry, the 4 bytes of the wire format. With Apicurio it is the content
 /// id (`apicurio.ccompat.legacy-id-mode.enabled=false`, deploy/local/README.md): one id per
@@ -69,6 +74,24 @@ impl Schema {
         Schema {
             schema: text.into(),
             schema_type: SchemaType::Avro,
+            references: Vec::new(),
+        }
+    }
+
+    /// A `.proto` file's text, without references (the well-known types need none).
+    pub fn protobuf(text: impl Into<String>) -> Self {
+        Schema {
+            schema: text.into(),
+            schema_type: SchemaType::Protobuf,
+            references: Vec::new(),
+        }
+    }
+
+    /// A JSON Schema's text, without references.
+    pub fn json(text: impl Into<String>) -> Self {
+        Schema {
+            schema: text.into(),
+            schema_type: SchemaType::Json,
             references: Vec::new(),
         }
     }
@@ -165,10 +188,45 @@ const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// A schema parsed and ready for records, whatever its language.
+#[derive(Debug, Clone)]
+pub enum ParsedSchema {
+    Avro(Arc<AvroSchema>),
+    Protobuf(Arc<ProtobufSchema>),
+    Json(Arc<JsonSchema>),
+}
+
+impl ParsedSchema {
+    /// The JSON value of a payload after the wire header, by the schema's language.
+    pub fn decode(&self, payload: &[u8]) -> Result<Json, SchemaError> {
+        match self {
+            ParsedSchema::Avro(schema) => schema.decode(payload),
+            ParsedSchema::Protobuf(schema) => schema.decode(payload),
+            ParsedSchema::Json(schema) => schema.decode(payload),
+        }
+    }
+
+    /// `value` encoded and framed with `schema_id` (a Protobuf value as the file's first
+    /// message).
+    pub fn encode_framed(&self, schema_id: SchemaId, value: &Json) -> Result<Vec<u8>, SchemaError> {
+        match self {
+            ParsedSchema::Avro(schema) => schema.encode_framed(schema_id, value),
+            ParsedSchema::Protobuf(schema) => schema.encode_framed(schema_id, value),
+            ParsedSchema::Json(schema) => schema.encode_framed(schema_id, value),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Caches {
     by_id: HashMap<SchemaId, Arc<Schema>>,
-    avro_by_id: HashMap<SchemaId, Arc<AvroSchema>>,
+    /// Parsed once per id: Avro's named types, Protobuf's descriptors, JSON Schema's compiled
+    /// validator. Records only look them up.
+    parsed: HashMap<SchemaId, ParsedSchema>,
+    /// (writer id, reader id) → whether Avro's resolution reads the one as the other.
+    avro_pairs: HashMap<(SchemaId, SchemaId), Result<(), String>>,
+    /// How many schema texts have been parsed: the proof that records do not parse.
+    parses: u64,
     /// Subject and schema → the subject's version of it (register and lookup).
     registered: HashMap<(String, Schema), SubjectVersionOrId>,
     latest: HashMap<String, (Instant, SubjectVersion)>,
@@ -274,19 +332,13 @@ impl RegistryClient {
         Ok(schema)
     }
 
-    /// The Avro schema with this id, parsed once and kept: what decoding a record needs.
-    pub async fn avro_schema(&self, id: SchemaId) -> Result<Arc<AvroSchema>, SchemaError> {
-        if let Some(parsed) = self.read_caches().avro_by_id.get(&id) {
-            return Ok(Arc::clone(parsed));
+    /// The schema with this id, parsed once and kept: what decoding a record needs.
+    pub async fn parsed_schema(&self, id: SchemaId) -> Result<ParsedSchema, SchemaError> {
+        if let Some(parsed) = self.read_caches().parsed.get(&id) {
+            return Ok(parsed.clone());
         }
         let schema = self.schema_by_id(id).await?;
         let label = format!("id {id}");
-        if schema.schema_type != SchemaType::Avro {
-            return Err(SchemaError::InvalidSchema {
-                schema: label,
-                detail: format!("is {:?}, not Avro", schema.schema_type),
-            });
-        }
         if !schema.references.is_empty() {
             return Err(SchemaError::InvalidSchema {
                 schema: label,
@@ -295,11 +347,123 @@ impl RegistryClient {
                         .into(),
             });
         }
-        let parsed = Arc::new(AvroSchema::parse(&schema.schema, label)?);
-        self.write_caches()
-            .avro_by_id
-            .insert(id, Arc::clone(&parsed));
-        Ok(parsed)
+        let parsed = match schema.schema_type {
+            SchemaType::Avro => {
+                ParsedSchema::Avro(Arc::new(AvroSchema::parse(&schema.schema, label)?))
+            }
+            SchemaType::Protobuf => {
+                ParsedSchema::Protobuf(Arc::new(ProtobufSchema::parse(&schema.schema, label)?))
+            }
+            SchemaType::Json => {
+                ParsedSchema::Json(Arc::new(JsonSchema::parse(&schema.schema, label)?))
+            }
+        };
+        let mut caches = self.write_caches();
+        caches.parses += 1;
+        // Two tasks may have parsed the same id at once; both results are the same schema.
+        Ok(caches.parsed.entry(id).or_insert(parsed).clone())
+    }
+
+    /// The Avro schema with this id, parsed once and kept.
+    pub async fn avro_schema(&self, id: SchemaId) -> Result<Arc<AvroSchema>, SchemaError> {
+        match self.parsed_schema(id).await? {
+            ParsedSchema::Avro(schema) => Ok(schema),
+            _ => Err(self.not_of_type(id, "Avro")),
+        }
+    }
+
+    /// The Protobuf schema with this id, compiled once and kept.
+    pub async fn protobuf_schema(&self, id: SchemaId) -> Result<Arc<ProtobufSchema>, SchemaError> {
+        match self.parsed_schema(id).await? {
+            ParsedSchema::Protobuf(schema) => Ok(schema),
+            _ => Err(self.not_of_type(id, "Protobuf")),
+        }
+    }
+
+    /// The JSON Schema with this id, compiled once and kept.
+    pub async fn json_schema(&self, id: SchemaId) -> Result<Arc<JsonSchema>, SchemaError> {
+        match self.parsed_schema(id).await? {
+            ParsedSchema::Json(schema) => Ok(schema),
+            _ => Err(self.not_of_type(id, "a JSON Schema")),
+        }
+    }
+
+    fn not_of_type(&self, id: SchemaId, wanted: &str) -> SchemaError {
+        let found = self
+            .read_caches()
+            .by_id
+            .get(&id)
+            .map(|schema| schema.schema_type)
+            .unwrap_or_default();
+        SchemaError::InvalidSchema {
+            schema: format!("id {id}"),
+            detail: format!("is {found:?}, not {wanted}"),
+        }
+    }
+
+    /// A framed record's schema id and value, decoded with the schema its id names (Avro,
+    /// Protobuf or JSON Schema). After the first record of an id, no request and no parse.
+    pub async fn decode(&self, record: &[u8]) -> Result<(SchemaId, Json), SchemaError> {
+        let framed = wire::unframe(record)?;
+        let schema = self.parsed_schema(framed.schema_id).await?;
+        Ok((framed.schema_id, schema.decode(framed.payload)?))
+    }
+
+    /// A framed Avro record read as the schema `reader` (a subject's latest, or a pinned id),
+    /// resolved from the schema that wrote it (the record's id) by Avro's rules: records of a
+    /// producer that moved to a compatible schema give the same event model as before. A pair
+    /// that does not resolve is [`SchemaError::Undecodable`] naming both ids; each pair is checked
+    /// once.
+    pub async fn decode_avro_as(
+        &self,
+        record: &[u8],
+        reader: SchemaId,
+    ) -> Result<Json, SchemaError> {
+        let framed = wire::unframe(record)?;
+        let writer_id = framed.schema_id;
+        let writer = self.avro_schema(writer_id).await?;
+        if writer_id == reader {
+            return writer.decode(framed.payload);
+        }
+        let reading = self.avro_schema(reader).await?;
+        let known = self
+            .read_caches()
+            .avro_pairs
+            .get(&(writer_id, reader))
+            .cloned();
+        let resolves = match known {
+            Some(resolves) => resolves,
+            None => {
+                let resolves = reading.can_read(&writer);
+                self.write_caches()
+                    .avro_pairs
+                    .insert((writer_id, reader), resolves.clone());
+                resolves
+            }
+        };
+        if let Err(reason) = resolves {
+            return Err(SchemaError::Undecodable {
+                schema: format!("id {writer_id} read as id {reader}"),
+                detail: format!("the writer's schema does not resolve to the reader's: {reason}"),
+            });
+        }
+        reading.decode_from(&writer, framed.payload)
+    }
+
+    /// A framed Avro record read as `subject`'s latest version ([`RegistryClient::latest`], kept
+    /// for [`RegistryConfig::latest_max_age`]), as [`RegistryClient::decode_avro_as`] reads it.
+    pub async fn decode_avro_latest(
+        &self,
+        record: &[u8],
+        subject: &str,
+    ) -> Result<Json, SchemaError> {
+        let reader = self.latest(subject).await?.id;
+        self.decode_avro_as(record, reader).await
+    }
+
+    /// How many schema texts this client (and its clones) has parsed, one per schema id used.
+    pub fn schemas_parsed(&self) -> u64 {
+        self.read_caches().parses
     }
 
     /// Registers `schema` under `subject` (`POST /subjects/{subject}/versions`) and answers its
@@ -662,6 +826,63 @@ mod tests {
             matches!(error, SchemaError::UnknownSubject { .. }),
             "{error}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_known_id_decodes_with_no_request_and_no_parse() {
+        use std::sync::atomic::Ordering;
+        const ANSWERS: &[(&str, &str)] = &[
+            ("GET /schemas/ids/1 ", r#"{"schema": "\"string\""}"#),
+            (
+                "GET /schemas/ids/2 ",
+                r#"{"schemaType": "PROTOBUF", "schema": "syntax = \"proto3\"; message M { int64 n = 1; }"}"#,
+            ),
+            (
+                "GET /schemas/ids/3 ",
+                r#"{"schemaType": "JSON", "schema": "{\"type\": \"object\", \"required\": [\"n\"]}"}"#,
+            ),
+        ];
+        let (url, requests) = counting_registry(ANSWERS).await;
+        let client = RegistryClient::new(RegistryConfig::new(&url)).expect("client");
+        let avro = AvroSchema::parse("\"string\"", "local").expect("parses");
+        let protobuf =
+            ProtobufSchema::parse("syntax = \"proto3\"; message M { int64 n = 1; }", "local")
+                .expect("compiles");
+        let records = [
+            (
+                avro.encode_framed(SchemaId(1), &serde_json::json!("hi")),
+                serde_json::json!("hi"),
+            ),
+            (
+                protobuf.encode_framed(SchemaId(2), &serde_json::json!({"n": 5})),
+                serde_json::json!({"n": 5}),
+            ),
+            (
+                Ok(wire::frame(SchemaId(3), br#"{"n": 1}"#)),
+                serde_json::json!({"n": 1}),
+            ),
+        ];
+        for round in 1..=3 {
+            for (record, value) in &records {
+                let record = record.as_ref().expect("fits");
+                assert_eq!(&client.decode(record).await.expect("decodes").1, value);
+            }
+            assert_eq!(
+                client.schemas_parsed(),
+                3,
+                "round {round}: one parse per id"
+            );
+            assert_eq!(
+                requests.load(Ordering::SeqCst),
+                3,
+                "round {round}: one request per id"
+            );
+        }
+        let error = client
+            .avro_schema(SchemaId(2))
+            .await
+            .expect_err("a Protobuf schema");
+        assert!(error.to_string().contains("Protobuf, not Avro"), "{error}");
     }
 
     #[tokio::test]

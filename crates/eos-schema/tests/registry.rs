@@ -5,7 +5,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use eos_schema::{AvroSchema, RegistryClient, RegistryConfig, Schema, SchemaError, SchemaId, wire};
+use eos_schema::{
+    AvroSchema, ProtobufSchema, RegistryClient, RegistryConfig, Schema, SchemaError, SchemaId,
+    SchemaType, wire,
+};
 use serde_json::json;
 
 fn registry_client() -> RegistryClient {
@@ -175,5 +178,157 @@ async fn unknown_ids_subjects_and_schemas_are_errors_that_say_which() {
     match registry.register(&subject, &broken).await {
         Err(error @ SchemaError::Refused { .. }) => assert!(!error.is_transient(), "{error}"),
         other => panic!("expected the registry to refuse an invalid schema, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_protobuf_schema_registers_and_a_record_round_trips_by_its_id() {
+    let registry = registry_client();
+    let subject = fresh_subject("protobuf");
+    // A message name unique to the run, so the text (and its content id) is this run's.
+    let name = unique_name("Payment");
+    let text = format!(
+        r#"syntax = "proto3";
+package eos.schema.test;
+import "google/protobuf/timestamp.proto";
+
+message {name} {{
+  enum State {{ PENDING = 0; SETTLED = 1; }}
+  string id = 1;
+  int64 amount_cents = 2;
+  State state = 3;
+  bytes digest = 4;
+  google.protobuf.Timestamp at = 5;
+  repeated string tags = 6;
+}}
+"#
+    );
+    let id = registry
+        .register(&subject, &Schema::protobuf(&text))
+        .await
+        .expect("registered");
+    let local = ProtobufSchema::parse(&text, "given").expect("compiles");
+    let payment = json!({
+        "id": "p-1",
+        "amount_cents": 9_007_199_254_740_993_i64,
+        "state": "SETTLED",
+        "digest": "AP8=",
+        "at": "2024-05-01T12:00:00.250Z",
+        "tags": ["a", "b"],
+    });
+    let record = local.encode_framed(id, &payment).expect("fits");
+
+    // A client with empty caches reads the record by its id alone.
+    let reader = registry_client();
+    let (read_id, value) = reader.decode(&record).await.expect("decodes");
+    assert_eq!((read_id, value), (id, payment));
+    let fetched = reader.schema_by_id(id).await.expect("known");
+    assert_eq!(fetched.schema_type, SchemaType::Protobuf);
+}
+
+#[tokio::test]
+async fn a_json_schema_registers_and_only_fitting_records_pass() {
+    let registry = registry_client();
+    let subject = fresh_subject("json");
+    let text = format!(
+        r#"{{"$schema": "http://json-schema.org/draft-07/schema#", "title": "{}",
+            "type": "object",
+            "properties": {{"id": {{"type": "string"}}, "amount": {{"type": "number", "minimum": 0}}}},
+            "required": ["id", "amount"]}}"#,
+        unique_name("Payment")
+    );
+    let id = registry
+        .register(&subject, &Schema::json(&text))
+        .await
+        .expect("registered");
+    let schema = registry.json_schema(id).await.expect("compiles");
+    let payment = json!({"id": "p-1", "amount": 12.5});
+    let record = schema.encode_framed(id, &payment).expect("fits");
+    let reader = registry_client();
+    assert_eq!(
+        reader.decode(&record).await.expect("decodes"),
+        (id, payment)
+    );
+
+    match schema.encode(&json!({"id": "p-2", "amount": -1})) {
+        Err(SchemaError::DoesNotFit { path, .. }) => assert_eq!(path, "$.amount"),
+        other => panic!("expected a misfit at $.amount, got {other:?}"),
+    }
+    let forged = wire::frame(id, br#"{"id": "p-3"}"#);
+    match reader.decode(&forged).await {
+        Err(SchemaError::Undecodable { schema, .. }) => assert_eq!(schema, format!("id {id}")),
+        other => panic!("expected a record that does not fit to be undecodable, got {other:?}"),
+    }
+}
+
+/// A producer moves to a BACKWARD-compatible version mid-run: records of both versions read as
+/// the subject's latest give the same event model; a reader that cannot resolve the writer's
+/// schema is an error naming both ids.
+#[tokio::test]
+async fn avro_records_of_an_earlier_version_read_as_the_latest() {
+    let registry = registry_client();
+    let subject = fresh_subject("evolution");
+    let name = unique_name("Evolving");
+    let v1 = payment_schema(&name, false);
+    let v2 = payment_schema(&name, true);
+    let v1_id = registry
+        .register(&subject, &Schema::avro(&v1))
+        .await
+        .expect("registered");
+    let v2_id = registry
+        .register(&subject, &Schema::avro(&v2))
+        .await
+        .expect("a backward-compatible version registers");
+
+    let payment = json!({
+        "id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+        "amount": "1234.50",
+        "at": "2024-05-01T12:00:00.250Z",
+    });
+    let old = AvroSchema::parse(&v1, "v1")
+        .expect("parses")
+        .encode_framed(v1_id, &payment)
+        .expect("fits");
+    let mut with_note = payment.clone();
+    with_note["note"] = json!(null);
+    let new = AvroSchema::parse(&v2, "v2")
+        .expect("parses")
+        .encode_framed(v2_id, &with_note)
+        .expect("fits");
+
+    let reader = registry_client();
+    let latest = reader.latest(&subject).await.expect("two versions").id;
+    assert_eq!(latest, v2_id);
+    assert_eq!(
+        reader
+            .decode_avro_latest(&old, &subject)
+            .await
+            .expect("resolves"),
+        with_note
+    );
+    assert_eq!(
+        reader
+            .decode_avro_as(&new, latest)
+            .await
+            .expect("same schema"),
+        with_note
+    );
+
+    // A reader whose field the writer lacks, with no default: does not resolve.
+    let strict = format!(
+        r#"{{"type": "record", "name": "{name}", "namespace": "eos.schema.test", "fields": [
+            {{"name": "id", "type": {{"type": "string", "logicalType": "uuid"}}}},
+            {{"name": "required_later", "type": "string"}}
+        ]}}"#
+    );
+    let strict_id = registry
+        .register(&fresh_subject("evolution-strict"), &Schema::avro(&strict))
+        .await
+        .expect("registered under a subject of its own");
+    match reader.decode_avro_as(&old, strict_id).await {
+        Err(SchemaError::Undecodable { schema, .. }) => {
+            assert_eq!(schema, format!("id {v1_id} read as id {strict_id}"))
+        }
+        other => panic!("expected an incompatible pair, got {other:?}"),
     }
 }
