@@ -11,11 +11,14 @@
 //! `accepts_record`), `sink_writer::decision::next_offsets` and `sink_writer::batch_plan`
 //! (`select_winners`, `classify`, `upsert_applies`, `idempotent_outcome`).
 //!
-//! [`relay`] checks outbox-relay's logical-mode read/advance protocol, for safety (every
-//! committed row published once, in commit order) and liveness (every committed row is
-//! eventually published, whatever the backlog and the crash points): each peek is judged by
-//! `outbox_relay::logical::judge_peek` and each advance decided by
-//! `outbox_relay::relay_loop::slot_advance_due`.
+//! [`relay_session`] checks outbox-relay's logical mode as it runs now, reading a replication
+//! session, for safety (every committed row published once, in commit order; the slot never
+//! past Kafka) and liveness (every committed row is eventually published, whatever the backlog
+//! and the crash points): each read's hand-over decided by
+//! `outbox_relay::logical_stream::HandOver`, each choice of session by `session_goes_on`.
+//! [`relay`] checks the peek protocol the relay ran before (it still peeks in its first start's
+//! table pass): each peek judged by `outbox_relay::logical::judge_peek` and each advance decided
+//! by `outbox_relay::relay_loop::slot_advance_due`.
 //!
 //! Each model's bounds, properties and how to read a counterexample are in
 //! docs/MODEL_CHECKING.md.
@@ -29,6 +32,7 @@
 pub mod dedup;
 pub mod liveness;
 pub mod relay;
+pub mod relay_session;
 pub mod sink;
 
 use std::time::{Duration, Instant};

@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 use eos_outbox::{OutboxCursor, OutboxRow, read_positions, read_visible_after};
 
 use crate::error::RelayError;
-use crate::logical_stream::{ReplicationTarget, WalStream};
+use crate::logical_stream::{ReplicationTarget, WalStream, session_goes_on};
 use crate::pgoutput::{self, Lsn, Message};
 use crate::position_topic::RelayPosition;
 
@@ -54,7 +54,7 @@ pub struct SlotState {
 }
 
 /// One committed transaction's outbox inserts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DecodedTxn {
     pub xid: u32,
     pub commit_lsn: Lsn,
@@ -558,7 +558,7 @@ impl LogicalSource {
         let upto = marks.map_or(after, |marks| marks.flush_lsn.max(after));
         let mut open = self.stream.lock().await;
         let mut stream = match open.take() {
-            Some(stream) if stream.handed_over() == after => stream,
+            Some(stream) if session_goes_on(Some(stream.handed_over()), after) => stream,
             other => {
                 if let Some(stream) = other {
                     stream.close().await;

@@ -245,23 +245,26 @@ impl WalStream {
             slot: slot.to_owned(),
             detail,
         };
-        let mut txns: Vec<DecodedTxn> = Vec::new();
-        let mut rows = 0usize;
+        let mut read = HandOver::new(self.handed_over, after, upto, limit);
         let started = Instant::now();
         loop {
             let between = !self.assembler.in_transaction();
-            if between && (rows >= limit || started.elapsed() >= READ_AT_MOST) {
-                return Ok(self.read_ends(txns, true));
+            if between && let Some(more) = read.ends(started.elapsed()) {
+                self.handed_over = read.handed_over();
+                return Ok(read.finish(more));
             }
             // Past `upto`, only what is there already.
-            let wait = match between && self.handed_over >= upto {
+            let wait = match between && read.past_upto() {
                 true => Duration::ZERO,
                 false => CATCH_UP_WAIT,
             };
             let event = match tokio::time::timeout(wait, self.client.recv()).await {
                 // In a transaction, wait for its end: a stall shows in the relay's watch.
                 Err(_) if !between => continue,
-                Err(_) => return Ok(self.read_ends(txns, false)),
+                Err(_) => {
+                    self.handed_over = read.handed_over();
+                    return Ok(read.finish(false));
+                }
                 Ok(Ok(Some(event))) => event,
                 Ok(Ok(None)) => {
                     return Err(RelayError::Replication {
@@ -297,18 +300,11 @@ impl WalStream {
                         .commit(Lsn(lsn.as_u64()), Lsn(end_lsn.as_u64()), commit_time_micros)
                         .map_err(slot_error)?;
                     for txn in self.assembler.take_committed() {
-                        self.handed_over = self.handed_over.max(txn.end_lsn);
-                        // Before the read's position: in Kafka already.
-                        if txn.commit_lsn >= after {
-                            rows += txn.positions.len();
-                            txns.push(txn);
-                        }
+                        read.committed(txn);
                     }
                 }
-                // The walsender's position: between transactions, every commit before it has
-                // been handed over.
                 ReplicationEvent::KeepAlive { wal_end, .. } if between => {
-                    self.handed_over = self.handed_over.max(Lsn(wal_end.as_u64()));
+                    read.walsender_at(Lsn(wal_end.as_u64()));
                 }
                 ReplicationEvent::KeepAlive { .. } | ReplicationEvent::Message { .. } => {}
                 ReplicationEvent::StoppedAt { reached } => {
@@ -319,19 +315,138 @@ impl WalStream {
             }
         }
     }
+}
 
-    fn read_ends(&self, txns: Vec<DecodedTxn>, more: bool) -> StreamRead {
+/// What one read makes of what the session hands over: pure, so eos-model's session model
+/// (docs/MODEL_CHECKING.md) reads with it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HandOver {
+    after: Lsn,
+    upto: Lsn,
+    limit: usize,
+    rows: usize,
+    txns: Vec<DecodedTxn>,
+    /// Every transaction committing before it has been handed over.
+    handed_over: Lsn,
+}
+
+impl HandOver {
+    /// A read after `after` (the relay's position) up to at least `upto` (the WAL flushed when
+    /// it began) of about `limit` rows, on a session that has handed over up to `handed_over`.
+    pub fn new(handed_over: Lsn, after: Lsn, upto: Lsn, limit: usize) -> Self {
+        Self {
+            after,
+            upto,
+            limit,
+            rows: 0,
+            txns: Vec::new(),
+            handed_over: handed_over.max(after),
+        }
+    }
+
+    /// A committed transaction, handed over: published unless it commits before the read's
+    /// position (Kafka holds it).
+    pub fn committed(&mut self, txn: DecodedTxn) {
+        self.handed_over = self.handed_over.max(txn.end_lsn);
+        if txn.commit_lsn >= self.after {
+            self.rows += txn.positions.len();
+            self.txns.push(txn);
+        }
+    }
+
+    /// The walsender's position from its keepalive, between transactions: every commit before
+    /// it has been handed over.
+    pub fn walsender_at(&mut self, wal_end: Lsn) {
+        self.handed_over = self.handed_over.max(wal_end);
+    }
+
+    /// Between transactions: `Some(more)` when the read ends now whatever comes next — at its
+    /// limit, or after `READ_AT_MOST` (a stream of transactions without outbox rows still moves
+    /// the position) — with more to read at once.
+    pub fn ends(&self, elapsed: Duration) -> Option<bool> {
+        (self.rows >= self.limit || elapsed >= READ_AT_MOST).then_some(true)
+    }
+
+    /// Everything flushed when the read began has been handed over: the read takes only what
+    /// is there already.
+    pub fn past_upto(&self) -> bool {
+        self.handed_over >= self.upto
+    }
+
+    pub fn handed_over(&self) -> Lsn {
+        self.handed_over
+    }
+
+    /// The read's result: its transactions, and the position once they are published.
+    pub fn finish(self, more: bool) -> StreamRead {
         StreamRead {
-            txns,
+            txns: self.txns,
             next: self.handed_over,
             more,
         }
     }
 }
 
+/// Whether a read after `after` goes on with the session the last read left, which has handed
+/// over up to `handed_over` (`None`: none is open, or a read was cut off): only at that very
+/// position; else a new session starts at `after`.
+pub fn session_goes_on(handed_over: Option<Lsn>, after: Lsn) -> bool {
+    handed_over == Some(after)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn txn(commit: u64, end: u64, positions: &[i64]) -> DecodedTxn {
+        DecodedTxn {
+            xid: 1,
+            commit_lsn: Lsn(commit),
+            end_lsn: Lsn(end),
+            commit_time: 0,
+            positions: positions.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_read_skips_what_kafka_holds_stops_at_its_limit_and_moves_with_the_walsender() {
+        // A new session at 0x300 may hand over a transaction committing before it (the slot
+        // lags): Kafka holds it, so it is not published, but the position passes it.
+        let mut read = HandOver::new(Lsn(0x300), Lsn(0x300), Lsn(0x900), 3);
+        read.committed(txn(0x200, 0x230, &[1]));
+        read.committed(txn(0x300, 0x330, &[2, 3]));
+        assert_eq!(read.ends(Duration::ZERO), None, "2 rows of 3");
+        read.committed(txn(0x400, 0x430, &[4]));
+        assert_eq!(read.ends(Duration::ZERO), Some(true), "at its limit");
+        assert!(!read.past_upto());
+        let done = read.finish(true);
+        assert_eq!(done.next, Lsn(0x430));
+        let positions: Vec<i64> = done.txns.iter().flat_map(|t| t.positions.clone()).collect();
+        assert_eq!(positions, vec![2, 3, 4]);
+
+        // Caught up: the walsender's keepalive carries the position past WAL without outbox rows.
+        let mut idle = HandOver::new(Lsn(0x430), Lsn(0x430), Lsn(0x500), 3);
+        idle.walsender_at(Lsn(0x520));
+        assert!(idle.past_upto());
+        assert_eq!(
+            idle.ends(READ_AT_MOST),
+            Some(true),
+            "a read ends after READ_AT_MOST"
+        );
+        let done = idle.finish(false);
+        assert!(done.txns.is_empty());
+        assert_eq!(done.next, Lsn(0x520));
+
+        assert!(session_goes_on(Some(Lsn(0x430)), Lsn(0x430)));
+        assert!(
+            !session_goes_on(Some(Lsn(0x430)), Lsn(0x330)),
+            "a recovery's position"
+        );
+        assert!(
+            !session_goes_on(None, Lsn(0x430)),
+            "a cut-off read left none"
+        );
+    }
 
     #[test]
     fn the_target_is_read_from_the_url_as_libpq_reads_it() {
