@@ -18,6 +18,8 @@ pub mod metrics;
 pub mod pgoutput;
 pub mod position_topic;
 pub mod purge;
+mod records;
+mod recovery;
 pub mod relay_loop;
 pub mod server_watch;
 

@@ -28,31 +28,29 @@ use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use rdkafka::ClientConfig;
-use rdkafka::message::OwnedHeaders;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
 use tokio::task::{JoinHandle, block_in_place};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, info_span, warn};
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing::{info, warn};
 
 use eos_core::Guarantee;
-use eos_outbox::relay_positions::{record_relayed, relayed_position};
+use eos_outbox::relay_positions::record_relayed;
 use eos_outbox::{OutboxCursor, OutboxRow, read_after};
 use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
-use eos_runtime::trace_context;
 use eos_runtime::transaction_recovery::{LostTransaction, Recovery, cause};
 use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
-use opentelemetry::trace::TraceContextExt as _;
 
 use crate::backlog_watch::{self, SharedPublished};
 use crate::error::RelayError;
 use crate::logical::{LogicalSource, PurgeMark};
 use crate::metrics as m;
-use crate::position_topic::{RelayPosition, position_record, read_position};
+use crate::position_topic::{RelayPosition, position_record};
+use crate::records::record_for;
+use crate::recovery::{log_resuming, recover_position};
 
 /// The channel `eos_outbox_enqueue` notifies at commit.
 pub const NOTIFY_CHANNEL: &str = "eos_outbox";
@@ -96,7 +94,7 @@ impl RelaySettings {
 
     /// A crashed relay's open transaction holds the position topic's LSO until the broker
     /// aborts it.
-    fn position_read_timeout(&self) -> Duration {
+    pub(crate) fn position_read_timeout(&self) -> Duration {
         self.transaction_timeout * 3 + Duration::from_secs(30)
     }
 
@@ -623,228 +621,6 @@ pub fn slot_advance_due(full_read: bool, since_last_advance: Option<Duration>) -
     full_read || since_last_advance.is_none_or(|since| since >= ADVANCE_INTERVAL)
 }
 
-/// The line tests and operators look for: the relay knows where it resumes, its producer is
-/// initialised (any earlier relay of its name fenced).
-fn log_resuming(settings: &RelaySettings, position: RelayPosition) {
-    let relay = &settings.relay_name;
-    let guarantee = &settings.guarantee;
-    match position {
-        RelayPosition::Xmin(cursor) => info!(
-            relay = %relay,
-            mode = "xmin",
-            order_xid = cursor.order_xid,
-            position = cursor.position,
-            guarantee = %guarantee,
-            "resuming after this outbox position"
-        ),
-        RelayPosition::Logical { lsn, table_after } => info!(
-            relay = %relay,
-            mode = "logical",
-            slot = settings.logical.as_ref().map(LogicalSource::slot),
-            lsn = lsn.0,
-            at = %lsn,
-            table_after = ?table_after,
-            guarantee = %guarantee,
-            "resuming after this outbox position"
-        ),
-    }
-}
-
-/// Where to resume: [`recover_xmin`] or [`recover_logical`].
-async fn recover_position(
-    settings: &RelaySettings,
-    pool: &PgPool,
-) -> Result<RelayPosition, RelayError> {
-    let recorded = relayed_position(pool, &settings.relay_name).await?;
-    if settings.guarantee == Guarantee::AtLeastOnce {
-        return Ok(RelayPosition::Xmin(recorded.unwrap_or_default()));
-    }
-    let committed = block_in_place(|| {
-        read_position(
-            &settings.client_config,
-            &settings.positions_topic,
-            &settings.relay_name,
-            settings.position_read_timeout(),
-        )
-    })?;
-    match &settings.logical {
-        None => recover_xmin(settings, committed, recorded).map(RelayPosition::Xmin),
-        Some(source) => recover_logical(settings, source, committed, recorded).await,
-    }
-}
-
-/// xmin mode: the position committed in Kafka, unless PostgreSQL records a later one, which means
-/// Kafka lost committed records: refuse rather than publish again.
-fn recover_xmin(
-    settings: &RelaySettings,
-    committed: Option<RelayPosition>,
-    recorded: Option<OutboxCursor>,
-) -> Result<OutboxCursor, RelayError> {
-    let position_error = |detail: String| RelayError::Position {
-        relay: settings.relay_name.clone(),
-        detail,
-    };
-    let committed = match committed {
-        Some(RelayPosition::Xmin(cursor)) => Some(cursor),
-        Some(RelayPosition::Logical { lsn, .. }) => {
-            return Err(position_error(format!(
-                "the last position committed to {} is a logical one (WAL {lsn}); --mode xmin \
-                 cannot tell which rows it covers. Run with --mode logical, or see \
-                 docs/architecture/outbox.md for switching modes",
-                settings.positions_topic
-            )));
-        }
-        None => None,
-    };
-    match (committed, recorded) {
-        (Some(committed), Some(recorded)) if recorded > committed => Err(position_error(format!(
-            "PostgreSQL records position {recorded:?} as published, but the last position \
-             committed to {} is {committed:?}: Kafka lost committed records, so the records \
-             after it may be missing or would be published twice. Check the topics, then \
-             update or delete the relay's row in eos_outbox_relay_positions",
-            settings.positions_topic
-        ))),
-        (None, Some(recorded)) => {
-            warn!(
-                topic = %settings.positions_topic,
-                position = recorded.position,
-                "the position topic has no position for this relay; resuming after PostgreSQL's \
-                 (rows published after it but before the last crash are published again)"
-            );
-            Ok(recorded)
-        }
-        (committed, _) => Ok(committed.unwrap_or_default()),
-    }
-}
-
-/// logical mode (docs/architecture/outbox.md). Kafka's position is the authority; the slot
-/// must be at or behind it (it is moved up to it here) and still hold its WAL. With no logical
-/// position yet, the slot is created if missing and the rows committed before it existed are
-/// published from the table first: all of them, or those after an xmin-mode position (a relay
-/// switching modes), or after PostgreSQL's record when Kafka has none.
-async fn recover_logical(
-    settings: &RelaySettings,
-    source: &LogicalSource,
-    committed: Option<RelayPosition>,
-    recorded: Option<OutboxCursor>,
-) -> Result<RelayPosition, RelayError> {
-    source.prepare().await?;
-    let slot = source.usable_slot().await?;
-    let slot_error = |detail: String| RelayError::Slot {
-        slot: source.slot().to_owned(),
-        detail,
-    };
-    let table_after = match committed {
-        Some(RelayPosition::Logical { lsn, table_after }) => {
-            let Some((_, confirmed)) = slot else {
-                return Err(slot_error(format!(
-                    "does not exist, but relay {}'s position in {} is WAL {lsn}: the changes \
-                     after it can no longer be decoded (a dropped slot, or a failover to a \
-                     standby without it). Not guessing where to resume: see docs/ARCHITECTURE.md \
-                     \"Outbox\" for the recovery",
-                    settings.relay_name, settings.positions_topic
-                )));
-            };
-            if confirmed > lsn {
-                return Err(slot_error(format!(
-                    "is at WAL {confirmed}, past relay {}'s position {lsn} in {}: the WAL \
-                     between them is released, so rows may be missing from Kafka. Not guessing \
-                     (docs/architecture/outbox.md)",
-                    settings.relay_name, settings.positions_topic
-                )));
-            }
-            let end = source.marks().await?.flush_lsn;
-            if lsn > end {
-                return Err(slot_error(format!(
-                    "relay {}'s position in {} is WAL {lsn}, past the end of this server's WAL \
-                     ({end}): another server's position, or a failover lost WAL whose rows were \
-                     published. Not guessing (docs/architecture/outbox.md)",
-                    settings.relay_name, settings.positions_topic
-                )));
-            }
-            // Behind Kafka: the transactions in between are in Kafka already.
-            source.advance(lsn).await?;
-            return Ok(RelayPosition::Logical { lsn, table_after });
-        }
-        Some(RelayPosition::Xmin(cursor)) => cursor,
-        None => {
-            if let Some(recorded) = recorded {
-                warn!(
-                    topic = %settings.positions_topic,
-                    order_xid = recorded.order_xid,
-                    position = recorded.position,
-                    "the position topic has no position for this relay; publishing the outbox's \
-                     rows after PostgreSQL's record of it (rows published after it but before the \
-                     last crash are published again)"
-                );
-            }
-            recorded.unwrap_or_default()
-        }
-    };
-    // No logical position in Kafka: the rows committed before the slot's position come from the
-    // table (after `table_after`), those committed after it from the slot.
-    let consistent = match slot {
-        Some((_, confirmed)) => confirmed,
-        None => source.create_slot().await?,
-    };
-    Ok(RelayPosition::Logical {
-        lsn: consistent,
-        table_after: Some(table_after),
-    })
-}
-
-/// The record for one row: key and value as the row says, the event id header, and the trace
-/// context of a span whose parent is the context stored at enqueue, so the event's trace goes on
-/// from the domain change.
-fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
-    let payload = row.value_bytes().map_err(|error| RelayError::InvalidRow {
-        position: row.cursor.position,
-        event_id: row.event_id.clone(),
-        detail: error.to_string(),
-    })?;
-    let parent = row
-        .trace_context
-        .as_deref()
-        .map(trace_context::context_from_stored)
-        .unwrap_or_default();
-    let parent = trace_context::context_with_event_id(&parent, &row.event_id);
-    let span = info_span!(
-        "publish",
-        otel.name = "outbox-relay publish",
-        otel.kind = "producer",
-        event_id = %row.event_id,
-        messaging.system = "kafka",
-        messaging.operation.type = "publish",
-        messaging.destination.name = %row.topic,
-        outbox.position = row.cursor.position,
-    );
-    let _ = span.set_parent(parent.clone());
-    // Without an exporter the span has no context of its own: pass the stored one on.
-    let span_cx = span.context();
-    let cx = if span_cx.span().span_context().is_valid() {
-        trace_context::context_with_event_id(&span_cx, &row.event_id)
-    } else {
-        parent
-    };
-    // A general row's own headers first; the trace context and event_id are the relay's.
-    let mut own = OwnedHeaders::new();
-    for (name, value) in row.extra_headers() {
-        own = own.insert(rdkafka::message::Header {
-            key: name,
-            value: Some(value),
-        });
-    }
-    let headers =
-        trace_context::with_event_id(trace_context::inject_kafka(&cx, own), &row.event_id);
-    Ok(PendingRecord {
-        topic: row.topic.clone(),
-        partition: None,
-        key: Some(row.key.clone().into_bytes()),
-        payload: Some(payload),
-        headers,
-    })
-}
-
 /// The waits between attempts while PostgreSQL or the broker is unreachable.
 fn retry_delays() -> ExponentialBackoff {
     doubling(Duration::from_millis(200), MAX_RETRY_BACKOFF)
@@ -856,69 +632,5 @@ async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) {
     tokio::select! {
         () = shutdown.cancelled() => {}
         () = tokio::time::sleep(delay) => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_record_carries_the_row_key_envelope_and_event_id() {
-        let row = OutboxRow {
-            cursor: OutboxCursor {
-                order_xid: 7,
-                position: 3,
-            },
-            topic: "payments".into(),
-            key: "acct-1".into(),
-            event_id: "ev-1".into(),
-            entity_id: "acct-1".into(),
-            value: Some(1250),
-            record: None,
-            headers: None,
-            version: Some(2),
-            payload: None,
-            occurred_at: None,
-            trace_context: None,
-            enqueued_at: OffsetDateTime::UNIX_EPOCH,
-        };
-        let record = record_for(&row).expect("valid row");
-        assert_eq!(record.topic, "payments");
-        assert_eq!(record.key.as_deref(), Some(b"acct-1".as_slice()));
-        let envelope =
-            eos_core::EventEnvelope::parse(record.payload.as_deref().unwrap_or_default())
-                .expect("parses");
-        assert_eq!(envelope.event_id.as_str(), "ev-1");
-        assert_eq!((envelope.value, envelope.version), (1250, Some(2)));
-        let headers = record.headers;
-        assert_eq!(
-            trace_context::event_id_header(&headers),
-            Some("ev-1"),
-            "event_id header"
-        );
-    }
-
-    #[test]
-    fn a_row_written_around_the_checks_stops_the_relay_instead_of_being_skipped() {
-        let row = OutboxRow {
-            cursor: OutboxCursor::default(),
-            topic: "payments".into(),
-            key: "k".into(),
-            event_id: String::new(),
-            entity_id: "e".into(),
-            value: Some(1),
-            record: None,
-            headers: None,
-            version: None,
-            payload: None,
-            occurred_at: None,
-            trace_context: None,
-            enqueued_at: OffsetDateTime::UNIX_EPOCH,
-        };
-        assert!(matches!(
-            record_for(&row),
-            Err(RelayError::InvalidRow { .. })
-        ));
     }
 }
