@@ -13,10 +13,12 @@
 //! it, and a stale value would add to the job's sum for good.
 
 use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use eos_runtime::measuring_thread::MeasuringThread;
 
 use metrics::gauge;
 use rdkafka::consumer::Consumer;
@@ -34,61 +36,33 @@ const LAG_TIMEOUT: Duration = Duration::from_secs(1);
 /// The measuring thread; dropping this stops it and waits for it (at most one watermark request).
 #[derive(Debug)]
 pub(crate) struct LagWatch {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: MeasuringThread,
 }
 
 impl LagWatch {
     /// Measures the lag of `consumer` on `topic` until dropped (or the consumer is). `None`, with
     /// the reason logged, when no thread can be started: the loop runs without the gauge.
     pub(crate) fn spawn(consumer: &Arc<LoopConsumer>, topic: String) -> Option<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
         let consumer = Arc::downgrade(consumer);
-        let stopped = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("consumer-lag".into())
-            .spawn(move || measure_until_stopped(&consumer, &topic, &stopped));
+        let mut reported = BTreeSet::new();
+        let thread = MeasuringThread::spawn(
+            "consumer-lag",
+            (FIRST_LAG_REPORT, LAG_INTERVAL),
+            move |stop| {
+                let Some(consumer) = consumer.upgrade() else {
+                    return ControlFlow::Break(());
+                };
+                measure(&consumer, &topic, &mut reported, stop);
+                ControlFlow::Continue(())
+            },
+        );
         match thread {
-            Ok(thread) => Some(Self {
-                stop,
-                thread: Some(thread),
-            }),
+            Ok(thread) => Some(Self { _thread: thread }),
             Err(error) => {
                 tracing::error!(%error, "cannot start the consumer lag thread: eos_processor_consumer_lag is not measured");
                 None
             }
         }
-    }
-}
-
-impl Drop for LagWatch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            // Joined, so the consumer is never dropped (and closed) on this thread after the
-            // loop has gone on without it.
-            let _ = thread.join();
-        }
-    }
-}
-
-fn measure_until_stopped(consumer: &Weak<LoopConsumer>, topic: &str, stop: &AtomicBool) {
-    let mut reported = BTreeSet::new();
-    let mut wait = FIRST_LAG_REPORT;
-    loop {
-        let until = Instant::now() + wait;
-        while !stop.load(Ordering::Acquire) && Instant::now() < until {
-            std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
-        }
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Some(consumer) = consumer.upgrade() else {
-            return;
-        };
-        measure(&consumer, topic, &mut reported, stop);
-        wait = LAG_INTERVAL;
     }
 }
 

@@ -18,6 +18,7 @@ pub mod kafka_clients;
 pub mod kafka_errors;
 pub mod kafka_settings;
 pub mod log_end;
+pub mod measuring_thread;
 pub mod ops_http;
 #[cfg(feature = "postgres")]
 pub mod postgres_pool;

@@ -12,10 +12,12 @@
 //! keeps the checkpoint it had; one revoked is set to 0, its new owner reports it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use eos_runtime::measuring_thread::MeasuringThread;
 
 use metrics::gauge;
 use rdkafka::consumer::Consumer;
@@ -63,8 +65,7 @@ impl Checkpoints {
 /// The measuring thread; dropping this stops it and waits for it (at most one watermark request).
 #[derive(Debug)]
 pub(crate) struct LagWatch {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: MeasuringThread,
 }
 
 impl LagWatch {
@@ -76,57 +77,26 @@ impl LagWatch {
         topic: String,
         checkpoints: Checkpoints,
     ) -> Option<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
         let consumer = Arc::downgrade(consumer);
-        let stopped = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("checkpoint-lag".into())
-            .spawn(move || measure_until_stopped(&consumer, (&topic, &checkpoints), &stopped));
+        let mut reported = BTreeSet::new();
+        let thread = MeasuringThread::spawn(
+            "checkpoint-lag",
+            (FIRST_LAG_REPORT, LAG_INTERVAL),
+            move |stop| {
+                let Some(consumer) = consumer.upgrade() else {
+                    return ControlFlow::Break(());
+                };
+                measure(&consumer, (&topic, &checkpoints), &mut reported, stop);
+                ControlFlow::Continue(())
+            },
+        );
         match thread {
-            Ok(thread) => Some(Self {
-                stop,
-                thread: Some(thread),
-            }),
+            Ok(thread) => Some(Self { _thread: thread }),
             Err(error) => {
                 tracing::error!(%error, "cannot start the checkpoint lag thread: eos_sink_checkpoint_lag is not measured");
                 None
             }
         }
-    }
-}
-
-impl Drop for LagWatch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            // Joined, so the consumer is never dropped (and closed) on this thread after the
-            // loop has gone on without it.
-            let _ = thread.join();
-        }
-    }
-}
-
-fn measure_until_stopped(
-    consumer: &Weak<LoopConsumer>,
-    (topic, checkpoints): (&str, &Checkpoints),
-    stop: &AtomicBool,
-) {
-    let mut reported = BTreeSet::new();
-    let mut wait = FIRST_LAG_REPORT;
-    loop {
-        let until = Instant::now() + wait;
-        while !stop.load(Ordering::Acquire) && Instant::now() < until {
-            std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
-        }
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Some(consumer) = consumer.upgrade() else {
-            return;
-        };
-        measure(&consumer, (topic, checkpoints), &mut reported, stop);
-        wait = LAG_INTERVAL;
     }
 }
 
