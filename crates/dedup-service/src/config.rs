@@ -552,7 +552,7 @@ mod tests {
             "--provider-url",
             "http://eos-user:PASSWORD-MARKER@provider.internal:8080/v1",
         ]);
-        let boundary = format!("{:?}", crate::boundary(&config));
+        let boundary = format!("{:?}", crate::service::boundary(&config));
         assert!(!boundary.contains("PASSWORD-MARKER"), "{boundary}");
         assert!(!boundary.contains("eos-user"), "{boundary}");
         assert!(boundary.contains("provider.internal:8080"), "{boundary}");
@@ -562,7 +562,7 @@ mod tests {
         assert!(!refusal.contains("eos-user"), "{refusal}");
 
         let config = parse(&["--provider-url", "http://token-only@provider.internal/"]);
-        assert!(!format!("{:?}", crate::boundary(&config)).contains("token-only"));
+        assert!(!format!("{:?}", crate::service::boundary(&config)).contains("token-only"));
         assert!(config.validate().is_err());
     }
 

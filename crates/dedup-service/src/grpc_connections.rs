@@ -408,8 +408,21 @@ impl Connected for GuardedConnection {
 
 /// The layer that counts each call on its connection from its request until its answer is sent
 /// (or dropped), so that [`GuardedConnection`] knows when the connection is idle.
-pub fn track_calls<S>() -> impl tower::Layer<S, Service = TrackCalls<S>> + Clone {
-    tower::layer::layer_fn(|inner| TrackCalls { inner })
+pub fn track_calls() -> TrackCallsLayer {
+    TrackCallsLayer
+}
+
+/// The layer [`track_calls`] returns. A named type rather than an `impl Layer`, so that the
+/// server built at start-up (its type includes its layers) can be kept until it runs.
+#[derive(Debug, Clone, Copy)]
+pub struct TrackCallsLayer;
+
+impl<S> tower::Layer<S> for TrackCallsLayer {
+    type Service = TrackCalls<S>;
+
+    fn layer(&self, inner: S) -> TrackCalls<S> {
+        TrackCalls { inner }
+    }
 }
 
 /// The service of [`track_calls`].
