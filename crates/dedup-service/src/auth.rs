@@ -26,7 +26,7 @@ use crate::metrics;
 
 /// What an authenticated caller may do; put into the request's extensions by [`Authenticator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     Client,
     Operator,
 }
@@ -34,7 +34,7 @@ pub enum Role {
 impl Role {
     /// The caller's role. A request that did not pass the interceptor has none and counts as a
     /// client (fail closed: it can never reach an operator RPC by accident).
-    pub fn of<T>(request: &Request<T>) -> Self {
+    pub(crate) fn of<T>(request: &Request<T>) -> Self {
         request
             .extensions()
             .get::<Role>()
@@ -42,7 +42,7 @@ impl Role {
             .unwrap_or(Role::Client)
     }
 
-    pub fn require_operator(self, method: &'static str) -> Result<(), DedupError> {
+    pub(crate) fn require_operator(self, method: &'static str) -> Result<(), DedupError> {
         match self {
             Role::Operator => Ok(()),
             Role::Client => Err(DedupError::NotOperator { method }),
@@ -52,22 +52,22 @@ impl Role {
 
 /// The configured credentials.
 #[derive(Debug, Clone, Default)]
-pub struct AuthPolicy {
-    pub client_tokens: Vec<BearerToken>,
-    pub operator_tokens: Vec<BearerToken>,
+pub(crate) struct AuthPolicy {
+    pub(crate) client_tokens: Vec<BearerToken>,
+    pub(crate) operator_tokens: Vec<BearerToken>,
     /// Client certificates are required and verified by TLS (`--tls-client-ca`).
-    pub mtls: bool,
+    pub(crate) mtls: bool,
 }
 
 impl AuthPolicy {
     /// Nothing authenticates a client: no client token and no mTLS.
-    pub fn is_unauthenticated(&self) -> bool {
+    pub(crate) fn is_unauthenticated(&self) -> bool {
         self.client_tokens.is_empty() && !self.mtls
     }
 
     /// Refuses an unauthenticated service on an address others can reach, unless explicitly
     /// allowed; warns whenever it is unauthenticated.
-    pub fn check_listen(
+    pub(crate) fn check_listen(
         &self,
         listen: SocketAddr,
         allow_unauthenticated: bool,
@@ -106,7 +106,7 @@ impl AuthPolicy {
     /// The role a request's `authorization` value (if any) earns. Every configured token is
     /// compared, in constant time each, so the time taken says nothing about which one nearly
     /// matched.
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Role, Refusal> {
+    pub(crate) fn authenticate(&self, authorization: Option<&str>) -> Result<Role, Refusal> {
         let Some(authorization) = authorization else {
             return if !self.client_tokens.is_empty() {
                 Err(Refusal::MissingToken)
@@ -140,13 +140,13 @@ fn any_matches(tokens: &[BearerToken], presented: &str) -> bool {
 
 /// Why a call was refused before its handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     MissingToken,
     UnknownToken,
 }
 
 /// Every [`Refusal`]'s metric label.
-pub const REFUSAL_LABELS: [&str; 2] = ["missing_token", "unknown_token"];
+pub(crate) const REFUSAL_LABELS: [&str; 2] = ["missing_token", "unknown_token"];
 
 impl Refusal {
     fn label(self) -> &'static str {
@@ -171,12 +171,12 @@ impl From<Refusal> for Status {
 
 /// The tonic interceptor: authenticates, records the role for the handlers, or refuses.
 #[derive(Debug, Clone)]
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     policy: Arc<AuthPolicy>,
 }
 
 impl Authenticator {
-    pub fn new(policy: AuthPolicy) -> Self {
+    pub(crate) fn new(policy: AuthPolicy) -> Self {
         Self {
             policy: Arc::new(policy),
         }

@@ -288,12 +288,14 @@ pub struct Config {
     pub max_encoding_message_size: usize,
 }
 
-/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step.
-pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
+/// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step. Only the
+/// tests parse it here; the binary's `main` has `eos_runtime::serve_or_migrate` do it.
+#[cfg(test)]
+pub(crate) type Invocation = eos_runtime::service_flags::Invocation<Config>;
 pub use eos_runtime::service_flags::MigrateArgs;
 
 impl Config {
-    pub fn retention_policy(&self) -> RetentionPolicy {
+    pub(crate) fn retention_policy(&self) -> RetentionPolicy {
         RetentionPolicy {
             retention: self.retention,
             client_retry_horizon: self.client_retry_horizon,
@@ -303,14 +305,14 @@ impl Config {
         }
     }
 
-    pub fn group_commit_settings(&self) -> GroupCommitSettings {
+    pub(crate) fn group_commit_settings(&self) -> GroupCommitSettings {
         GroupCommitSettings {
             max_calls: self.group_commit_max_calls,
             groups: self.group_commit_groups,
         }
     }
 
-    pub fn connection_limits(&self) -> ConnectionLimits {
+    pub(crate) fn connection_limits(&self) -> ConnectionLimits {
         ConnectionLimits {
             max_connections: self.max_connections,
             handshake_timeout: self.handshake_timeout,
@@ -318,7 +320,7 @@ impl Config {
         }
     }
 
-    pub fn lease_limits(&self) -> LeaseLimits {
+    pub(crate) fn lease_limits(&self) -> LeaseLimits {
         LeaseLimits {
             default_ttl: self.lease_ttl,
             max_ttl: self.max_lease_ttl,
@@ -326,7 +328,7 @@ impl Config {
     }
 
     /// The credentials the flags name, read and checked (tokens from their files too).
-    pub fn auth_policy(&self) -> Result<crate::auth::AuthPolicy, String> {
+    pub(crate) fn auth_policy(&self) -> Result<crate::auth::AuthPolicy, String> {
         use dedup_client::credentials::token_set;
         let client_tokens = token_set(
             &self.client_tokens,
@@ -358,7 +360,7 @@ impl Config {
 
     /// Checks what clap cannot: values that parse but do not fit together. The retention
     /// formula is checked first, naming every figure.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         self.retention_policy().check().map_err(|e| e.to_string())?;
         let positive = [
             ("--lease-ttl", self.lease_ttl),

@@ -5,6 +5,9 @@ use std::sync::Arc;
 
 use dedup_client::state_machine::{IntentState, Transition};
 
+/// Why a call of the store or of the gRPC API did not succeed; each variant is something the
+/// caller does differently (docs/CODE_STYLE.md "Errors"). It becomes a gRPC status in one place,
+/// `From<DedupError> for tonic::Status`.
 #[derive(Debug, thiserror::Error)]
 pub enum DedupError {
     /// Fix the request: the field is named. `INVALID_ARGUMENT`.
@@ -52,9 +55,11 @@ pub enum DedupError {
     /// `UNAVAILABLE`.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
-    /// Anything else from the database, or a row that breaks the schema's promises. `INTERNAL`.
+    /// Anything else from the database. `INTERNAL`.
     #[error("database: {0}")]
     Database(#[source] sqlx::Error),
+    /// A row (or an answer) that breaks the schema's promises, e.g. a state the code does not
+    /// know. `INTERNAL`.
     #[error("corrupt row: {0}")]
     CorruptRow(String),
     /// The error of a group commit's statement (`group_commit.rs`), told to every call of the
@@ -67,7 +72,7 @@ pub enum DedupError {
 }
 
 impl DedupError {
-    pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
         Self::InvalidArgument {
             field: field.into(),
             problem: problem.into(),
@@ -77,7 +82,7 @@ impl DedupError {
     /// Whether the database decided the call (a result or a refusal such as a stale token): for
     /// the progress watch of the intent writes, progress (docs/OBSERVABILITY.md "Liveness").
     /// A database error, a corrupt row or a lost group is no answer.
-    pub fn is_answer(&self) -> bool {
+    pub(crate) fn is_answer(&self) -> bool {
         match self {
             Self::Unavailable(_)
             | Self::Database(_)
@@ -94,7 +99,7 @@ impl DedupError {
     }
 
     /// The database's error behind this one, if any.
-    pub fn database_error(&self) -> Option<&sqlx::Error> {
+    pub(crate) fn database_error(&self) -> Option<&sqlx::Error> {
         match self {
             Self::Unavailable(error) | Self::Database(error) => Some(error),
             Self::Group(shared) => shared.database_error(),
@@ -103,7 +108,7 @@ impl DedupError {
     }
 
     /// Serialization failures and deadlocks: the statement had no effect and may run again.
-    pub fn is_retryable_conflict(&self) -> bool {
+    pub(crate) fn is_retryable_conflict(&self) -> bool {
         match self {
             Self::Database(sqlx::Error::Database(db)) => {
                 matches!(db.code().as_deref(), Some("40001" | "40P01"))

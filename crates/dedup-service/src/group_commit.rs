@@ -38,23 +38,23 @@ use eos_runtime::progress_watch::InFlight;
 
 /// How calls are grouped (`--group-commit-max-calls`, `--group-commit-groups`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupCommitSettings {
+pub(crate) struct GroupCommitSettings {
     /// Most calls in one statement; 1 turns grouping off.
-    pub max_calls: usize,
+    pub(crate) max_calls: usize,
     /// Groups of one kind in flight at once: while one waits for its commit, the next can form
     /// and go, so one slow commit does not stall every caller.
-    pub groups: usize,
+    pub(crate) groups: usize,
 }
 
 impl GroupCommitSettings {
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.max_calls > 1
     }
 }
 
 /// The grouped single calls of one service: Begin and Complete, each with its own queue.
 #[derive(Debug, Clone)]
-pub struct GroupCommit {
+pub(crate) struct GroupCommit {
     begin: Grouper<BeginItem, BeginAnswer>,
     complete: Grouper<CompleteItem, Intent>,
 }
@@ -62,7 +62,11 @@ pub struct GroupCommit {
 impl GroupCommit {
     /// Starts the two dispatchers (tokio tasks that end when the last `GroupCommit` clone is
     /// dropped); every call is told to `watch`.
-    pub fn start(store: IntentStore, settings: GroupCommitSettings, watch: WriteWatch) -> Self {
+    pub(crate) fn start(
+        store: IntentStore,
+        settings: GroupCommitSettings,
+        watch: WriteWatch,
+    ) -> Self {
         let begin_store = store.clone();
         let begin = Grouper::start(
             ("Begin", "a group commit of Begin calls"),
@@ -89,13 +93,13 @@ impl GroupCommit {
     }
 
     /// One Begin, answered from its own row of its group's statement.
-    pub async fn begin(&self, item: BeginItem) -> Result<BeginAnswer, DedupError> {
+    pub(crate) async fn begin(&self, item: BeginItem) -> Result<BeginAnswer, DedupError> {
         self.begin.call(item).await
     }
 
     /// One Complete, answered from its own row of its group's statement: the intent, or the
     /// error the single call gives (not found, stale token, wrong secret, wrong state).
-    pub async fn complete(&self, item: CompleteItem) -> Result<Intent, DedupError> {
+    pub(crate) async fn complete(&self, item: CompleteItem) -> Result<Intent, DedupError> {
         self.complete.call(item).await
     }
 }

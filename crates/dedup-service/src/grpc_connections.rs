@@ -34,16 +34,16 @@ use crate::metrics::CONNECTIONS_DROPPED;
 
 /// The limits of [`incoming`] (`--max-connections`, `--handshake-timeout`, `--idle-timeout`).
 #[derive(Debug, Clone, Copy)]
-pub struct ConnectionLimits {
-    pub max_connections: usize,
-    pub handshake_timeout: Duration,
-    pub idle_timeout: Duration,
+pub(crate) struct ConnectionLimits {
+    pub(crate) max_connections: usize,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
 }
 
 /// Why the server closed a connection on its own: the `reason` of
 /// `eos_dedup_connections_dropped_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
+pub(crate) enum DropReason {
     /// Accepted past `--max-connections`, and closed at once.
     ConnectionCap,
     /// No complete handshake within `--handshake-timeout` of being accepted.
@@ -53,13 +53,13 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 3] = [
+    pub(crate) const ALL: [DropReason; 3] = [
         DropReason::ConnectionCap,
         DropReason::HandshakeTimeout,
         DropReason::IdleTimeout,
     ];
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             DropReason::ConnectionCap => "connection_cap",
             DropReason::HandshakeTimeout => "handshake_timeout",
@@ -75,7 +75,7 @@ impl DropReason {
 /// The connections tonic serves: accepted from `listener` until `accepting` is cancelled, each
 /// in a slot of `limits.max_connections`. With `tls`, the handshake a connection must finish in
 /// time is the TLS handshake (its HTTP/2 preface travels encrypted, out of this layer's sight).
-pub fn incoming(
+pub(crate) fn incoming(
     listener: TcpListener,
     limits: ConnectionLimits,
     tls: bool,
@@ -185,7 +185,7 @@ impl Activity {
 /// The connection's side of [`track_calls`]: tonic puts it in every request's extensions
 /// (tonic's `Connected`), so a call can say when it begins and ends.
 #[derive(Debug, Clone)]
-pub struct ConnectionCalls(Arc<Activity>);
+pub(crate) struct ConnectionCalls(Arc<Activity>);
 
 impl ConnectionCalls {
     fn begin(&self) -> CallInFlight {
@@ -242,7 +242,7 @@ impl Limit {
 /// of file) and refuses writes, so hyper ends the connection and tonic drops it. With no call
 /// in flight nothing is cut short, and the client's next call connects again.
 #[derive(Debug)]
-pub struct GuardedConnection {
+pub(crate) struct GuardedConnection {
     stream: TcpStream,
     activity: Arc<Activity>,
     limits: ConnectionLimits,
@@ -408,14 +408,14 @@ impl Connected for GuardedConnection {
 
 /// The layer that counts each call on its connection from its request until its answer is sent
 /// (or dropped), so that [`GuardedConnection`] knows when the connection is idle.
-pub fn track_calls() -> TrackCallsLayer {
+pub(crate) fn track_calls() -> TrackCallsLayer {
     TrackCallsLayer
 }
 
 /// The layer [`track_calls`] returns. A named type rather than an `impl Layer`, so that the
 /// server built at start-up (its type includes its layers) can be kept until it runs.
 #[derive(Debug, Clone, Copy)]
-pub struct TrackCallsLayer;
+pub(crate) struct TrackCallsLayer;
 
 impl<S> tower::Layer<S> for TrackCallsLayer {
     type Service = TrackCalls<S>;
@@ -427,7 +427,7 @@ impl<S> tower::Layer<S> for TrackCallsLayer {
 
 /// The service of [`track_calls`].
 #[derive(Debug, Clone)]
-pub struct TrackCalls<S> {
+pub(crate) struct TrackCalls<S> {
     inner: S,
 }
 

@@ -28,7 +28,7 @@ use dedup_client::state_machine::BeginOutcome;
 use crate::metrics;
 
 #[derive(Debug, Clone)]
-pub struct DedupApi {
+pub(crate) struct DedupApi {
     store: IntentStore,
     limits: LeaseLimits,
     /// Single Begin and Complete calls go through it when grouping is on
@@ -41,7 +41,7 @@ pub struct DedupApi {
 impl DedupApi {
     /// Starts the group commit's dispatchers when `groups` turns grouping on: call it inside the
     /// tokio runtime.
-    pub fn new(
+    pub(crate) fn new(
         store: IntentStore,
         limits: LeaseLimits,
         (groups, writes): (GroupCommitSettings, WriteWatch),

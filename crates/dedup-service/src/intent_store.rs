@@ -37,7 +37,10 @@ const CONFLICT_RETRIES: usize = 5;
 /// One Begin's answer plus what the metrics want to know about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BeginAnswer {
+    /// The item's operation.
     pub operation_id: String,
+    /// What the Begin answers: acquired (with the token), in progress, the settled state,
+    /// a conflict, or expired.
     pub outcome: BeginOutcome,
     /// This very statement turned an expired lease into UNKNOWN.
     pub expired_lease_now: bool,
@@ -45,14 +48,16 @@ pub struct BeginAnswer {
 
 /// Figures for the UNKNOWN backlog over a window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BacklogCounts {
-    pub backlog: i64,
+pub(crate) struct BacklogCounts {
+    pub(crate) backlog: i64,
     /// Transitions into UNKNOWN within the window.
-    pub arrivals: i64,
+    pub(crate) arrivals: i64,
     /// Transitions out of UNKNOWN within the window.
-    pub cleared: i64,
+    pub(crate) cleared: i64,
 }
 
+/// The intents in PostgreSQL (`dedup_intents`, with `dedup_intent_history` written by its
+/// triggers): every transition of the service, the reconciler and the purge goes through it.
 #[derive(Debug, Clone)]
 pub struct IntentStore {
     pool: PgPool,
@@ -68,14 +73,14 @@ pub async fn connect(database_url: &str, max_connections: u32) -> Result<PgPool,
 
 /// How the store's pool is opened: every statement here is short, so a stuck one is a bug, not
 /// a workload, and the server cancels it.
-pub fn pool_builder(max_connections: u32) -> PoolBuilder {
+pub(crate) fn pool_builder(max_connections: u32) -> PoolBuilder {
     PoolBuilder::new(max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .session_setting("SET statement_timeout = '30s'")
 }
 
 /// Opens a pool with one attempt; the schema is left as it is.
-pub async fn open(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+pub(crate) async fn open(database_url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     pool_builder(max_connections).connect(database_url).await
 }
 
@@ -160,12 +165,10 @@ where
 }
 
 impl IntentStore {
+    /// The store over `pool` (migrated: see [`migrator`]); operations older than `retention`
+    /// answer EXPIRED and are purged.
     pub fn new(pool: PgPool, retention: Duration) -> Self {
         Self { pool, retention }
-    }
-
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
     }
 
     /// Begin for many operations in one statement (one round trip): creates the missing rows,
@@ -247,7 +250,7 @@ impl IntentStore {
 
     /// The reconciler's stuck verdicts on the current attempt of those of `ids` that are UNKNOWN,
     /// by operation id (a verdict on an earlier attempt no longer counts).
-    pub async fn stuck_reasons(
+    pub(crate) async fn stuck_reasons(
         &self,
         ids: &[String],
     ) -> Result<HashMap<String, String>, DedupError> {
@@ -269,7 +272,7 @@ impl IntentStore {
     /// Records the reconciler's verdict that the UNKNOWN attempt `fencing_token` cannot be
     /// settled from the provider. The state stays UNKNOWN. False when the intent has moved on
     /// (resolved, or another attempt) since it was read.
-    pub async fn mark_stuck(
+    pub(crate) async fn mark_stuck(
         &self,
         operation_id: &str,
         fencing_token: i64,
@@ -480,6 +483,7 @@ impl IntentStore {
             .await?)
     }
 
+    /// The intent of `operation_id` as stored; `None` when never begun or purged.
     pub async fn get(&self, operation_id: &str) -> Result<Option<Intent>, DedupError> {
         let row = sqlx::query_as!(
             IntentRow,
@@ -696,12 +700,12 @@ impl IntentStore {
     }
 
     /// UNKNOWN intents, oldest first.
-    pub async fn list_unknown(&self, limit: u32) -> Result<Vec<Intent>, DedupError> {
+    pub(crate) async fn list_unknown(&self, limit: u32) -> Result<Vec<Intent>, DedupError> {
         self.list_unknown_page(None, limit).await
     }
 
     /// UNKNOWN intents after `after` (`(updated_at, operation_id)` of the previous page's last).
-    pub async fn list_unknown_page(
+    pub(crate) async fn list_unknown_page(
         &self,
         after: Option<&(OffsetDateTime, String)>,
         limit: u32,
@@ -787,7 +791,10 @@ impl IntentStore {
     }
 
     /// The UNKNOWN backlog and the transitions into and out of UNKNOWN within `window`.
-    pub async fn backlog_counts(&self, window: Duration) -> Result<BacklogCounts, DedupError> {
+    pub(crate) async fn backlog_counts(
+        &self,
+        window: Duration,
+    ) -> Result<BacklogCounts, DedupError> {
         let counts = sqlx::query!(
             r#"SELECT
                  (SELECT count(*) FROM dedup_intents WHERE state = 'UNKNOWN') AS "backlog!",
@@ -809,7 +816,7 @@ impl IntentStore {
     }
 
     /// The database's clock.
-    pub async fn db_now(&self) -> Result<OffsetDateTime, DedupError> {
+    pub(crate) async fn db_now(&self) -> Result<OffsetDateTime, DedupError> {
         self.now().await
     }
 }
@@ -871,13 +878,28 @@ fn answer(
 /// What a holder reports with its fencing token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HolderReport {
-    Complete { result: Vec<u8> },
-    Fail { reason: String, retryable: bool },
-    MarkUnknown { detail: String },
+    /// The provider applied the effect; `result` is its record.
+    Complete {
+        /// The provider's record of the effect.
+        result: Vec<u8>,
+    },
+    /// The provider refused: FAILED, retryable or not.
+    Fail {
+        /// Why, as the provider said.
+        reason: String,
+        /// Whether a later Begin may acquire the operation again.
+        retryable: bool,
+    },
+    /// The holder does not know whether the call landed (timeout, lost answer): UNKNOWN, for the
+    /// reconciler.
+    MarkUnknown {
+        /// What the holder saw.
+        detail: String,
+    },
 }
 
 impl HolderReport {
-    pub fn transition(&self) -> Transition {
+    pub(crate) fn transition(&self) -> Transition {
         match self {
             Self::Complete { .. } => Transition::Complete,
             Self::Fail { .. } => Transition::Fail,

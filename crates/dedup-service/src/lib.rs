@@ -10,26 +10,40 @@
 //! operation — through retries, crashes (`kill -9`) of callers and of this service, and expired
 //! leases. Operations older than the retained window answer EXPIRED (fail closed), and the
 //! service refuses to start when retention is shorter than the replay horizon.
+//!
+//! The public surface is what the binary, the lab, the model checks and the tests use; the rest
+//! is private (docs/CODE_STYLE.md "The shape of a service"):
+//! - the binary: [`run`] ([`build`], then [`Service::run`]) and [`migrate`], with [`Config`] and
+//!   [`MigrateArgs`] as the command line;
+//! - the integration tests: [`Config`]'s fields (as the flags they spawn the binary with), and
+//!   [`intent_store`] with the items of [`validation`] (the transition tests drive the store);
+//! - eos-lab's dedup benchmark: [`intent_store`] and [`validation`]'s items, the store without
+//!   gRPC;
+//! - eos-model: [`reconciler::decide`], the reconciler's one decision, checked over every
+//!   interleaving.
 
-pub mod auth;
-pub mod config;
-pub mod error;
-pub mod group_commit;
-pub mod grpc_connections;
-pub mod grpc_service;
+mod auth;
+mod config;
+mod error;
+mod group_commit;
+mod grpc_connections;
+mod grpc_service;
 pub mod intent_store;
-pub mod metrics;
-pub mod purge;
+mod metrics;
+mod purge;
 pub mod reconciler;
-pub mod retention;
+mod retention;
 mod service;
 pub mod validation;
-pub mod write_watch;
+mod write_watch;
 
 use eos_runtime::schema_migrations as migrations;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Config, MigrateArgs};
+/// dedup-service's flags and their environment variables: each field's doc is its `--help`.
+pub use config::Config;
+/// The flags of `dedup-service migrate`, the ones every service with tables shares.
+pub use config::MigrateArgs;
 pub use error::DedupError;
 pub use service::{Service, build};
 

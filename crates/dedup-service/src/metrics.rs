@@ -2,28 +2,28 @@
 
 use crate::retention::RetentionPolicy;
 
-pub const RPC_SECONDS: &str = "eos_dedup_rpc_duration_seconds";
-pub const RPC_ERRORS: &str = "eos_dedup_rpc_errors_total";
-pub const BEGIN_OUTCOMES: &str = "eos_dedup_begin_outcomes_total";
-pub const REPORTS: &str = "eos_dedup_reports_total";
-pub const CONFLICTS: &str = "eos_dedup_fingerprint_conflicts_total";
-pub const UNKNOWN_BACKLOG: &str = "eos_dedup_unknown_backlog";
-pub const UNKNOWN_ARRIVALS: &str = "eos_dedup_unknown_arrivals_total";
-pub const UNKNOWN_RESOLVED: &str = "eos_dedup_unknown_resolved_total";
-pub const ARRIVAL_RATE: &str = "eos_dedup_unknown_arrival_rate";
-pub const RECONCILE_RATE: &str = "eos_dedup_unknown_reconcile_rate";
-pub const BACKLOG_UNSTABLE: &str = "eos_dedup_unknown_backlog_unstable";
-pub const RECONCILE_ERRORS: &str = "eos_dedup_reconcile_errors_total";
-pub const RECONCILE_STUCK: &str = "eos_dedup_reconcile_stuck_total";
-pub const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
-pub const PURGED: &str = "eos_dedup_purged_intents_total";
-pub const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
-pub const CONNECTIONS_DROPPED: &str = "eos_dedup_connections_dropped_total";
-pub const RETENTION_SECONDS: &str = "eos_dedup_retention_seconds";
-pub const REPLAY_HORIZON_SECONDS: &str = "eos_dedup_replay_horizon_seconds";
-pub const GROUP_COMMIT_CALLS: &str = "eos_dedup_group_commit_calls";
+pub(crate) const RPC_SECONDS: &str = "eos_dedup_rpc_duration_seconds";
+pub(crate) const RPC_ERRORS: &str = "eos_dedup_rpc_errors_total";
+pub(crate) const BEGIN_OUTCOMES: &str = "eos_dedup_begin_outcomes_total";
+pub(crate) const REPORTS: &str = "eos_dedup_reports_total";
+pub(crate) const CONFLICTS: &str = "eos_dedup_fingerprint_conflicts_total";
+pub(crate) const UNKNOWN_BACKLOG: &str = "eos_dedup_unknown_backlog";
+pub(crate) const UNKNOWN_ARRIVALS: &str = "eos_dedup_unknown_arrivals_total";
+pub(crate) const UNKNOWN_RESOLVED: &str = "eos_dedup_unknown_resolved_total";
+pub(crate) const ARRIVAL_RATE: &str = "eos_dedup_unknown_arrival_rate";
+pub(crate) const RECONCILE_RATE: &str = "eos_dedup_unknown_reconcile_rate";
+pub(crate) const BACKLOG_UNSTABLE: &str = "eos_dedup_unknown_backlog_unstable";
+pub(crate) const RECONCILE_ERRORS: &str = "eos_dedup_reconcile_errors_total";
+pub(crate) const RECONCILE_STUCK: &str = "eos_dedup_reconcile_stuck_total";
+pub(crate) const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
+pub(crate) const PURGED: &str = "eos_dedup_purged_intents_total";
+pub(crate) const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
+pub(crate) const CONNECTIONS_DROPPED: &str = "eos_dedup_connections_dropped_total";
+pub(crate) const RETENTION_SECONDS: &str = "eos_dedup_retention_seconds";
+pub(crate) const REPLAY_HORIZON_SECONDS: &str = "eos_dedup_replay_horizon_seconds";
+pub(crate) const GROUP_COMMIT_CALLS: &str = "eos_dedup_group_commit_calls";
 
-pub fn describe() {
+pub(crate) fn describe() {
     // Counters of rare events start at 0, so a dashboard or an alert's rate() sees "none" rather
     // than no series (docs/OBSERVABILITY.md).
     for counter in [
@@ -111,7 +111,7 @@ pub fn describe() {
 /// instances: each instance checks only its own at start-up, and during a rolling change one
 /// instance can purge by an old, shorter retention while another's horizon is already longer
 /// (docs/architecture/retention.md, "Retention and the replay horizon").
-pub fn record_retention(policy: &RetentionPolicy) {
+pub(crate) fn record_retention(policy: &RetentionPolicy) {
     metrics::gauge!(RETENTION_SECONDS).set(policy.retention.as_secs_f64());
     metrics::gauge!(REPLAY_HORIZON_SECONDS).set(policy.replay_horizon().as_secs_f64());
 }

@@ -13,7 +13,7 @@ use crate::metrics;
 const BATCH: i64 = 5_000;
 
 /// Purges every `interval` until `shutdown`.
-pub async fn run(store: IntentStore, interval: Duration, shutdown: CancellationToken) {
+pub(crate) async fn run(store: IntentStore, interval: Duration, shutdown: CancellationToken) {
     batched_purge::every(interval, "settled intents past retention", shutdown, || {
         purge_batch(&store)
     })

@@ -27,12 +27,20 @@ const SWEEP_BATCH: i64 = 1000;
 /// At most one "backlog not draining" warning per this long.
 const WARN_EVERY: Duration = Duration::from_secs(15);
 
+/// The reconciler's flags (`--reconcile-interval` and the others named below).
 #[derive(Debug, Clone, Copy)]
 pub struct ReconcilerSettings {
+    /// `--reconcile-interval`: the pause between passes.
     pub interval: Duration,
+    /// `--reconcile-concurrency`: provider look-ups in flight at once.
     pub concurrency: usize,
+    /// `--in-flight-window`: how long after an attempt's lease ends a request may still reach
+    /// the provider; only after it does "no record" settle an UNKNOWN as a retryable failure.
     pub in_flight_window: Duration,
+    /// `--provider-key-ttl`: how long the provider remembers a key; past it, "no record"
+    /// proves nothing.
     pub provider_key_ttl: Duration,
+    /// `--rate-window`: the window of the arrival and reconcile rates.
     pub rate_window: Duration,
 }
 
@@ -40,15 +48,26 @@ pub struct ReconcilerSettings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// The provider has the charge: SUCCEEDED with its record.
-    Succeeded { result: Vec<u8>, evidence: String },
+    Succeeded {
+        /// The provider's record of the charge.
+        result: Vec<u8>,
+        /// What the provider was asked and answered, for the intent's history.
+        evidence: String,
+    },
     /// No record although every request of the attempt must have landed by now: a retryable
     /// FAILED, so a later Begin may acquire again (same key, so even then no double charge).
-    FailedRetryable { evidence: String },
+    FailedRetryable {
+        /// Why "no record" is evidence here, for the intent's history.
+        evidence: String,
+    },
     /// No record yet, but a request may still be in flight: ask again later.
     Wait,
     /// No record, but the provider may have forgotten the key: "no record" proves nothing.
     /// Leave it UNKNOWN for an operator.
-    Stuck { reason: String },
+    Stuck {
+        /// Why "no record" is not evidence, for the operator.
+        reason: String,
+    },
 }
 
 /// Decides from the provider's answer. Pure.
@@ -92,16 +111,16 @@ pub fn decide(
 
 /// u and r over the window, and whether the backlog is draining.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BacklogRates {
-    pub backlog: i64,
+pub(crate) struct BacklogRates {
+    pub(crate) backlog: i64,
     /// Arrivals into UNKNOWN per second.
-    pub arrival_rate: f64,
+    pub(crate) arrival_rate: f64,
     /// Departures from UNKNOWN per second.
-    pub reconcile_rate: f64,
+    pub(crate) reconcile_rate: f64,
 }
 
 impl BacklogRates {
-    pub fn from_counts(counts: BacklogCounts, window: Duration) -> Self {
+    pub(crate) fn from_counts(counts: BacklogCounts, window: Duration) -> Self {
         let seconds = window.as_secs_f64().max(f64::EPSILON);
         Self {
             backlog: counts.backlog,
@@ -112,7 +131,7 @@ impl BacklogRates {
 
     /// Stable only when r > u (docs/architecture/retention.md "Retention and the replay horizon").
     /// A non-empty backlog with r <= u is not draining.
-    pub fn is_unstable(&self) -> bool {
+    pub(crate) fn is_unstable(&self) -> bool {
         self.backlog > 0 && self.reconcile_rate <= self.arrival_rate
     }
 }
@@ -121,7 +140,7 @@ impl BacklogRates {
 /// A pass that never ends (a look-up or a statement that does not return) is a stall of the
 /// progress watch (docs/OBSERVABILITY.md "Liveness"); a backlog that passes do not clear is
 /// `EosDedupUnknownBacklogGrowing`'s.
-pub async fn run(
+pub(crate) async fn run(
     store: IntentStore,
     (provider, progress): (Option<ProviderClient>, Arc<ProgressWatch>),
     settings: ReconcilerSettings,

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 /// The figures of the formula, each named after its flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetentionPolicy {
-    pub retention: Duration,
-    pub client_retry_horizon: Duration,
-    pub broker_replay_retention: Duration,
-    pub restore_horizon: Duration,
-    pub margin: Duration,
+pub(crate) struct RetentionPolicy {
+    pub(crate) retention: Duration,
+    pub(crate) client_retry_horizon: Duration,
+    pub(crate) broker_replay_retention: Duration,
+    pub(crate) restore_horizon: Duration,
+    pub(crate) margin: Duration,
 }
 
 /// Retention is shorter than the replay horizon plus the margin.
@@ -30,18 +30,18 @@ pub struct RetentionPolicy {
      {margin} = {required}; a replay older than the retained dedup state would be applied a \
      second time"
 )]
-pub struct RetentionTooShort {
-    pub retention: Human,
-    pub client_retry_horizon: Human,
-    pub broker_replay_retention: Human,
-    pub restore_horizon: Human,
-    pub margin: Human,
-    pub required: Human,
+pub(crate) struct RetentionTooShort {
+    pub(crate) retention: Human,
+    pub(crate) client_retry_horizon: Human,
+    pub(crate) broker_replay_retention: Human,
+    pub(crate) restore_horizon: Human,
+    pub(crate) margin: Human,
+    pub(crate) required: Human,
 }
 
 /// A duration printed the way the flags take it (`7days 1h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Human(pub Duration);
+pub(crate) struct Human(pub(crate) Duration);
 
 impl fmt::Display for Human {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -51,19 +51,19 @@ impl fmt::Display for Human {
 
 impl RetentionPolicy {
     /// The replay horizon: the longest time after which an operation may still be replayed.
-    pub fn replay_horizon(&self) -> Duration {
+    pub(crate) fn replay_horizon(&self) -> Duration {
         self.client_retry_horizon
             .max(self.broker_replay_retention)
             .max(self.restore_horizon)
     }
 
     /// `max(parts) + margin`, saturating.
-    pub fn required_retention(&self) -> Duration {
+    pub(crate) fn required_retention(&self) -> Duration {
         self.replay_horizon().saturating_add(self.margin)
     }
 
     /// Fails, naming every figure, when retention < max(parts) + margin.
-    pub fn check(&self) -> Result<(), RetentionTooShort> {
+    pub(crate) fn check(&self) -> Result<(), RetentionTooShort> {
         let required = self.required_retention();
         if self.retention >= required {
             return Ok(());

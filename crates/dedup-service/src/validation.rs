@@ -10,32 +10,37 @@ use time::OffsetDateTime;
 use crate::error::DedupError;
 use dedup_client::state_machine::IntentState;
 
-pub const MAX_OPERATION_ID_BYTES: usize = 256;
-pub const MAX_FINGERPRINT_BYTES: usize = 64;
-pub const MAX_OWNER_BYTES: usize = 128;
-pub const MAX_REQUEST_ID_BYTES: usize = 128;
-pub const MAX_RESULT_BYTES: usize = 64 * 1024;
-pub const MAX_TEXT_BYTES: usize = 4 * 1024;
-pub const MAX_BATCH_ITEMS: usize = 1000;
-pub const MAX_LIST_LIMIT: u32 = 1000;
-pub const DEFAULT_LIST_LIMIT: u32 = 100;
+pub(crate) const MAX_OPERATION_ID_BYTES: usize = 256;
+pub(crate) const MAX_FINGERPRINT_BYTES: usize = 64;
+pub(crate) const MAX_OWNER_BYTES: usize = 128;
+pub(crate) const MAX_REQUEST_ID_BYTES: usize = 128;
+pub(crate) const MAX_RESULT_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_TEXT_BYTES: usize = 4 * 1024;
+pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
+pub(crate) const MAX_LIST_LIMIT: u32 = 1000;
+pub(crate) const DEFAULT_LIST_LIMIT: u32 = 100;
 
 /// Lease bounds from the configuration.
 #[derive(Debug, Clone, Copy)]
-pub struct LeaseLimits {
-    pub default_ttl: Duration,
-    pub max_ttl: Duration,
+pub(crate) struct LeaseLimits {
+    pub(crate) default_ttl: Duration,
+    pub(crate) max_ttl: Duration,
 }
 
 /// A checked Begin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BeginItem {
+    /// The logical operation, and the provider's idempotency key.
     pub operation_id: String,
+    /// What the operation does: the same id with another fingerprint is a conflict.
     pub fingerprint: Vec<u8>,
+    /// Who asks, recorded as the lease holder.
     pub owner: String,
     /// The caller's, or one made up here: either way it tells whether this call acquired.
     pub request_id: String,
+    /// How long the holder may take to call the provider and report (within `--max-lease-ttl`).
     pub lease_ttl: Duration,
+    /// When the operation happened: older than the retained window, it answers EXPIRED.
     pub occurred_at: OffsetDateTime,
     /// The Begin's own trace context ([`eos_runtime::trace_context::stored_context`]), kept with the
     /// intent when this Begin acquires it.
@@ -46,20 +51,30 @@ pub struct BeginItem {
 /// length, or none) is the store's PERMISSION_DENIED, not a malformed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompleteItem {
+    /// The operation completed.
     pub operation_id: String,
+    /// The counter of the holder's fencing token.
     pub fencing_token: i64,
+    /// The secret drawn with that counter when the holder acquired.
     pub fencing_secret: Vec<u8>,
+    /// The provider's record of the effect, kept with the SUCCEEDED intent.
     pub result: Vec<u8>,
 }
 
 /// A checked Resolve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolution {
+    /// The UNKNOWN operation settled.
     pub operation_id: String,
+    /// SUCCEEDED or FAILED.
     pub outcome: IntentState,
+    /// What proves the outcome (kept in the intent's history).
     pub evidence: String,
+    /// The provider's record, for SUCCEEDED.
     pub result: Vec<u8>,
+    /// For FAILED: whether a later Begin may acquire the operation again.
     pub retryable: bool,
+    /// Settles only while the intent still has this fencing token, when given.
     pub expected_fencing_token: Option<i64>,
 }
 
@@ -72,7 +87,7 @@ fn field(prefix: &str, name: &str) -> String {
 }
 
 /// 1..=256 bytes, no control characters.
-pub fn operation_id(value: &str, field_name: &str) -> Result<(), DedupError> {
+pub(crate) fn operation_id(value: &str, field_name: &str) -> Result<(), DedupError> {
     identifier(value, field_name, MAX_OPERATION_ID_BYTES)
 }
 
@@ -106,7 +121,7 @@ fn bounded_text(value: &str, field_name: &str) -> Result<(), DedupError> {
 }
 
 /// Tokens are issued from 1 upwards; anything else cannot be one of ours.
-pub fn fencing_token(value: i64, field_name: &str) -> Result<(), DedupError> {
+pub(crate) fn fencing_token(value: i64, field_name: &str) -> Result<(), DedupError> {
     if value < 1 {
         return Err(DedupError::invalid(
             field_name,
@@ -116,7 +131,7 @@ pub fn fencing_token(value: i64, field_name: &str) -> Result<(), DedupError> {
     Ok(())
 }
 
-pub fn result_bytes(value: &[u8], field_name: &str) -> Result<(), DedupError> {
+pub(crate) fn result_bytes(value: &[u8], field_name: &str) -> Result<(), DedupError> {
     if value.len() > MAX_RESULT_BYTES {
         return Err(DedupError::invalid(
             field_name,
@@ -129,7 +144,7 @@ pub fn result_bytes(value: &[u8], field_name: &str) -> Result<(), DedupError> {
     Ok(())
 }
 
-pub fn text(value: &str, field_name: &str) -> Result<(), DedupError> {
+pub(crate) fn text(value: &str, field_name: &str) -> Result<(), DedupError> {
     bounded_text(value, field_name)
 }
 
@@ -171,7 +186,7 @@ fn lease_ttl(
 }
 
 /// Checks one Begin; `prefix` is `""` for Begin and `items[i]` inside a batch.
-pub fn begin_item(
+pub(crate) fn begin_item(
     request: pb::BeginRequest,
     prefix: &str,
     limits: LeaseLimits,
@@ -228,7 +243,7 @@ pub fn begin_item(
 }
 
 /// Checks a batch: 1..=1000 items with distinct operation ids.
-pub fn begin_batch(
+pub(crate) fn begin_batch(
     request: pb::BeginBatchRequest,
     limits: LeaseLimits,
 ) -> Result<Vec<BeginItem>, DedupError> {
@@ -261,7 +276,9 @@ pub fn begin_batch(
 }
 
 /// Checks a CompleteBatch: 1..=1000 items with distinct operation ids.
-pub fn complete_batch(request: pb::CompleteBatchRequest) -> Result<Vec<CompleteItem>, DedupError> {
+pub(crate) fn complete_batch(
+    request: pb::CompleteBatchRequest,
+) -> Result<Vec<CompleteItem>, DedupError> {
     if request.items.is_empty() {
         return Err(DedupError::invalid("items", "must not be empty"));
     }
@@ -297,7 +314,7 @@ pub fn complete_batch(request: pb::CompleteBatchRequest) -> Result<Vec<CompleteI
     Ok(items)
 }
 
-pub fn resolution(request: pb::ResolveRequest) -> Result<Resolution, DedupError> {
+pub(crate) fn resolution(request: pb::ResolveRequest) -> Result<Resolution, DedupError> {
     operation_id(&request.operation_id, "operation_id")?;
     let outcome = match pb::IntentState::try_from(request.outcome) {
         Ok(pb::IntentState::Succeeded) => IntentState::Succeeded,
@@ -334,7 +351,7 @@ pub fn resolution(request: pb::ResolveRequest) -> Result<Resolution, DedupError>
     })
 }
 
-pub fn list_limit(limit: u32) -> Result<u32, DedupError> {
+pub(crate) fn list_limit(limit: u32) -> Result<u32, DedupError> {
     match limit {
         0 => Ok(DEFAULT_LIST_LIMIT),
         1..=MAX_LIST_LIMIT => Ok(limit),

@@ -20,11 +20,11 @@ use sqlx::PgPool;
 use crate::error::DedupError;
 
 /// The `loop` label of the intent writes' watch.
-pub const LOOP: &str = "dedup-intent-writes";
+pub(crate) const LOOP: &str = "dedup-intent-writes";
 
 /// The watch of the intent writes, shared by the gRPC handlers and the group commit.
 #[derive(Debug, Clone)]
-pub struct WriteWatch {
+pub(crate) struct WriteWatch {
     watch: Arc<ProgressWatch>,
     /// The writes' pool, for telling an outage of PostgreSQL from a hang (`None` in tests
     /// without a database: no error is an outage).
@@ -32,19 +32,19 @@ pub struct WriteWatch {
 }
 
 impl WriteWatch {
-    pub fn new(watch: Arc<ProgressWatch>, pool: Option<PgPool>) -> Self {
+    pub(crate) fn new(watch: Arc<ProgressWatch>, pool: Option<PgPool>) -> Self {
         Self { watch, pool }
     }
 
     /// One write starts waiting at `step`.
-    pub fn enter(&self, step: &'static str) -> InFlight {
+    pub(crate) fn enter(&self, step: &'static str) -> InFlight {
         self.watch.enter(step)
     }
 
     /// Tells the watch how `calls` ended: with `error` (`None`: answered). Decided now, so the
     /// returned future borrows nothing; it only waits when a pool timeout needs telling apart
     /// from an outage (`postgres_outage`), and may be awaited after the callers are answered.
-    pub fn ended(
+    pub(crate) fn ended(
         &self,
         calls: Vec<InFlight>,
         error: Option<&DedupError>,
@@ -71,7 +71,7 @@ impl WriteWatch {
 
     /// Tells the watch how one call ended, without keeping its caller waiting: telling an
     /// outage apart may take a connection attempt, which runs in a task of its own.
-    pub fn call_ended<T>(&self, call: InFlight, result: &Result<T, DedupError>) {
+    pub(crate) fn call_ended<T>(&self, call: InFlight, result: &Result<T, DedupError>) {
         match result {
             Ok(_) => call.answered(),
             Err(error) => {
@@ -81,7 +81,7 @@ impl WriteWatch {
     }
 
     /// Runs one write that does not go through the group commit, under the watch.
-    pub async fn watched<T>(
+    pub(crate) async fn watched<T>(
         &self,
         step: &'static str,
         write: impl Future<Output = Result<T, DedupError>>,
