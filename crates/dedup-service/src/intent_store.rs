@@ -291,6 +291,12 @@ impl IntentStore {
         Ok(updated.rows_affected() > 0)
     }
 
+    /// The one statement of a Begin batch: inserts the missing rows, re-acquires retryable
+    /// failures and turns expired leases UNKNOWN; the rows it touched and the database's now.
+    ///
+    /// About 150 lines, kept whole: most of it is that statement, one literal that `query!`
+    /// checks against the table, and its rows come back as `query!`'s own record type, which no
+    /// other function can name.
     async fn upsert_begin(
         &self,
         items: &[BeginItem],
