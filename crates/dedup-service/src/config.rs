@@ -277,7 +277,7 @@ pub struct Config {
     #[arg(long, env = "DEDUP_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
 
-    /// Largest request message accepted, in bytes (larger: RESOURCE_EXHAUSTED). 4 MiB holds a
+    /// Largest request message accepted, in bytes (larger: OUT_OF_RANGE, as tonic answers). 4 MiB holds a
     /// batch of 1000 Begins or typical Completes.
     #[arg(long, env = "DEDUP_MAX_DECODING_MESSAGE_SIZE", default_value_t = 4 * 1024 * 1024)]
     pub max_decoding_message_size: usize,

@@ -769,8 +769,8 @@ async fn hostile_grpc_calls_to_dedup_service_are_refused_and_write_nothing() -> 
         ensure!(status.code() == Code::Unimplemented, "{path}: {status:?}");
     }
 
-    // A message over --max-decoding-message-size (4 MiB): OUT_OF_RANGE, tonic's code for it
-    // (the flag's help says RESOURCE_EXHAUSTED).
+    // A message over --max-decoding-message-size (4 MiB): OUT_OF_RANGE, tonic's code for it, as
+    // the flag's help says.
     let oversized = pb::BeginRequest {
         operation_id: "o".repeat(5 * 1024 * 1024),
         ..begin("unused")
