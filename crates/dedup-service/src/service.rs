@@ -361,6 +361,11 @@ fn tls_config(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
         .with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
     let key =
         std::fs::read(key).with_context(|| format!("cannot read --tls-key {}", key.display()))?;
+    // tonic builds the server's rustls config with the process's default crypto provider,
+    // which rustls cannot pick by itself when a dependency enables its aws-lc-rs backend beside
+    // ring (outbox-relay's replication client does, in a workspace build): ring, as every other
+    // TLS endpoint of the suite uses. Installing fails only when one is installed already.
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
     let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
     if let Some(ca) = &config.tls_client_ca {
         let ca = std::fs::read(ca)

@@ -704,6 +704,9 @@ async fn sink_exactly_once_survives_repeated_sigkill() -> anyhow::Result<()> {
         kills += 1;
     }
     let mut last = sink.spawn("chaos", &[], &[])?;
+    // Up before anything else: when the killed instances drained it all, the drain check passes
+    // at once, and a SIGTERM sent before the sink has its handler would kill it instead.
+    last.wait_for_log_field("metrics_addr", Duration::from_secs(60))?;
     let summary = tokio::task::spawn_blocking(move || producer.join())
         .await?
         .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
