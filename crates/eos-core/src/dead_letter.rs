@@ -97,10 +97,14 @@ pub enum DeadLetterReason {
     TransformTrap,
     /// A WebAssembly transform's call ran out of fuel or its instance out of memory.
     TransformLimit,
+    /// The record is not in its topic's schema-registry format: not the wire format, a schema
+    /// id the registry does not know or of another format, or a payload that does not decode
+    /// with its schema. The detail names the id and the subject.
+    UndecodableRecord,
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 18] = [
+    pub const ALL: [DeadLetterReason; 19] = [
         Self::InvalidUtf8,
         Self::MalformedJson,
         Self::MissingField,
@@ -119,6 +123,7 @@ impl DeadLetterReason {
         Self::TransformPanic,
         Self::TransformTrap,
         Self::TransformLimit,
+        Self::UndecodableRecord,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -141,6 +146,7 @@ impl DeadLetterReason {
             Self::TransformPanic => "transform_panic",
             Self::TransformTrap => "transform_trap",
             Self::TransformLimit => "transform_limit",
+            Self::UndecodableRecord => "undecodable_record",
         }
     }
 
@@ -607,6 +613,7 @@ mod tests {
                 "transform_panic",
                 "transform_trap",
                 "transform_limit",
+                "undecodable_record",
             ]
         );
     }
