@@ -18,6 +18,7 @@ use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
 pub use eos_transform::transform::{BuiltinTransform, parse_named_output};
 
+use crate::input_format::InputFormatFlags;
 use crate::transform::DEFAULT_OUTPUT;
 
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
@@ -26,10 +27,10 @@ pub const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
 
 /// Kafka → Kafka exactly-once read-process-write of a transform's events.
 ///
-/// Reads events (JSON objects) from the input topic with read_committed, drops duplicate
-/// deliveries by event id, applies the transform with each entity's state, and writes the
-/// outputs, the state changelog, the dead letters and the consumed offsets in one Kafka
-/// transaction per batch. Idempotence, read_committed and manual offset commits are not
+/// Reads events (JSON objects, or Avro, Protobuf or JSON Schema through a schema registry) from
+/// the input topic with read_committed, drops duplicate deliveries by event id, applies the
+/// transform with each entity's state, and writes the outputs, the state changelog, the dead
+/// letters and the consumed offsets in one Kafka transaction per batch. Idempotence, read_committed and manual offset commits are not
 /// configurable: exactly-once depends on them.
 #[derive(Debug, Clone, Parser)]
 #[command(version, about, long_about)]
@@ -45,6 +46,10 @@ pub struct Config {
     /// Topic to read events from.
     #[arg(long, env = "EOS_INPUT_TOPIC")]
     pub input_topic: String,
+
+    /// The input's format, and the schema registry a registry format needs.
+    #[command(flatten)]
+    pub input_format: InputFormatFlags,
 
     /// Topic of the default output (named "default"); needed unless the transform writes only to
     /// outputs it names (then no default output exists, and none is created).
@@ -241,6 +246,7 @@ impl Config {
         if self.group_id.is_empty() {
             return Err("--group-id must not be empty".into());
         }
+        self.input_format.registry_config()?;
         let mut names = std::collections::BTreeSet::from([DEFAULT_OUTPUT]);
         for (name, topic) in &self.outputs {
             if !names.insert(name) {

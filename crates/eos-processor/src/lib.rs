@@ -53,6 +53,7 @@ pub mod config;
 pub mod consumed_positions;
 mod dead_letter_record;
 pub mod error;
+mod input_format;
 mod lag_watch;
 mod local_checkpoint;
 #[doc(hidden)]
@@ -91,6 +92,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{BuiltinTransform, Config};
 pub use error::ProcessorError;
+pub use input_format::{InputFormat, InputFormatFlags};
 use partition_state::DecisionPolicy;
 #[cfg(feature = "wasm")]
 pub use service::{ServiceConfig, TransformChoice, run};
@@ -118,8 +120,10 @@ fn describe(contract: &eos_core::EventContract) -> String {
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
     let input = format!(
-        "kafka topic={} group={}",
-        config.input_topic, config.group_id
+        "kafka topic={} group={} format={}",
+        config.input_topic,
+        config.group_id,
+        config.input_format.describe()
     );
     let outputs: Vec<String> = config
         .output_topics()
@@ -268,11 +272,22 @@ async fn run_transform<T: Transform>(
         changelog_delete_retention: topics.changelog_delete_retention,
         changelog_created: topics.changelog_created,
     };
+    let input = input_format::InputDecoder::new(
+        config.input_format.input_format,
+        &config.input_topic,
+        config
+            .input_format
+            .registry_config()
+            .map_err(ProcessorError::Config)?,
+    )
+    .context("the schema registry's client")?;
     let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
         .context("starting the progress watch")?;
     let loop_shutdown = shutdown.clone();
     let result = tokio::task::spawn_blocking(move || {
-        TransactionLoop::new(settings, transform, (readiness, progress))?.run(&loop_shutdown)
+        TransactionLoop::new(settings, transform, (readiness, progress))?
+            .with_input(input)
+            .run(&loop_shutdown)
     })
     .await
     .context("the transaction loop panicked");

@@ -10,7 +10,7 @@ use std::time::Instant;
 use metrics::counter;
 use opentelemetry::trace::SpanContext;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::OwnedHeaders;
+use rdkafka::message::{Message as _, OwnedHeaders};
 use tracing::debug;
 
 use eos_core::{DeadLetterReason, Guarantee};
@@ -114,7 +114,8 @@ impl<T: Transform> TransactionLoop<T> {
     /// counts what `read_committed` skipped (commit markers, aborted records), so committing it
     /// lets the group's lag reach zero on a transactional input (outbox-relay's or another
     /// processor's output). Every record before it was returned by `poll` and decided, since
-    /// nothing is polled between deciding and committing.
+    /// nothing is polled between deciding and committing, but a held one: the position stops at
+    /// the first record held for the schema registry.
     fn owned_positions(&self) -> Vec<(i32, i64)> {
         let Ok(list) = self.consumer.position() else {
             return Vec::new();
@@ -124,7 +125,19 @@ impl<T: Transform> TransactionLoop<T> {
             .filter(|elem| self.states.contains_key(&elem.partition()))
             .filter_map(|elem| Some((elem.partition(), elem.offset().to_raw()?)))
             .filter(|&(_, next)| next >= 0)
+            .map(|(partition, next)| (partition, next.min(self.first_held(partition))))
             .collect()
+    }
+
+    /// The offset of the first record of `partition` polled and not decided yet (the consumer's
+    /// position is past it), or `i64::MAX`.
+    fn first_held(&self, partition: i32) -> i64 {
+        self.held
+            .iter()
+            .filter(|held| held.partition() == partition)
+            .map(|held| held.offset())
+            .min()
+            .unwrap_or(i64::MAX)
     }
 
     /// Writes `batch` by the configured guarantee (`batch_commit.rs` or `at_least_once.rs`).

@@ -5,6 +5,7 @@
 //! (docs/architecture/loop-invariants.md, "Loop invariants").
 
 use metrics::gauge;
+use rdkafka::Message as _;
 use rdkafka::consumer::Consumer;
 use tracing::{info, warn};
 
@@ -33,6 +34,9 @@ impl<T: Transform> TransactionLoop<T> {
                         );
                     }
                     self.batch = Batch::default();
+                    // Records held for the schema registry go too: their next owner reads them.
+                    self.held
+                        .retain(|held| !partitions.contains(&held.partition()));
                     for partition in &partitions {
                         // Its store and checkpoint stay: if it comes back, the restore reads the
                         // changelog from that checkpoint.

@@ -10,8 +10,12 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use tracing::{debug, info, info_span, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use eos_core::DeadLetterReason;
+use eos_runtime::backoff::{self, BackoffBuilder as _};
 use eos_runtime::trace_context;
 use eos_runtime::transactional_producer::PendingRecord;
+use rdkafka::consumer::Consumer as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::dead_letter_record::dead_letter_record;
 use crate::error::ProcessorError;
@@ -26,7 +30,80 @@ const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Span links a transaction span keeps: OpenTelemetry's default limit per span.
 const MAX_SPAN_LINKS: usize = 128;
 
+/// The first wait before asking an unreachable schema registry again; the waits double to
+/// [`REGISTRY_RETRY_MAX`].
+const REGISTRY_RETRY_FIRST: Duration = Duration::from_millis(200);
+const REGISTRY_RETRY_MAX: Duration = Duration::from_secs(10);
+
 impl<T: Transform> TransactionLoop<T> {
+    /// `message` when it can be decided now: once the schema it names is at hand (always, for
+    /// plain JSON). While the schema registry cannot answer, the record waits and is never
+    /// skipped (docs/schemas.md "When the registry cannot answer"): it is held, the open batch
+    /// commits without it (no transaction stays open through the outage, and no position passes
+    /// a held record), the assignment is paused, and the loop goes on polling (the group keeps
+    /// this instance; rebalances are handled) while it asks again with backoff, shown as an
+    /// outage on the progress watch. `None` when the record is held: the loop takes it, and
+    /// anything polled meanwhile, from [`TransactionLoop::held`] before polling again.
+    pub(crate) fn schema_at_hand(
+        &mut self,
+        message: OwnedMessage,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<OwnedMessage>, ProcessorError> {
+        let Err(mut error) = self.input.prepare(message.payload()) else {
+            return Ok(Some(message));
+        };
+        let (topic, partition, offset) = (
+            message.topic().to_owned(),
+            message.partition(),
+            message.offset(),
+        );
+        self.held.push_front(message);
+        self.finish_batch()?;
+        self.consumer.pause(&self.consumer.assignment()?)?;
+        let mut delays = backoff::doubling(REGISTRY_RETRY_FIRST, REGISTRY_RETRY_MAX).build();
+        loop {
+            self.progress.waiting_for_outage("the schema registry");
+            let delay = delays.next().unwrap_or(REGISTRY_RETRY_MAX);
+            warn!(
+                topic,
+                partition,
+                offset,
+                %error,
+                retry_in = ?delay,
+                "the schema registry cannot answer: the record waits, nothing is skipped"
+            );
+            let waited_until = Instant::now() + delay;
+            while Instant::now() < waited_until && !shutdown.is_cancelled() {
+                let wait = waited_until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(200));
+                // Only a partition assigned in this poll can deliver before it is paused below.
+                if let Some(Ok(early)) = self.consumer.poll(wait) {
+                    self.held.push_back(early.detach());
+                }
+                self.handle_rebalance_events()?;
+                self.consumer.pause(&self.consumer.assignment()?)?;
+            }
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
+            let Some(waiting) = self.held.front() else {
+                // Its partition was revoked: its new owner reads it.
+                break;
+            };
+            match self.input.prepare(waiting.payload()) {
+                Ok(()) => break,
+                Err(again) => error = again,
+            }
+        }
+        info!(
+            topic,
+            partition, offset, "the schema registry answered: reading goes on"
+        );
+        self.consumer.resume(&self.consumer.assignment()?)?;
+        Ok(None)
+    }
+
     /// Decides one polled record into the open batch: its outputs or its dead letter join the
     /// batch's records, its state change the partition's overlay, its offset the positions.
     pub(crate) fn decide(&mut self, message: &OwnedMessage) -> Result<(), ProcessorError> {
@@ -120,20 +197,31 @@ impl<T: Transform> TransactionLoop<T> {
                     .collect()
             })
             .unwrap_or_default();
-        let record = InputRecord {
-            key: message.key(),
-            value: message.payload(),
-            headers: &headers,
-            timestamp_secs: message.timestamp().to_millis().unwrap_or(0) / 1000,
+        let decision = match self.input.decode(message.payload()) {
+            Ok(value) => {
+                let record = InputRecord {
+                    key: message.key(),
+                    value: value.as_deref(),
+                    headers: &headers,
+                    timestamp_secs: message.timestamp().to_millis().unwrap_or(0) / 1000,
+                };
+                state.decide(
+                    overlay,
+                    &self.transform,
+                    record,
+                    &source,
+                    now,
+                    &self.settings.policy,
+                )?
+            }
+            // No event to judge, so nothing to remember: as a record that is not JSON.
+            Err(detail) => Decision::DeadLetter {
+                reason: DeadLetterReason::UndecodableRecord,
+                code: None,
+                detail,
+                event_id: None,
+            },
         };
-        let decision = state.decide(
-            overlay,
-            &self.transform,
-            record,
-            &source,
-            now,
-            &self.settings.policy,
-        )?;
         // Nothing of an interrupted call joins the batch: it decided nothing.
         if self.transform.interrupted() {
             return Err(ProcessorError::Interrupted);

@@ -27,7 +27,7 @@
 //! `lag_watch.rs` (the consumer lag, measured beside the loop so that it moves while the loop is
 //! stuck).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -45,6 +46,7 @@ use eos_runtime::rebalance::{RebalanceRecorder, subscribe_static_member};
 use eos_runtime::transactional_producer::TransactionalProducer;
 
 use crate::error::ProcessorError;
+use crate::input_format::InputDecoder;
 use crate::lag_watch::LagWatch;
 use crate::local_checkpoint::{CHECKPOINT_INTERVAL, ChangelogEnd};
 use crate::open_batch::Batch;
@@ -150,6 +152,11 @@ pub struct TransactionLoop<T: Transform> {
     /// Told when input waits in an open batch and when a batch commits (docs/OBSERVABILITY.md
     /// "Liveness").
     pub(crate) progress: Arc<ProgressWatch>,
+    /// Turns input values into the JSON event model (plain JSON unless [`Self::with_input`]).
+    pub(crate) input: InputDecoder,
+    /// Records polled and not decided yet, taken before polling again: they wait for the
+    /// schema registry (`record_decision.rs`). No committed position passes one.
+    pub(crate) held: VecDeque<OwnedMessage>,
     /// Measures `eos_processor_consumer_lag` beside the loop, while it lives.
     _lag_watch: Option<LagWatch>,
 }
@@ -227,8 +234,16 @@ impl<T: Transform> TransactionLoop<T> {
             transactions_written: 0,
             readiness,
             progress,
+            input: InputDecoder::json(),
+            held: VecDeque::new(),
             _lag_watch: lag_watch,
         })
+    }
+
+    /// Reads the input through `input` (a schema registry's format) instead of as plain JSON.
+    pub(crate) fn with_input(mut self, input: InputDecoder) -> Self {
+        self.input = input;
+        self
     }
 
     /// Runs until `shutdown` is cancelled (then commits the open batch) or a fatal error.
@@ -280,14 +295,20 @@ impl<T: Transform> TransactionLoop<T> {
                 Some(due) => due.saturating_duration_since(Instant::now()),
                 None => self.settings.commit_interval,
             };
-            let polled = self
-                .consumer
-                .poll(wait)
-                .map(|result| result.map(|message| message.detach()));
+            let polled = match self.held.pop_front() {
+                Some(held) => Some(Ok(held)),
+                None => self
+                    .consumer
+                    .poll(wait)
+                    .map(|result| result.map(|message| message.detach())),
+            };
             self.handle_rebalance_events()?;
             match polled {
                 Some(Ok(message)) => {
                     // Until the batch commits; a call that never returns shows here.
+                    let Some(message) = self.schema_at_hand(message, shutdown)? else {
+                        continue;
+                    };
                     self.progress
                         .working("a transform call or its batch's commit");
                     self.decide(&message)?;

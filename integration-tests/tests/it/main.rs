@@ -33,6 +33,7 @@ mod provider_tls;
 mod replay_proof;
 mod resend_spans;
 mod scale_out;
+mod schema_input;
 mod secrets;
 mod sink_provider;
 mod sink_rules;

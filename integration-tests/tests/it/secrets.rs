@@ -184,6 +184,7 @@ async fn help_shows_no_secret_from_the_environment() -> anyhow::Result<()> {
         ("EOS_DEDUP_URL", url_with_userinfo.as_str()),
         ("EOS_JAEGER_URL", url_with_userinfo.as_str()),
         ("EOS_KAFKA_PROPERTIES", kafka_properties.as_str()),
+        ("EOS_SCHEMA_REGISTRY_URL", url_with_userinfo.as_str()),
     ];
     let mut helps: Vec<Vec<&str>> = [
         "dedup-service",

@@ -1,0 +1,526 @@
+//! The input topic's format: plain JSON, or a schema registry's wire format (Avro, Protobuf or
+//! JSON Schema; docs/schemas.md). A framed record becomes the JSON event model before the
+//! decision sees it, so a transform reads the same event whatever the topic's format, and the
+//! fingerprint that catches "same id, other content" is the decoded value's.
+//!
+//! The registry is never on a record's path once its schema id has been seen: each id is asked
+//! for and parsed once ([`eos_schema::RegistryClient`]), and its answer kept here for the
+//! process's life (a registry never gives an id to another schema). Asking happens before a
+//! record joins a batch ([`InputDecoder::prepare`]), so an unreachable registry holds no
+//! transaction open; deciding ([`InputDecoder::decode`]) is pure.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use eos_schema::wire;
+use eos_schema::{ParsedSchema, RegistryClient, RegistryConfig, SchemaError, SchemaId};
+
+/// How the input topic's record values are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InputFormat {
+    /// A JSON object per record, no registry.
+    Json,
+    /// Avro in the registry's wire format, decoded with the schema that wrote it.
+    Avro,
+    /// Protobuf in the registry's wire format (with its message-index list).
+    Protobuf,
+    /// JSON validated against a JSON Schema, in the registry's wire format.
+    JsonSchema,
+}
+
+impl InputFormat {
+    fn fits(self, schema: &ParsedSchema) -> bool {
+        matches!(
+            (self, schema),
+            (InputFormat::Avro, ParsedSchema::Avro(_))
+                | (InputFormat::Protobuf, ParsedSchema::Protobuf(_))
+                | (InputFormat::JsonSchema, ParsedSchema::Json(_))
+        )
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            InputFormat::Json => "json",
+            InputFormat::Avro => "avro",
+            InputFormat::Protobuf => "protobuf",
+            InputFormat::JsonSchema => "json-schema",
+        }
+    }
+}
+
+fn schema_name(schema: &ParsedSchema) -> &'static str {
+    match schema {
+        ParsedSchema::Avro(_) => "an Avro schema",
+        ParsedSchema::Protobuf(_) => "a Protobuf schema",
+        ParsedSchema::Json(_) => "a JSON Schema",
+    }
+}
+
+/// The input's format and, for a registry format, where the registry is.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InputFormatFlags {
+    /// The input topic's record format: json (a JSON object per record), or avro, protobuf or
+    /// json-schema in a schema registry's wire format (magic byte 0, the schema id, the
+    /// payload), decoded with the schema the id names. A transform sees the same JSON event
+    /// whatever the format (docs/schemas.md).
+    #[arg(long, env = "EOS_INPUT_FORMAT", value_enum, default_value_t = InputFormat::Json)]
+    pub input_format: InputFormat,
+
+    /// The schema registry's API, Confluent's or one compatible with it (Apicurio's
+    /// /apis/ccompat/v7); required with a registry format. Credentials go in
+    /// --schema-registry-auth-file, never in the URL.
+    #[arg(
+        long,
+        env = "EOS_SCHEMA_REGISTRY_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub schema_registry_url: Option<String>,
+
+    /// A file holding USER:PASSWORD for the registry's HTTP basic authentication (one line).
+    #[arg(long, env = "EOS_SCHEMA_REGISTRY_AUTH_FILE", value_name = "FILE")]
+    pub schema_registry_auth_file: Option<PathBuf>,
+
+    /// Each request to the registry is given up after this long, and asked again with backoff
+    /// while the record waits.
+    #[arg(long, env = "EOS_SCHEMA_REGISTRY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub schema_registry_timeout: Duration,
+}
+
+impl InputFormatFlags {
+    /// The format as the boundary line shows it: `json`, or `avro via URL`.
+    pub fn describe(&self) -> String {
+        match (&self.input_format, &self.schema_registry_url) {
+            (InputFormat::Json, _) | (_, None) => self.input_format.name().to_owned(),
+            (format, Some(url)) => format!(
+                "{} via {}",
+                format.name(),
+                eos_runtime::secrets::redact_url_userinfo(url)
+            ),
+        }
+    }
+
+    /// The registry's settings for a registry format, `None` for plain JSON; an error naming
+    /// the flag when they do not fit together.
+    pub fn registry_config(&self) -> Result<Option<RegistryConfig>, String> {
+        let url = match (self.input_format, &self.schema_registry_url) {
+            (InputFormat::Json, _) => return Ok(None),
+            (format, None) => {
+                return Err(format!(
+                    "--input-format {} needs --schema-registry-url",
+                    format.name()
+                ));
+            }
+            (_, Some(url)) => url,
+        };
+        if eos_runtime::secrets::url_has_userinfo(url) {
+            return Err(
+                "--schema-registry-url carries credentials: put USER:PASSWORD in \
+                 --schema-registry-auth-file instead"
+                    .into(),
+            );
+        }
+        let mut config = RegistryConfig::new(url.trim_end_matches('/'));
+        config.request_timeout = self.schema_registry_timeout;
+        if let Some(path) = &self.schema_registry_auth_file {
+            let text = eos_runtime::secrets::read_secret_file(path)
+                .map_err(|error| format!("--schema-registry-auth-file: {error}"))?;
+            let Some((user, password)) = text.split_once(':') else {
+                return Err(format!(
+                    "--schema-registry-auth-file {}: not USER:PASSWORD",
+                    path.display()
+                ));
+            };
+            config.basic_auth = Some((user.to_owned(), password.to_owned()));
+        }
+        Ok(Some(config))
+    }
+}
+
+/// A schema id's fate, kept for the process's life: its schema, or why its records are refused.
+#[derive(Debug, Clone)]
+enum Known {
+    Schema(ParsedSchema),
+    Refused(String),
+}
+
+#[cfg(test)]
+impl Known {
+    fn schema(self) -> ParsedSchema {
+        match self {
+            Known::Schema(schema) => schema,
+            Known::Refused(why) => panic!("refused: {why}"),
+        }
+    }
+}
+
+/// The registry a registry format reads through, and what it answered.
+struct Registry {
+    client: RegistryClient,
+    /// The processor's loop runs on a blocking thread: it waits for the client's answers here.
+    runtime: tokio::runtime::Handle,
+    known: HashMap<SchemaId, Known>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("url", &self.client.url())
+            .field("known_ids", &self.known.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Turns input record values into the JSON event model.
+#[derive(Debug)]
+pub(crate) struct InputDecoder {
+    format: InputFormat,
+    /// TopicNameStrategy's subject of the input's values, named in refusals so that an operator
+    /// knows where to look.
+    subject: String,
+    registry: Option<Registry>,
+}
+
+impl InputDecoder {
+    /// A decoder of `format`'s records of `input_topic`; `registry` is required for a registry
+    /// format and must be called from within the Tokio runtime whose handle it keeps.
+    pub(crate) fn new(
+        format: InputFormat,
+        input_topic: &str,
+        registry: Option<RegistryConfig>,
+    ) -> Result<Self, SchemaError> {
+        let registry = match registry {
+            Some(config) if format != InputFormat::Json => Some(Registry {
+                client: RegistryClient::new(config)?,
+                runtime: tokio::runtime::Handle::current(),
+                known: HashMap::new(),
+            }),
+            _ => None,
+        };
+        Ok(Self {
+            format,
+            subject: format!("{input_topic}-value"),
+            registry,
+        })
+    }
+
+    /// A plain-JSON decoder: values pass as they are.
+    pub(crate) fn json() -> Self {
+        Self {
+            format: InputFormat::Json,
+            subject: String::new(),
+            registry: None,
+        }
+    }
+
+    /// Asks the registry for the schema `value` names, unless its id was seen before. `Err` only
+    /// while the registry cannot answer (transient: the record waits and is asked for again);
+    /// everything else, a refusal included, is kept for [`Self::decode`].
+    pub(crate) fn prepare(&mut self, value: Option<&[u8]>) -> Result<(), SchemaError> {
+        let Some(registry) = &mut self.registry else {
+            return Ok(());
+        };
+        let Some(Ok(framed)) = value.map(wire::unframe) else {
+            return Ok(());
+        };
+        let id = framed.schema_id;
+        if registry.known.contains_key(&id) {
+            return Ok(());
+        }
+        let known = match registry.runtime.block_on(registry.client.parsed_schema(id)) {
+            Ok(schema) if self.format.fits(&schema) => Known::Schema(schema),
+            Ok(schema) => Known::Refused(format!(
+                "schema id {id} is {}, and the input's format is {}",
+                schema_name(&schema),
+                self.format.name()
+            )),
+            Err(error) if error.is_transient() => return Err(error),
+            Err(error) => Known::Refused(error.to_string()),
+        };
+        registry.known.insert(id, known);
+        Ok(())
+    }
+
+    /// `value` as the JSON event model: as it is for plain JSON, decoded for a registry format
+    /// (after [`Self::prepare`]). `Err` says why the record is an `undecodable_record` dead
+    /// letter, naming the subject and the schema id.
+    pub(crate) fn decode<'a>(
+        &self,
+        value: Option<&'a [u8]>,
+    ) -> Result<Option<Cow<'a, [u8]>>, String> {
+        let (Some(registry), Some(value)) = (&self.registry, value) else {
+            // A tombstone stays one (an empty_record dead letter).
+            return Ok(value.map(Cow::Borrowed));
+        };
+        let subject = &self.subject;
+        let framed = wire::unframe(value).map_err(|error| format!("subject {subject}: {error}"))?;
+        let id = framed.schema_id;
+        let schema = match registry.known.get(&id) {
+            Some(Known::Schema(schema)) => schema,
+            Some(Known::Refused(why)) => return Err(format!("subject {subject}: {why}")),
+            None => {
+                return Err(format!(
+                    "subject {subject}: schema id {id} was not asked for (a bug: prepare comes first)"
+                ));
+            }
+        };
+        let decoded = schema
+            .decode(framed.payload)
+            .map_err(|error| format!("subject {subject}, schema id {id}: {error}"))?;
+        if !decoded.is_object() {
+            return Err(format!(
+                "subject {subject}, schema id {id}: the record decodes to {decoded}, not an object"
+            ));
+        }
+        Ok(Some(Cow::Owned(eos_core::json_text::to_vec(&decoded))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use clap::Parser;
+    use eos_schema::{AvroSchema, ProtobufSchema};
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        input: InputFormatFlags,
+    }
+
+    fn flags(args: &[&str]) -> InputFormatFlags {
+        Flags::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+            .expect("flags parse")
+            .input
+    }
+
+    const AVRO: &str = r#"{"type": "record", "name": "E", "fields": [
+        {"name": "event_id", "type": "string"}, {"name": "value", "type": "long"}]}"#;
+
+    /// A decoder of `format` that already knows schema ids 1 (Avro) and 2 (Protobuf) and that
+    /// id 3 was refused, as `prepare` would have left it.
+    fn decoder(format: InputFormat, runtime: &tokio::runtime::Runtime) -> InputDecoder {
+        let _entered = runtime.enter();
+        let mut decoder = InputDecoder::new(
+            format,
+            "orders",
+            Some(RegistryConfig::new("http://127.0.0.1:9")),
+        )
+        .expect("a client");
+        let registry = decoder.registry.as_mut().expect("a registry format");
+        let avro = AvroSchema::parse(AVRO, "id 1").expect("parses");
+        let proto = ProtobufSchema::parse(
+            "syntax = \"proto3\";\nmessage E { string event_id = 1; int64 value = 2; }\n",
+            "id 2",
+        )
+        .expect("parses");
+        for (id, schema) in [
+            (1, ParsedSchema::Avro(Arc::new(avro))),
+            (2, ParsedSchema::Protobuf(Arc::new(proto))),
+        ] {
+            let known = if format.fits(&schema) {
+                Known::Schema(schema)
+            } else {
+                Known::Refused(format!("schema id {id} is {}", schema_name(&schema)))
+            };
+            registry.known.insert(SchemaId(id), known);
+        }
+        registry.known.insert(
+            SchemaId(3),
+            Known::Refused("schema id 3 is not in the registry".into()),
+        );
+        decoder
+    }
+
+    #[test]
+    fn a_registry_format_needs_a_url_without_credentials() {
+        assert!(
+            flags(&[]).registry_config().expect("test set-up").is_none(),
+            "json: none"
+        );
+        assert_eq!(
+            flags(&["--input-format", "avro"])
+                .registry_config()
+                .expect_err("refused"),
+            "--input-format avro needs --schema-registry-url"
+        );
+        let refused = flags(&[
+            "--input-format",
+            "protobuf",
+            "--schema-registry-url",
+            "http://user:hunter2@registry:8081",
+        ])
+        .registry_config()
+        .expect_err("refused");
+        assert!(
+            refused.contains("--schema-registry-auth-file") && !refused.contains("hunter2"),
+            "{refused}"
+        );
+        let config = flags(&[
+            "--input-format",
+            "json-schema",
+            "--schema-registry-url",
+            "http://registry:8081/",
+            "--schema-registry-timeout",
+            "2s",
+        ])
+        .registry_config()
+        .expect("test set-up")
+        .expect("a registry");
+        assert_eq!(config.url, "http://registry:8081");
+        assert_eq!(config.request_timeout, Duration::from_secs(2));
+        assert_eq!(
+            flags(&[
+                "--input-format",
+                "avro",
+                "--schema-registry-url",
+                "http://r:1"
+            ])
+            .describe(),
+            "avro via http://r:1/"
+        );
+    }
+
+    #[test]
+    fn the_auth_file_holds_user_and_password() {
+        let dir = std::env::temp_dir().join(format!("eos-input-format-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test set-up");
+        let good = dir.join("good");
+        std::fs::write(&good, "svc:s3cret:with-colon\n").expect("test set-up");
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "no-colon-here").expect("test set-up");
+        let with = |file: &std::path::Path| {
+            flags(&[
+                "--input-format",
+                "avro",
+                "--schema-registry-url",
+                "http://r:1",
+                "--schema-registry-auth-file",
+                file.to_str().expect("test set-up"),
+            ])
+            .registry_config()
+        };
+        let config = with(&good).expect("test set-up").expect("test set-up");
+        assert_eq!(
+            config.basic_auth,
+            Some(("svc".into(), "s3cret:with-colon".into()))
+        );
+        let refused = with(&bad).expect_err("refused");
+        assert!(
+            refused.contains("not USER:PASSWORD") && !refused.contains("no-colon-here"),
+            "{refused}"
+        );
+        std::fs::remove_dir_all(&dir).expect("test set-up");
+    }
+
+    #[test]
+    fn plain_json_passes_as_it_is() {
+        let decoder = InputDecoder::json();
+        let value = br#"{"event_id":"e-1"}"#;
+        assert_eq!(
+            decoder.decode(Some(value)).expect("test set-up").as_deref(),
+            Some(&value[..])
+        );
+        assert_eq!(decoder.decode(None).expect("test set-up"), None);
+    }
+
+    #[test]
+    fn a_framed_record_becomes_its_json_event_or_a_refusal_naming_subject_and_id() {
+        let runtime = tokio::runtime::Runtime::new().expect("test set-up");
+        let decoder = decoder(InputFormat::Avro, &runtime);
+        let ParsedSchema::Avro(avro) = decoder.registry.as_ref().expect("test set-up").known
+            [&SchemaId(1)]
+            .clone()
+            .schema()
+        else {
+            unreachable!()
+        };
+        let framed = avro
+            .encode_framed(SchemaId(1), &json!({"event_id": "e-1", "value": 5}))
+            .expect("test set-up");
+        let decoded = decoder
+            .decode(Some(&framed))
+            .expect("test set-up")
+            .expect("test set-up");
+        assert_eq!(&*decoded, br#"{"event_id":"e-1","value":5}"#);
+        assert_eq!(
+            decoder.decode(None).expect("test set-up"),
+            None,
+            "a tombstone stays one"
+        );
+
+        for (value, names) in [
+            (
+                br#"{"event_id":"e-1"}"#.to_vec(),
+                "subject orders-value: not the schema registry's wire format",
+            ),
+            (
+                wire::frame(SchemaId(2), b"\x00"),
+                "subject orders-value: schema id 2 is a Protobuf schema",
+            ),
+            (
+                wire::frame(SchemaId(3), b"\x00"),
+                "subject orders-value: schema id 3 is not in the registry",
+            ),
+            (
+                wire::frame(SchemaId(1), b"\xff"),
+                "subject orders-value, schema id 1: payload does not decode",
+            ),
+            (
+                wire::frame(SchemaId(4), b"\x00"),
+                "schema id 4 was not asked for",
+            ),
+        ] {
+            let refused = decoder.decode(Some(&value)).expect_err("refused");
+            assert!(
+                refused.starts_with(names) || refused.contains(names),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn prepare_asks_nothing_for_json_unframed_or_known_ids() {
+        let runtime = tokio::runtime::Runtime::new().expect("test set-up");
+        let mut decoder = decoder(InputFormat::Avro, &runtime);
+        // Known ids and bytes that are not framed need no registry (port 9 would refuse).
+        assert!(
+            decoder
+                .prepare(Some(&wire::frame(SchemaId(1), b"")))
+                .is_ok()
+        );
+        assert!(
+            decoder
+                .prepare(Some(&wire::frame(SchemaId(3), b"")))
+                .is_ok()
+        );
+        assert!(decoder.prepare(Some(b"{}")).is_ok());
+        assert!(decoder.prepare(None).is_ok());
+        // An unknown id asks, and an unreachable registry is transient: nothing is kept.
+        let error = std::thread::spawn(move || {
+            let error = decoder.prepare(Some(&wire::frame(SchemaId(5), b"")));
+            (
+                error,
+                decoder
+                    .registry
+                    .expect("test set-up")
+                    .known
+                    .contains_key(&SchemaId(5)),
+            )
+        })
+        .join()
+        .expect("test set-up");
+        assert!(
+            matches!(&error.0, Err(e) if e.is_transient()),
+            "{:?}",
+            error.0
+        );
+        assert!(!error.1, "an outage's answer is not kept");
+    }
+}
