@@ -54,6 +54,7 @@ BAD_VALUES = {
     "wasm-module-not-mounted.yaml": "loads /opt/modules/card.wasm, which no volume mounts",
     "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
     "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
+    "registry-format-without-url.yaml": "processor.inputFormat avro needs schemaRegistry.url",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
@@ -946,6 +947,42 @@ class ProductionSettings(unittest.TestCase):
         (to_dedup,) = [r for r in policy_of(pods["sink-writer"])["egress"]
                        if r["ports"][0]["port"] == 50051]
         self.assertEqual(to_dedup["to"], [{"podSelector": dedup_pods}])
+
+    def test_a_registry_input_gets_the_registry_its_credentials_file_and_egress(self):
+        def processor(docs):
+            (workload,) = workloads_running(docs, "eos-processor")
+            (container,) = containers(workload, init=False)
+            return workload, container
+
+        _, container = processor(manifests("defaults", None))
+        env = env_of(container)
+        self.assertEqual(env["EOS_INPUT_FORMAT"]["value"], "json")
+        self.assertNotIn("EOS_SCHEMA_REGISTRY_URL", env, "json needs no registry")
+        docs = render_values({
+            "processor": {"inputFormat": "avro"},
+            "schemaRegistry": {"url": "https://registry.example.com", "authSecret": "registry"},
+            "networkPolicy": {"enabled": True},
+        })
+        workload, container = processor(docs)
+        env = env_of(container)
+        self.assertEqual(env["EOS_INPUT_FORMAT"]["value"], "avro")
+        self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+        auth_file = env["EOS_SCHEMA_REGISTRY_AUTH_FILE"]["value"]
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        mount = mounts[auth_file.rsplit("/", 1)[0]]
+        self.assertTrue(mount["readOnly"])
+        (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+        self.assertEqual(volume["secret"]["secretName"], "registry")
+        self.assertEqual(volume["secret"]["items"], [{"key": "auth", "path": "auth"}])
+        (policy,) = [p for p in of_kind(docs, "NetworkPolicy")
+                     if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+        ports = {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+        self.assertIn(8081, ports, "the processor reaches the registry")
+        # A registry URL with credentials is refused by the schema.
+        bad = helm_template(None, ("processor.inputFormat=avro",
+                                   "schemaRegistry.url=https://u:p@registry.example.com"))
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("/schemaRegistry/url", bad.stderr)
 
     def test_sampler_and_log_level_reach_every_service(self):
         exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})

@@ -105,7 +105,12 @@ impl InputFormatFlags {
     /// The registry's settings for a registry format, `None` for plain JSON; an error naming
     /// the flag when they do not fit together.
     pub fn registry_config(&self) -> Result<Option<RegistryConfig>, String> {
-        let url = match (self.input_format, &self.schema_registry_url) {
+        // An empty value is no URL: what `EOS_SCHEMA_REGISTRY_URL=` in a compose file gives.
+        let url = self
+            .schema_registry_url
+            .as_deref()
+            .filter(|url| !url.is_empty());
+        let url = match (self.input_format, url) {
             (InputFormat::Json, _) => return Ok(None),
             (format, None) => {
                 return Err(format!(
@@ -282,7 +287,7 @@ impl InputDecoder {
 mod tests {
     use std::sync::Arc;
 
-    use clap::Parser;
+    use clap::{CommandFactory as _, FromArgMatches as _, Parser};
     use eos_schema::{AvroSchema, ProtobufSchema};
     use serde_json::json;
 
@@ -294,8 +299,14 @@ mod tests {
         input: InputFormatFlags,
     }
 
+    /// Parsed as the binary does, but without the environment: `make test` exports
+    /// EOS_SCHEMA_REGISTRY_URL, which would otherwise fill --schema-registry-url.
     fn flags(args: &[&str]) -> InputFormatFlags {
-        Flags::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+        let command = Flags::command().mut_args(|arg| arg.env(None));
+        let matches = command
+            .try_get_matches_from(std::iter::once("test").chain(args.iter().copied()))
+            .expect("flags parse");
+        Flags::from_arg_matches(&matches)
             .expect("flags parse")
             .input
     }
@@ -344,12 +355,15 @@ mod tests {
             flags(&[]).registry_config().expect("test set-up").is_none(),
             "json: none"
         );
-        assert_eq!(
-            flags(&["--input-format", "avro"])
-                .registry_config()
-                .expect_err("refused"),
-            "--input-format avro needs --schema-registry-url"
-        );
+        for empty in [
+            &["--input-format", "avro"][..],
+            &["--input-format", "avro", "--schema-registry-url", ""],
+        ] {
+            assert_eq!(
+                flags(empty).registry_config().expect_err("refused"),
+                "--input-format avro needs --schema-registry-url"
+            );
+        }
         let refused = flags(&[
             "--input-format",
             "protobuf",
