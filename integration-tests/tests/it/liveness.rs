@@ -346,7 +346,13 @@ async fn a_group_commit_that_cannot_write_is_a_stall_and_clears() -> anyhow::Res
     let health = tokio::task::block_in_place(|| {
         probe_until(addr, "/healthz", 503, Duration::from_secs(10))
     })?;
-    assert!(health.contains("dedup-intent-writes"), "{health}");
+    // /healthz names one stall that is past --stall-restart: the writes', or the reconciler's
+    // when its pass waits on the same lock (its start under load can fall inside it). The
+    // writes' own stall is checked by its warning above and its gauge below.
+    assert!(
+        health.contains("dedup-intent-writes") || health.contains("dedup-reconciler"),
+        "{health}"
+    );
     // The gRPC health service follows the stall state once a second.
     let overall = grpc_health_until(
         &grpc_addr,
