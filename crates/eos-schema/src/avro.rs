@@ -46,6 +46,7 @@ use time::macros::format_description;
 use time::{Date, OffsetDateTime, PrimitiveDateTime, Time};
 
 use crate::error::SchemaError;
+use crate::json_kind;
 use crate::registry::SchemaId;
 use crate::wire;
 
@@ -99,18 +100,7 @@ impl AvroSchema {
             schema: self.label.clone(),
             detail,
         };
-        let mut rest = payload;
-        let value = GenericDatumReader::builder(&self.schema)
-            .build()
-            .and_then(|reader| reader.read_value(&mut rest))
-            .map_err(|error| undecodable(error.to_string()))?;
-        if !rest.is_empty() {
-            return Err(undecodable(format!(
-                "{} bytes left after the datum's {}",
-                rest.len(),
-                payload.len() - rest.len()
-            )));
-        }
+        let value = read_whole_datum(&self.schema, payload).map_err(undecodable)?;
         self.to_json(&value, &self.schema)
             .map_err(|misfit| undecodable(misfit.to_string()))
     }
@@ -125,18 +115,7 @@ impl AvroSchema {
             schema: format!("{} read as {}", writer.label, self.label),
             detail,
         };
-        let mut rest = payload;
-        let written = GenericDatumReader::builder(&writer.schema)
-            .build()
-            .and_then(|reader| reader.read_value(&mut rest))
-            .map_err(|error| undecodable(error.to_string()))?;
-        if !rest.is_empty() {
-            return Err(undecodable(format!(
-                "{} bytes left after the datum's {}",
-                rest.len(),
-                payload.len() - rest.len()
-            )));
-        }
+        let written = read_whole_datum(&writer.schema, payload).map_err(undecodable)?;
         let value = widen_decimals(written)
             .resolve_with_names(&self.schema, &self.names)
             .map_err(|error| undecodable(error.to_string()))?;
@@ -596,15 +575,22 @@ fn kind(schema: &Schema) -> String {
     }
 }
 
-fn json_kind(json: &Json) -> &'static str {
-    match json {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
+/// The one datum `payload` holds, written with `schema`; bytes left after it are an error (the
+/// record was written with another schema than its id names).
+fn read_whole_datum(schema: &Schema, payload: &[u8]) -> Result<Value, String> {
+    let mut rest = payload;
+    let value = GenericDatumReader::builder(schema)
+        .build()
+        .and_then(|reader| reader.read_value(&mut rest))
+        .map_err(|error| error.to_string())?;
+    if !rest.is_empty() {
+        return Err(format!(
+            "{} bytes left after the datum's {}",
+            rest.len(),
+            payload.len() - rest.len()
+        ));
     }
+    Ok(value)
 }
 
 fn finite(x: f64) -> Result<Json, Misfit> {

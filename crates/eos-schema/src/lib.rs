@@ -29,3 +29,16 @@ pub use registry::{
     ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType,
     SubjectVersion,
 };
+
+/// What kind of JSON value `json` is, as a misfit's message names it ("a string is not …").
+fn json_kind(json: &serde_json::Value) -> &'static str {
+    use serde_json::Value as Json;
+    match json {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}

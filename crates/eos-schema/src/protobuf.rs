@@ -38,6 +38,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::error::SchemaError;
+use crate::json_kind;
 use crate::registry::SchemaId;
 use crate::wire;
 
@@ -403,17 +404,6 @@ fn duration_text(seconds: i64, nanos: i32) -> String {
         seconds.unsigned_abs(),
         fraction_text(nanos.unsigned_abs())
     )
-}
-
-fn json_kind(json: &Json) -> &'static str {
-    match json {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
-    }
 }
 
 fn json_to_message(json: &Json, descriptor: &MessageDescriptor) -> Result<DynamicMessage, Misfit> {
