@@ -19,7 +19,7 @@ use integration_tests::{
     wait_until_consumed,
 };
 use rdkafka::Message as _;
-use rdkafka::message::{Headers as _, OwnedMessage};
+use rdkafka::message::OwnedMessage;
 use serde_json::{Value, json};
 
 /// How long the healed processor may take to drain the topic.
@@ -48,13 +48,9 @@ fn authorisation(id: &str, card: &str, amount: &str) -> Value {
     json!({"auth": {"id": id}, "card": card, "amount": amount, "currency": "EUR", "note": null})
 }
 
+/// The last value of header `name`, or "".
 fn header<'a>(message: &'a OwnedMessage, name: &str) -> &'a str {
-    message
-        .headers()
-        .and_then(|headers| headers.iter().filter(|h| h.key == name).last())
-        .and_then(|h| h.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .unwrap_or_default()
+    crate::card_authorisations::header(message, name).unwrap_or_default()
 }
 
 /// `GET http://addr/path`'s status, until it is `status` or `within` passes; the last status.
