@@ -5,12 +5,12 @@
 //! no call in flight for `--idle-timeout`. [`track_calls`] is the layer that tells a connection
 //! when its calls begin and end.
 //!
-//! Without them a TCP connection that sent nothing, or only the HTTP/2 preface, was held for
-//! ever (still open after 150 s in issue 50's probe), nothing capped their number, and a few
-//! thousand took every file descriptor the process had, stopping every call. tonic has no
-//! handshake or idle timeout of its own, and its HTTP/2 keep-alive PINGs close only a connection
-//! whose client stops answering them: none is sent before the preface, and a client that answers
-//! them is kept however long it makes no call.
+//! Without them a TCP connection that sent nothing, or only the HTTP/2 preface, was held for ever
+//! (still open after 150 s in a hostile-input probe, docs/security.md), nothing capped their
+//! number, and a few thousand took every file descriptor the process had, stopping every call.
+//! tonic has no handshake or idle timeout of its own, and its HTTP/2 keep-alive PINGs close only a
+//! connection whose client stops answering them: none is sent before the preface, and a client that
+//! answers them is kept however long it makes no call.
 
 use std::convert::Infallible;
 use std::io;

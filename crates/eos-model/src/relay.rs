@@ -51,7 +51,7 @@ use stateright::{Model, Property};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bug {
     /// The relay before fe68279 ("a backlog of more than two batches no longer stalls the logical
-    /// relay for good", issue 55 part 1): one peek of `--batch-size` messages whatever the
+    /// relay for good"): one peek of `--batch-size` messages whatever the
     /// slot's lag; a peek that stops before the read's position is taken as it is (nothing to
     /// publish, read again at once, the same position: `DecodeFurther` not honoured); and the
     /// slot advanced only once the interval elapsed, full read or not.

@@ -1,4 +1,4 @@
-//! Schema-registry formats for eos-suite's boundaries (issue 52): a client of the
+//! Schema-registry formats for eos-suite's boundaries (docs/schemas.md): a client of the
 //! Confluent-compatible registry API ([`registry`]: Confluent's own, or Apicurio's
 //! `/apis/ccompat/v7`, which the local stack runs), the Confluent wire format ([`wire`]: magic
 //! byte, schema id, payload; Protobuf's message-index list), and records to and from the JSON

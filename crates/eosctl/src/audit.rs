@@ -2122,8 +2122,9 @@ mod tests {
         );
         assert_eq!(report.violation_count(Violation::MissingOutput), 0);
 
-        // A processor that forgot the refused e-b (as eos-processor did before issue 51) applies
-        // its re-delivery, which fits by then: e-b has two outcomes, the refusal and an output.
+        // A processor that forgot the refused e-b (as eos-processor did before an event's
+        // outcome was final) applies its re-delivery, which fits by then: e-b has two outcomes,
+        // the refusal and an output.
         let mut processed = reference_process(&input);
         let e_b = EventEnvelope::parse(input[3].value_bytes()).expect("parses");
         processed.push_output(0, output_value(&e_b, &input[3], 3, i64::MAX - 110));

@@ -1,4 +1,4 @@
-//! Hostile input (issue 50; docs/security.md "What each service refuses"): every endpoint is
+//! Hostile input (docs/security.md "What each service refuses"): every endpoint is
 //! probed as an attacker or a careless client would, against the real binaries on the local
 //! stack, so that the next endpoint is probed the same way. Each service is started once and
 //! every probe of it fired at that one process; each probe asserts the precise refusal (HTTP
