@@ -49,6 +49,13 @@ impl RelayError {
     pub fn is_database_outage(&self) -> bool {
         matches!(self, Self::Database(_) | Self::Replication { .. })
     }
+
+    /// The replication session was refused because another session holds the slot (SQLSTATE
+    /// 55006, object_in_use, which the replication client puts in its message): a newer relay
+    /// with this name, or the walsender of one that died and has not gone yet.
+    pub fn is_slot_held_elsewhere(&self) -> bool {
+        matches!(self, Self::Replication { detail, .. } if detail.contains("SQLSTATE 55006"))
+    }
 }
 
 impl From<eos_runtime::transactional_producer::ProducerError> for RelayError {

@@ -269,6 +269,28 @@ impl LogicalSource {
         &self.slot
     }
 
+    /// Ends the session holding the slot, when it is not this relay's: called once Kafka has
+    /// confirmed that this relay owns its name, so that session belongs to a fenced relay or a
+    /// dead one. Returns the ended backend's pid. A role may end its own sessions; ending another
+    /// role's needs pg_signal_backend, and without it this is a warning and the wait goes on.
+    pub async fn end_foreign_session(&self) -> Result<Option<i32>, RelayError> {
+        let ended: Option<(i32, bool)> = sqlx::query_as(
+            "SELECT active_pid, pg_terminate_backend(active_pid) FROM pg_replication_slots \
+              WHERE slot_name = $1 AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()",
+        )
+        .bind(&self.slot)
+        .fetch_optional(&self.pool)
+        .await
+        .or_else(|error| match privilege_error(&error) {
+            true => {
+                tracing::warn!(slot = %self.slot, %error, "cannot end the session holding the slot");
+                Ok(None)
+            }
+            false => Err(error),
+        })?;
+        Ok(ended.and_then(|(pid, ended)| ended.then_some(pid)))
+    }
+
     /// The server decodes logically, and the publication exists (created when missing: before
     /// the slot, since pgoutput looks the publication up as of each decoded transaction).
     pub async fn prepare(&self) -> Result<(), RelayError> {
@@ -338,8 +360,9 @@ impl LogicalSource {
     }
 
     /// The slot, usable by this relay: logical, pgoutput, on this database, not invalidated.
+    /// A slot still being created has no position yet: this waits for its creation to end.
     pub async fn usable_slot(&self) -> Result<Option<(SlotState, Lsn)>, RelayError> {
-        let Some(state) = self.slot_state().await? else {
+        let Some(state) = self.created_slot_state().await? else {
             return Ok(None);
         };
         let database: String = sqlx::query_scalar("SELECT current_database()::TEXT")
@@ -369,6 +392,34 @@ impl LogicalSource {
             .confirmed_flush
             .ok_or_else(|| slot_error(&self.slot, "has no confirmed_flush_lsn"))?;
         Ok(Some((state, confirmed)))
+    }
+
+    /// The slot's state once no session is still creating it. A relay killed inside
+    /// `pg_create_logical_replication_slot` leaves its backend running until the transactions
+    /// open at the time end (PostgreSQL notices the lost client only afterwards); meanwhile the
+    /// slot is listed with no confirmed_flush_lsn. It then becomes a usable slot, or vanishes if
+    /// its creation fails, so the successor waits for one or the other.
+    async fn created_slot_state(&self) -> Result<Option<SlotState>, RelayError> {
+        const POLL: Duration = Duration::from_millis(200);
+        const WARN_EVERY: Duration = Duration::from_secs(10);
+        let started = Instant::now();
+        let mut warned: Option<Instant> = None;
+        loop {
+            let state = self.slot_state().await?;
+            if state.as_ref().is_none_or(|s| s.confirmed_flush.is_some()) {
+                return Ok(state);
+            }
+            if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                tracing::warn!(
+                    slot = %self.slot,
+                    waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "replication slot is still being created by another session (it waits for \
+                     the transactions open at its start); waiting for its consistent point"
+                );
+                warned = Some(Instant::now());
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Creates the slot; returns its consistent point (its first confirmed position). Waits for

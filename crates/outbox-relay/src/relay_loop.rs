@@ -64,6 +64,9 @@ const ADVANCE_INTERVAL: Duration = Duration::from_secs(1);
 /// Logical mode, while batches follow each other: the least time between two writes of the
 /// published position to PostgreSQL.
 const COPY_INTERVAL: Duration = Duration::from_secs(1);
+/// Logical mode, the slot held by another session: how often the relay checks that Kafka has not
+/// fenced it.
+const OWNERSHIP_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// Purge marks waiting for the position to pass them; older ones are dropped past this many (a
 /// later mark covers more).
 const PURGE_MARKS_KEPT: usize = 64;
@@ -196,6 +199,20 @@ impl RelayLoop {
         progress: Arc<ProgressWatch>,
     ) -> Result<Self, RelayError> {
         let producer = block_in_place(|| settings.create_producer())?;
+        if let Some(source) = &settings.logical
+            && settings.guarantee == Guarantee::ExactlyOnce
+        {
+            // Its init_transactions has just fenced every earlier relay with its name: a session
+            // still on the slot is one of theirs (a zombie's, or a killed relay's walsender), and
+            // would keep this relay from the slot. An idle zombie would never let go of it.
+            if let Some(pid) = source.end_foreign_session().await? {
+                warn!(
+                    slot = source.slot(),
+                    ended_pid = pid,
+                    "ended the session of a fenced relay holding the slot"
+                );
+            }
+        }
         let position = recover_position(&settings, &pool).await?;
         log_resuming(&settings, position);
         Ok(Self {
@@ -248,6 +265,7 @@ impl RelayLoop {
         }
         let mut database_failures = 0u32;
         let mut read_delays = retry_delays();
+        let mut ownership_checked_at: Option<Instant> = None;
         let mut next: Option<JoinHandle<Result<Batch, RelayError>>> = None;
         while !shutdown.is_cancelled() {
             // A read that never returns is a stall whether or not rows wait: nothing else moves.
@@ -284,8 +302,14 @@ impl RelayLoop {
                 Err(error) if error.is_database_outage() => {
                     database_failures += 1;
                     readiness.set(false);
-                    self.progress
-                        .waiting_for_outage("PostgreSQL to answer a read of the outbox");
+                    if error.is_slot_held_elsewhere() {
+                        self.still_owner(&mut ownership_checked_at).await?;
+                        self.progress
+                            .waiting_for_outage("the replication slot, held by another session");
+                    } else {
+                        self.progress
+                            .waiting_for_outage("PostgreSQL to answer a read of the outbox");
+                    }
                     let delay = read_delays.next().unwrap_or(MAX_RETRY_BACKOFF);
                     warn!(%error, attempt = database_failures, ?delay, "cannot read the outbox; retrying");
                     sleep_or_shutdown(delay, shutdown).await;
@@ -364,6 +388,47 @@ impl RelayLoop {
         }
         info!("shutting down: the last batch is published");
         Ok(())
+    }
+
+    /// Another session holds the slot: a newer relay with this name, a fenced one, or the
+    /// walsender of one that died. Only Kafka's fencing tells which; a zombie that only ever
+    /// fails to read would never learn it, and an idle zombie's session never times out. So a
+    /// transaction holding the position Kafka already has is committed, at most once per
+    /// `OWNERSHIP_CHECK_INTERVAL`: fenced, this relay stops; committed, it owns the name (and
+    /// changed nothing), so the other session is not a live owner's and is ended.
+    async fn still_owner(&mut self, checked_at: &mut Option<Instant>) -> Result<(), RelayError> {
+        if self.settings.guarantee != Guarantee::ExactlyOnce
+            || checked_at.is_some_and(|at| at.elapsed() < OWNERSHIP_CHECK_INTERVAL)
+        {
+            return Ok(());
+        }
+        *checked_at = Some(Instant::now());
+        let position = position_record(
+            &self.settings.positions_topic,
+            &self.settings.relay_name,
+            self.committed,
+        );
+        let outcome = block_in_place(|| {
+            self.producer.begin()?;
+            self.producer.send(&position).map_err(TxnFailure::from)?;
+            self.producer.commit()
+        });
+        match outcome {
+            Ok(()) => {
+                let Some(source) = &self.settings.logical else {
+                    return Ok(());
+                };
+                let ended = source.end_foreign_session().await?;
+                warn!(
+                    slot = source.slot(),
+                    ended_pid = ended,
+                    "the replication slot was held by another session while this relay owns \
+                     its name in Kafka (a fenced relay's, or a dead one's walsender); ended it"
+                );
+                Ok(())
+            }
+            Err(failure) => self.batch_failed(failure, 0).await,
+        }
     }
 
     /// Logical mode, nothing to publish: whether to commit the position alone, so the slot can

@@ -117,9 +117,11 @@ impl Outbox {
                 mode: self.mode.as_str()
             }));
             if self.mode == Mode::Logical {
-                args.extend(argv!(outbox_relay::Config {
-                    idle_position_interval: "500ms"
-                }));
+                if !extra.contains(&"--idle-position-interval") {
+                    args.extend(argv!(outbox_relay::Config {
+                        idle_position_interval: "500ms"
+                    }));
+                }
                 if !extra.contains(&"--slot") {
                     args.extend(argv!(outbox_relay::Config { slot: &self.slot }));
                 }
@@ -315,6 +317,17 @@ impl Outbox {
             position,
         })
         .unwrap_or_default())
+    }
+
+    /// Whether the logical slot is listed with no confirmed position: a creation in progress.
+    async fn slot_is_being_created(&self) -> anyhow::Result<bool> {
+        Ok(sqlx::query_scalar::<_, bool>(
+            "SELECT confirmed_flush_lsn IS NULL FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.slot)
+        .fetch_optional(&self.db.pool)
+        .await?
+        .unwrap_or(false))
     }
 
     /// The logical slot's confirmed position in bytes, if the slot exists.
@@ -1527,6 +1540,109 @@ async fn a_dropped_slot_is_refused_and_nothing_is_published() -> anyhow::Result<
         None,
         "no slot created in its place"
     );
+    outbox.drop_database().await
+}
+
+/// Logical mode: a relay SIGKILLed while PostgreSQL creates its slot leaves the creation
+/// running (its backend waits for a transaction that is still open) and the slot listed with no
+/// position. The next relay does not stop on it (it once did, "has no confirmed_flush_lsn"): it
+/// publishes every row once, the open transaction's too, within `CATCH_UP_TIMEOUT` of its commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_killed_while_its_slot_is_created_leaves_a_successor_that_waits_and_publishes()
+-> anyhow::Result<()> {
+    let outbox = Outbox::create(Mode::Logical).await?;
+    join_writer(outbox.writer(WritePlan::commits_only(200, 24)).spawn()).await?;
+    let mut open = PgConnection::connect(&outbox.db.url).await?;
+    sqlx::query("BEGIN").execute(&mut open).await?;
+    pay(
+        &mut open,
+        &outbox.topic,
+        "open-while-the-slot-is-created",
+        "acct-open",
+    )
+    .await?;
+    let mut first = outbox.spawn_relay("exactly-once", &[])?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !outbox.slot_is_being_created().await? {
+        ensure!(
+            Instant::now() < deadline && first.is_running(),
+            "the slot was never listed mid-creation\n{}",
+            first.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.kill_hard()?;
+    let mut successor = outbox.spawn_relay("exactly-once", &[])?;
+    // It ends the creation (a fenced relay's session) and creates the slot anew, which waits for
+    // the open transaction too; or, not allowed to end it, waits for the creation to end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !["ended_pid=", "still being created"]
+        .iter()
+        .any(|line| successor.log().contains(line))
+    {
+        ensure!(
+            Instant::now() < deadline && successor.is_running(),
+            "the successor neither ended nor waited for the slot's creation\n{}",
+            successor.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query("COMMIT").execute(&mut open).await?;
+    outbox.wait_relayed(&successor).await?;
+    ensure!(successor.is_running(), "{}", successor.log_tail(30));
+    successor.stop_gracefully()?;
+    let audit = outbox.audit().await?;
+    audit.assert_exact();
+    let (visible, committed) = (visible_event_ids(&outbox).await?, outbox.committed().await?);
+    ensure!(
+        visible.len() == committed.len() && visible.contains("open-while-the-slot-is-created"),
+        "every committed row, {} of them, the one committed during the slot's creation among \
+         them, is in the topic: {} are",
+        committed.len(),
+        visible.len()
+    );
+    open.close().await?;
+    outbox.drop_database().await
+}
+
+/// Logical mode: a successor started beside an idle relay of the same name fences it in Kafka,
+/// but the idle relay's replication session holds the slot and, alive, never times out. The
+/// successor, once Kafka confirms it owns the name, ends that session; the zombie, unable to
+/// read, learns from Kafka that it is fenced and exits. Both within `TAKEOVER_BOUND`, with no
+/// row written meanwhile to wake the zombie; then the successor publishes what follows, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_successor_takes_the_slot_from_an_idle_zombie_that_then_exits() -> anyhow::Result<()> {
+    const TAKEOVER_BOUND: Duration = Duration::from_secs(30);
+    let outbox = Outbox::create(Mode::Logical).await?;
+    // Once idle, idle for good: no position of its own to commit would tell it that it is
+    // fenced. Its rows come from the slot, each batch with its position.
+    let mut zombie = outbox.spawn_relay("exactly-once", &["--idle-position-interval", "1h"])?;
+    tokio::task::block_in_place(|| {
+        zombie.wait_for_log_line("replication session started", TAKEOVER_BOUND)
+    })?;
+    join_writer(outbox.writer(WritePlan::commits_only(200, 25)).spawn()).await?;
+    outbox.wait_relayed(&zombie).await?;
+    let mut successor = outbox.spawn_relay("exactly-once", &[])?;
+    let status = zombie
+        .wait_timeout(TAKEOVER_BOUND)?
+        .with_context(|| format!("the zombie kept running\n{}", zombie.log_tail(30)))?;
+    ensure!(
+        !status.success() && zombie.log().to_lowercase().contains("fenced"),
+        "the zombie exits non-zero, saying it was fenced ({status})\n{}",
+        zombie.log_tail(30)
+    );
+    tokio::task::block_in_place(|| {
+        successor.wait_for_log_line("replication session started", TAKEOVER_BOUND)
+    })?;
+    ensure!(
+        successor.log().contains("ended_pid="),
+        "the successor ended the zombie's session\n{}",
+        successor.log_tail(30)
+    );
+    join_writer(outbox.writer(WritePlan::commits_only(100, 26)).spawn()).await?;
+    outbox.wait_relayed(&successor).await?;
+    successor.stop_gracefully()?;
+    outbox.audit().await?.assert_exact();
     outbox.drop_database().await
 }
 
