@@ -68,6 +68,19 @@ impl FileResolver for RegisteredFile {
     }
 }
 
+/// A schema registered in its serialized form: a base64 `FileDescriptorProto`, as Confluent's
+/// own serializers send it (Python's and Go's `ProtobufSerializer`) and as a registry that keeps
+/// what it was given (Apicurio's Confluent-compatible API) returns it. `.proto` text always has
+/// spaces, base64 never does.
+fn serialized_descriptor(text: &str) -> Option<prost_types::FileDescriptorProto> {
+    let text = text.trim();
+    if text.is_empty() || text.contains(char::is_whitespace) {
+        return None;
+    }
+    let bytes = BASE64.decode(text).ok()?;
+    prost::Message::decode(bytes.as_slice()).ok()
+}
+
 impl ProtobufSchema {
     /// Compiles a `.proto` file's text; `label` names it in errors (`id 7`).
     pub fn parse(text: &str, label: impl Into<String>) -> Result<Self, SchemaError> {
@@ -76,7 +89,13 @@ impl ProtobufSchema {
             schema: label.clone(),
             detail,
         };
-        let source = File::from_source(SCHEMA_FILE, text).map_err(|e| invalid(e.to_string()))?;
+        let source = match serialized_descriptor(text) {
+            Some(mut descriptor) => {
+                descriptor.name = Some(SCHEMA_FILE.to_owned());
+                File::from_file_descriptor_proto(descriptor)
+            }
+            None => File::from_source(SCHEMA_FILE, text).map_err(|e| invalid(e.to_string()))?,
+        };
         let mut resolver = ChainFileResolver::new();
         resolver.add(RegisteredFile(source));
         resolver.add(GoogleFileResolver::new());
@@ -700,6 +719,24 @@ mod tests {
         let bytes = payment.encode(&a_payment()).expect("fits");
         assert_eq!(bytes[0], 0, "the first message's index list is a lone zero");
         assert_eq!(payment.decode(&bytes).expect("decodes"), a_payment());
+    }
+
+    #[test]
+    fn a_schema_registered_as_a_serialized_descriptor_reads_as_its_text_does() {
+        let from_text = schema();
+        let descriptor = prost::Message::encode_to_vec(from_text.file.file_descriptor_proto());
+        let from_descriptor = ProtobufSchema::parse(&BASE64.encode(descriptor), "serialized")
+            .expect("a base64 FileDescriptorProto compiles, with its well-known imports");
+        let bytes = from_text.encode(&a_payment()).expect("fits");
+        assert_eq!(
+            from_descriptor.decode(&bytes).expect("decodes"),
+            a_payment()
+        );
+        assert_eq!(from_descriptor.indexes_of("eos.test.Refund"), Some(vec![1]));
+        assert!(
+            ProtobufSchema::parse("bm90IGEgZGVzY3JpcHRvcg", "x").is_err(),
+            "base64 that is no descriptor is refused"
+        );
     }
 
     #[test]
