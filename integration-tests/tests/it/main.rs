@@ -34,6 +34,7 @@ mod replay_proof;
 mod resend_spans;
 mod scale_out;
 mod schema_input;
+mod schema_interop;
 mod secrets;
 mod sink_provider;
 mod sink_rules;

@@ -1,0 +1,175 @@
+//! Interoperability with Confluent's reference clients: records written by `confluent-kafka`'s
+//! own Python serializers (`AvroSerializer`, `ProtobufSerializer`, `JSONSerializer`), which
+//! register their schemas in the local stack's registry as a team's producers do
+//! (`integration-tests/interop/confluent_produce.py`, run in a venv that
+//! `integration-tests/interop/python` makes on first use). eos-processor reads each topic in its
+//! format and writes every event once, as the JSON event the script says it is, with nothing
+//! dead-lettered: the producer's retry of its first records is dropped by event id, and the run
+//! drains within `DRAIN_BOUND`. docs/schemas.md.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use eos_testkit::argv;
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{
+    Isolation, bootstrap_servers, create_topic, read_topic, unique_name, wait_until_consumed,
+};
+use rdkafka::Message as _;
+use serde_json::Value;
+
+/// How long the processor may take to read every record once they are all written.
+const DRAIN_BOUND: Duration = Duration::from_secs(60);
+const EVENTS: usize = 300;
+/// The first records written again, as a producer retrying after a lost acknowledgement would.
+const RETRIED: usize = 20;
+
+/// Writes `count` authorisations with Confluent's serializer for `format`; the events as the
+/// processor should read them, in order.
+fn confluent_produce(
+    format: &str,
+    registry: &str,
+    topic: &str,
+    count: usize,
+) -> anyhow::Result<Vec<Value>> {
+    let interop = Path::new(env!("CARGO_MANIFEST_DIR")).join("interop");
+    let output = Command::new(interop.join("python"))
+        .arg(interop.join("confluent_produce.py"))
+        .args(["--format", format, "--bootstrap", &bootstrap_servers()])
+        .args(["--registry", registry, "--topic", topic])
+        .args(["--count", &count.to_string()])
+        .output()
+        .context("running integration-tests/interop/python")?;
+    ensure!(
+        output.status.success(),
+        "confluent_produce.py --format {format} failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)?
+        .lines()
+        .map(|line| serde_json::from_str(line).with_context(|| format!("line {line:?}")))
+        .collect()
+}
+
+async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow::Result<()> {
+    let registry = std::env::var("EOS_SCHEMA_REGISTRY_URL").context(
+        "EOS_SCHEMA_REGISTRY_URL is not set: the schema registry this test writes through \
+         (`deploy/local/stack env` prints it; `make test` sets it)",
+    )?;
+    let input = unique_name(&format!("interop-{format}"));
+    let output = unique_name(&format!("interop-{format}-out"));
+    let group = unique_name(&format!("interop-{format}-processor"));
+    let dlq = format!("{input}.dlq");
+    create_topic(&input, 3).await?;
+    let (registry_for_producer, topic) = (registry.clone(), input.clone());
+    let format_owned = format.to_owned();
+    let expected = tokio::task::spawn_blocking(move || {
+        let events = confluent_produce(&format_owned, &registry_for_producer, &topic, EVENTS)?;
+        confluent_produce(&format_owned, &registry_for_producer, &topic, RETRIED)?;
+        anyhow::Ok(events)
+    })
+    .await??;
+    ensure!(
+        expected.len() == EVENTS,
+        "{} events written",
+        expected.len()
+    );
+
+    let bootstrap = bootstrap_servers();
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
+        processor.input_topic: &input,
+        processor.output_topic: &output,
+        processor.group_id: &group,
+        processor.instance.instance_id: &format!("interop-{format}"),
+        processor.metrics_addr: "127.0.0.1:0",
+        processor.input_format.input_format: format,
+        processor.input_format.schema_registry_url: &registry,
+        transform: "pass-through",
+        processor.event_id: "/auth/id",
+    });
+    let started = Instant::now();
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    tokio::task::block_in_place(|| wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND))
+        .with_context(|| processor.log_tail(40))?;
+    let drained_in = started.elapsed();
+    processor.stop_gracefully()?;
+    eprintln!(
+        "{format}: {} records from Confluent's serializer read in {drained_in:?} (bound \
+         {DRAIN_BOUND:?})",
+        EVENTS + RETRIED
+    );
+
+    let (outputs, letters) = tokio::task::spawn_blocking(move || {
+        anyhow::Ok((
+            read_topic(&output, Isolation::ReadCommitted)?,
+            read_topic(&dlq, Isolation::ReadCommitted).unwrap_or_default(),
+        ))
+    })
+    .await??;
+    ensure!(
+        letters.is_empty(),
+        "nothing is dead-lettered; the first: {:?}",
+        letters
+            .first()
+            .and_then(|letter| crate::card_authorisations::header(
+                letter,
+                eos_core::dead_letter::DETAIL_HEADER
+            ))
+    );
+    let mut written: Vec<(String, Value)> = outputs
+        .iter()
+        .map(|message| {
+            (
+                crate::card_authorisations::header(message, "event_id")
+                    .unwrap_or_default()
+                    .to_owned(),
+                serde_json::from_slice(message.payload().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    written.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut want: Vec<(String, Value)> = expected
+        .into_iter()
+        .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))
+        .collect();
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    ensure!(
+        written.len() == want.len(),
+        "{} outputs for {} events (each once, the {RETRIED} retried records dropped)",
+        written.len(),
+        want.len()
+    );
+    for (got, expected) in written.iter().zip(&want) {
+        ensure!(
+            got == expected,
+            "{format}: event {} reads as {} where Confluent's client wrote {}",
+            expected.0,
+            got.1,
+            expected.1
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn confluent_avro_serializer_records_are_read_once_as_their_events() -> anyhow::Result<()> {
+    confluent_records_are_read_once_as_their_events("avro").await
+}
+
+/// Confluent's `ProtobufSerializer` registers its schema as a serialized descriptor (base64), not
+/// `.proto` text, and a registry that keeps what it was given serves it back so.
+#[tokio::test(flavor = "multi_thread")]
+async fn confluent_protobuf_serializer_records_are_read_once_as_their_events() -> anyhow::Result<()>
+{
+    confluent_records_are_read_once_as_their_events("protobuf").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn confluent_json_serializer_records_are_read_once_as_their_events() -> anyhow::Result<()> {
+    confluent_records_are_read_once_as_their_events("json-schema").await
+}
