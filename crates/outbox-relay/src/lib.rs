@@ -22,20 +22,17 @@ mod records;
 mod recovery;
 pub mod relay_loop;
 pub mod server_watch;
+mod service;
 
-use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use eos_core::{Boundary, Guarantee};
-use eos_runtime::ops_http::OpsEndpoint;
-use eos_runtime::postgres_pool::{PoolBuilder, START_MAX_BACKOFF};
-use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::schema_migrations;
 use eos_runtime::service_flags::MigrateArgs;
 
 pub use config::{Config, RelayMode};
 pub use error::RelayError;
-use relay_loop::{RelayLoop, RelaySettings};
+pub use service::{Service, build};
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
@@ -103,90 +100,9 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 /// Runs the relay until `shutdown` is cancelled (exit 0 after the batch in flight) or a fatal
 /// error (fenced, a position that disagrees with PostgreSQL, a row that is not an envelope).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    config.validate().map_err(RelayError::Config)?;
-    let kafka = config
-        .kafka
-        .settings(config::OWN_KAFKA_PROPERTIES)
-        .context("Kafka settings")?;
-    kafka.log_at_start();
-    let ops = OpsEndpoint::start(config.metrics_addr, boundary(&config), metrics::describe).await?;
-    let readiness = ops.readiness.clone();
-
-    let Some(pool) = PoolBuilder::new(4)
-        .connect_at_start(config.database.url(), START_MAX_BACKOFF, &shutdown)
-        .await
-        .context("connecting to PostgreSQL")?
-    else {
-        ops.stop().await;
-        return Ok(());
-    };
-    schema_migrations::prepare_at_start(
-        &pool,
-        &eos_outbox::migrator(),
-        "outbox-relay",
-        config.skip_migrations,
-    )
-    .await?;
-
-    let client_config = kafka.client_config();
-    // The first Kafka call below is an admin request, which a refused client (a wrong password)
-    // would wait on silently: a metadata request first names the refusal within 10 s.
-    let probe_config = client_config.clone();
-    tokio::task::spawn_blocking(move || {
-        eos_runtime::kafka_errors::check_reachable(
-            &probe_config,
-            std::time::Duration::from_secs(10),
-        )
-    })
-    .await
-    .context("the Kafka start-up check panicked")?
-    .context("checking that Kafka answers")?;
-    if config.guarantee == Guarantee::ExactlyOnce {
-        position_topic::ensure_positions_topic(
-            &client_config,
-            &config.positions_topic,
-            &config.topics,
-        )
-        .await?;
+    match build(config, &shutdown).await? {
+        Some(relay) => relay.run(shutdown).await,
+        // Stopped while waiting for PostgreSQL: nothing ran, nothing to drain.
+        None => Ok(()),
     }
-    let settings = RelaySettings {
-        client_config,
-        guarantee: config.guarantee,
-        relay_name: config.relay_name.clone(),
-        transactional_id: config.transactional_id(),
-        positions_topic: config.positions_topic.clone(),
-        batch_size: config.batch_size,
-        poll_interval: config.poll_interval,
-        linger: config.linger,
-        transaction_timeout: config.transaction_timeout,
-        logical: match config.mode() {
-            RelayMode::Logical => Some(logical::LogicalSource::new(
-                pool.clone(),
-                config.slot_name(),
-                config.publication_name(),
-                logical_stream::ReplicationTarget::from_url(config.database.url())?
-                    .with_confirm_interval(config.slot_confirm_interval),
-            )),
-            RelayMode::Xmin => None,
-        },
-        idle_position_interval: config.idle_position_interval,
-    };
-    let progress = ProgressWatch::spawn("outbox-relay", config.stall.policy(), &ops.stalls)
-        .context("starting the progress watch")?;
-    let relay = RelayLoop::start(settings, pool.clone(), progress).await?;
-    let purge = tokio::spawn(purge::run(
-        pool.clone(),
-        purge::PurgeSettings {
-            interval: config.purge_interval,
-            retention: config.retention,
-            batch: config.purge_batch,
-        },
-        shutdown.clone(),
-    ));
-    let result = relay.run(&shutdown, &readiness).await;
-    shutdown.cancel();
-    let _ = purge.await;
-    pool.close().await;
-    ops.stop().await;
-    result.map_err(anyhow::Error::from)
 }
