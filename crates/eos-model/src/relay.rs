@@ -41,8 +41,8 @@
 
 use std::time::Duration;
 
+use outbox_relay::Lsn;
 use outbox_relay::logical::{Decoded, DecodedTxn, PeekJudgement, judge_peek};
-use outbox_relay::pgoutput::Lsn;
 use outbox_relay::relay_loop::slot_advance_due;
 use stateright::{Model, Property};
 

@@ -27,9 +27,9 @@
 
 use std::time::Duration;
 
+use outbox_relay::Lsn;
 use outbox_relay::logical::DecodedTxn;
 use outbox_relay::logical_stream::{HandOver, session_goes_on};
-use outbox_relay::pgoutput::Lsn;
 use stateright::{Model, Property};
 
 use crate::relay::{

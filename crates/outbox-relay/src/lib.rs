@@ -11,17 +11,17 @@
 
 mod backlog_watch;
 pub mod config;
-pub mod error;
+mod error;
 pub mod logical;
 pub mod logical_stream;
 pub mod metrics;
-pub mod pgoutput;
+mod pgoutput;
 pub mod position_topic;
-pub mod purge;
+mod purge;
 mod records;
 mod recovery;
 pub mod relay_loop;
-pub mod server_watch;
+mod server_watch;
 mod service;
 
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,8 @@ use eos_runtime::service_flags::MigrateArgs;
 
 pub use config::{Config, RelayMode};
 pub use error::RelayError;
+/// A WAL position, as the logical reader's public functions (and eos-model's models) take it.
+pub use pgoutput::Lsn;
 pub use service::{Service, build};
 
 /// The guarantee this configuration gives, for logs and `/boundary`.

@@ -34,7 +34,7 @@ impl FromStr for Lsn {
 
 /// `B`: a transaction's first message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Begin {
+pub(crate) struct Begin {
     /// The LSN of the transaction's commit record.
     pub final_lsn: Lsn,
     /// Microseconds since 2000-01-01 (PostgreSQL's epoch).
@@ -44,7 +44,7 @@ pub struct Begin {
 
 /// `C`: a transaction's last message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Commit {
+pub(crate) struct Commit {
     pub flags: u8,
     /// Where the commit record starts: a slot at or past it does not decode the transaction again.
     pub commit_lsn: Lsn,
@@ -55,7 +55,7 @@ pub struct Commit {
 
 /// `R`: a relation's description, sent before the first change to it in a decoding session.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Relation {
+pub(crate) struct Relation {
     pub id: u32,
     pub namespace: String,
     pub name: String,
@@ -64,7 +64,7 @@ pub struct Relation {
 
 /// One column of a tuple: text format, as pgoutput sends it without the `binary` option.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Column {
+pub(crate) enum Column {
     Null,
     /// A TOASTed value not sent because it did not change (updates only).
     Unchanged,
@@ -73,13 +73,13 @@ pub enum Column {
 
 /// `I`: an inserted row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Insert {
+pub(crate) struct Insert {
     pub relation_id: u32,
     pub columns: Vec<Column>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Message {
+pub(crate) enum Message {
     Begin(Begin),
     Commit(Commit),
     Relation(Relation),
@@ -90,7 +90,7 @@ pub enum Message {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("pgoutput message {tag:?} at byte {at}: {detail}")]
-pub struct DecodeError {
+pub(crate) struct DecodeError {
     pub tag: char,
     pub at: usize,
     pub detail: String,
@@ -199,7 +199,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Decodes one message.
-pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
     let Some(&tag) = bytes.first() else {
         return Err(DecodeError {
             tag: '?',

@@ -15,14 +15,14 @@ use eos_runtime::batched_purge::{self, Batch};
 use crate::metrics as m;
 
 #[derive(Debug, Clone, Copy)]
-pub struct PurgeSettings {
+pub(crate) struct PurgeSettings {
     /// Zero: never purge.
     pub interval: Duration,
     pub retention: Duration,
     pub batch: i64,
 }
 
-pub async fn run(pool: PgPool, settings: PurgeSettings, shutdown: CancellationToken) {
+pub(crate) async fn run(pool: PgPool, settings: PurgeSettings, shutdown: CancellationToken) {
     batched_purge::every(settings.interval, "published outbox rows", shutdown, || {
         purge_batch(&pool, settings)
     })

@@ -18,7 +18,7 @@ const BLOCKER_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The last blocker named in the log, so a long one is not named every few seconds.
 #[derive(Debug, Default)]
-pub struct BlockerLog {
+pub(crate) struct BlockerLog {
     last: Option<(i32, Instant)>,
 }
 
@@ -27,7 +27,7 @@ pub struct BlockerLog {
 /// `BLOCKER_LOG_AFTER`. A non-superuser sees the `backend_xid` of other roles' sessions only
 /// with `pg_read_all_stats` (docs/outbox.md): without it those sessions are not found, and the
 /// gauge may read 0 while the relay waits.
-pub async fn report_xmin_blocker(pool: &PgPool, log: &mut BlockerLog) {
+pub(crate) async fn report_xmin_blocker(pool: &PgPool, log: &mut BlockerLog) {
     let row = sqlx::query(
         "SELECT pid, datname::TEXT, usename::TEXT, application_name, state,
                 EXTRACT(EPOCH FROM now() - xact_start)::FLOAT8
@@ -85,7 +85,7 @@ pub async fn report_xmin_blocker(pool: &PgPool, log: &mut BlockerLog) {
 }
 
 /// logical mode: sets `outbox_relay_slot_retained_wal_bytes`.
-pub async fn report_slot(source: &LogicalSource) {
+pub(crate) async fn report_slot(source: &LogicalSource) {
     match source.slot_state().await {
         Ok(Some(state)) => {
             gauge!(m::SLOT_RETAINED_WAL).set(state.retained_bytes.unwrap_or(0).max(0) as f64);
