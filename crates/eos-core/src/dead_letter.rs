@@ -101,10 +101,14 @@ pub enum DeadLetterReason {
     /// id the registry does not know or of another format, or a payload that does not decode
     /// with its schema. The detail names the id and the subject.
     UndecodableRecord,
+    /// An output's value does not fit the schema of its topic's subject (an output in a
+    /// schema-registry format): nothing of the event is written, its state stays as it was. The
+    /// detail names the output, the subject, the schema id and where the value does not fit.
+    OutputSchemaMisfit,
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 19] = [
+    pub const ALL: [DeadLetterReason; 20] = [
         Self::InvalidUtf8,
         Self::MalformedJson,
         Self::MissingField,
@@ -124,6 +128,7 @@ impl DeadLetterReason {
         Self::TransformTrap,
         Self::TransformLimit,
         Self::UndecodableRecord,
+        Self::OutputSchemaMisfit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -147,6 +152,7 @@ impl DeadLetterReason {
             Self::TransformTrap => "transform_trap",
             Self::TransformLimit => "transform_limit",
             Self::UndecodableRecord => "undecodable_record",
+            Self::OutputSchemaMisfit => "output_schema_misfit",
         }
     }
 
@@ -614,6 +620,7 @@ mod tests {
                 "transform_trap",
                 "transform_limit",
                 "undecodable_record",
+                "output_schema_misfit",
             ]
         );
     }

@@ -263,6 +263,7 @@ async fn run_transform<T: Transform>(
             horizon_secs: config.dedup_horizon.as_secs() as i64,
             contract,
             outputs: outputs.keys().cloned().collect::<BTreeSet<_>>(),
+            output_fit: None,
         },
         transaction_timeout: config.transaction_timeout,
         fault_abort_every: config.fault_abort_every,

@@ -28,6 +28,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +170,34 @@ pub struct DecisionPolicy {
     pub contract: EventContract,
     /// The configured output names (`--output NAME=TOPIC` and the default output).
     pub outputs: BTreeSet<String>,
+    /// Whether each output's value can be written to its topic; `None`: any JSON can (plain
+    /// JSON outputs).
+    pub output_fit: Option<Arc<dyn OutputFit>>,
+}
+
+/// Whether an output's value can be written to its topic: an output in a schema registry's
+/// format must fit its subject's schema. Asked before the event's effects are kept, so a value
+/// that does not fit makes the event a dead letter (`output_schema_misfit`) with nothing of it
+/// written and its entity's state as it was, never a half-written event.
+pub trait OutputFit: Send + Sync {
+    /// `Err` with where `value` does not fit `output`'s schema (the detail of the dead letter).
+    fn check(&self, output: &str, value: &serde_json::Value) -> Result<(), String>;
+}
+
+impl std::fmt::Debug for dyn OutputFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutputFit")
+    }
+}
+
+/// The first output whose value does not fit its topic's schema: the dead letter's detail.
+fn misfit(policy: &DecisionPolicy, outputs: &[Output]) -> Option<String> {
+    let fit = policy.output_fit.as_deref()?;
+    outputs.iter().find_map(|output| {
+        fit.check(&output.output, &output.value)
+            .err()
+            .map(|detail| format!("output {:?}: {detail}", output.output))
+    })
 }
 
 /// One input record as the decision sees it.
@@ -336,7 +365,17 @@ impl<S: Clone + Default> PartitionState<S> {
                         event_id: Some(event_id),
                     });
                 }
-                None => outputs,
+                None => match misfit(policy, &outputs) {
+                    Some(detail) => {
+                        remember(overlay, Some(DeadLetterReason::OutputSchemaMisfit));
+                        return Ok(Decision::dead_letter(
+                            DeadLetterReason::OutputSchemaMisfit,
+                            detail,
+                            Some(event_id),
+                        ));
+                    }
+                    None => outputs,
+                },
             },
             // The state stays as it was; the id is remembered with the refusal, so a
             // re-delivery is a duplicate even once the state would let it through.
@@ -427,6 +466,7 @@ mod tests {
                 ..EventContract::ledger()
             },
             outputs: BTreeSet::from([crate::transform::DEFAULT_OUTPUT.to_owned()]),
+            output_fit: None,
         }
     }
 
@@ -1014,6 +1054,67 @@ mod tests {
             Decision::Duplicate {
                 event_id: "a-13".into()
             }
+        );
+    }
+
+    /// The audit output's schema takes numbers below 10 only.
+    struct AuditBelowTen;
+
+    impl OutputFit for AuditBelowTen {
+        fn check(&self, output: &str, value: &serde_json::Value) -> Result<(), String> {
+            match (output, value.as_i64()) {
+                ("audit", Some(n)) if n >= 10 => Err(format!("{n} is not below 10")),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_that_does_not_fit_its_schema_makes_the_event_a_dead_letter_and_changes_nothing() {
+        let store = StateStore::in_memory().expect("in-memory store");
+        let state = PartitionState::<u64>::new(store.partition("changelog", 0).expect("tables"));
+        let mut overlay = Overlay::default();
+        let decide = |overlay: &mut Overlay<u64>, id: &str, n: i64| {
+            let value = format!(r#"{{"n":{n}}}"#);
+            let headers: [(&str, Option<&[u8]>); 1] = [("event_id", Some(id.as_bytes()))];
+            let policy = DecisionPolicy {
+                outputs: BTreeSet::from(["default".to_owned(), "audit".to_owned()]),
+                contract: EventContract::default(),
+                output_fit: Some(Arc::new(AuditBelowTen)),
+                ..policy()
+            };
+            let record = InputRecord {
+                key: Some(b"card-1"),
+                value: Some(value.as_bytes()),
+                headers: &headers,
+                timestamp_secs: NOW,
+            };
+            state
+                .decide(overlay, &Splitter, record, &source(0), NOW, &policy)
+                .expect("store reads")
+        };
+        assert!(matches!(
+            decide(&mut overlay, "a-2", 2),
+            Decision::Emit { outputs, .. } if outputs.len() == 2
+        ));
+        // 12 goes to the default output (fits) and the audit output (does not): neither is written.
+        let decision = decide(&mut overlay, "a-12", 12);
+        let Decision::DeadLetter { reason, detail, .. } = &decision else {
+            panic!("{decision:?}");
+        };
+        assert_eq!(*reason, DeadLetterReason::OutputSchemaMisfit);
+        assert_eq!(detail, "output \"audit\": 12 is not below 10");
+        assert_eq!(overlay.entities["card-1"], 1, "the state is as a-2 left it");
+        assert_eq!(
+            overlay.seen["a-12"].dead_letter,
+            Some(DeadLetterReason::OutputSchemaMisfit)
+        );
+        assert_eq!(
+            decide(&mut overlay, "a-12", 12),
+            Decision::Duplicate {
+                event_id: "a-12".into()
+            },
+            "the outcome is final"
         );
     }
 

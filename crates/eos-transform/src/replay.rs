@@ -300,6 +300,7 @@ pub fn expected<T: Transform>(
         horizon_secs: i64::MAX / 4,
         contract: contract.clone(),
         outputs: outputs.clone(),
+        output_fit: None,
     };
     let mut expected = Expected::default();
     for (partition, mut records) in by_partition {

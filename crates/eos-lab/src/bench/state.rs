@@ -215,6 +215,7 @@ fn state_path_rate(
             ..eos_core::EventContract::ledger()
         },
         outputs: [eos_processor::transform::DEFAULT_OUTPUT.to_owned()].into(),
+        output_fit: None,
     };
     let source = SourcePosition {
         topic: "bench".into(),
