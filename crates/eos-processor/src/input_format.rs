@@ -31,7 +31,7 @@ pub enum InputFormat {
 }
 
 impl InputFormat {
-    fn fits(self, schema: &ParsedSchema) -> bool {
+    pub(crate) fn fits(self, schema: &ParsedSchema) -> bool {
         matches!(
             (self, schema),
             (InputFormat::Avro, ParsedSchema::Avro(_))
@@ -40,7 +40,7 @@ impl InputFormat {
         )
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             InputFormat::Json => "json",
             InputFormat::Avro => "avro",
@@ -50,7 +50,7 @@ impl InputFormat {
     }
 }
 
-fn schema_name(schema: &ParsedSchema) -> &'static str {
+pub(crate) fn schema_name(schema: &ParsedSchema) -> &'static str {
     match schema {
         ParsedSchema::Avro(_) => "an Avro schema",
         ParsedSchema::Protobuf(_) => "a Protobuf schema",
@@ -58,7 +58,7 @@ fn schema_name(schema: &ParsedSchema) -> &'static str {
     }
 }
 
-/// The input's format and, for a registry format, where the registry is.
+/// The input's and the outputs' formats and, for a registry format, where the registry is.
 #[derive(Debug, Clone, clap::Args)]
 pub struct InputFormatFlags {
     /// The input topic's record format: json (a JSON object per record), or avro, protobuf or
@@ -67,6 +67,14 @@ pub struct InputFormatFlags {
     /// whatever the format (docs/schemas.md).
     #[arg(long, env = "EOS_INPUT_FORMAT", value_enum, default_value_t = InputFormat::Json)]
     pub input_format: InputFormat,
+
+    /// The output topics' record format: json, or avro, protobuf or json-schema in the
+    /// registry's wire format, each written with the latest schema of its topic's subject
+    /// (<topic>-value, looked up at start-up; register it first). An output value that does not
+    /// fit its schema makes the event a dead letter, output_schema_misfit. The dead letters and
+    /// the changelog stay JSON.
+    #[arg(long, env = "EOS_OUTPUT_FORMAT", value_enum, default_value_t = InputFormat::Json)]
+    pub output_format: InputFormat,
 
     /// The schema registry's API, Confluent's or one compatible with it (Apicurio's
     /// /apis/ccompat/v7); required with a registry format. Credentials go in
@@ -90,10 +98,19 @@ pub struct InputFormatFlags {
 }
 
 impl InputFormatFlags {
-    /// The format as the boundary line shows it: `json`, or `avro via URL`.
+    /// The input's format as the boundary line shows it: `json`, or `avro via URL`.
     pub fn describe(&self) -> String {
-        match (&self.input_format, &self.schema_registry_url) {
-            (InputFormat::Json, _) | (_, None) => self.input_format.name().to_owned(),
+        self.describe_format(self.input_format)
+    }
+
+    /// The outputs' format, as [`Self::describe`] shows the input's.
+    pub fn describe_output(&self) -> String {
+        self.describe_format(self.output_format)
+    }
+
+    fn describe_format(&self, format: InputFormat) -> String {
+        match (format, &self.schema_registry_url) {
+            (InputFormat::Json, _) | (_, None) => format.name().to_owned(),
             (format, Some(url)) => format!(
                 "{} via {}",
                 format.name(),
@@ -110,15 +127,21 @@ impl InputFormatFlags {
             .schema_registry_url
             .as_deref()
             .filter(|url| !url.is_empty());
-        let url = match (self.input_format, url) {
-            (InputFormat::Json, _) => return Ok(None),
-            (format, None) => {
+        let registry_format = [
+            ("--input-format", self.input_format),
+            ("--output-format", self.output_format),
+        ]
+        .into_iter()
+        .find(|(_, format)| *format != InputFormat::Json);
+        let url = match (registry_format, url) {
+            (None, _) => return Ok(None),
+            (Some((flag, format)), None) => {
                 return Err(format!(
-                    "--input-format {} needs --schema-registry-url",
+                    "{flag} {} needs --schema-registry-url",
                     format.name()
                 ));
             }
-            (_, Some(url)) => url,
+            (Some(_), Some(url)) => url,
         };
         if eos_runtime::secrets::url_has_userinfo(url) {
             return Err(
@@ -364,6 +387,27 @@ mod tests {
                 "--input-format avro needs --schema-registry-url"
             );
         }
+        assert_eq!(
+            flags(&["--output-format", "json-schema"])
+                .registry_config()
+                .expect_err("refused"),
+            "--output-format json-schema needs --schema-registry-url",
+            "a registry format for the outputs only needs the registry too"
+        );
+        let outputs_only = flags(&[
+            "--output-format",
+            "avro",
+            "--schema-registry-url",
+            "http://registry:8081",
+        ]);
+        assert!(outputs_only.registry_config().expect("fits").is_some());
+        assert_eq!(
+            (outputs_only.describe(), outputs_only.describe_output()),
+            (
+                "json".to_owned(),
+                "avro via http://registry:8081/".to_owned()
+            )
+        );
         let refused = flags(&[
             "--input-format",
             "protobuf",

@@ -59,6 +59,7 @@ mod local_checkpoint;
 #[doc(hidden)]
 pub mod metrics;
 mod open_batch;
+mod output_format;
 mod rebalance_handling;
 mod record_decision;
 #[cfg(feature = "wasm")]
@@ -83,6 +84,7 @@ pub use eos_transform::{partition_state, state_format, state_store};
 pub use eos_transform::{replay, transform};
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
@@ -131,8 +133,9 @@ pub fn boundary(config: &Config) -> Boundary {
         .map(|(name, topic)| format!("{topic} (output {name})"))
         .collect();
     let result = format!(
-        "kafka topics={}, {} (dead letters), {} (state)",
+        "kafka topics={} format={}, {} (dead letters), {} (state)",
         outputs.join(", "),
+        config.input_format.describe_output(),
         config.dlq_topic(),
         config.changelog_topic()
     );
@@ -248,6 +251,26 @@ async fn run_transform<T: Transform>(
         "largest dead letter the producer can write"
     );
 
+    let registry = config
+        .input_format
+        .registry_config()
+        .map_err(ProcessorError::Config)?;
+    let output_encoder = match (config.input_format.output_format, &registry) {
+        (InputFormat::Json, _) | (_, None) => None,
+        (format, Some(registry)) => {
+            match output_format::OutputEncoder::load(format, &outputs, registry.clone(), &shutdown)
+                .await
+                .map_err(ProcessorError::Config)?
+            {
+                Some(encoder) => Some(Arc::new(encoder)),
+                // Stopped while the registry could not answer: nothing ran.
+                None => {
+                    ops.stop().await;
+                    return Ok(());
+                }
+            }
+        }
+    };
     let settings = LoopSettings {
         guarantee: config.guarantee,
         input_topic: config.input_topic.clone(),
@@ -263,7 +286,9 @@ async fn run_transform<T: Transform>(
             horizon_secs: config.dedup_horizon.as_secs() as i64,
             contract,
             outputs: outputs.keys().cloned().collect::<BTreeSet<_>>(),
-            output_fit: None,
+            output_fit: output_encoder
+                .clone()
+                .map(|encoder| encoder as Arc<dyn eos_transform::partition_state::OutputFit>),
         },
         transaction_timeout: config.transaction_timeout,
         fault_abort_every: config.fault_abort_every,
@@ -276,10 +301,7 @@ async fn run_transform<T: Transform>(
     let input = input_format::InputDecoder::new(
         config.input_format.input_format,
         &config.input_topic,
-        config
-            .input_format
-            .registry_config()
-            .map_err(ProcessorError::Config)?,
+        registry,
     )
     .context("the schema registry's client")?;
     let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
@@ -288,6 +310,7 @@ async fn run_transform<T: Transform>(
     let result = tokio::task::spawn_blocking(move || {
         TransactionLoop::new(settings, transform, (readiness, progress))?
             .with_input(input)
+            .with_output(output_encoder)
             .run(&loop_shutdown)
     })
     .await

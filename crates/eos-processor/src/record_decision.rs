@@ -291,12 +291,26 @@ impl<T: Transform> TransactionLoop<T> {
                         });
                     }
                     let topic = self.settings.outputs[&output.output].clone();
+                    let payload =
+                        match &self.output {
+                            // The decision checked that it fits: encoding is the same call again.
+                            Some(encoder) => encoder
+                                .encode(&output.output, &output.value)
+                                .map_err(|detail| {
+                                    ProcessorError::Config(format!(
+                                        "output {:?} of event {event_id} fit its schema when \
+                                     decided, and not when written: {detail}",
+                                        output.output
+                                    ))
+                                })?,
+                            None => eos_core::json_text::to_vec(&output.value),
+                        };
                     batch.counts.outputs += 1;
                     batch.records.push(PendingRecord {
                         topic,
                         partition: None,
                         key: Some(output.key.unwrap_or_else(|| entity_id.clone().into_bytes())),
-                        payload: Some(eos_core::json_text::to_vec(&output.value)),
+                        payload: Some(payload),
                         headers,
                     });
                 }

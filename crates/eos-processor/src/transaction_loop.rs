@@ -50,6 +50,7 @@ use crate::input_format::InputDecoder;
 use crate::lag_watch::LagWatch;
 use crate::local_checkpoint::{CHECKPOINT_INTERVAL, ChangelogEnd};
 use crate::open_batch::Batch;
+use crate::output_format::OutputEncoder;
 use crate::partition_state::{DecisionPolicy, PartitionState};
 use crate::state_store::StateStore;
 use crate::transform::Transform;
@@ -157,6 +158,8 @@ pub struct TransactionLoop<T: Transform> {
     /// Records polled and not decided yet, taken before polling again: they wait for the
     /// schema registry (`record_decision.rs`). No committed position passes one.
     pub(crate) held: VecDeque<OwnedMessage>,
+    /// Writes the outputs in their topics' registry format (plain JSON when `None`).
+    pub(crate) output: Option<Arc<OutputEncoder>>,
     /// Measures `eos_processor_consumer_lag` beside the loop, while it lives.
     _lag_watch: Option<LagWatch>,
 }
@@ -236,6 +239,7 @@ impl<T: Transform> TransactionLoop<T> {
             progress,
             input: InputDecoder::json(),
             held: VecDeque::new(),
+            output: None,
             _lag_watch: lag_watch,
         })
     }
@@ -243,6 +247,12 @@ impl<T: Transform> TransactionLoop<T> {
     /// Reads the input through `input` (a schema registry's format) instead of as plain JSON.
     pub(crate) fn with_input(mut self, input: InputDecoder) -> Self {
         self.input = input;
+        self
+    }
+
+    /// Outputs in a registry format, by `encoder` (the decision checks them with it too).
+    pub(crate) fn with_output(mut self, encoder: Option<Arc<OutputEncoder>>) -> Self {
+        self.output = encoder;
         self
     }
 

@@ -35,6 +35,7 @@ mod resend_spans;
 mod scale_out;
 mod schema_input;
 mod schema_interop;
+mod schema_output;
 mod secrets;
 mod sink_provider;
 mod sink_rules;

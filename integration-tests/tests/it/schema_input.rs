@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 /// How long the healed processor may take to drain the topic.
 const DRAIN_BOUND: Duration = Duration::from_secs(120);
 
-const AUTHORISATION_AVRO: &str = r#"{
+pub(crate) const AUTHORISATION_AVRO: &str = r#"{
   "type": "record", "name": "Authorisation", "namespace": "com.example.cards",
   "fields": [
     {"name": "auth", "type": {"type": "record", "name": "Auth", "fields": [
@@ -37,14 +37,14 @@ const AUTHORISATION_AVRO: &str = r#"{
   ]
 }"#;
 
-fn registry_url() -> anyhow::Result<String> {
+pub(crate) fn registry_url() -> anyhow::Result<String> {
     std::env::var("EOS_SCHEMA_REGISTRY_URL").context(
         "EOS_SCHEMA_REGISTRY_URL is not set: the schema registry this test reads through \
          (`deploy/local/stack env` prints it; `make test` sets it)",
     )
 }
 
-fn authorisation(id: &str, card: &str, amount: &str) -> Value {
+pub(crate) fn authorisation(id: &str, card: &str, amount: &str) -> Value {
     json!({"auth": {"id": id}, "card": card, "amount": amount, "currency": "EUR", "note": null})
 }
 

@@ -1,0 +1,136 @@
+//! The outputs' format: plain JSON, or a schema registry's wire format (Avro, Protobuf or JSON
+//! Schema; docs/schemas.md). Each output topic's values are written with the latest schema of
+//! its subject by TopicNameStrategy (`<topic>-value`), looked up once at start-up: the team
+//! registers its output schemas, and a new version is taken at the next start. The registry is
+//! not on a record's path.
+//!
+//! Each output's value is checked against its schema by the decision
+//! ([`eos_transform::partition_state::OutputFit`]) before the event's effects are kept: a value
+//! that does not fit makes the event a dead letter (`output_schema_misfit`), never a
+//! half-written one. [`OutputEncoder::encode`] then writes what was checked.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use eos_runtime::backoff::{BackoffBuilder as _, doubling};
+use eos_schema::{ParsedSchema, RegistryClient, RegistryConfig, SchemaError, SchemaId};
+use eos_transform::partition_state::OutputFit;
+use serde_json::Value as Json;
+use tokio_util::sync::CancellationToken;
+
+use crate::input_format::InputFormat;
+
+/// One output topic's schema.
+#[derive(Debug)]
+struct OutputSchema {
+    subject: String,
+    id: SchemaId,
+    schema: ParsedSchema,
+}
+
+/// Writes each output's values in its topic's registered format.
+#[derive(Debug)]
+pub(crate) struct OutputEncoder {
+    /// Output name → its topic's schema.
+    schemas: HashMap<String, OutputSchema>,
+}
+
+impl OutputEncoder {
+    /// Looks up the latest schema of each output topic's subject. Waits (with backoff, warning)
+    /// while the registry cannot answer; `Ok(None)` when `shutdown` comes meanwhile. A subject
+    /// without a schema, or with one of another format, stops the start naming it.
+    pub(crate) async fn load(
+        format: InputFormat,
+        outputs: &BTreeMap<String, String>,
+        registry: RegistryConfig,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Self>, String> {
+        let client = RegistryClient::new(registry).map_err(|error| error.to_string())?;
+        let mut schemas = HashMap::new();
+        for (output, topic) in outputs {
+            let subject = format!("{topic}-value");
+            let Some((id, schema)) = latest_schema(&client, &subject, shutdown).await? else {
+                return Ok(None);
+            };
+            if !format.fits(&schema) {
+                return Err(format!(
+                    "output {output:?} (topic {topic}): subject {subject}'s latest schema, id \
+                     {id}, is {}, and --output-format is {}",
+                    crate::input_format::schema_name(&schema),
+                    format.name()
+                ));
+            }
+            tracing::info!(output, topic, subject, schema_id = %id, "output schema");
+            schemas.insert(
+                output.clone(),
+                OutputSchema {
+                    subject,
+                    id,
+                    schema,
+                },
+            );
+        }
+        Ok(Some(Self { schemas }))
+    }
+
+    /// `value` in `output`'s wire format; `Err` naming the subject, the id and where it does
+    /// not fit.
+    pub(crate) fn encode(&self, output: &str, value: &Json) -> Result<Vec<u8>, String> {
+        let Some(schema) = self.schemas.get(output) else {
+            return Err(format!("output {output:?} has no schema"));
+        };
+        schema
+            .schema
+            .encode_framed(schema.id, value)
+            .map_err(|error| {
+                format!(
+                    "does not fit subject {}, schema id {}: {error}",
+                    schema.subject, schema.id
+                )
+            })
+    }
+}
+
+impl OutputFit for OutputEncoder {
+    fn check(&self, output: &str, value: &Json) -> Result<(), String> {
+        self.encode(output, value).map(drop)
+    }
+}
+
+/// `subject`'s latest schema, asked again with backoff while the registry cannot answer.
+async fn latest_schema(
+    client: &RegistryClient,
+    subject: &str,
+    shutdown: &CancellationToken,
+) -> Result<Option<(SchemaId, ParsedSchema)>, String> {
+    let mut delays = doubling(Duration::from_millis(200), Duration::from_secs(10))
+        .with_jitter()
+        .build();
+    loop {
+        let answer = match client.latest(subject).await {
+            Ok(latest) => client
+                .parsed_schema(latest.id)
+                .await
+                .map(|schema| (latest.id, schema)),
+            Err(error) => Err(error),
+        };
+        match answer {
+            Ok(found) => return Ok(Some(found)),
+            Err(error) if error.is_transient() => {
+                let delay = delays.next().unwrap_or(Duration::from_secs(10));
+                tracing::warn!(%error, subject, ?delay, "the schema registry cannot answer for an output's schema; asking again");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(SchemaError::UnknownSubject { .. }) => {
+                return Err(format!(
+                    "subject {subject} has no schema in the registry: register the output's \
+                     schema under it before starting (docs/schemas.md)"
+                ));
+            }
+            Err(error) => return Err(format!("subject {subject}: {error}")),
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! eos-processor writing its outputs in a schema registry's format (`--output-format`,
+//! docs/schemas.md): Avro in, Avro out, each output written with the latest schema of its topic's
+//! subject and read back by the registry's id; an event whose output does not fit that schema is
+//! a dead letter `output_schema_misfit` with nothing of it written, and its outcome is final; a
+//! subject with no schema stops the start, naming it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use eos_core::dead_letter;
+use eos_schema::{RegistryClient, RegistryConfig, Schema};
+use eos_testkit::argv;
+use integration_tests::service_process::ServiceProcess;
+use integration_tests::{
+    Isolation, bootstrap_servers, create_topic, produce_records, read_topic, unique_name,
+    wait_until_consumed,
+};
+use rdkafka::Message as _;
+use serde_json::Value;
+
+use crate::card_authorisations::header;
+use crate::schema_input::{AUTHORISATION_AVRO, authorisation, registry_url};
+
+/// How long the processor may take to read every record once they are all written.
+const DRAIN_BOUND: Duration = Duration::from_secs(60);
+
+fn processor_args(input: &str, output: &str, group: &str, registry: &str) -> Vec<String> {
+    argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap_servers(),
+        processor.input_topic: input,
+        processor.output_topic: output,
+        processor.group_id: group,
+        processor.instance.instance_id: group,
+        processor.metrics_addr: "127.0.0.1:0",
+        processor.input_format.input_format: "avro",
+        processor.input_format.output_format: "avro",
+        processor.input_format.schema_registry_url: registry,
+        transform: "pass-through",
+        processor.event_id: "/auth/id",
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn avro_outputs_are_written_with_their_subjects_schema_and_a_misfit_is_a_dead_letter()
+-> anyhow::Result<()> {
+    let url = registry_url()?;
+    let input = unique_name("avro-out-in");
+    let output = unique_name("avro-out");
+    let group = unique_name("avro-out-processor");
+    let dlq = format!("{input}.dlq");
+    create_topic(&input, 1).await?;
+    let registry = RegistryClient::new(RegistryConfig::new(url.clone()))?;
+    let input_id = registry
+        .register(&format!("{input}-value"), &Schema::avro(AUTHORISATION_AVRO))
+        .await?;
+    let input_schema = registry.parsed_schema(input_id).await?;
+    // The output's schema takes euros only: a dollar authorisation fits the input, not it.
+    let output_subject = format!("{output}-value");
+    let output_id = registry
+        .register(
+            &output_subject,
+            &Schema::avro(AUTHORISATION_AVRO.replace(r#"["EUR", "USD"]"#, r#"["EUR"]"#)),
+        )
+        .await?;
+    let (a1, a3) = (
+        authorisation("a-1", "c-1", "12.50"),
+        authorisation("a-3", "c-1", "7.25"),
+    );
+    let mut a2 = authorisation("a-2", "c-2", "3.00");
+    a2["currency"] = "USD".into();
+    let encode = |value: &Value| input_schema.encode_framed(input_id, value);
+    let records: Vec<(Option<String>, Vec<u8>)> = vec![
+        (Some("c-1".into()), encode(&a1)?),
+        (Some("c-2".into()), encode(&a2)?),
+        (Some("c-1".into()), encode(&a3)?),
+        // Again: a-1 is a duplicate, and a-2's dead letter is its outcome for good.
+        (Some("c-1".into()), encode(&a1)?),
+        (Some("c-2".into()), encode(&a2)?),
+    ];
+    produce_records(&input, &records)?;
+
+    let started = Instant::now();
+    let mut processor = ServiceProcess::spawn(
+        "eos-processor",
+        &processor_args(&input, &output, &group, &url),
+        &[],
+    )?;
+    let bootstrap = bootstrap_servers();
+    tokio::task::block_in_place(|| wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND))
+        .with_context(|| processor.log_tail(40))?;
+    eprintln!("drained in {:?} (bound {DRAIN_BOUND:?})", started.elapsed());
+    processor.stop_gracefully()?;
+    ensure!(
+        processor.log().contains(&format!("schema_id={output_id}")),
+        "the start-up names the output's schema id\n{}",
+        processor.log_tail(40)
+    );
+
+    let (outputs, letters) = tokio::task::spawn_blocking(move || {
+        anyhow::Ok((
+            read_topic(&output, Isolation::ReadCommitted)?,
+            read_topic(&dlq, Isolation::ReadCommitted)?,
+        ))
+    })
+    .await??;
+    let mut written = Vec::new();
+    for message in &outputs {
+        let (id, value) = registry
+            .decode(message.payload().unwrap_or_default())
+            .await
+            .with_context(|| format!("output of {}", header(message, "event_id").unwrap_or("")))?;
+        ensure!(
+            id == output_id,
+            "written with the output subject's schema id {output_id}, not {id}"
+        );
+        written.push((header(message, "event_id").unwrap_or("").to_owned(), value));
+    }
+    written.sort_by(|a, b| a.0.cmp(&b.0));
+    ensure!(
+        written == [("a-1".to_owned(), a1), ("a-3".to_owned(), a3)],
+        "a-1 and a-3 once each, as their events: {written:?}"
+    );
+    ensure!(
+        letters.len() == 1,
+        "one dead letter, a-2's: {}",
+        letters.len()
+    );
+    let letter = &letters[0];
+    let detail = header(letter, dead_letter::DETAIL_HEADER).unwrap_or("");
+    ensure!(
+        header(letter, dead_letter::REASON_HEADER) == Some("output_schema_misfit")
+            && detail.contains(&output_subject)
+            && detail.contains(&output_id.to_string()),
+        "a-2 is an output_schema_misfit naming the subject and the id: {detail}"
+    );
+    ensure!(
+        letter.payload() == Some(records[1].1.as_slice()),
+        "the dead letter holds the input record's bytes"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_subject_without_a_schema_stops_the_start_naming_it() -> anyhow::Result<()> {
+    let url = registry_url()?;
+    let input = unique_name("avro-out-missing-in");
+    let output = unique_name("avro-out-missing");
+    let group = unique_name("avro-out-missing-processor");
+    create_topic(&input, 1).await?;
+    let mut processor = ServiceProcess::spawn(
+        "eos-processor",
+        &processor_args(&input, &output, &group, &url),
+        &[],
+    )?;
+    let status = processor
+        .wait_timeout(Duration::from_secs(60))?
+        .with_context(|| format!("still running\n{}", processor.log_tail(30)))?;
+    ensure!(
+        !status.success()
+            && processor
+                .log()
+                .contains(&format!("subject {output}-value has no schema")),
+        "exits non-zero naming the subject ({status})\n{}",
+        processor.log_tail(30)
+    );
+    Ok(())
+}
