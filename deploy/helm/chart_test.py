@@ -54,7 +54,7 @@ BAD_VALUES = {
     "wasm-module-not-mounted.yaml": "loads /opt/modules/card.wasm, which no volume mounts",
     "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
     "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
-    "registry-format-without-url.yaml": "processor.inputFormat avro needs schemaRegistry.url",
+    "registry-format-without-url.yaml": "processor.inputFormat avro and processor.outputFormat json: a registry format needs schemaRegistry.url",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
@@ -978,6 +978,18 @@ class ProductionSettings(unittest.TestCase):
                      if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
         ports = {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
         self.assertIn(8081, ports, "the processor reaches the registry")
+        # Outputs alone in a registry format need the registry as much.
+        docs = render_values({
+            "processor": {"outputFormat": "protobuf"},
+            "schemaRegistry": {"url": "https://registry.example.com"},
+        })
+        _, container = processor(docs)
+        env = env_of(container)
+        self.assertEqual(env["EOS_OUTPUT_FORMAT"]["value"], "protobuf")
+        self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+        without = helm_template(None, ("processor.outputFormat=avro",))
+        self.assertNotEqual(without.returncode, 0)
+        self.assertIn("needs schemaRegistry.url", without.stderr)
         # A registry URL with credentials is refused by the schema.
         bad = helm_template(None, ("processor.inputFormat=avro",
                                    "schemaRegistry.url=https://u:p@registry.example.com"))

@@ -619,3 +619,13 @@ address when `to` is empty). Args: .Values.networkPolicy.<destination>.
 {{- end }}
 {{- toYaml $rule }}
 {{- end }}
+
+{{/*
+"true" when the processor's input or outputs are in a schema registry's format (then it needs
+schemaRegistry.url, its credentials and egress to it), else "".
+*/}}
+{{- define "eos-suite.processorUsesRegistry" -}}
+{{- if or (ne .Values.processor.inputFormat "json") (ne .Values.processor.outputFormat "json") -}}
+true
+{{- end -}}
+{{- end }}
