@@ -2,8 +2,10 @@
 //! docs/schemas.md): Avro in, Avro out, each output written with the latest schema of its topic's
 //! subject and read back by the registry's id; an event whose output does not fit that schema is
 //! a dead letter `output_schema_misfit` with nothing of it written, and its outcome is final; a
-//! subject with no schema stops the start, naming it.
+//! subject with no schema stops the start, naming it; and Avro in and out through SIGKILLs, every
+//! event once and the run drained within a bound.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -15,6 +17,7 @@ use integration_tests::{
     Isolation, bootstrap_servers, create_topic, produce_records, read_topic, unique_name,
     wait_until_consumed,
 };
+use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
 use serde_json::Value;
 
@@ -162,6 +165,136 @@ async fn an_output_subject_without_a_schema_stops_the_start_naming_it() -> anyho
                 .contains(&format!("subject {output}-value has no schema")),
         "exits non-zero naming the subject ({status})\n{}",
         processor.log_tail(30)
+    );
+    Ok(())
+}
+
+/// Avro in and Avro out while events keep coming (with a retried tenth of them) and the processor
+/// is SIGKILLed `KILLS` times: each event is in the output once, as its event, by event id, with
+/// nothing dead-lettered, and the last instance drains within `DRAIN_BOUND` of the last record.
+#[tokio::test(flavor = "multi_thread")]
+async fn avro_in_and_out_through_sigkills_writes_every_event_once() -> anyhow::Result<()> {
+    const EVENTS: usize = 4_000;
+    const KILLS: usize = 5;
+    let url = registry_url()?;
+    let input = unique_name("avro-chaos-in");
+    let output = unique_name("avro-chaos-out");
+    let group = unique_name("avro-chaos-processor");
+    let dlq = format!("{input}.dlq");
+    create_topic(&input, 3).await?;
+    let registry = RegistryClient::new(RegistryConfig::new(url.clone()))?;
+    let schema = Schema::avro(AUTHORISATION_AVRO);
+    let input_id = registry
+        .register(&format!("{input}-value"), &schema)
+        .await?;
+    let output_id = registry
+        .register(&format!("{output}-value"), &schema)
+        .await?;
+    let avro = registry.parsed_schema(input_id).await?;
+    let mut expected = BTreeMap::new();
+    let mut records = Vec::new();
+    for n in 0..EVENTS {
+        let event = authorisation(
+            &format!("a-{n}"),
+            &format!("c-{}", n % 7),
+            &format!("{n}.25"),
+        );
+        let record = (
+            Some(format!("c-{}", n % 7)),
+            avro.encode_framed(input_id, &event)?,
+        );
+        if n % 10 == 3 {
+            // Retried by its producer a little later.
+            records.push(record.clone());
+        }
+        records.push(record);
+        expected.insert(format!("a-{n}"), event);
+    }
+    // About 8 s of input, so the kills land while it comes.
+    let producing = {
+        let input = input.clone();
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            for chunk in records.chunks(110) {
+                produce_records(&input, chunk)?;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(())
+        })
+    };
+    let args = processor_args(&input, &output, &group, &url);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(52);
+    let mut killed_while_producing = 0;
+    for _ in 0..KILLS {
+        let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(700..2_200))).await;
+        processor.kill_hard()?;
+        killed_while_producing += usize::from(!producing.is_finished());
+    }
+    ensure!(
+        killed_while_producing >= 3,
+        "only {killed_while_producing} of {KILLS} kills landed while the input still came"
+    );
+    let mut last = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    producing
+        .join()
+        .map_err(|_| anyhow::anyhow!("the producing thread panicked"))??;
+    let produced_at = Instant::now();
+    let bootstrap = bootstrap_servers();
+    tokio::task::block_in_place(|| wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND))
+        .with_context(|| last.log_tail(40))?;
+    let drained_in = produced_at.elapsed();
+    last.stop_gracefully()?;
+
+    let (outputs, letters) = tokio::task::spawn_blocking(move || {
+        anyhow::Ok((
+            read_topic(&output, Isolation::ReadCommitted)?,
+            read_topic(&dlq, Isolation::ReadCommitted).unwrap_or_default(),
+        ))
+    })
+    .await??;
+    ensure!(letters.is_empty(), "{} dead letters", letters.len());
+    let mut written: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for message in &outputs {
+        let (id, value) = registry
+            .decode(message.payload().unwrap_or_default())
+            .await?;
+        ensure!(
+            id == output_id,
+            "written with schema id {id}, not {output_id}"
+        );
+        written
+            .entry(header(message, "event_id").unwrap_or("").to_owned())
+            .or_default()
+            .push(value);
+    }
+    let doubled: Vec<&String> = written
+        .iter()
+        .filter(|(_, values)| values.len() > 1)
+        .map(|(id, _)| id)
+        .collect();
+    ensure!(
+        doubled.is_empty(),
+        "{} event ids written twice, e.g. {:?}",
+        doubled.len(),
+        doubled.first()
+    );
+    ensure!(
+        written.len() == expected.len(),
+        "{} of {} events written",
+        written.len(),
+        expected.len()
+    );
+    for (id, event) in &expected {
+        ensure!(
+            written.get(id).is_some_and(|values| values[0] == *event),
+            "{id} is written as its event"
+        );
+    }
+    eprintln!(
+        "avro in and out: {EVENTS} events ({} retried), {KILLS} SIGKILLs, {} outputs, drained \
+         {drained_in:?} after the last record (bound {DRAIN_BOUND:?})",
+        EVENTS / 10,
+        outputs.len()
     );
     Ok(())
 }
