@@ -36,36 +36,19 @@ mod provider_settlement;
 pub mod provider_target;
 pub mod retention;
 pub mod schema;
+mod service;
 pub mod sink_loop;
 pub mod table_writer;
 pub mod targets;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
-use eos_runtime::KafkaSettings;
-use eos_runtime::kafka_errors::{ReportingContext, serve_pending_events};
-use eos_runtime::ops_http::{OpsEndpoint, Readiness};
-use eos_runtime::postgres_pool::PoolBuilder;
-use eos_runtime::progress_watch::{ProgressWatch, StallState};
 use eos_runtime::schema_migrations as migrations;
 use eos_runtime::secrets::redact_url_userinfo;
-use eos_runtime::topic_config::TopicReplicationFlags;
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::types::RDKafkaErrorCode;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, MigrateArgs, OffsetsMode};
 pub use error::SinkError;
-use provider_target::ProviderTarget;
-use schema::PreparedTarget;
-use sink_loop::{LoopSettings, SinkLoop};
+pub use service::{Service, build};
 use targets::{TargetKind, Targets};
 
 /// The embedded migrations: the sink's own tables and the default targets. They share
@@ -171,234 +154,9 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
 /// Runs the sink until `shutdown` is cancelled (exit 0 after committing the open batch) or a
 /// fatal error (fenced, bad configuration or schema, a permanent database error).
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    config.validate().map_err(SinkError::Config)?;
-    let kafka = config.kafka.settings(&[]).context("Kafka settings")?;
-    kafka.log_at_start();
-    let specs = target_specs(&config)?;
-    let boundary = boundary(&config, &specs);
-    let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
-    let result = serve(
-        config,
-        kafka,
-        specs,
-        (ops.readiness.clone(), ops.stalls.clone()),
-        shutdown,
-    )
-    .await;
-    ops.stop().await;
-    result
-}
-
-async fn serve(
-    config: Config,
-    kafka: KafkaSettings,
-    specs: Targets,
-    (readiness, stalls): (Readiness, StallState),
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let Some(pool) = connect(&config, &shutdown).await? else {
-        return Ok(());
-    };
-    migrations::prepare_at_start(&pool, &migrator(), "sink-writer", config.skip_migrations)
-        .await
-        .context("preparing the sink's schema")?;
-    let mut prepared = Vec::with_capacity(specs.tables.len());
-    for spec in specs.tables {
-        prepared.push(schema::prepare(&pool, spec).await?);
+    match build(config, &shutdown).await? {
+        Some(sink) => sink.run(shutdown).await,
+        // Stopped while waiting for PostgreSQL: nothing ran, nothing to drain.
+        None => Ok(()),
     }
-    let mut providers = Vec::with_capacity(specs.providers.len());
-    let dedup_credentials = config
-        .dedup
-        .credentials()
-        .context("dedup-service credentials")?;
-    for spec in specs.providers {
-        tracing::info!(
-            target_name = %spec.name,
-            dedup_url = %redact_url_userinfo(&spec.dedup_url),
-            provider_url = %redact_url_userinfo(&spec.provider_url),
-            call_timeout_ms = spec.call_timeout.as_millis() as u64,
-            lease_ttl_ms = spec.lease_ttl.as_millis() as u64,
-            "provider target"
-        );
-        providers.push(ProviderTarget::new(
-            spec,
-            config.instance.instance_id(),
-            &dedup_credentials,
-        )?);
-    }
-    crate::metrics::register_targets(
-        prepared
-            .iter()
-            .filter(|target| target.spec.retention.is_some())
-            .map(PreparedTarget::name),
-        providers.iter().map(ProviderTarget::name),
-    );
-    let providers = Arc::new(providers);
-    for target in &prepared {
-        tracing::info!(
-            table = target.name(),
-            kind = %target.spec.kind,
-            key = %target.spec.key,
-            columns = target.shape.columns.len(),
-            "target checked"
-        );
-    }
-    let targets: Arc<Vec<PreparedTarget>> = Arc::new(prepared);
-
-    let client_config = kafka.client_config();
-    ensure_dlq_topic(
-        &client_config,
-        &config.topic,
-        &config.dlq_topic(),
-        &config.topics,
-    )
-    .await
-    .context("checking the dead-letter topic")?;
-    // A dead letter must fit both the producer's message.max.bytes and the dead-letter topic's
-    // own max.message.bytes, which may be smaller: a letter above either is never delivered and
-    // the batch would roll back forever.
-    let dead_letter_max_bytes = eos_core::dead_letter::message_limit(
-        client_config.get("message.max.bytes"),
-        eos_runtime::topic_config::max_message_bytes(
-            &client_config,
-            &config.dlq_topic(),
-            Duration::from_secs(10),
-        )
-        .await,
-    );
-    tracing::info!(
-        dead_letter_max_bytes,
-        "largest dead letter the producer can write"
-    );
-
-    let purge_shutdown = CancellationToken::new();
-    let purge_task = tokio::spawn(retention::purge_loop(
-        pool.clone(),
-        targets.clone(),
-        config.purge_interval,
-        purge_shutdown.clone(),
-    ));
-
-    let held_refresh = Arc::new(tokio::sync::Notify::new());
-    let held_task = tokio::spawn(held_gauge::refresh_loop(
-        pool.clone(),
-        config.sink_name().to_owned(),
-        providers
-            .iter()
-            .map(|target| target.name().to_owned())
-            .collect(),
-        config.held_refresh_interval,
-        held_refresh.clone(),
-        purge_shutdown.clone(),
-    ));
-
-    let settings = LoopSettings {
-        topic: config.topic.clone(),
-        dlq_topic: config.dlq_topic(),
-        group_id: config.group_id.clone(),
-        instance_id: config.instance.instance_id(),
-        offsets: config.offsets,
-        max_batch: config.max_batch,
-        max_batch_bytes: config.max_batch_bytes,
-        batch_interval: config.batch_interval,
-        batch_idle: config.batch_idle,
-        events: config.event_format(),
-        max_backoff: config.max_backoff,
-        shutdown_timeout: config.shutdown_timeout,
-        fault_stall_before_commit: config.fault_stall_before_commit,
-        dead_letter_max_bytes,
-        client_config,
-        held_refresh,
-    };
-    let progress = ProgressWatch::spawn("sink-writer", config.stall.policy(), &stalls)
-        .context("starting the progress watch")?;
-    let runtime = tokio::runtime::Handle::current();
-    let loop_pool = pool.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        SinkLoop::new(
-            settings,
-            runtime,
-            loop_pool,
-            targets,
-            providers,
-            (readiness, progress),
-            shutdown.clone(),
-        )?
-        .run(&shutdown)
-    })
-    .await
-    .context("the sink loop panicked");
-    purge_shutdown.cancel();
-    let _ = purge_task.await;
-    let _ = held_task.await;
-    pool.close().await;
-    result?.map_err(anyhow::Error::from)
-}
-
-/// Connects, retrying with backoff while PostgreSQL is unreachable (a sink started before its
-/// database must wait, not crash-loop). `None` when shut down while waiting.
-async fn connect(config: &Config, shutdown: &CancellationToken) -> anyhow::Result<Option<PgPool>> {
-    // A frozen owner must not hold its checkpoint rows' locks forever: the server ends a
-    // transaction left idle this long, and the fence proceeds. And no statement may block the
-    // loop past Kafka's max.poll.interval.ms (5 min) waiting on a lock: a cancelled statement is
-    // retried like any transient failure.
-    PoolBuilder::new(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .session_setting("SET idle_in_transaction_session_timeout = '60s'")
-        .session_setting("SET statement_timeout = '120s'")
-        .connect_at_start(config.database.url(), config.max_backoff, shutdown)
-        .await
-        .context("connecting to PostgreSQL")
-}
-
-/// Creates the dead-letter topic when missing, with as many partitions as the input has (3 when
-/// the input does not exist yet).
-async fn ensure_dlq_topic(
-    client_config: &ClientConfig,
-    input: &str,
-    dlq: &str,
-    replication: &TopicReplicationFlags,
-) -> Result<(), SinkError> {
-    let consumer: BaseConsumer<ReportingContext> =
-        client_config.create_with_context(ReportingContext)?;
-    let metadata_timeout = Duration::from_secs(10);
-    let partitions_of = |topic: &str| -> Result<usize, SinkError> {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), metadata_timeout)
-            .inspect_err(|_| serve_pending_events(&consumer))?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .filter(|t| t.error().is_none())
-            .map(|t| t.partitions().len())
-            .sum())
-    };
-    if partitions_of(dlq)? > 0 {
-        return Ok(());
-    }
-    let partitions = match partitions_of(input)? {
-        0 => 3,
-        n => i32::try_from(n).unwrap_or(3),
-    };
-    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
-    let options = AdminOptions::new().operation_timeout(Some(metadata_timeout));
-    replication.warn_if_under_replicated(client_config).await;
-    let settings = replication.topic_settings();
-    let topic = replication.new_topic(
-        dlq,
-        partitions,
-        settings.iter().map(|(key, value)| (*key, value.as_str())),
-    );
-    for result in admin.create_topics([&topic], &options).await? {
-        match result {
-            Ok(topic) => tracing::info!(topic, partitions, "created the dead-letter topic"),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(SinkError::Config(format!(
-                    "cannot create dead-letter topic {topic}: {code}"
-                )));
-            }
-        }
-    }
-    Ok(())
 }
