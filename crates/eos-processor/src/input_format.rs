@@ -70,7 +70,7 @@ pub struct InputFormatFlags {
 
     /// The output topics' record format: json, or avro, protobuf or json-schema in the
     /// registry's wire format, each written with the latest schema of its topic's subject
-    /// (<topic>-value, looked up at start-up; register it first). An output value that does not
+    /// (TOPIC-value, looked up at start-up; register it first). An output value that does not
     /// fit its schema makes the event a dead letter, output_schema_misfit. The dead letters and
     /// the changelog stay JSON.
     #[arg(long, env = "EOS_OUTPUT_FORMAT", value_enum, default_value_t = InputFormat::Json)]

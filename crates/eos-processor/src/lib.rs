@@ -64,6 +64,7 @@ mod rebalance_handling;
 mod record_decision;
 #[cfg(feature = "wasm")]
 pub mod service;
+mod start_up;
 mod state_restore;
 #[doc(hidden)]
 pub mod topics;
@@ -83,41 +84,18 @@ pub use eos_transform::{partition_state, state_format, state_store};
 #[doc(inline)]
 pub use eos_transform::{replay, transform};
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
-
-use anyhow::Context as _;
 use eos_core::{Boundary, Guarantee};
-use eos_runtime::ops_http::OpsEndpoint;
-use eos_runtime::progress_watch::ProgressWatch;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{BuiltinTransform, Config};
 pub use error::ProcessorError;
 pub use input_format::{InputFormat, InputFormatFlags};
-use partition_state::DecisionPolicy;
 #[cfg(feature = "wasm")]
 pub use service::{ServiceConfig, TransformChoice, run};
-use transaction_loop::{LoopSettings, TransactionLoop};
 pub use transform::{
     DEFAULT_OUTPUT, LedgerTransform, Output, PassThroughTransform, Refusal, SourcePosition,
     StateUpgradeError, Transform,
 };
-
-/// Where the contract finds each part, for the start-up log.
-fn describe(contract: &eos_core::EventContract) -> String {
-    let place = |location: &eos_core::FieldLocation| location.to_string();
-    format!(
-        "event id at {}, entity at {}{}",
-        place(&contract.event_id),
-        place(&contract.entity),
-        contract
-            .occurred_at
-            .as_ref()
-            .map(|pointer| format!(", event time at {pointer}"))
-            .unwrap_or_default()
-    )
-}
 
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config) -> Boundary {
@@ -185,136 +163,10 @@ impl<T: Transform> Processor<T> {
     /// fatal error (fenced by a newer instance, unrecoverable Kafka state, bad topics, a state
     /// the transform cannot read).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        run_transform(self.config, self.transform, shutdown).await
-    }
-}
-
-async fn run_transform<T: Transform>(
-    config: Config,
-    transform: T,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    config.validate().map_err(ProcessorError::Config)?;
-    config
-        .check_outputs(transform.writes_default_output(), &transform.outputs())
-        .map_err(ProcessorError::Config)?;
-    let outputs = config.output_topics();
-    let contract = config.event_contract(transform.contract());
-    tracing::info!(
-        contract = describe(&contract),
-        state_version = T::STATE_VERSION,
-        "event contract"
-    );
-    let kafka = config
-        .kafka
-        .settings(config::OWN_KAFKA_PROPERTIES)
-        .context("Kafka settings")?;
-    kafka.log_at_start();
-    let mut boundary = boundary(&config);
-    let module_digest = transform.module_digest();
-    boundary.transform = module_digest
-        .as_ref()
-        .map(|digest| format!("webassembly module {digest}"));
-    let ops = OpsEndpoint::start(config.metrics_addr, boundary, metrics::describe).await?;
-    if let Some(digest) = module_digest {
-        ::metrics::gauge!(metrics::TRANSFORM_MODULE_INFO, "digest" => digest).set(1.0);
-    }
-    let readiness = ops.readiness.clone();
-
-    let client_config = kafka.client_config();
-    let plan = topics::TopicPlan {
-        input: config.input_topic.clone(),
-        outputs: outputs.values().cloned().collect(),
-        dlq: config.dlq_topic(),
-        changelog: config.changelog_topic(),
-        partitions: config.partitions,
-    };
-    let topics = topics::ensure_topics(&client_config, &plan, &config.topics)
-        .await
-        .context("checking topics")?;
-    tracing::info!(
-        input_partitions = topics.input_partitions,
-        changelog_delete_retention = ?topics.changelog_delete_retention,
-        "topics ready"
-    );
-    let dead_letter_max_bytes = eos_core::dead_letter::message_limit(
-        client_config.get("message.max.bytes"),
-        eos_runtime::topic_config::max_message_bytes(
-            &client_config,
-            &plan.dlq,
-            std::time::Duration::from_secs(10),
-        )
-        .await,
-    );
-    tracing::info!(
-        dead_letter_max_bytes,
-        "largest dead letter the producer can write"
-    );
-
-    let registry = config
-        .input_format
-        .registry_config()
-        .map_err(ProcessorError::Config)?;
-    let output_encoder = match (config.input_format.output_format, &registry) {
-        (InputFormat::Json, _) | (_, None) => None,
-        (format, Some(registry)) => {
-            match output_format::OutputEncoder::load(format, &outputs, registry.clone(), &shutdown)
-                .await
-                .map_err(ProcessorError::Config)?
-            {
-                Some(encoder) => Some(Arc::new(encoder)),
-                // Stopped while the registry could not answer: nothing ran.
-                None => {
-                    ops.stop().await;
-                    return Ok(());
-                }
-            }
+        match start_up::build(self.config, self.transform, &shutdown).await? {
+            Some(ready) => ready.run(shutdown).await,
+            // Stopped while the registry could not answer for an output's schema: nothing ran.
+            None => Ok(()),
         }
-    };
-    let settings = LoopSettings {
-        guarantee: config.guarantee,
-        input_topic: config.input_topic.clone(),
-        outputs: outputs.clone(),
-        dlq_topic: config.dlq_topic(),
-        changelog_topic: config.changelog_topic(),
-        group_id: config.group_id.clone(),
-        instance_id: config.instance.instance_id(),
-        transactional_id: config.transactional_id(),
-        commit_interval: config.commit_interval,
-        max_batch: config.max_batch,
-        policy: DecisionPolicy {
-            horizon_secs: config.dedup_horizon.as_secs() as i64,
-            contract,
-            outputs: outputs.keys().cloned().collect::<BTreeSet<_>>(),
-            output_fit: output_encoder
-                .clone()
-                .map(|encoder| encoder as Arc<dyn eos_transform::partition_state::OutputFit>),
-        },
-        transaction_timeout: config.transaction_timeout,
-        fault_abort_every: config.fault_abort_every,
-        dead_letter_max_bytes,
-        client_config,
-        state_dir: config.instance_state_dir(),
-        changelog_delete_retention: topics.changelog_delete_retention,
-        changelog_created: topics.changelog_created,
-    };
-    let input = input_format::InputDecoder::new(
-        config.input_format.input_format,
-        &config.input_topic,
-        registry,
-    )
-    .context("the schema registry's client")?;
-    let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
-        .context("starting the progress watch")?;
-    let loop_shutdown = shutdown.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        TransactionLoop::new(settings, transform, (readiness, progress))?
-            .with_input(input)
-            .with_output(output_encoder)
-            .run(&loop_shutdown)
-    })
-    .await
-    .context("the transaction loop panicked");
-    ops.stop().await;
-    result?.map_err(anyhow::Error::from)
+    }
 }
