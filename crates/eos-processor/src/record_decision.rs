@@ -3,6 +3,8 @@
 //! sweep of dedup ids past the horizon, the batch's commit deadline ("Latency"), and the outputs or
 //! the dead letter the decision makes. The decision itself is `partition_state.rs`'s, pure.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TraceContextExt as _;
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dead_letter_record::dead_letter_record;
 use crate::error::ProcessorError;
-use crate::partition_state::{Decision, EXPIRY_SWEEP_MAX, InputRecord, Overlay};
+use crate::partition_state::{Decision, EXPIRY_SWEEP_MAX, InputRecord, Overlay, PartitionState};
 use crate::transaction_loop::TransactionLoop;
 use crate::transform::{SourcePosition, Transform};
 
@@ -126,30 +128,13 @@ impl<T: Transform> TransactionLoop<T> {
                 self.settings.commit_interval,
             )
         });
-        let overlay = match batch.overlays.entry(partition) {
-            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                let mut overlay = Overlay::default();
-                let last = self
-                    .last_sweep
-                    .entry(partition)
-                    .or_insert_with(Instant::now);
-                if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
-                    *last = Instant::now();
-                    let expired = state.expire(&mut overlay, now)?;
-                    if expired > 0 {
-                        info!(partition, expired, "dedup ids past the horizon tombstoned");
-                    }
-                    if expired >= EXPIRY_SWEEP_MAX {
-                        // More are due: sweep again in the next batch.
-                        if let Some(earlier) = last.checked_sub(EXPIRY_SWEEP_INTERVAL) {
-                            *last = earlier;
-                        }
-                    }
-                }
-                entry.insert(overlay)
-            }
-        };
+        let overlay = partition_overlay(
+            &mut batch.overlays,
+            &mut self.last_sweep,
+            state,
+            partition,
+            now,
+        )?;
         let source = SourcePosition {
             topic: message.topic().to_owned(),
             partition,
@@ -171,22 +156,7 @@ impl<T: Transform> TransactionLoop<T> {
         } else {
             trace_context::context_with_event_id(&parent, &event_id_header)
         };
-        let span = info_span!(
-            "process",
-            otel.name = "eos-processor process",
-            otel.kind = "consumer",
-            // Recorded once decided: the event id is where the contract says, which may be the
-            // value rather than the `event_id` header (docs/architecture/wire-format.md "Wire
-            // format").
-            event_id = tracing::field::Empty,
-            messaging.system = "kafka",
-            messaging.operation.type = "process",
-            messaging.destination.name = %source.topic,
-            messaging.destination.partition.id = %partition,
-            messaging.consumer.group.name = %self.settings.group_id,
-            messaging.kafka.offset = source.offset,
-            eos.decision = tracing::field::Empty,
-        );
+        let span = process_span(&source, &self.settings.group_id);
         let _ = span.set_parent(parent.clone());
         let headers: Vec<(&str, Option<&[u8]>)> = message
             .headers()
@@ -226,8 +196,23 @@ impl<T: Transform> TransactionLoop<T> {
         if self.transform.interrupted() {
             return Err(ProcessorError::Interrupted);
         }
+        self.join_batch(message, decision, &span, parent, &event_id_header)
+    }
+
+    /// What `decision` makes of `message` joins the open batch: its position, its span's link,
+    /// and its outputs, its dead letter or its count as a duplicate.
+    fn join_batch(
+        &mut self,
+        message: &OwnedMessage,
+        decision: Decision,
+        span: &tracing::Span,
+        parent: opentelemetry::Context,
+        event_id_header: &str,
+    ) -> Result<(), ProcessorError> {
+        let (partition, offset) = (message.partition(), message.offset());
+        let batch = &mut self.batch;
         batch.counts.records_in += 1;
-        batch.positions.read(partition, message.offset());
+        batch.positions.read(partition, offset);
         if batch.links.len() < MAX_SPAN_LINKS {
             let span_context = span.context().span().span_context().clone();
             if span_context.is_valid() {
@@ -241,7 +226,7 @@ impl<T: Transform> TransactionLoop<T> {
         if let Some(event_id) = decided_id.filter(|id| !id.is_empty()) {
             span.record("event_id", event_id.as_str());
         } else if !event_id_header.is_empty() {
-            span.record("event_id", event_id_header.as_str());
+            span.record("event_id", event_id_header);
         }
         match decision {
             Decision::Emit {
@@ -257,7 +242,7 @@ impl<T: Transform> TransactionLoop<T> {
                         event_id,
                         redrive,
                         partition,
-                        offset = source.offset,
+                        offset,
                         outputs = outputs.len(),
                         "re-driven event applied"
                     );
@@ -269,60 +254,16 @@ impl<T: Transform> TransactionLoop<T> {
                 } else {
                     parent
                 };
-                let cx = trace_context::context_with_event_id(&cx, &event_id);
-                for output in outputs {
-                    let mut headers = OwnedHeaders::new_with_capacity(output.headers.len() + 4);
-                    for (key, value) in &output.headers {
-                        headers = headers.insert(Header {
-                            key,
-                            value: Some(value),
-                        });
-                    }
-                    let mut headers = trace_context::with_event_id(
-                        trace_context::inject_kafka(&cx, headers),
-                        &event_id,
-                    );
-                    // Which re-drive made it, so an output after a dead letter of the same id
-                    // says why there are two (docs/TRANSFORMS.md "Re-driving dead letters").
-                    if let Some(redrive) = &redrive {
-                        headers = headers.insert(Header {
-                            key: eos_core::redrive::REDRIVE_ID_HEADER,
-                            value: Some(redrive),
-                        });
-                    }
-                    let topic = self.settings.outputs[&output.output].clone();
-                    let payload =
-                        match &self.output {
-                            // The decision checked that it fits: encoding is the same call again.
-                            Some(encoder) => encoder
-                                .encode(&output.output, &output.value)
-                                .map_err(|detail| {
-                                    ProcessorError::Config(format!(
-                                        "output {:?} of event {event_id} fit its schema when \
-                                     decided, and not when written: {detail}",
-                                        output.output
-                                    ))
-                                })?,
-                            None => eos_core::json_text::to_vec(&output.value),
-                        };
-                    batch.counts.outputs += 1;
-                    batch.records.push(PendingRecord {
-                        topic,
-                        partition: None,
-                        key: Some(output.key.unwrap_or_else(|| entity_id.clone().into_bytes())),
-                        payload: Some(payload),
-                        headers,
-                    });
-                }
+                let emitted = Emitted {
+                    event_id: &event_id,
+                    entity_id: &entity_id,
+                    redrive: redrive.as_deref(),
+                };
+                self.push_outputs(&emitted, outputs, &cx)?;
             }
             Decision::Duplicate { event_id } => {
                 span.record("eos.decision", "duplicate");
-                debug!(
-                    event_id,
-                    partition,
-                    offset = source.offset,
-                    "duplicate delivery dropped"
-                );
+                debug!(event_id, partition, offset, "duplicate delivery dropped");
                 batch.counts.duplicates += 1;
             }
             Decision::DeadLetter {
@@ -332,37 +273,175 @@ impl<T: Transform> TransactionLoop<T> {
                 event_id,
             } => {
                 span.record("eos.decision", "dead_letter");
-                warn!(
-                    partition,
-                    offset = source.offset,
-                    event_id = event_id.as_deref().unwrap_or(""),
-                    %reason,
-                    detail,
-                    "record dead-lettered"
-                );
-                *batch.counts.dead_letters.entry(reason).or_default() += 1;
-                let record = dead_letter_record(
-                    &self.settings.dlq_topic,
+                self.push_dead_letter(
                     message,
                     (reason, code.as_deref()),
                     &detail,
-                    self.settings.dead_letter_max_bytes,
+                    event_id.as_deref(),
                 );
-                if record.truncated {
-                    warn!(
-                        partition,
-                        offset = source.offset,
-                        size = message.payload().map_or(0, <[u8]>::len),
-                        limit = self.settings.dead_letter_max_bytes,
-                        "dead letter too big for the producer: a prefix is kept, with the \
-                         original's size and SHA-256"
-                    );
-                }
-                batch.records.push(record.record);
             }
         }
         Ok(())
     }
+
+    /// An emitted event's outputs into the batch, each to its output's topic, in its format,
+    /// with the trace context, the event id and (for a re-drive) its id in the headers.
+    fn push_outputs(
+        &mut self,
+        emitted: &Emitted<'_>,
+        outputs: Vec<crate::transform::Output>,
+        cx: &opentelemetry::Context,
+    ) -> Result<(), ProcessorError> {
+        let Emitted {
+            event_id,
+            entity_id,
+            redrive,
+        } = *emitted;
+        let cx = trace_context::context_with_event_id(cx, event_id);
+        for output in outputs {
+            let mut headers = OwnedHeaders::new_with_capacity(output.headers.len() + 4);
+            for (key, value) in &output.headers {
+                headers = headers.insert(Header {
+                    key,
+                    value: Some(value),
+                });
+            }
+            let mut headers =
+                trace_context::with_event_id(trace_context::inject_kafka(&cx, headers), event_id);
+            // Which re-drive made it, so an output after a dead letter of the same id says why
+            // there are two (docs/TRANSFORMS.md "Re-driving dead letters").
+            if let Some(redrive) = redrive {
+                headers = headers.insert(Header {
+                    key: eos_core::redrive::REDRIVE_ID_HEADER,
+                    value: Some(redrive),
+                });
+            }
+            let topic = self.settings.outputs[&output.output].clone();
+            let payload =
+                match &self.output {
+                    // The decision checked that it fits: encoding is the same call again.
+                    Some(encoder) => encoder.encode(&output.output, &output.value).map_err(
+                        |detail| {
+                            ProcessorError::Config(format!(
+                                "output {:?} of event {event_id} fit its schema when decided, and \
+                             not when written: {detail}",
+                                output.output
+                            ))
+                        },
+                    )?,
+                    None => eos_core::json_text::to_vec(&output.value),
+                };
+            self.batch.counts.outputs += 1;
+            self.batch.records.push(PendingRecord {
+                topic,
+                partition: None,
+                key: Some(output.key.unwrap_or_else(|| entity_id.as_bytes().to_vec())),
+                payload: Some(payload),
+                headers,
+            });
+        }
+        Ok(())
+    }
+
+    /// A dead letter of `message` into the batch, the original bytes cut to what the producer
+    /// can write.
+    fn push_dead_letter(
+        &mut self,
+        message: &OwnedMessage,
+        (reason, code): (DeadLetterReason, Option<&str>),
+        detail: &str,
+        event_id: Option<&str>,
+    ) {
+        let (partition, offset) = (message.partition(), message.offset());
+        warn!(
+            partition,
+            offset,
+            event_id = event_id.unwrap_or(""),
+            %reason,
+            detail,
+            "record dead-lettered"
+        );
+        *self.batch.counts.dead_letters.entry(reason).or_default() += 1;
+        let record = dead_letter_record(
+            &self.settings.dlq_topic,
+            message,
+            (reason, code),
+            detail,
+            self.settings.dead_letter_max_bytes,
+        );
+        if record.truncated {
+            warn!(
+                partition,
+                offset,
+                size = message.payload().map_or(0, <[u8]>::len),
+                limit = self.settings.dead_letter_max_bytes,
+                "dead letter too big for the producer: a prefix is kept, with the original's \
+                 size and SHA-256"
+            );
+        }
+        self.batch.records.push(record.record);
+    }
+}
+
+/// The partition's overlay in the open batch, made by its first record, which also sweeps the
+/// partition's dedup ids past the horizon into tombstones when its last sweep is
+/// `EXPIRY_SWEEP_INTERVAL` old.
+fn partition_overlay<'a, S: Clone + Default>(
+    overlays: &'a mut HashMap<i32, Overlay<S>>,
+    last_sweep: &mut HashMap<i32, Instant>,
+    state: &PartitionState<S>,
+    partition: i32,
+    now: i64,
+) -> Result<&'a mut Overlay<S>, ProcessorError> {
+    Ok(match overlays.entry(partition) {
+        Entry::Occupied(entry) => entry.into_mut(),
+        Entry::Vacant(entry) => {
+            let mut overlay = Overlay::default();
+            let last = last_sweep.entry(partition).or_insert_with(Instant::now);
+            if last.elapsed() >= EXPIRY_SWEEP_INTERVAL {
+                *last = Instant::now();
+                let expired = state.expire(&mut overlay, now)?;
+                if expired > 0 {
+                    info!(partition, expired, "dedup ids past the horizon tombstoned");
+                }
+                if expired >= EXPIRY_SWEEP_MAX {
+                    // More are due: sweep again in the next batch.
+                    if let Some(earlier) = last.checked_sub(EXPIRY_SWEEP_INTERVAL) {
+                        *last = earlier;
+                    }
+                }
+            }
+            entry.insert(overlay)
+        }
+    })
+}
+
+/// The `process` span of the record at `source`.
+fn process_span(source: &SourcePosition, group_id: &str) -> tracing::Span {
+    info_span!(
+        "process",
+        otel.name = "eos-processor process",
+        otel.kind = "consumer",
+        // Recorded once decided: the event id is where the contract says, which may be the value
+        // rather than the `event_id` header (docs/architecture/wire-format.md "Wire format").
+        event_id = tracing::field::Empty,
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = %source.topic,
+        messaging.destination.partition.id = %source.partition,
+        messaging.consumer.group.name = %group_id,
+        messaging.kafka.offset = source.offset,
+        eos.decision = tracing::field::Empty,
+    )
+}
+
+/// Who an emitted event's outputs are of.
+#[derive(Clone, Copy)]
+struct Emitted<'a> {
+    event_id: &'a str,
+    entity_id: &'a str,
+    /// The re-drive that had it judged again, whose id its outputs carry.
+    redrive: Option<&'a str>,
 }
 
 /// When a batch whose first record is `first_record_age` old is committed at the latest: one
