@@ -148,27 +148,23 @@ fn schema_error(spec: &TargetSpec, message: impl std::fmt::Display) -> SinkError
     SinkError::Schema(format!("table {}: {message}", spec.table))
 }
 
-/// Checks one target against the database and builds its statements.
-pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, SinkError> {
-    let table = quote_table(&spec.table);
-    let Some(catalog) = catalog_columns(pool, &table).await? else {
-        return Err(schema_error(
-            &spec,
-            "does not exist; create it before starting the sink (only the default tables are \
-             created by the migrations)",
-        ));
-    };
+/// The mapping's columns bound to the table's: each exists, is writable and has a type the sink
+/// writes (`now` columns apart: a timestamp, filled by the statement); and every NOT NULL column
+/// without a default has a source.
+fn bind_columns(
+    spec: &TargetSpec,
+    catalog: &[CatalogColumn],
+) -> Result<(Vec<BoundColumn>, Vec<String>), SinkError> {
     let find = |name: &str| catalog.iter().find(|c| c.name == name);
-
     let mut columns = Vec::new();
     let mut now_columns = Vec::new();
     for (name, source) in &spec.columns {
         let Some(column) = find(name) else {
-            return Err(schema_error(&spec, format!("has no column {name:?}")));
+            return Err(schema_error(spec, format!("has no column {name:?}")));
         };
         if column.generated {
             return Err(schema_error(
-                &spec,
+                spec,
                 format!("column {name:?} is generated and cannot be written"),
             ));
         }
@@ -176,7 +172,7 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
             let ty = ColumnType::from_catalog(&column.typname, &column.sql_type, column.typmod);
             if !ty.as_ref().is_some_and(ColumnType::is_timestamp) {
                 return Err(schema_error(
-                    &spec,
+                    spec,
                     format!(
                         "column {name:?} is {}, but `now` needs a timestamp column",
                         column.sql_type
@@ -189,7 +185,7 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
         let Some(ty) = ColumnType::from_catalog(&column.typname, &column.sql_type, column.typmod)
         else {
             return Err(schema_error(
-                &spec,
+                spec,
                 format!(
                     "column {name:?} has type {}, which the sink cannot write (supported: {})",
                     column.sql_type,
@@ -213,7 +209,7 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
         .collect();
     if !unmapped_required.is_empty() {
         return Err(schema_error(
-            &spec,
+            spec,
             format!(
                 "columns {unmapped_required:?} are NOT NULL without a default but have no source \
                  in the mapping"
@@ -221,6 +217,69 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
         ));
     }
 
+    Ok((columns, now_columns))
+}
+
+/// The version column's index among the bound columns: bound, and an integer.
+fn version_index(spec: &TargetSpec, columns: &[BoundColumn]) -> Result<Option<usize>, SinkError> {
+    let index_of = |name: &str| columns.iter().position(|c| c.name == name);
+    Ok(match &spec.version_column {
+        None => None,
+        Some(version) => {
+            let i = index_of(version).ok_or_else(|| {
+                schema_error(
+                    spec,
+                    format!("the version column {version:?} must be bound"),
+                )
+            })?;
+            if !columns[i].ty.is_integer() {
+                return Err(schema_error(
+                    spec,
+                    format!(
+                        "the version column {version:?} is {}, but must be an integer column",
+                        columns[i].ty.sql_name
+                    ),
+                ));
+            }
+            Some(i)
+        }
+    })
+}
+
+/// The retention column exists and is a timestamp.
+fn check_retention_column(spec: &TargetSpec, catalog: &[CatalogColumn]) -> Result<(), SinkError> {
+    let find = |name: &str| catalog.iter().find(|c| c.name == name);
+    if let Some(retention) = &spec.retention {
+        let column = find(&retention.column).ok_or_else(|| {
+            schema_error(
+                spec,
+                format!("has no retention column {:?}", retention.column),
+            )
+        })?;
+        if !matches!(column.typname.as_str(), "timestamptz" | "timestamp") {
+            return Err(schema_error(
+                spec,
+                format!(
+                    "the retention column {:?} is {}, but must be a timestamp",
+                    retention.column, column.sql_type
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks one target against the database and builds its statements.
+pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, SinkError> {
+    let table = quote_table(&spec.table);
+    let Some(catalog) = catalog_columns(pool, &table).await? else {
+        return Err(schema_error(
+            &spec,
+            "does not exist; create it before starting the sink (only the default tables are \
+             created by the migrations)",
+        ));
+    };
+    let (columns, now_columns) = bind_columns(&spec, &catalog)?;
     let index_of = |name: &str| columns.iter().position(|c| c.name == name);
     let key_index = index_of(&spec.key).ok_or_else(|| {
         schema_error(
@@ -238,44 +297,8 @@ pub async fn prepare(pool: &PgPool, spec: TargetSpec) -> Result<PreparedTarget, 
             ),
         ));
     }
-    let version_index = match &spec.version_column {
-        None => None,
-        Some(version) => {
-            let i = index_of(version).ok_or_else(|| {
-                schema_error(
-                    &spec,
-                    format!("the version column {version:?} must be bound"),
-                )
-            })?;
-            if !columns[i].ty.is_integer() {
-                return Err(schema_error(
-                    &spec,
-                    format!(
-                        "the version column {version:?} is {}, but must be an integer column",
-                        columns[i].ty.sql_name
-                    ),
-                ));
-            }
-            Some(i)
-        }
-    };
-    if let Some(retention) = &spec.retention {
-        let column = find(&retention.column).ok_or_else(|| {
-            schema_error(
-                &spec,
-                format!("has no retention column {:?}", retention.column),
-            )
-        })?;
-        if !matches!(column.typname.as_str(), "timestamptz" | "timestamp") {
-            return Err(schema_error(
-                &spec,
-                format!(
-                    "the retention column {:?} is {}, but must be a timestamp",
-                    retention.column, column.sql_type
-                ),
-            ));
-        }
-    }
+    let version_index = version_index(&spec, &columns)?;
+    check_retention_column(&spec, &catalog)?;
 
     let fingerprint_index = columns.iter().position(|c| c.source == Source::Fingerprint);
     let content_indices = match fingerprint_index {
