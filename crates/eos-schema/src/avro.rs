@@ -162,6 +162,95 @@ impl AvroSchema {
         Ok(wire::frame(schema_id, &datum))
     }
 
+    /// What `value` (this schema's record in the event model) says, for telling one event's
+    /// content from another's: a copy without the record fields (at any depth) whose value is the
+    /// field's default. A producer that moves to a newer compatible schema adding a field with a
+    /// default writes the same event with that field at its default; read as its content it is
+    /// the same event, and a field set to anything else is still a change. Only defaults written
+    /// as the event model writes the value (null, booleans, numbers, strings, enum symbols) are
+    /// compared; a field of another type is always kept.
+    pub fn content(&self, value: &Json) -> Json {
+        self.content_of(value, &self.schema)
+    }
+
+    fn content_of(&self, value: &Json, schema: &Schema) -> Json {
+        let Ok(schema) = self.resolve(schema) else {
+            return value.clone();
+        };
+        match (value, schema) {
+            (Json::Object(object), Schema::Record(record)) => Json::Object(
+                object
+                    .iter()
+                    .filter_map(|(name, field_value)| {
+                        let field = record.lookup.get(name).and_then(|&i| record.fields.get(i));
+                        match field {
+                            Some(field) if self.is_default(field_value, field) => None,
+                            Some(field) => {
+                                Some((name.clone(), self.content_of(field_value, &field.schema)))
+                            }
+                            None => Some((name.clone(), field_value.clone())),
+                        }
+                    })
+                    .collect(),
+            ),
+            (Json::Array(items), Schema::Array(array)) => Json::Array(
+                items
+                    .iter()
+                    .map(|item| self.content_of(item, &array.items))
+                    .collect(),
+            ),
+            (Json::Object(entries), Schema::Map(map)) => Json::Object(
+                entries
+                    .iter()
+                    .map(|(key, item)| (key.clone(), self.content_of(item, &map.types)))
+                    .collect(),
+            ),
+            // A union's value is its branch's: an object is the union's one record, if it has
+            // exactly one.
+            (Json::Object(_), Schema::Union(union)) => {
+                let mut records = union
+                    .variants()
+                    .iter()
+                    .filter(|variant| matches!(self.resolve(variant), Ok(Schema::Record(_))));
+                match (records.next(), records.next()) {
+                    (Some(record), None) => self.content_of(value, record),
+                    _ => value.clone(),
+                }
+            }
+            _ => value.clone(),
+        }
+    }
+
+    /// Whether `value` is `field`'s default, written as the event model writes it.
+    fn is_default(&self, value: &Json, field: &apache_avro::schema::RecordField) -> bool {
+        let Some(default) = &field.default else {
+            return false;
+        };
+        // A union's default is of its first branch.
+        let schema = match self.resolve(&field.schema) {
+            Ok(Schema::Union(union)) => union
+                .variants()
+                .first()
+                .and_then(|first| self.resolve(first).ok()),
+            Ok(other) => Some(other),
+            Err(_) => None,
+        };
+        let comparable = matches!(
+            schema,
+            Some(
+                Schema::Null
+                    | Schema::Boolean
+                    | Schema::Int
+                    | Schema::Long
+                    | Schema::Float
+                    | Schema::Double
+                    | Schema::String
+                    | Schema::Enum(_)
+            )
+        );
+        comparable && value == default
+    }
+
     fn resolve<'a>(&'a self, schema: &'a Schema) -> Result<&'a Schema, Misfit> {
         match schema {
             Schema::Ref { name } => self
@@ -1151,6 +1240,60 @@ mod tests {
         ] {
             let error = payment.decode(broken).expect_err("broken");
             assert!(matches!(error, SchemaError::Undecodable { .. }), "{error}");
+        }
+    }
+
+    #[test]
+    fn content_leaves_out_fields_at_their_default_so_a_newer_schema_writes_the_same_event() {
+        let v1 = AvroSchema::parse(
+            r#"{"type": "record", "name": "Auth", "fields": [
+                {"name": "id", "type": "string"},
+                {"name": "card", "type": {"type": "record", "name": "Card", "fields": [
+                    {"name": "number", "type": "string"}]}}]}"#,
+            "v1",
+        )
+        .expect("parses");
+        let v2 = AvroSchema::parse(
+            r#"{"type": "record", "name": "Auth", "fields": [
+                {"name": "id", "type": "string"},
+                {"name": "card", "type": {"type": "record", "name": "Card", "fields": [
+                    {"name": "number", "type": "string"},
+                    {"name": "brand", "type": {"type": "enum", "name": "Brand",
+                        "symbols": ["UNKNOWN", "VISA"]}, "default": "UNKNOWN"}]}},
+                {"name": "note", "type": ["null", "string"], "default": null},
+                {"name": "tries", "type": "int", "default": 0},
+                {"name": "fee", "type": {"type": "bytes", "logicalType": "decimal",
+                    "precision": 4, "scale": 2}, "default": "\u0000"}]}"#,
+            "v2",
+        )
+        .expect("parses");
+        let as_v1 = json!({"id": "a-1", "card": {"number": "4111"}});
+        let as_v2 = json!({"id": "a-1", "card": {"number": "4111", "brand": "UNKNOWN"},
+                           "note": null, "tries": 0, "fee": "0.00"});
+        let read = |schema: &AvroSchema, value: &Json| {
+            let bytes = schema.encode(value).expect("fits");
+            schema.content(&schema.decode(&bytes).expect("decodes"))
+        };
+        // The decimal's default is not compared (its JSON is not the event model's): kept.
+        let mut without_fee = read(&v2, &as_v2);
+        assert_eq!(without_fee["fee"], json!("0.00"));
+        without_fee
+            .as_object_mut()
+            .expect("an object")
+            .remove("fee");
+        assert_eq!(read(&v1, &as_v1), without_fee, "the same event");
+        for changed in [
+            json!({"note": "late"}),
+            json!({"tries": 1}),
+            json!({"card": {"number": "4111", "brand": "VISA"}}),
+        ] {
+            let mut value = as_v2.clone();
+            for (key, field) in changed.as_object().expect("an object") {
+                value[key] = field.clone();
+            }
+            let mut content = read(&v2, &value);
+            content.as_object_mut().expect("an object").remove("fee");
+            assert_ne!(read(&v1, &as_v1), content, "{changed} is a change");
         }
     }
 

@@ -206,6 +206,16 @@ impl ParsedSchema {
         }
     }
 
+    /// What a decoded value says, for telling one event's content from another's across
+    /// compatible versions of its schema: Avro's leaves out fields at their default
+    /// ([`AvroSchema::content`]); Protobuf's and JSON Schema's values are their content.
+    pub fn content(&self, value: &Json) -> Json {
+        match self {
+            ParsedSchema::Avro(schema) => schema.content(value),
+            ParsedSchema::Protobuf(_) | ParsedSchema::Json(_) => value.clone(),
+        }
+    }
+
     /// `value` encoded and framed with `schema_id` (a Protobuf value as the file's first
     /// message).
     pub fn encode_framed(&self, schema_id: SchemaId, value: &Json) -> Result<Vec<u8>, SchemaError> {
