@@ -277,10 +277,13 @@ impl InputDecoder {
     pub(crate) fn decode<'a>(
         &self,
         value: Option<&'a [u8]>,
-    ) -> Result<Option<Cow<'a, [u8]>>, String> {
+    ) -> Result<Option<Decoded<'a>>, String> {
         let (Some(registry), Some(value)) = (&self.registry, value) else {
             // A tombstone stays one (an empty_record dead letter).
-            return Ok(value.map(Cow::Borrowed));
+            return Ok(value.map(|value| Decoded {
+                value: Cow::Borrowed(value),
+                content: None,
+            }));
         };
         let subject = &self.subject;
         let framed = wire::unframe(value).map_err(|error| format!("subject {subject}: {error}"))?;
@@ -302,8 +305,22 @@ impl InputDecoder {
                 "subject {subject}, schema id {id}: the record decodes to {decoded}, not an object"
             ));
         }
-        Ok(Some(Cow::Owned(eos_core::json_text::to_vec(&decoded))))
+        let content = schema.content(&decoded);
+        Ok(Some(Decoded {
+            content: (content != decoded).then(|| eos_core::json_text::to_vec(&content)),
+            value: Cow::Owned(eos_core::json_text::to_vec(&decoded)),
+        }))
     }
+}
+
+/// A record's value in the JSON event model.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Decoded<'a> {
+    pub(crate) value: Cow<'a, [u8]>,
+    /// What the event's fingerprint is of, when not `value`: an Avro value without its fields at
+    /// their default, so the same event written with a newer compatible schema keeps its
+    /// fingerprint (docs/schemas.md "Schema evolution").
+    pub(crate) content: Option<Vec<u8>>,
 }
 
 #[cfg(test)]
@@ -482,8 +499,11 @@ mod tests {
         let decoder = InputDecoder::json();
         let value = br#"{"event_id":"e-1"}"#;
         assert_eq!(
-            decoder.decode(Some(value)).expect("test set-up").as_deref(),
-            Some(&value[..])
+            decoder
+                .decode(Some(value))
+                .expect("test set-up")
+                .map(|decoded| decoded.value),
+            Some(Cow::Borrowed(&value[..]))
         );
         assert_eq!(decoder.decode(None).expect("test set-up"), None);
     }
@@ -506,7 +526,11 @@ mod tests {
             .decode(Some(&framed))
             .expect("test set-up")
             .expect("test set-up");
-        assert_eq!(&*decoded, br#"{"event_id":"e-1","value":5}"#);
+        assert_eq!(&*decoded.value, br#"{"event_id":"e-1","value":5}"#);
+        assert_eq!(
+            decoded.content, None,
+            "no field at a default: the value is its content"
+        );
         assert_eq!(
             decoder.decode(None).expect("test set-up"),
             None,

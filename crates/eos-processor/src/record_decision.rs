@@ -168,12 +168,15 @@ impl<T: Transform> TransactionLoop<T> {
             })
             .unwrap_or_default();
         let decision = match self.input.decode(message.payload()) {
-            Ok(value) => {
+            Ok(decoded) => {
                 let record = InputRecord {
                     key: message.key(),
-                    value: value.as_deref(),
+                    value: decoded.as_ref().map(|decoded| decoded.value.as_ref()),
                     headers: &headers,
                     timestamp_secs: message.timestamp().to_millis().unwrap_or(0) / 1000,
+                    content: decoded
+                        .as_ref()
+                        .and_then(|decoded| decoded.content.as_deref()),
                 };
                 state.decide(
                     overlay,

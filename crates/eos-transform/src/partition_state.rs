@@ -209,6 +209,11 @@ pub struct InputRecord<'a> {
     /// The record's timestamp (unix seconds), the event time when the contract finds none in
     /// the event.
     pub timestamp_secs: i64,
+    /// The JSON object whose fingerprint tells this event's content from another's, when it is
+    /// not `value`: a schema-registry record's decoded value without the fields at their
+    /// schema's default (`eos_schema::ParsedSchema::content`), so the same event written with a
+    /// newer compatible schema is not taken for another with the same id.
+    pub content: Option<&'a [u8]>,
 }
 
 impl<S: Clone + Default> PartitionState<S> {
@@ -290,7 +295,12 @@ impl<S: Clone + Default> PartitionState<S> {
                 Some(event_id),
             ));
         }
-        let fingerprint = event.fingerprint;
+        let fingerprint = record
+            .content
+            .and_then(|content| serde_json::from_slice::<serde_json::Map<_, _>>(content).ok())
+            .map_or(event.fingerprint, |mut content| {
+                policy.contract.fingerprint_leaving_out(&mut content, &[])
+            });
         let redrive = match redrive::redrive_id(record.headers) {
             Ok(redrive) => redrive.map(str::to_owned),
             Err(error) => {
@@ -507,6 +517,7 @@ mod tests {
                     headers: &[],
                     value: Some(value.as_bytes()),
                     timestamp_secs: record_timestamp,
+                    content: None,
                 },
                 &source(0),
                 now,
@@ -530,6 +541,7 @@ mod tests {
                     headers: &[],
                     value: Some(value.as_bytes()),
                     timestamp_secs: NOW,
+                    content: None,
                 },
                 &source(offset),
                 NOW,
@@ -666,6 +678,7 @@ mod tests {
                     headers: &[],
                     value: None,
                     timestamp_secs: NOW,
+                    content: None,
                 },
                 &source(0),
                 NOW,
@@ -991,6 +1004,7 @@ mod tests {
                     value: Some(value.as_bytes()),
                     headers: &headers,
                     timestamp_secs: NOW,
+                    content: None,
                 },
                 &source(0),
                 NOW,
@@ -1088,6 +1102,7 @@ mod tests {
                 value: Some(value.as_bytes()),
                 headers: &headers,
                 timestamp_secs: NOW,
+                content: None,
             };
             state
                 .decide(overlay, &Splitter, record, &source(0), NOW, &policy)
@@ -1145,6 +1160,7 @@ mod tests {
                     value: Some(value.as_bytes()),
                     headers: &headers,
                     timestamp_secs: NOW,
+                    content: None,
                 },
                 &source(0),
                 NOW,
@@ -1326,6 +1342,7 @@ mod tests {
                         value: Some(br#"{"n":50}"#),
                         headers: &headers,
                         timestamp_secs: NOW,
+                        content: None,
                     },
                     &source(0),
                     NOW,

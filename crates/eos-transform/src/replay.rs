@@ -322,6 +322,7 @@ pub fn expected<T: Transform>(
                     value: record.value.as_deref(),
                     headers: &headers,
                     timestamp_secs,
+                    content: None,
                 },
                 &SourcePosition {
                     topic: String::new(),

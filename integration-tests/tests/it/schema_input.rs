@@ -266,3 +266,132 @@ async fn avro_input_waits_out_a_registry_outage_and_is_decided_as_its_json_event
     }
     Ok(())
 }
+
+/// A producer moves to a newer BACKWARD-compatible schema mid-run (a field added with a
+/// default): nothing stops, the events it writes with it are decided as before, and an event
+/// written again with the new schema and the new field at its default is the same event (a
+/// duplicate), while the new field set to something else is another content (a conflict).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_moving_to_a_compatible_schema_mid_run_changes_no_event() -> anyhow::Result<()> {
+    let url = registry_url()?;
+    let input = unique_name("avro-evolving");
+    let output = unique_name("avro-evolving-out");
+    let group = unique_name("avro-evolving-processor");
+    let dlq = format!("{input}.dlq");
+    create_topic(&input, 1).await?;
+    let registry = RegistryClient::new(RegistryConfig::new(url.clone()))?;
+    let subject = format!("{input}-value");
+    let v1_id = registry
+        .register(&subject, &Schema::avro(AUTHORISATION_AVRO))
+        .await?;
+    let v1 = registry.parsed_schema(v1_id).await?;
+    let bootstrap = bootstrap_servers();
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
+        processor.input_topic: &input,
+        processor.output_topic: &output,
+        processor.group_id: &group,
+        processor.instance.instance_id: "avro-evolving",
+        processor.metrics_addr: "127.0.0.1:0",
+        processor.input_format.input_format: "avro",
+        processor.input_format.schema_registry_url: &url,
+        transform: "pass-through",
+        processor.event_id: "/auth/id",
+    });
+    let started = Instant::now();
+    let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    let (a1, a2) = (
+        authorisation("a-1", "c-1", "12.50"),
+        authorisation("a-2", "c-2", "3.00"),
+    );
+    produce_records(
+        &input,
+        &[
+            (Some("c-1".into()), v1.encode_framed(v1_id, &a1)?),
+            (Some("c-2".into()), v1.encode_framed(v1_id, &a2)?),
+        ],
+    )?;
+    tokio::task::block_in_place(|| wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND))
+        .with_context(|| processor.log_tail(40))?;
+    // The producer's newer schema: a channel, "pos" unless said.
+    let v2_text = AUTHORISATION_AVRO.replace(
+        r#"{"name": "note", "type": ["null", "string"], "default": null}"#,
+        r#"{"name": "note", "type": ["null", "string"], "default": null},
+    {"name": "channel", "type": "string", "default": "pos"}"#,
+    );
+    ensure!(
+        v2_text != AUTHORISATION_AVRO,
+        "the test's schema edit applies"
+    );
+    let v2_id = registry.register(&subject, &Schema::avro(v2_text)).await?;
+    let v2 = registry.parsed_schema(v2_id).await?;
+    let with_channel = |event: &Value, channel: &str| {
+        let mut event = event.clone();
+        event["channel"] = channel.into();
+        event
+    };
+    let a3 = with_channel(&authorisation("a-3", "c-1", "7.25"), "pos");
+    produce_records(
+        &input,
+        &[
+            // a-1 again, as the new schema writes it: the same event.
+            (
+                Some("c-1".into()),
+                v2.encode_framed(v2_id, &with_channel(&a1, "pos"))?,
+            ),
+            // a-2 again with another channel: another content under its id.
+            (
+                Some("c-2".into()),
+                v2.encode_framed(v2_id, &with_channel(&a2, "web"))?,
+            ),
+            (Some("c-1".into()), v2.encode_framed(v2_id, &a3)?),
+        ],
+    )?;
+    tokio::task::block_in_place(|| wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND))
+        .with_context(|| processor.log_tail(40))?;
+    let drained_in = started.elapsed();
+    processor.stop_gracefully()?;
+    eprintln!("both halves drained within {drained_in:?} (bound {DRAIN_BOUND:?} each)");
+
+    let (outputs, letters) = tokio::task::spawn_blocking(move || {
+        anyhow::Ok((
+            read_topic(&output, Isolation::ReadCommitted)?,
+            read_topic(&dlq, Isolation::ReadCommitted)?,
+        ))
+    })
+    .await??;
+    let mut written: Vec<(String, Value)> = outputs
+        .iter()
+        .map(|message| {
+            (
+                header(message, "event_id").to_owned(),
+                serde_json::from_slice(message.payload().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    written.sort_by(|a, b| a.0.cmp(&b.0));
+    ensure!(
+        written
+            == [
+                ("a-1".to_owned(), a1),
+                ("a-2".to_owned(), a2),
+                ("a-3".to_owned(), a3)
+            ],
+        "each event once, as the schema that wrote it first reads it: {written:?}"
+    );
+    let reasons: Vec<(&str, &str)> = letters
+        .iter()
+        .map(|letter| {
+            (
+                header(letter, dead_letter::REASON_HEADER),
+                header(letter, dead_letter::SOURCE_OFFSET_HEADER),
+            )
+        })
+        .collect();
+    ensure!(
+        reasons == [("event_id_conflict", "3")],
+        "only a-2 with another channel is a conflict: {reasons:?}"
+    );
+    Ok(())
+}

@@ -240,6 +240,7 @@ fn state_path_rate(
                 value: Some(value.as_bytes()),
                 headers: &[],
                 timestamp_secs: now,
+                content: None,
             },
             &source,
             now,
