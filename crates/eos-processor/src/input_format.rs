@@ -297,15 +297,14 @@ impl InputDecoder {
                 ));
             }
         };
-        let decoded = schema
-            .decode(framed.payload)
+        let (decoded, content) = schema
+            .decode_with_content(framed.payload)
             .map_err(|error| format!("subject {subject}, schema id {id}: {error}"))?;
         if !decoded.is_object() {
             return Err(format!(
                 "subject {subject}, schema id {id}: the record decodes to {decoded}, not an object"
             ));
         }
-        let content = schema.content(&decoded);
         Ok(Some(Decoded {
             content: (content != decoded).then(|| eos_core::json_text::to_vec(&content)),
             value: Cow::Owned(eos_core::json_text::to_vec(&decoded)),
@@ -317,9 +316,9 @@ impl InputDecoder {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Decoded<'a> {
     pub(crate) value: Cow<'a, [u8]>,
-    /// What the event's fingerprint is of, when not `value`: an Avro value without its fields at
-    /// their default, so the same event written with a newer compatible schema keeps its
-    /// fingerprint (docs/schemas.md "Schema evolution").
+    /// What the event's fingerprint is of, when not `value`: an Avro or Protobuf value without
+    /// its fields at their default, so the same event written with a newer compatible schema
+    /// keeps its fingerprint (docs/schemas.md "Schema evolution").
     pub(crate) content: Option<Vec<u8>>,
 }
 

@@ -167,6 +167,21 @@ impl ProtobufSchema {
         message_to_json(&message).map_err(|misfit| undecodable(misfit.to_string()))
     }
 
+    /// [`Self::decode`]'s value, and what it says for telling one event's content from
+    /// another's: the value without the fields at their default (unset, zero, empty, an enum's
+    /// first value), at any depth. A field added in a newer version of the schema is at its
+    /// default in what an earlier version wrote, and the wire format does not tell an unset
+    /// field from one at its default either.
+    pub fn decode_with_content(&self, payload: &[u8]) -> Result<(Json, Json), SchemaError> {
+        let (indexes, _) = wire::read_message_indexes(payload)?;
+        let value = self.decode(payload)?;
+        let content = match self.message_by_indexes(&indexes) {
+            Some(descriptor) => content_of(&value, &descriptor),
+            None => value.clone(),
+        };
+        Ok((value, content))
+    }
+
     /// The payload after the wire header (message indexes, then the message) of `value` as the
     /// file's first message, which is what a topic's schema usually holds.
     pub fn encode(&self, value: &Json) -> Result<Vec<u8>, SchemaError> {
@@ -245,6 +260,83 @@ impl Misfit {
 impl std::fmt::Display for Misfit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "at {}: {}", self.path(), self.detail)
+    }
+}
+
+/// `value` (a message of `descriptor` in the event model) without its fields at their default.
+fn content_of(value: &Json, descriptor: &MessageDescriptor) -> Json {
+    let Json::Object(object) = value else {
+        return value.clone();
+    };
+    // A well-known type's JSON is not its message's fields.
+    if descriptor.full_name().starts_with("google.protobuf.") {
+        return value.clone();
+    }
+    let mut content = Map::new();
+    for (name, field_value) in object {
+        let Some(field) = descriptor.get_field_by_name(name) else {
+            content.insert(name.clone(), field_value.clone());
+            continue;
+        };
+        if is_default(field_value, &field) {
+            continue;
+        }
+        let nested = match (field.kind(), field_value) {
+            (Kind::Message(message), Json::Object(entries)) if field.is_map() => {
+                let value_kind = message.map_entry_value_field().kind();
+                Json::Object(
+                    entries
+                        .iter()
+                        .map(|(key, item)| (key.clone(), content_of_kind(item, &value_kind)))
+                        .collect(),
+                )
+            }
+            (kind, Json::Array(items)) if field.is_list() => Json::Array(
+                items
+                    .iter()
+                    .map(|item| content_of_kind(item, &kind))
+                    .collect(),
+            ),
+            (kind, single) => content_of_kind(single, &kind),
+        };
+        content.insert(name.clone(), nested);
+    }
+    Json::Object(content)
+}
+
+fn content_of_kind(value: &Json, kind: &Kind) -> Json {
+    match kind {
+        Kind::Message(message) => content_of(value, message),
+        _ => value.clone(),
+    }
+}
+
+/// Whether `value` is what the event model writes for `field` unset or at its default.
+fn is_default(value: &Json, field: &FieldDescriptor) -> bool {
+    if field.is_list() {
+        return value.as_array().is_some_and(Vec::is_empty);
+    }
+    if field.is_map() {
+        return value.as_object().is_some_and(Map::is_empty);
+    }
+    if value.is_null() {
+        return true;
+    }
+    if field.supports_presence() {
+        // Set, even to a zero: presence is part of what it says.
+        return false;
+    }
+    match field.kind() {
+        Kind::Bool => value == &Json::Bool(false),
+        Kind::String | Kind::Bytes => value.as_str() == Some(""),
+        Kind::Float | Kind::Double => value.as_f64() == Some(0.0),
+        Kind::Enum(enumeration) => {
+            let first = enumeration.default_value();
+            value.as_str() == Some(first.name())
+                || value.as_i64() == Some(i64::from(first.number()))
+        }
+        Kind::Message(_) => false,
+        _ => value.as_i64() == Some(0) || value.as_u64() == Some(0),
     }
 }
 
@@ -737,6 +829,52 @@ mod tests {
             ProtobufSchema::parse("bm90IGEgZGVzY3JpcHRvcg", "x").is_err(),
             "base64 that is no descriptor is refused"
         );
+    }
+
+    #[test]
+    fn content_leaves_out_fields_at_their_default_so_a_newer_version_writes_the_same_event() {
+        let v1 = schema();
+        let v2 = ProtobufSchema::parse(
+            &PAYMENT
+                .replace(
+                    "uint64 sequence = 12;",
+                    "uint64 sequence = 12; string channel = 13; repeated Party others = 14;",
+                )
+                .replace(
+                    "message Party { string name = 1; }",
+                    "message Party { string name = 1; int32 age = 2; }",
+                ),
+            "v2",
+        )
+        .expect("compiles");
+        let read = |schema: &ProtobufSchema, value: &Json| {
+            let bytes = schema.encode(value).expect("fits");
+            schema.decode_with_content(&bytes).expect("decodes").1
+        };
+        let as_v1 = read(&v1, &a_payment());
+        let mut same = a_payment();
+        same["channel"] = json!("");
+        same["others"] = json!([]);
+        same["payer"] = json!({"name": "Ann", "age": 0});
+        assert_eq!(read(&v2, &same), as_v1, "the new fields at their default");
+        assert_eq!(as_v1["payer"], json!({"name": "Ann"}));
+        assert!(
+            as_v1.get("state").is_some(),
+            "SETTLED is not the enum's default"
+        );
+        for (field, changed) in [
+            ("channel", json!("web")),
+            ("others", json!([{"name": "Bo"}])),
+            ("payer", json!({"name": "Ann", "age": 40})),
+        ] {
+            let mut value = same.clone();
+            value[field] = changed.clone();
+            assert_ne!(read(&v2, &value), as_v1, "{field} = {changed} is a change");
+        }
+        // Set to its zero, a field with presence is still said.
+        let mut noted = a_payment();
+        noted["note"] = json!("");
+        assert_eq!(read(&v1, &noted)["note"], json!(""));
     }
 
     #[test]

@@ -206,13 +206,22 @@ impl ParsedSchema {
         }
     }
 
-    /// What a decoded value says, for telling one event's content from another's across
-    /// compatible versions of its schema: Avro's leaves out fields at their default
-    /// ([`AvroSchema::content`]); Protobuf's and JSON Schema's values are their content.
-    pub fn content(&self, value: &Json) -> Json {
+    /// [`Self::decode`]'s value, and what it says for telling one event's content from
+    /// another's across compatible versions of its schema: Avro's and Protobuf's without the
+    /// fields at their default ([`AvroSchema::content`], [`ProtobufSchema::decode_with_content`]),
+    /// JSON Schema's the value itself.
+    pub fn decode_with_content(&self, payload: &[u8]) -> Result<(Json, Json), SchemaError> {
         match self {
-            ParsedSchema::Avro(schema) => schema.content(value),
-            ParsedSchema::Protobuf(_) | ParsedSchema::Json(_) => value.clone(),
+            ParsedSchema::Avro(schema) => {
+                let value = schema.decode(payload)?;
+                let content = schema.content(&value);
+                Ok((value, content))
+            }
+            ParsedSchema::Protobuf(schema) => schema.decode_with_content(payload),
+            ParsedSchema::Json(schema) => {
+                let value = schema.decode(payload)?;
+                Ok((value.clone(), value))
+            }
         }
     }
 

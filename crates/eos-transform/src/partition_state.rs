@@ -211,8 +211,8 @@ pub struct InputRecord<'a> {
     pub timestamp_secs: i64,
     /// The JSON object whose fingerprint tells this event's content from another's, when it is
     /// not `value`: a schema-registry record's decoded value without the fields at their
-    /// schema's default (`eos_schema::ParsedSchema::content`), so the same event written with a
-    /// newer compatible schema is not taken for another with the same id.
+    /// schema's default (`eos_schema::ParsedSchema::decode_with_content`), so the same event
+    /// written with a newer compatible schema is not taken for another with the same id.
     pub content: Option<&'a [u8]>,
 }
 
