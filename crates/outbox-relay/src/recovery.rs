@@ -12,6 +12,7 @@ use eos_outbox::relay_positions::relayed_position;
 
 use crate::error::RelayError;
 use crate::logical::LogicalSource;
+use crate::pgoutput::Lsn;
 use crate::position_topic::{RelayPosition, read_position};
 use crate::relay_loop::RelaySettings;
 
@@ -155,7 +156,7 @@ async fn recover_logical(
                 )));
             }
             // Behind Kafka: the transactions in between are in Kafka already.
-            source.advance(lsn).await?;
+            advance_taking_the_slot(source, lsn).await?;
             return Ok(RelayPosition::Logical { lsn, table_after });
         }
         Some(RelayPosition::Xmin(cursor)) => cursor,
@@ -183,4 +184,24 @@ async fn recover_logical(
         lsn: consistent,
         table_after: Some(table_after),
     })
+}
+
+/// Moves the slot to Kafka's position. This relay has just fenced every earlier one with its
+/// name, so a session still on the slot that keeps PostgreSQL from moving it (SQLSTATE 55006,
+/// after `LogicalSource::advance`'s own wait) is a fenced relay's that took the slot back after
+/// start-up ended its session: it is ended again, and the move tried once more.
+async fn advance_taking_the_slot(source: &LogicalSource, lsn: Lsn) -> Result<(), RelayError> {
+    match source.advance(lsn).await {
+        Err(RelayError::Database(error))
+            if error
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "55006") =>
+        {
+            let ended = source.end_foreign_session().await?;
+            warn!(slot = source.slot(), ended_pid = ended, %error, "ended the session of a fenced relay holding the slot again");
+            source.advance(lsn).await
+        }
+        other => other,
+    }
 }

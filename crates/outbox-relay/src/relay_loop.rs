@@ -302,8 +302,14 @@ impl RelayLoop {
                 Err(error) if error.is_database_outage() => {
                     database_failures += 1;
                     readiness.set(false);
+                    if matches!(error, RelayError::Replication { .. }) {
+                        // Its session ended or was refused: a zombie learns it here, before it
+                        // takes the slot back from the relay that ended its session.
+                        let slot_held_elsewhere = error.is_slot_held_elsewhere();
+                        self.still_owner(&mut ownership_checked_at, slot_held_elsewhere)
+                            .await?;
+                    }
                     if error.is_slot_held_elsewhere() {
-                        self.still_owner(&mut ownership_checked_at).await?;
                         self.progress
                             .waiting_for_outage("the replication slot, held by another session");
                     } else {
@@ -390,13 +396,19 @@ impl RelayLoop {
         Ok(())
     }
 
-    /// Another session holds the slot: a newer relay with this name, a fenced one, or the
-    /// walsender of one that died. Only Kafka's fencing tells which; a zombie that only ever
-    /// fails to read would never learn it, and an idle zombie's session never times out. So a
-    /// transaction holding the position Kafka already has is committed, at most once per
-    /// `OWNERSHIP_CHECK_INTERVAL`: fenced, this relay stops; committed, it owns the name (and
-    /// changed nothing), so the other session is not a live owner's and is ended.
-    async fn still_owner(&mut self, checked_at: &mut Option<Instant>) -> Result<(), RelayError> {
+    /// The replication session ended or was refused. Its end may be a newer relay with this
+    /// name taking the slot, and a refusal may be another session holding it: a newer relay's,
+    /// a fenced one's, or the walsender of one that died. Only Kafka's fencing tells which; an
+    /// idle zombie commits nothing, so it would never learn it, and its live session never times
+    /// out. So a transaction holding the position Kafka already has is committed, at most once
+    /// per `OWNERSHIP_CHECK_INTERVAL`: fenced, this relay stops; committed, it owns the name
+    /// (and changed nothing), and when `end_other` another session holds the slot, which is
+    /// then not a live owner's and is ended.
+    async fn still_owner(
+        &mut self,
+        checked_at: &mut Option<Instant>,
+        end_other: bool,
+    ) -> Result<(), RelayError> {
         if self.settings.guarantee != Guarantee::ExactlyOnce
             || checked_at.is_some_and(|at| at.elapsed() < OWNERSHIP_CHECK_INTERVAL)
         {
@@ -415,16 +427,22 @@ impl RelayLoop {
         });
         match outcome {
             Ok(()) => {
-                let Some(source) = &self.settings.logical else {
+                let Some(source) = self.settings.logical.as_ref().filter(|_| end_other) else {
                     return Ok(());
                 };
-                let ended = source.end_foreign_session().await?;
-                warn!(
-                    slot = source.slot(),
-                    ended_pid = ended,
-                    "the replication slot was held by another session while this relay owns \
-                     its name in Kafka (a fenced relay's, or a dead one's walsender); ended it"
-                );
+                // Not ended now (PostgreSQL went away meanwhile): asked again at the next check.
+                match source.end_foreign_session().await {
+                    Ok(ended) => warn!(
+                        slot = source.slot(),
+                        ended_pid = ended,
+                        "the replication slot was held by another session while this relay \
+                         owns its name in Kafka (a fenced relay's, or a dead one's walsender); \
+                         ended it"
+                    ),
+                    Err(error) => {
+                        warn!(%error, "cannot end the session holding the replication slot");
+                    }
+                }
                 Ok(())
             }
             Err(failure) => self.batch_failed(failure, 0).await,
