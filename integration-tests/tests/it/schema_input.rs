@@ -48,6 +48,37 @@ pub(crate) fn authorisation(id: &str, card: &str, amount: &str) -> Value {
     json!({"auth": {"id": id}, "card": card, "amount": amount, "currency": "EUR", "note": null})
 }
 
+/// The output topic's and the dead-letter topic's records, as `read_committed` readers see them;
+/// a dead-letter topic never made (nothing was dead-lettered) reads as empty.
+pub(crate) async fn outputs_and_dead_letters(
+    output: String,
+    dlq: String,
+) -> anyhow::Result<(Vec<OwnedMessage>, Vec<OwnedMessage>)> {
+    tokio::task::spawn_blocking(move || {
+        anyhow::Ok((
+            read_topic(&output, Isolation::ReadCommitted)?,
+            read_topic(&dlq, Isolation::ReadCommitted).unwrap_or_default(),
+        ))
+    })
+    .await?
+}
+
+/// Each output's `event_id` header and JSON value, in event-id order.
+pub(crate) fn json_outputs_by_event_id(outputs: &[OwnedMessage]) -> Vec<(String, Value)> {
+    let mut written: Vec<(String, Value)> = outputs
+        .iter()
+        .map(|message| {
+            (
+                header(message, "event_id").to_owned(),
+                serde_json::from_slice(message.payload().unwrap_or_default())
+                    .unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    written.sort_by(|a, b| a.0.cmp(&b.0));
+    written
+}
+
 /// The last value of header `name`, or "".
 fn header<'a>(message: &'a OwnedMessage, name: &str) -> &'a str {
     crate::card_authorisations::header(message, name).unwrap_or_default()
@@ -197,24 +228,8 @@ async fn avro_input_waits_out_a_registry_outage_and_is_decided_as_its_json_event
         processor.log_tail(40)
     );
 
-    let (outputs, letters) = tokio::task::spawn_blocking(move || {
-        anyhow::Ok((
-            read_topic(&output, Isolation::ReadCommitted)?,
-            read_topic(&dlq, Isolation::ReadCommitted)?,
-        ))
-    })
-    .await??;
-    let mut passed: Vec<(String, Value)> = outputs
-        .iter()
-        .map(|message| {
-            (
-                header(message, "event_id").to_owned(),
-                serde_json::from_slice(message.payload().unwrap_or_default())
-                    .unwrap_or(Value::Null),
-            )
-        })
-        .collect();
-    passed.sort_by(|a, b| a.0.cmp(&b.0));
+    let (outputs, letters) = outputs_and_dead_letters(output, dlq).await?;
+    let passed = json_outputs_by_event_id(&outputs);
     assert_eq!(
         passed,
         [
@@ -353,24 +368,8 @@ async fn a_producer_moving_to_a_compatible_schema_mid_run_changes_no_event() -> 
     processor.stop_gracefully()?;
     eprintln!("both halves drained within {drained_in:?} (bound {DRAIN_BOUND:?} each)");
 
-    let (outputs, letters) = tokio::task::spawn_blocking(move || {
-        anyhow::Ok((
-            read_topic(&output, Isolation::ReadCommitted)?,
-            read_topic(&dlq, Isolation::ReadCommitted)?,
-        ))
-    })
-    .await??;
-    let mut written: Vec<(String, Value)> = outputs
-        .iter()
-        .map(|message| {
-            (
-                header(message, "event_id").to_owned(),
-                serde_json::from_slice(message.payload().unwrap_or_default())
-                    .unwrap_or(Value::Null),
-            )
-        })
-        .collect();
-    written.sort_by(|a, b| a.0.cmp(&b.0));
+    let (outputs, letters) = outputs_and_dead_letters(output, dlq).await?;
+    let written = json_outputs_by_event_id(&outputs);
     ensure!(
         written
             == [

@@ -14,10 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
-use integration_tests::{
-    Isolation, bootstrap_servers, create_topic, read_topic, unique_name, wait_until_consumed,
-};
-use rdkafka::Message as _;
+use integration_tests::{bootstrap_servers, create_topic, unique_name, wait_until_consumed};
 use serde_json::Value;
 
 /// How long the processor may take to read every record once they are all written.
@@ -103,13 +100,7 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
         EVENTS + RETRIED
     );
 
-    let (outputs, letters) = tokio::task::spawn_blocking(move || {
-        anyhow::Ok((
-            read_topic(&output, Isolation::ReadCommitted)?,
-            read_topic(&dlq, Isolation::ReadCommitted).unwrap_or_default(),
-        ))
-    })
-    .await??;
+    let (outputs, letters) = crate::schema_input::outputs_and_dead_letters(output, dlq).await?;
     ensure!(
         letters.is_empty(),
         "nothing is dead-lettered; the first: {:?}",
@@ -120,19 +111,7 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
                 eos_core::dead_letter::DETAIL_HEADER
             ))
     );
-    let mut written: Vec<(String, Value)> = outputs
-        .iter()
-        .map(|message| {
-            (
-                crate::card_authorisations::header(message, "event_id")
-                    .unwrap_or_default()
-                    .to_owned(),
-                serde_json::from_slice(message.payload().unwrap_or_default())
-                    .unwrap_or(Value::Null),
-            )
-        })
-        .collect();
-    written.sort_by(|a, b| a.0.cmp(&b.0));
+    let written = crate::schema_input::json_outputs_by_event_id(&outputs);
     let mut want: Vec<(String, Value)> = expected
         .into_iter()
         .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))

@@ -14,8 +14,7 @@ use eos_schema::{RegistryClient, RegistryConfig, Schema};
 use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, bootstrap_servers, create_topic, produce_records, read_topic, unique_name,
-    wait_until_consumed,
+    bootstrap_servers, create_topic, produce_records, unique_name, wait_until_consumed,
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
@@ -99,13 +98,7 @@ async fn avro_outputs_are_written_with_their_subjects_schema_and_a_misfit_is_a_d
         processor.log_tail(40)
     );
 
-    let (outputs, letters) = tokio::task::spawn_blocking(move || {
-        anyhow::Ok((
-            read_topic(&output, Isolation::ReadCommitted)?,
-            read_topic(&dlq, Isolation::ReadCommitted)?,
-        ))
-    })
-    .await??;
+    let (outputs, letters) = crate::schema_input::outputs_and_dead_letters(output, dlq).await?;
     let mut written = Vec::new();
     for message in &outputs {
         let (id, value) = registry
@@ -245,13 +238,7 @@ async fn avro_in_and_out_through_sigkills_writes_every_event_once() -> anyhow::R
     let drained_in = produced_at.elapsed();
     last.stop_gracefully()?;
 
-    let (outputs, letters) = tokio::task::spawn_blocking(move || {
-        anyhow::Ok((
-            read_topic(&output, Isolation::ReadCommitted)?,
-            read_topic(&dlq, Isolation::ReadCommitted).unwrap_or_default(),
-        ))
-    })
-    .await??;
+    let (outputs, letters) = crate::schema_input::outputs_and_dead_letters(output, dlq).await?;
     ensure!(letters.is_empty(), "{} dead letters", letters.len());
     let mut written: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for message in &outputs {
