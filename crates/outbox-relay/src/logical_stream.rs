@@ -18,6 +18,7 @@ use std::str::FromStr as _;
 use std::time::{Duration, Instant};
 
 use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use sqlx::PgPool;
 
 use crate::error::RelayError;
 use crate::logical::{DecodedTxn, TxnAssembler};
@@ -47,6 +48,10 @@ pub struct ReplicationTarget {
     password: String,
     database: String,
     tls: TlsConfig,
+    /// `sslmode=prefer` (libpq's default): TLS where the server offers it, plain text where it
+    /// does not. The replication client cannot fall back by itself, so
+    /// [`ReplicationTarget::settle_preferred_tls`] asks the server how the pool connected.
+    tls_preferred: bool,
     application_name: String,
     /// How often the session tells PostgreSQL the confirmed position, once it moved
     /// (`--slot-confirm-interval`).
@@ -89,8 +94,9 @@ impl ReplicationTarget {
         let root_cert = param("sslrootcert", "PGSSLROOTCERT").map(Into::into);
         let mut tls = match options.get_ssl_mode() {
             PgSslMode::Disable | PgSslMode::Allow => TlsConfig::disabled(),
-            // libpq's prefer falls back to plain text when the server has no TLS; this session
-            // does not fall back, so a server with TLS is used with it and one without is named.
+            // libpq's prefer falls back to plain text when the server has no TLS; the
+            // replication client does not, so prefer starts as require and is settled against
+            // the server (settle_preferred_tls).
             PgSslMode::Prefer | PgSslMode::Require => TlsConfig::require(),
             PgSslMode::VerifyCa => TlsConfig::verify_ca(root_cert),
             PgSslMode::VerifyFull => TlsConfig::verify_full(root_cert),
@@ -110,6 +116,7 @@ impl ReplicationTarget {
                 .unwrap_or(options.get_username())
                 .to_owned(),
             tls,
+            tls_preferred: matches!(options.get_ssl_mode(), PgSslMode::Prefer),
             application_name: options
                 .get_application_name()
                 .unwrap_or("outbox-relay")
@@ -120,6 +127,30 @@ impl ReplicationTarget {
 }
 
 impl ReplicationTarget {
+    /// Settles `sslmode=prefer` as libpq does: the session uses TLS when the pool's own
+    /// connection to this server does (the pool falls back to plain text, the replication
+    /// client cannot), and plain text when the server offers none. Other modes are kept.
+    pub async fn settle_preferred_tls(mut self, pool: &PgPool) -> Result<Self, RelayError> {
+        if !self.tls_preferred {
+            return Ok(self);
+        }
+        let pool_uses_tls: bool = sqlx::query_scalar(
+            "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+        )
+        .fetch_one(pool)
+        .await?;
+        if !pool_uses_tls {
+            tracing::info!(
+                host = %self.host,
+                "the server offers no TLS; the replication session connects in plain text, as \
+                 sslmode=prefer does"
+            );
+            self.tls = TlsConfig::disabled();
+        }
+        self.tls_preferred = false;
+        Ok(self)
+    }
+
     /// Confirms the slot at most every `interval`.
     #[must_use]
     pub fn with_confirm_interval(mut self, interval: Duration) -> Self {

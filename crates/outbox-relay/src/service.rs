@@ -82,7 +82,7 @@ pub async fn build(
         )
         .await?;
     }
-    let settings = relay_settings(&config, client_config, &pool)?;
+    let settings = relay_settings(&config, client_config, &pool).await?;
     let progress = ProgressWatch::spawn("outbox-relay", config.stall.policy(), &ops.stalls)
         .context("starting the progress watch")?;
     let relay = RelayLoop::start(settings, pool.clone(), progress).await?;
@@ -110,7 +110,7 @@ async fn check_kafka_answers(client_config: &ClientConfig) -> anyhow::Result<()>
     .context("checking that Kafka answers")
 }
 
-fn relay_settings(
+async fn relay_settings(
     config: &Config,
     client_config: ClientConfig,
     pool: &PgPool,
@@ -131,7 +131,9 @@ fn relay_settings(
                 config.slot_name(),
                 config.publication_name(),
                 ReplicationTarget::from_url(config.database.url())?
-                    .with_confirm_interval(config.slot_confirm_interval),
+                    .with_confirm_interval(config.slot_confirm_interval)
+                    .settle_preferred_tls(pool)
+                    .await?,
             )),
             RelayMode::Xmin => None,
         },

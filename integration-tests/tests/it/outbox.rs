@@ -1543,6 +1543,58 @@ async fn a_dropped_slot_is_refused_and_nothing_is_published() -> anyhow::Result<
     outbox.drop_database().await
 }
 
+/// Logical mode with the database URL's default `sslmode` (prefer), as the compose file and most
+/// users give it: the replication session uses TLS where the server offers it and plain text
+/// where it does not, as the relay's pool does. It once required TLS, and against a server
+/// without it (compose's PostgreSQL) read nothing for good while `/readyz` said why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_logical_relay_with_the_default_sslmode_replicates_with_and_without_server_tls()
+-> anyhow::Result<()> {
+    use tokio::task::block_in_place;
+
+    let outbox = Outbox::create(Mode::Logical).await?;
+    let ca = crate::transport_tls::TestCa::new("relay-prefer")?;
+    let (chain, key) = ca.server_cert("postgres")?;
+    let server = block_in_place(|| crate::transport_tls::ServerTls::install(&chain, &key))?;
+    for (round, server_tls) in [(0_u64, true), (1, false)] {
+        block_in_place(|| server.set_ssl(server_tls))?;
+        join_writer(
+            outbox
+                .writer(WritePlan::commits_only(100, 30 + round))
+                .spawn(),
+        )
+        .await?;
+        let mut relay = outbox.spawn_relay("exactly-once", &[])?;
+        outbox
+            .wait_relayed(&relay)
+            .await
+            .with_context(|| format!("server TLS {server_tls}"))?;
+        let replication_tls: Vec<bool> = sqlx::query_scalar(
+            "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.backend_type = 'walsender' AND a.datname = $1",
+        )
+        .bind(&outbox.db.name)
+        .fetch_all(&outbox.db.pool)
+        .await?;
+        assert_eq!(
+            replication_tls,
+            vec![server_tls],
+            "one replication session, TLS as the server offers it\n{}",
+            relay.log_tail(20)
+        );
+        relay.stop_gracefully()?;
+    }
+    drop(server);
+    let audit = outbox.audit().await?;
+    audit.assert_exact();
+    assert!(
+        audit.committed >= 200,
+        "both rounds' rows: {}",
+        audit.summary()
+    );
+    outbox.drop_database().await
+}
+
 /// Logical mode: a relay SIGKILLed while PostgreSQL creates its slot leaves the creation
 /// running (its backend waits for a transaction that is still open) and the slot listed with no
 /// position. The next relay does not stop on it (it once did, "has no confirmed_flush_lsn"): it

@@ -35,13 +35,13 @@ const BROKER_START_TIMEOUT: Duration = Duration::from_secs(120);
 const SCRAM_USER: &str = "eos-sink";
 
 /// A certificate authority made for one test, and the files it wrote.
-struct TestCa {
+pub(crate) struct TestCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
     dir: PathBuf,
 }
 
 impl TestCa {
-    fn new(name: &str) -> anyhow::Result<Self> {
+    pub(crate) fn new(name: &str) -> anyhow::Result<Self> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
@@ -82,7 +82,7 @@ impl TestCa {
     }
 
     /// A server certificate for 127.0.0.1 and localhost: `(chain path, PKCS#8 key path)`.
-    fn server_cert(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    pub(crate) fn server_cert(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
         let mut params =
             CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?;
         params
@@ -457,7 +457,7 @@ const SERVER_TLS_SETTINGS: [&str; 3] = ["ssl", "ssl_cert_file", "ssl_key_file"];
 /// no restart). Drop puts back what `postgresql.auto.conf` said before and reloads; the
 /// certificate files are removed only once that worked, so the server never points at a file
 /// that is gone.
-struct ServerTls {
+pub(crate) struct ServerTls {
     /// `(setting, its ALTER SYSTEM value before the test, if it had one)`.
     before: Vec<(String, Option<String>)>,
     dir: PathBuf,
@@ -465,7 +465,7 @@ struct ServerTls {
 }
 
 impl ServerTls {
-    fn install(chain: &Path, key: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn install(chain: &Path, key: &Path) -> anyhow::Result<Self> {
         // One test at a time changes the server's TLS settings, across test processes.
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -527,7 +527,7 @@ impl ServerTls {
     }
 
     /// Turns the server's TLS on or off (a reload) and waits until new sessions see it.
-    fn set_ssl(&self, on: bool) -> anyhow::Result<()> {
+    pub(crate) fn set_ssl(&self, on: bool) -> anyhow::Result<()> {
         let value = if on { "on" } else { "off" };
         superuser_sql(&format!("ALTER SYSTEM SET ssl = {value}"))?;
         superuser_sql("SELECT pg_reload_conf()")?;
