@@ -336,6 +336,7 @@ fn input_records(batch: &[u8]) -> Vec<InputRecord> {
             payload: None,
             headers: Vec::new(),
             timestamp_ms: None,
+            decoded: None,
         })
         .collect()
 }

@@ -88,8 +88,9 @@ use eos_core::{Boundary, Guarantee};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{BuiltinTransform, Config};
+pub use eos_schema::RecordFormat;
 pub use error::ProcessorError;
-pub use input_format::{InputFormat, InputFormatFlags};
+pub use input_format::InputFormatFlags;
 #[cfg(feature = "wasm")]
 pub use service::{ServiceConfig, TransformChoice, run};
 pub use transform::{

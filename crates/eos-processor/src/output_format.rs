@@ -18,7 +18,7 @@ use eos_transform::partition_state::OutputFit;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
-use crate::input_format::InputFormat;
+use eos_schema::RecordFormat;
 
 /// One output topic's schema.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ impl OutputEncoder {
     /// while the registry cannot answer; `Ok(None)` when `shutdown` comes meanwhile. A subject
     /// without a schema, or with one of another format, stops the start naming it.
     pub(crate) async fn load(
-        format: InputFormat,
+        format: RecordFormat,
         outputs: &BTreeMap<String, String>,
         registry: RegistryConfig,
         shutdown: &CancellationToken,
@@ -56,7 +56,7 @@ impl OutputEncoder {
                 return Err(format!(
                     "output {output:?} (topic {topic}): subject {subject}'s latest schema, id \
                      {id}, is {}, and --output-format is {}",
-                    crate::input_format::schema_name(&schema),
+                    eos_schema::record_decoder::schema_name(&schema),
                     format.name()
                 ));
             }

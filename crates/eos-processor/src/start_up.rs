@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config};
 use crate::error::ProcessorError;
-use crate::input_format::{InputDecoder, InputFormat};
 use crate::output_format::OutputEncoder;
 use crate::partition_state::DecisionPolicy;
 use crate::transaction_loop::{LoopSettings, TransactionLoop};
 use crate::transform::Transform;
 use crate::{boundary, metrics, topics};
+use eos_schema::{RecordDecoder, RecordFormat};
 
 /// Where the contract finds each part, for the start-up log.
 fn describe(contract: &eos_core::EventContract) -> String {
@@ -82,7 +82,7 @@ pub(crate) async fn build<T: Transform>(
         .registry_config()
         .map_err(ProcessorError::Config)?;
     let output_encoder = match (config.input_format.output_format, &registry) {
-        (InputFormat::Json, _) | (_, None) => None,
+        (RecordFormat::Json, _) | (_, None) => None,
         (format, Some(registry)) => {
             match OutputEncoder::load(format, &outputs, registry.clone(), shutdown)
                 .await
@@ -124,7 +124,7 @@ pub(crate) async fn build<T: Transform>(
         changelog_delete_retention: topics.changelog_delete_retention,
         changelog_created: topics.changelog_created,
     };
-    let input = InputDecoder::new(
+    let input = RecordDecoder::new(
         config.input_format.input_format,
         &config.input_topic,
         registry,
@@ -178,7 +178,7 @@ pub(crate) struct Ready<T> {
     ops: OpsEndpoint,
     settings: LoopSettings,
     transform: T,
-    input: InputDecoder,
+    input: RecordDecoder,
     output_encoder: Option<Arc<OutputEncoder>>,
     progress: Arc<ProgressWatch>,
 }

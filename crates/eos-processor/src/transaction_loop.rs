@@ -46,7 +46,6 @@ use eos_runtime::rebalance::{RebalanceRecorder, subscribe_static_member};
 use eos_runtime::transactional_producer::TransactionalProducer;
 
 use crate::error::ProcessorError;
-use crate::input_format::InputDecoder;
 use crate::lag_watch::LagWatch;
 use crate::local_checkpoint::{CHECKPOINT_INTERVAL, ChangelogEnd};
 use crate::open_batch::Batch;
@@ -54,6 +53,7 @@ use crate::output_format::OutputEncoder;
 use crate::partition_state::{DecisionPolicy, PartitionState};
 use crate::state_store::StateStore;
 use crate::transform::Transform;
+use eos_schema::RecordDecoder;
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -154,7 +154,7 @@ pub struct TransactionLoop<T: Transform> {
     /// "Liveness").
     pub(crate) progress: Arc<ProgressWatch>,
     /// Turns input values into the JSON event model (plain JSON unless [`Self::with_input`]).
-    pub(crate) input: InputDecoder,
+    pub(crate) input: RecordDecoder,
     /// Records polled and not decided yet, taken before polling again: they wait for the
     /// schema registry (`record_decision.rs`). No committed position passes one.
     pub(crate) held: VecDeque<OwnedMessage>,
@@ -237,7 +237,7 @@ impl<T: Transform> TransactionLoop<T> {
             transactions_written: 0,
             readiness,
             progress,
-            input: InputDecoder::json(),
+            input: RecordDecoder::json(),
             held: VecDeque::new(),
             output: None,
             _lag_watch: lag_watch,
@@ -245,7 +245,7 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     /// Reads the input through `input` (a schema registry's format) instead of as plain JSON.
-    pub(crate) fn with_input(mut self, input: InputDecoder) -> Self {
+    pub(crate) fn with_input(mut self, input: RecordDecoder) -> Self {
         self.input = input;
         self
     }

@@ -18,6 +18,7 @@ pub mod avro;
 pub mod error;
 pub mod json_schema;
 pub mod protobuf;
+pub mod record_decoder;
 pub mod registry;
 pub mod wire;
 
@@ -25,6 +26,7 @@ pub use avro::AvroSchema;
 pub use error::SchemaError;
 pub use json_schema::JsonSchema;
 pub use protobuf::ProtobufSchema;
+pub use record_decoder::{Decoded, RecordDecoder, RecordFormat, RegistryFlags};
 pub use registry::{
     ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType,
     SubjectVersion,

@@ -107,7 +107,7 @@ pub struct SubjectVersion {
 }
 
 /// Where and how to reach the registry.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RegistryConfig {
     /// The API's base, e.g. `http://127.0.0.1:8085/apis/ccompat/v7` (Apicurio) or
     /// `https://registry.example.com` (Confluent).
@@ -119,6 +119,18 @@ pub struct RegistryConfig {
     /// How long [`RegistryClient::latest`] keeps a subject's latest version before asking again:
     /// a producer moving to a new version is seen within this time.
     pub latest_max_age: Duration,
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is left out: a secret is never printed (docs/security.md).
+        f.debug_struct("RegistryConfig")
+            .field("url", &self.url)
+            .field("user", &self.basic_auth.as_ref().map(|(user, _)| user))
+            .field("request_timeout", &self.request_timeout)
+            .field("latest_max_age", &self.latest_max_age)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RegistryConfig {

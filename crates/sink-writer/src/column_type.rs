@@ -6,6 +6,7 @@
 //! here, and a record with a value that does not fit goes to the dead-letter topic instead.
 
 use serde_json::Value;
+use time::Date;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -24,6 +25,8 @@ pub enum ColumnKind {
     },
     Json,
     Timestamp,
+    /// A calendar date, `YYYY-MM-DD` (what an Avro `date` decodes to).
+    Date,
     Bool,
     Uuid,
 }
@@ -39,7 +42,7 @@ pub struct ColumnType {
 }
 
 pub const SUPPORTED: &str = "smallint, integer, bigint, numeric, real, double precision, text, \
-                             varchar, jsonb, json, timestamptz, timestamp, boolean, uuid";
+                             varchar, jsonb, json, timestamptz, timestamp, date, boolean, uuid";
 
 impl ColumnType {
     /// From `pg_type.typname`, `format_type(...)` and `atttypmod`; `None` for types the sink
@@ -67,6 +70,7 @@ impl ColumnType {
             },
             "jsonb" | "json" => ColumnKind::Json,
             "timestamptz" | "timestamp" => ColumnKind::Timestamp,
+            "date" => ColumnKind::Date,
             "bool" => ColumnKind::Bool,
             "uuid" => ColumnKind::Uuid,
             _ => return None,
@@ -109,6 +113,10 @@ impl ColumnType {
             }
             ColumnKind::Numeric | ColumnKind::Float => match value {
                 Value::Number(n) => n.to_string(),
+                // A decimal kept exact as text (an Avro or Protobuf decimal, a money amount).
+                Value::String(s) if self.kind == ColumnKind::Numeric && is_decimal_text(s) => {
+                    s.clone()
+                }
                 other => return Err(format!("{} is not a number", kind_of(other))),
             },
             ColumnKind::Text { max_chars } => {
@@ -144,6 +152,17 @@ impl ColumnType {
                 };
                 let parsed = OffsetDateTime::parse(s, &Rfc3339)
                     .map_err(|e| format!("{s:?} is not an RFC 3339 timestamp: {e}"))?;
+                if parsed.year() < 1 {
+                    return Err(format!("{s:?} is before year 1"));
+                }
+                s.clone()
+            }
+            ColumnKind::Date => {
+                let Value::String(s) = value else {
+                    return Err(format!("{} is not a date (YYYY-MM-DD)", kind_of(value)));
+                };
+                let parsed = Date::parse(s, DATE)
+                    .map_err(|e| format!("{s:?} is not a date (YYYY-MM-DD): {e}"))?;
                 if parsed.year() < 1 {
                     return Err(format!("{s:?} is before year 1"));
                 }
@@ -187,6 +206,19 @@ fn contains_nul(value: &Value) -> bool {
     }
 }
 
+const DATE: &[time::format_description::BorrowedFormatItem<'_>] =
+    time::macros::format_description!("[year]-[month]-[day]");
+
+/// A decimal number as text, as PostgreSQL's `numeric` reads it: an optional sign, digits, and
+/// an optional fraction; no exponent, no `NaN` or `Infinity`.
+fn is_decimal_text(s: &str) -> bool {
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    !(whole.is_empty() && fraction.is_empty())
+        && whole.bytes().all(|b| b.is_ascii_digit())
+        && fraction.bytes().all(|b| b.is_ascii_digit())
+}
+
 fn is_uuid(s: &str) -> bool {
     let bytes = s.as_bytes();
     bytes.len() == 36
@@ -220,6 +252,29 @@ mod tests {
     }
 
     #[test]
+    fn numeric_takes_decimal_text_exactly_and_float_does_not() {
+        let numeric = ty("numeric", -1);
+        for exact in [
+            "12.50",
+            "-0.01",
+            "+7",
+            "123456789012345678901234567890.12",
+            ".5",
+            "5.",
+        ] {
+            assert_eq!(
+                numeric.encode(&json!(exact)),
+                Ok(Some(exact.into())),
+                "{exact}"
+            );
+        }
+        for refused in ["", ".", "1e3", "NaN", "Infinity", "1,5", "12.5.0", "--1"] {
+            assert!(numeric.encode(&json!(refused)).is_err(), "{refused:?}");
+        }
+        assert!(ty("float8", -1).encode(&json!("12.50")).is_err());
+    }
+
+    #[test]
     fn text_and_json_refuse_what_postgres_would_refuse() {
         let varchar = ty("varchar", 4 + 3);
         assert_eq!(varchar.encode(&json!("abc")), Ok(Some("abc".into())));
@@ -244,6 +299,13 @@ mod tests {
             Ok(Some("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into()))
         );
         assert!(uuid.encode(&json!("not-a-uuid")).is_err());
+        let date = ty("date", -1);
+        assert_eq!(
+            date.encode(&json!("2026-12-06")),
+            Ok(Some("2026-12-06".into()))
+        );
+        assert!(date.encode(&json!("2026-13-01")).is_err());
+        assert!(date.encode(&json!(20_428)).is_err());
         assert!(ColumnType::from_catalog("bytea", "bytea", -1).is_none());
         assert!(ty("json", -1).compare_as_jsonb);
     }
@@ -290,6 +352,7 @@ mod tests {
                 Just(("jsonb", -1)),
                 Just(("json", -1)),
                 Just(("timestamptz", -1)),
+                Just(("date", -1)),
                 Just(("bool", -1)),
                 Just(("uuid", -1)),
             ]
@@ -305,12 +368,18 @@ mod tests {
                         .map_err(|_| TestCaseError::fail(text.to_owned()))?;
                     prop_assert!((*min..=*max).contains(&n));
                 }
-                ColumnKind::Numeric | ColumnKind::Float => {
+                ColumnKind::Numeric => {
+                    prop_assert!(
+                        is_decimal_text(text) || text.parse::<f64>().is_ok_and(f64::is_finite)
+                    );
+                }
+                ColumnKind::Float => {
                     let f: f64 = text
                         .parse()
                         .map_err(|_| TestCaseError::fail(text.to_owned()))?;
                     prop_assert!(f.is_finite());
                 }
+                ColumnKind::Date => prop_assert!(Date::parse(text, DATE).is_ok()),
                 ColumnKind::Text { max_chars } => {
                     prop_assert!(max_chars.is_none_or(|max| text.chars().count() <= max));
                 }

@@ -16,6 +16,7 @@ use eos_runtime::secrets::DatabaseUrlFlags;
 use eos_runtime::service_flags::StallFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
+use eos_schema::{RecordFormat, RegistryConfig, RegistryFlags};
 
 /// Where the input position lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +74,18 @@ pub struct Config {
     /// Topic to read (the processor's output, or any topic of JSON events).
     #[arg(long, env = "EOS_SINK_TOPIC", default_value = "ledger")]
     pub topic: String,
+
+    /// The topic's record format: json (a JSON object per record), or avro, protobuf or
+    /// json-schema in a schema registry's wire format, decoded with the schema its id names into
+    /// the JSON event the targets' columns read (logical types as JSON: decimals and timestamps
+    /// as text; docs/schemas.md). A record that does not decode is a dead letter,
+    /// undecodable_record, naming the subject and the schema id.
+    #[arg(long, env = "EOS_INPUT_FORMAT", value_enum, default_value_t = RecordFormat::Json)]
+    pub input_format: RecordFormat,
+
+    /// The schema registry a registry format reads through.
+    #[command(flatten)]
+    pub registry: RegistryFlags,
 
     /// Consumer group id; also the sink's name in sink_checkpoints, sink_conflicts and
     /// sink_dead_letters (two sinks with different group ids keep separate checkpoints).
@@ -282,10 +295,17 @@ impl Config {
     }
 
     /// Checks what clap cannot: values that parse but make no sense together.
+    /// The registry's settings for a registry `--input-format`, `None` for JSON.
+    pub fn registry_config(&self) -> Result<Option<RegistryConfig>, String> {
+        self.registry
+            .registry_config(&[("--input-format", self.input_format)])
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.topic.is_empty() {
             return Err("--topic must not be empty".into());
         }
+        self.registry_config()?;
         if self.dlq_topic() == self.topic {
             return Err("--dlq-topic must differ from --topic".into());
         }

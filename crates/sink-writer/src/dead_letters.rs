@@ -165,6 +165,7 @@ mod tests {
             payload: Some(payload),
             headers: vec![("traceparent".into(), Some(b"00-abc".to_vec()))],
             timestamp_ms: None,
+            decoded: None,
         }
     }
 

@@ -303,6 +303,7 @@ mod tests {
             payload: Some(value.as_bytes().to_vec()),
             headers: Vec::new(),
             timestamp_ms: None,
+            decoded: None,
         }
     }
 

@@ -63,8 +63,10 @@ pub fn migrator() -> sqlx::migrate::Migrator {
 /// The guarantee this configuration gives, for logs and `/boundary`.
 pub fn boundary(config: &Config, targets: &Targets) -> Boundary {
     let input = format!(
-        "kafka topic={} group={} (read_committed)",
-        config.topic, config.group_id
+        "kafka topic={} group={} format={} (read_committed)",
+        config.topic,
+        config.group_id,
+        config.registry.describe(config.input_format)
     );
     let mut tables: Vec<String> = targets
         .tables

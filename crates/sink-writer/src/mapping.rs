@@ -35,6 +35,10 @@ pub struct InputRecord {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// The record's timestamp: an event's time when its envelope has no `occurred_at`.
     pub timestamp_ms: Option<i64>,
+    /// A registry format's value as the JSON event model, or why it does not decode
+    /// (`eos_schema::RecordDecoder`, naming the subject and schema id); `None` on a JSON topic,
+    /// whose payload is the event. The payload stays the record's own bytes, for a dead letter.
+    pub decoded: Option<Result<eos_schema::Decoded<'static>, String>>,
 }
 
 /// Why a record is refused: the dead-letter reason code and a detail naming the field or column.
@@ -105,6 +109,7 @@ pub fn decode_value(value: Option<&[u8]>, format: &EventFormat) -> Result<Decode
             payload: value.map(<[u8]>::to_vec),
             headers: Vec::new(),
             timestamp_ms: None,
+            decoded: None,
         },
         format,
     )
@@ -119,11 +124,21 @@ pub fn decode(record: &InputRecord, format: &EventFormat) -> Result<DecodedEvent
         .iter()
         .map(|(key, value)| (key.as_str(), value.as_deref()))
         .collect();
+    let (value, content) = match &record.decoded {
+        None => (record.payload.as_deref(), None),
+        Some(Ok(decoded)) => (Some(&*decoded.value), decoded.content.as_deref()),
+        Some(Err(why)) => {
+            return Err(Refusal {
+                reason: DeadLetterReason::UndecodableRecord,
+                detail: why.clone(),
+            });
+        }
+    };
     let mut event = Event::parse(
         contract,
         RecordParts {
             key: record.key.as_deref(),
-            value: record.payload.as_deref(),
+            value,
             headers: &headers,
         },
     )?;
@@ -134,12 +149,25 @@ pub fn decode(record: &InputRecord, format: &EventFormat) -> Result<DecodedEvent
         })?;
     }
     // A ledger record keeps the fingerprint of the event the processor read.
-    if LEDGER_ADDED_FIELDS
+    let leave_out: &[&str] = if LEDGER_ADDED_FIELDS
         .iter()
         .all(|field| event.value.contains_key(*field))
     {
-        event.fingerprint =
-            contract.fingerprint_leaving_out(&mut event.value, &LEDGER_ADDED_FIELDS);
+        &LEDGER_ADDED_FIELDS
+    } else {
+        &[]
+    };
+    // A registry record's fingerprint is of its content (its fields not at their default), so
+    // the same event written with a newer compatible schema is not a conflict (docs/schemas.md
+    // "Schema evolution").
+    match content.and_then(|content| serde_json::from_slice::<Map<String, Value>>(content).ok()) {
+        Some(mut content) => {
+            event.fingerprint = contract.fingerprint_leaving_out(&mut content, leave_out);
+        }
+        None if !leave_out.is_empty() => {
+            event.fingerprint = contract.fingerprint_leaving_out(&mut event.value, leave_out);
+        }
+        None => {}
     }
     Ok(DecodedEvent {
         event_id: event.id,
@@ -352,6 +380,7 @@ mod tests {
             payload: payload.map(<[u8]>::to_vec),
             headers: Vec::new(),
             timestamp_ms: None,
+            decoded: None,
         }
     }
 

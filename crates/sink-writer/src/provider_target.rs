@@ -800,6 +800,7 @@ mod tests {
                 payload: Some(json.as_bytes().to_vec()),
                 headers: Vec::new(),
                 timestamp_ms: None,
+                decoded: None,
             },
             &crate::mapping::EventFormat::ledger(),
         )

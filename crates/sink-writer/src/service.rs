@@ -116,6 +116,8 @@ pub async fn build(
         batch_interval: config.batch_interval,
         batch_idle: config.batch_idle,
         events: config.event_format(),
+        input_format: config.input_format,
+        registry: config.registry_config().map_err(SinkError::Config)?,
         max_backoff: config.max_backoff,
         shutdown_timeout: config.shutdown_timeout,
         fault_stall_before_commit: config.fault_stall_before_commit,

@@ -41,6 +41,7 @@ use eos_core::Checkpoint;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
+use eos_schema::{Decoded, RecordDecoder, RecordFormat, RegistryConfig, SchemaError};
 
 use crate::backoff::Backoff;
 use crate::batch_writer::BatchWriter;
@@ -75,6 +76,9 @@ pub struct LoopSettings {
     pub batch_idle: Duration,
     /// How records are read as events: the contract and the schema checked.
     pub events: crate::mapping::EventFormat,
+    /// The topic's record format, and the registry a registry format reads through.
+    pub input_format: RecordFormat,
+    pub registry: Option<RegistryConfig>,
     pub max_backoff: Duration,
     pub shutdown_timeout: Duration,
     pub fault_stall_before_commit: Option<Duration>,
@@ -114,6 +118,8 @@ pub struct SinkLoop {
     /// Shared with the checkpoint lag's thread (`lag_watch.rs`).
     consumer: Arc<LoopConsumer>,
     dlq: dead_letters::DeadLetterProducer,
+    /// The topic's records as JSON events; asks the registry once per schema id.
+    decoder: RecordDecoder,
     slots: BTreeMap<i32, Slot>,
     batch: Vec<InputRecord>,
     /// What `batch` holds in payload, key and header bytes.
@@ -161,6 +167,12 @@ impl SinkLoop {
         let dlq =
             dead_letters::create_producer(&settings.client_config, settings.dead_letter_max_bytes)?;
         let backoff = Backoff::new(settings.max_backoff);
+        let decoder = RecordDecoder::new(
+            settings.input_format,
+            &settings.topic,
+            settings.registry.clone(),
+        )
+        .map_err(|error| SinkError::Config(error.to_string()))?;
         Ok(Self {
             settings,
             runtime,
@@ -170,6 +182,7 @@ impl SinkLoop {
             shutdown,
             consumer,
             dlq,
+            decoder,
             slots: BTreeMap::new(),
             batch: Vec::new(),
             batch_bytes: 0,
@@ -291,6 +304,13 @@ impl SinkLoop {
             debug!(partition, offset, "stale record from before a seek dropped");
             return;
         }
+        if let Err(error) = self.decoder.prepare(message.payload()) {
+            self.registry_unreachable(partition, offset, &error);
+            return;
+        }
+        let Some(Slot::Ready { next, .. }) = self.slots.get_mut(&partition) else {
+            return;
+        };
         *next = Some(offset + 1);
         let headers = message
             .headers()
@@ -309,6 +329,7 @@ impl SinkLoop {
             payload: message.payload().map(<[u8]>::to_vec),
             headers,
             timestamp_ms: message.timestamp().to_millis(),
+            decoded: self.decoded(message.payload()),
         };
         self.progress
             .working("a batch to be committed to PostgreSQL");
@@ -394,6 +415,18 @@ impl SinkLoop {
             .collect()
     }
 
+    /// A registry format's value as the JSON event model, or why it does not decode; `None` on a
+    /// JSON topic (the payload is the event) and for a tombstone.
+    fn decoded(&self, value: Option<&[u8]>) -> Option<Result<Decoded<'static>, String>> {
+        if self.settings.input_format == RecordFormat::Json {
+            return None;
+        }
+        self.decoder
+            .decode(value)
+            .map(|decoded| decoded.map(Decoded::into_owned))
+            .transpose()
+    }
+
     /// Fences, reads checkpoints and seeks every pending partition (when the backoff allows).
     fn position_pending(&mut self) -> Result<(), SinkError> {
         let pending = self.pending();
@@ -441,6 +474,25 @@ impl SinkLoop {
         self.readiness
             .set(!self.slots.is_empty() && self.slots.values().all(|s| *s != Slot::Pending));
         Ok(())
+    }
+
+    /// The registry cannot name a record's schema (transient): nothing of the record is decided.
+    /// The open batch is dropped and every partition read again from its checkpoint once the
+    /// backoff allows, so the record is asked for again and never skipped; meanwhile `/readyz`
+    /// fails and the stall watch names the registry.
+    fn registry_unreachable(&mut self, partition: i32, offset: i64, error: &SchemaError) {
+        self.progress
+            .waiting_for_outage("the schema registry to answer");
+        let (attempt, delay) = self.backoff.failed();
+        warn!(
+            partition,
+            offset,
+            attempt,
+            retry_in_ms = delay.as_millis() as u64,
+            %error,
+            "the schema registry does not answer; reading again from the checkpoint"
+        );
+        self.rewind_all();
     }
 
     fn retry_later(&mut self, what: &str, error: &sqlx::Error) {

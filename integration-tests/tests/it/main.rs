@@ -36,6 +36,7 @@ mod scale_out;
 mod schema_input;
 mod schema_interop;
 mod schema_output;
+mod schema_sink;
 mod secrets;
 mod sink_provider;
 mod sink_rules;

@@ -84,7 +84,7 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
         processor.instance.instance_id: &format!("interop-{format}"),
         processor.metrics_addr: "127.0.0.1:0",
         processor.input_format.input_format: format,
-        processor.input_format.schema_registry_url: &registry,
+        processor.input_format.registry.schema_registry_url: &registry,
         transform: "pass-through",
         processor.event_id: "/auth/id",
     });

@@ -36,7 +36,7 @@ fn processor_args(input: &str, output: &str, group: &str, registry: &str) -> Vec
         processor.metrics_addr: "127.0.0.1:0",
         processor.input_format.input_format: "avro",
         processor.input_format.output_format: "avro",
-        processor.input_format.schema_registry_url: registry,
+        processor.input_format.registry.schema_registry_url: registry,
         transform: "pass-through",
         processor.event_id: "/auth/id",
     })

@@ -73,6 +73,7 @@ fn records(prefix: &str, count: usize) -> Vec<InputRecord> {
                 payload: Some(body.into_bytes()),
                 headers: Vec::new(),
                 timestamp_ms: None,
+                decoded: None,
             }
         })
         .collect()
