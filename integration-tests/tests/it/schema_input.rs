@@ -85,7 +85,7 @@ fn header<'a>(message: &'a OwnedMessage, name: &str) -> &'a str {
 }
 
 /// `GET http://addr/path`'s status, until it is `status` or `within` passes; the last status.
-fn probe_until(addr: SocketAddr, path: &str, status: u16, within: Duration) -> u16 {
+pub(crate) fn probe_until(addr: SocketAddr, path: &str, status: u16, within: Duration) -> u16 {
     let deadline = Instant::now() + within;
     loop {
         let got = reqwest::blocking::get(format!("http://{addr}{path}"))

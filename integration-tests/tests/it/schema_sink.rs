@@ -4,17 +4,20 @@
 //! numeric, enum as text, timestamp-millis, date, a nullable union), a re-delivery a duplicate,
 //! the same id with other content a conflict, the same event re-encoded with a newer compatible
 //! schema a duplicate (its fingerprint is of its content), and bytes that do not decode a dead
-//! letter naming the subject and the schema id.
+//! letter naming the subject and the schema id; and a registry that does not answer holds the
+//! records back, nothing written or skipped, until it answers again.
 
-use std::time::Instant;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-use anyhow::ensure;
+use anyhow::{Context as _, ensure};
 use eos_schema::{RegistryClient, RegistryConfig, Schema, wire};
 use eos_testkit::argv;
+use integration_tests::fault_proxy::FaultProxy;
 use integration_tests::{TestDatabase, create_topic, produce_records, unique_name};
 use serde_json::{Value, json};
 
-use crate::schema_input::registry_url;
+use crate::schema_input::{probe_until, registry_url};
 use crate::sink_writer::Sink;
 
 const PAYMENT_AVRO: &str = r#"{
@@ -69,10 +72,8 @@ fn payment(n: u32, amount: &str, note: Option<&str>) -> Value {
     })
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_avro_topic_lands_in_its_columns_once_per_event_and_bad_bytes_are_dead_letters()
--> anyhow::Result<()> {
-    let url = registry_url()?;
+/// A database with the table `TARGETS` writes, and the targets file naming it.
+async fn payments_database() -> anyhow::Result<(TestDatabase, std::path::PathBuf)> {
     let db = TestDatabase::create().await?;
     sqlx::raw_sql(
         "CREATE TABLE avro_payments (payment_id uuid PRIMARY KEY, account text NOT NULL, \
@@ -81,6 +82,31 @@ async fn an_avro_topic_lands_in_its_columns_once_per_event_and_bad_bytes_are_dea
     )
     .execute(&db.pool)
     .await?;
+    let targets = std::env::temp_dir().join(format!("{}.toml", unique_name("avro-targets")));
+    std::fs::write(&targets, TARGETS)?;
+    Ok((db, targets))
+}
+
+/// The sink's flags for `TARGETS` on an Avro topic read through `registry`.
+fn sink_args(targets: &std::path::Path, registry: &str) -> Vec<String> {
+    argv!(sink_writer::Config {
+        config: targets.display().to_string(),
+        input_format: "avro",
+        registry.schema_registry_url: registry,
+        registry.schema_registry_timeout: "1s",
+        stall.stall_warning: "2s",
+        event_id: "/payment_id",
+        entity: "/account",
+        occurred_at: "/paid_at",
+        event_schema: "any",
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_avro_topic_lands_in_its_columns_once_per_event_and_bad_bytes_are_dead_letters()
+-> anyhow::Result<()> {
+    let url = registry_url()?;
+    let (db, targets) = payments_database().await?;
     let topic = unique_name("avro-sink");
     create_topic(&topic, 1).await?;
     let subject = format!("{topic}-value");
@@ -136,18 +162,8 @@ async fn an_avro_topic_lands_in_its_columns_once_per_event_and_bad_bytes_are_dea
     ));
     produce_records(&topic, &records)?;
 
-    let targets = std::env::temp_dir().join(format!("{}.toml", unique_name("avro-targets")));
-    std::fs::write(&targets, TARGETS)?;
     let sink = Sink::new(&topic, &db.url);
-    let args = argv!(sink_writer::Config {
-        config: targets.display().to_string(),
-        input_format: "avro",
-        registry.schema_registry_url: &url,
-        event_id: "/payment_id",
-        entity: "/account",
-        occurred_at: "/paid_at",
-        event_schema: "any",
-    });
+    let args = sink_args(&targets, &url);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let started = Instant::now();
     let mut process = sink.spawn("avro-sink-0", &args, &[])?;
@@ -211,6 +227,113 @@ async fn an_avro_topic_lands_in_its_columns_once_per_event_and_bad_bytes_are_dea
             && letters[0].1.contains(&subject)
             && letters[0].1.contains(&format!("schema id {v1}")),
         "one dead letter, undecodable_record naming {subject} and schema id {v1}: {letters:?}"
+    );
+    db.drop_database().await
+}
+
+/// The registry unreachable when the sink's first records arrive (a partitioned link): nothing is
+/// written or dead-lettered, the wait is warned of and `/readyz` answers 503; once the link heals
+/// every event lands once (the re-delivery a duplicate) within `DRAIN_BOUND`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sink_waits_out_a_registry_outage_and_then_writes_every_event_once()
+-> anyhow::Result<()> {
+    const DRAIN_BOUND: Duration = Duration::from_secs(60);
+    let url = registry_url()?;
+    let (db, targets) = payments_database().await?;
+    let topic = unique_name("avro-sink-outage");
+    create_topic(&topic, 1).await?;
+    let registry = RegistryClient::new(RegistryConfig::new(url.clone()))?;
+    let id = registry
+        .register(&format!("{topic}-value"), &Schema::avro(PAYMENT_AVRO))
+        .await?;
+    let schema = registry.parsed_schema(id).await?;
+    let payments = [
+        payment(1, "1.00", None),
+        payment(2, "2.00", None),
+        payment(3, "3.00", None),
+    ];
+    let mut records = payments
+        .iter()
+        .map(|p| Ok((Some("acc".to_owned()), schema.encode_framed(id, p)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    records.push(records[0].clone());
+
+    let upstream = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .context("the registry URL is http://HOST:PORT/...")?
+        .to_owned();
+    let proxy = FaultProxy::start(&upstream).await?;
+    proxy.partition();
+    let proxied_url = url.replacen(&upstream, &proxy.addr().to_string(), 1);
+    let sink = Sink::new(&topic, &db.url);
+    let args = sink_args(&targets, &proxied_url);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut process = sink.spawn("avro-sink-outage-0", &args, &[])?;
+    let addr: SocketAddr = process
+        .wait_for_log_field("metrics_addr", Duration::from_secs(60))?
+        .parse()?;
+    produce_records(&topic, &records)?;
+
+    tokio::task::block_in_place(|| {
+        process.wait_for_log_line(
+            "the schema registry does not answer",
+            Duration::from_secs(60),
+        )
+    })
+    .with_context(|| process.log_tail(30))?;
+    let ready =
+        tokio::task::block_in_place(|| probe_until(addr, "/readyz", 503, Duration::from_secs(20)));
+    ensure!(
+        ready == 503,
+        "/readyz while the registry does not answer: {ready}"
+    );
+    let count = |table: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {table}"))
+                .fetch_one(&pool)
+                .await
+        }
+    };
+    ensure!(
+        (
+            count("avro_payments").await?,
+            count("sink_dead_letters").await?
+        ) == (0, 0),
+        "nothing written or dead-lettered while the registry does not answer"
+    );
+
+    proxy.heal();
+    let healed_at = Instant::now();
+    let drained = tokio::time::timeout(DRAIN_BOUND, sink.wait_drained(&db.pool, &mut process))
+        .await
+        .with_context(|| format!("not drained within {DRAIN_BOUND:?} of the heal"))?;
+    drained?;
+    eprintln!(
+        "drained {:?} after the registry's link healed (bound {DRAIN_BOUND:?})",
+        healed_at.elapsed()
+    );
+    let ready =
+        tokio::task::block_in_place(|| probe_until(addr, "/readyz", 200, Duration::from_secs(20)));
+    ensure!(ready == 200, "/readyz once the registry answers: {ready}");
+    process.stop_gracefully()?;
+    let _ = std::fs::remove_file(&targets);
+    let ids: Vec<String> =
+        sqlx::query_scalar("SELECT payment_id::text FROM avro_payments ORDER BY payment_id")
+            .fetch_all(&db.pool)
+            .await?;
+    let want: Vec<String> = payments
+        .iter()
+        .map(|p| p["payment_id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(ids, want, "each event once");
+    ensure!(
+        (
+            count("sink_dead_letters").await?,
+            count("sink_conflicts").await?
+        ) == (0, 0),
+        "no dead letter, no conflict"
     );
     db.drop_database().await
 }
