@@ -3,15 +3,18 @@
 //! register their schemas in the local stack's registry as a team's producers do
 //! (`integration-tests/interop/confluent_produce.py`, run in a venv that
 //! `integration-tests/interop/python` makes on first use). eos-processor reads each topic in its
-//! format and writes every event once, as the JSON event the script says it is, with nothing
-//! dead-lettered: the producer's retry of its first records is dropped by event id, and the run
-//! drains within `DRAIN_BOUND`. docs/schemas.md.
+//! format and writes every event once in the same format (`--output-format`, with the input's
+//! schema registered for the output's subject), with nothing dead-lettered: the producer's retry
+//! of its first records is dropped by event id, and the run drains within `DRAIN_BOUND`. The
+//! outputs are read back with Confluent's own deserializers (`interop/confluent_consume.py`,
+//! `read_committed`), each the event the producer wrote. docs/schemas.md.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
+use eos_schema::{RegistryClient, RegistryConfig};
 use eos_testkit::argv;
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{bootstrap_servers, create_topic, unique_name, wait_until_consumed};
@@ -31,9 +34,20 @@ fn confluent_produce(
     topic: &str,
     count: usize,
 ) -> anyhow::Result<Vec<Value>> {
+    confluent_script("confluent_produce.py", format, registry, topic, count)
+}
+
+/// Runs `script` of integration-tests/interop with the shared flags; its JSON lines.
+fn confluent_script(
+    script: &str,
+    format: &str,
+    registry: &str,
+    topic: &str,
+    count: usize,
+) -> anyhow::Result<Vec<Value>> {
     let interop = Path::new(env!("CARGO_MANIFEST_DIR")).join("interop");
     let output = Command::new(interop.join("python"))
-        .arg(interop.join("confluent_produce.py"))
+        .arg(interop.join(script))
         .args(["--format", format, "--bootstrap", &bootstrap_servers()])
         .args(["--registry", registry, "--topic", topic])
         .args(["--count", &count.to_string()])
@@ -41,7 +55,7 @@ fn confluent_produce(
         .context("running integration-tests/interop/python")?;
     ensure!(
         output.status.success(),
-        "confluent_produce.py --format {format} failed ({}):\n{}",
+        "{script} --format {format} failed ({}):\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
@@ -75,6 +89,13 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
         expected.len()
     );
 
+    // The outputs' subject gets the schema the producer registered for the input.
+    let client = RegistryClient::new(RegistryConfig::new(registry.clone()))?;
+    let input_schema = client.latest(&format!("{input}-value")).await?;
+    client
+        .register(&format!("{output}-value"), &input_schema.schema)
+        .await?;
+
     let bootstrap = bootstrap_servers();
     let args = argv!(eos_processor::ServiceConfig {
         processor.kafka.bootstrap_servers: &bootstrap,
@@ -84,6 +105,7 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
         processor.instance.instance_id: &format!("interop-{format}"),
         processor.metrics_addr: "127.0.0.1:0",
         processor.input_format.input_format: format,
+        processor.input_format.output_format: format,
         processor.input_format.registry.schema_registry_url: &registry,
         transform: "pass-through",
         processor.event_id: "/auth/id",
@@ -100,7 +122,8 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
         EVENTS + RETRIED
     );
 
-    let (outputs, letters) = crate::schema_input::outputs_and_dead_letters(output, dlq).await?;
+    let (outputs, letters) =
+        crate::schema_input::outputs_and_dead_letters(output.clone(), dlq).await?;
     ensure!(
         letters.is_empty(),
         "nothing is dead-lettered; the first: {:?}",
@@ -111,7 +134,29 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
                 eos_core::dead_letter::DETAIL_HEADER
             ))
     );
-    let written = crate::schema_input::json_outputs_by_event_id(&outputs);
+    let (registry_for_consumer, topic) = (registry.clone(), output.clone());
+    let format_owned = format.to_owned();
+    let count = outputs.len();
+    let read_back = tokio::task::spawn_blocking(move || {
+        confluent_script(
+            "confluent_consume.py",
+            &format_owned,
+            &registry_for_consumer,
+            &topic,
+            count,
+        )
+    })
+    .await??;
+    let mut written: Vec<(String, Value)> = read_back
+        .into_iter()
+        .map(|line| {
+            (
+                line["event_id"].as_str().unwrap_or("").to_owned(),
+                line["value"].clone(),
+            )
+        })
+        .collect();
+    written.sort_by(|a, b| a.0.cmp(&b.0));
     let mut want: Vec<(String, Value)> = expected
         .into_iter()
         .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))
@@ -126,7 +171,8 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
     for (got, expected) in written.iter().zip(&want) {
         ensure!(
             got == expected,
-            "{format}: event {} reads as {} where Confluent's client wrote {}",
+            "{format}: event {} reads back as {} with Confluent's deserializer where its \
+             serializer wrote {}",
             expected.0,
             got.1,
             expected.1
