@@ -996,6 +996,40 @@ class ProductionSettings(unittest.TestCase):
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("/schemaRegistry/url", bad.stderr)
 
+    def test_a_sink_reading_a_registry_format_gets_the_registry_its_credentials_file_and_egress(self):
+        def sink(docs):
+            (workload,) = workloads_running(docs, "sink-writer")
+            (container,) = containers(workload, init=False)
+            return workload, container
+
+        _, container = sink(manifests("defaults", None))
+        env = env_of(container)
+        self.assertEqual(env["EOS_INPUT_FORMAT"]["value"], "json")
+        self.assertNotIn("EOS_SCHEMA_REGISTRY_URL", env, "json needs no registry")
+        docs = render_values({
+            "sink": {"inputFormat": "avro"},
+            "schemaRegistry": {"url": "https://registry.example.com", "authSecret": "registry"},
+            "networkPolicy": {"enabled": True},
+        })
+        workload, container = sink(docs)
+        env = env_of(container)
+        self.assertEqual(env["EOS_INPUT_FORMAT"]["value"], "avro")
+        self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+        auth_file = env["EOS_SCHEMA_REGISTRY_AUTH_FILE"]["value"]
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        mount = mounts[auth_file.rsplit("/", 1)[0]]
+        self.assertTrue(mount["readOnly"])
+        (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+        self.assertEqual(volume["secret"]["secretName"], "registry")
+        (policy,) = [p for p in of_kind(docs, "NetworkPolicy")
+                     if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+        ports = {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+        self.assertIn(8081, ports, "the sink reaches the registry")
+        without = helm_template(None, ("sink.inputFormat=protobuf",))
+        self.assertNotEqual(without.returncode, 0)
+        self.assertIn("sink.inputFormat protobuf: a registry format needs schemaRegistry.url",
+                      without.stderr)
+
     def test_sampler_and_log_level_reach_every_service(self):
         exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})
         cases = (

@@ -629,3 +629,46 @@ schemaRegistry.url, its credentials and egress to it), else "".
 true
 {{- end -}}
 {{- end }}
+
+{{- /* Whether sink-writer reads its topic in a schema registry's format. */}}
+{{- define "eos-suite.sinkUsesRegistry" -}}
+{{- if ne .Values.sink.inputFormat "json" -}}
+true
+{{- end -}}
+{{- end }}
+
+{{- /* The schema registry's env for a component with a registry format: (list root what), what
+naming the values that need it in the failure without schemaRegistry.url. */}}
+{{- define "eos-suite.schemaRegistryEnv" -}}
+{{- $root := index . 0 -}}
+{{- if not $root.Values.schemaRegistry.url }}
+{{- fail (printf "%s: a registry format needs schemaRegistry.url (docs/schemas.md)" (index . 1)) }}
+{{- end }}
+- name: EOS_SCHEMA_REGISTRY_URL
+  value: {{ $root.Values.schemaRegistry.url | quote }}
+{{- if $root.Values.schemaRegistry.authSecret }}
+- name: EOS_SCHEMA_REGISTRY_AUTH_FILE
+  value: /etc/eos-suite/schema-registry/auth
+{{- end }}
+{{- end }}
+
+{{- /* The registry's credentials file, mounted where EOS_SCHEMA_REGISTRY_AUTH_FILE points. */}}
+{{- define "eos-suite.schemaRegistryVolumeMount" -}}
+{{- if .Values.schemaRegistry.authSecret }}
+- name: schema-registry-auth
+  mountPath: /etc/eos-suite/schema-registry
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- /* USER:PASSWORD for the schema registry, as a file: never in the environment. */}}
+{{- define "eos-suite.schemaRegistryVolume" -}}
+{{- if .Values.schemaRegistry.authSecret }}
+- name: schema-registry-auth
+  secret:
+    secretName: {{ .Values.schemaRegistry.authSecret }}
+    items:
+      - key: auth
+        path: auth
+{{- end }}
+{{- end }}
