@@ -90,7 +90,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{BuiltinTransform, Config};
 pub use eos_schema::RecordFormat;
 pub use error::ProcessorError;
-pub use input_format::InputFormatFlags;
+pub use input_format::{InputFormatFlags, OutputSchemaFlag};
 #[cfg(feature = "wasm")]
 pub use service::{ServiceConfig, TransformChoice, run};
 pub use transform::{

@@ -1,8 +1,9 @@
-//! The outputs' format: plain JSON, or a schema registry's wire format (Avro, Protobuf or JSON
-//! Schema; docs/schemas.md). Each output topic's values are written with the latest schema of
-//! its subject by TopicNameStrategy (`<topic>-value`), looked up once at start-up: the team
-//! registers its output schemas, and a new version is taken at the next start. The registry is
-//! not on a record's path.
+//! The outputs' formats: plain JSON, or a schema registry's wire format (Avro, Protobuf or JSON
+//! Schema; docs/schemas.md), each output its own (`--output-format`, `--output-schema`). An
+//! output in a registry format is written with the latest schema of its subject (TopicNameStrategy's
+//! `<topic>-value`, or the subject `--output-schema` names, e.g. a record's full name for
+//! RecordNameStrategy), looked up once at start-up: the team registers its output schemas, and a
+//! new version is taken at the next start. The registry is not on a record's path.
 //!
 //! Each output's value is checked against its schema by the decision
 //! ([`eos_transform::partition_state::OutputFit`]) before the event's effects are kept: a value
@@ -28,43 +29,45 @@ struct OutputSchema {
     schema: ParsedSchema,
 }
 
-/// Writes each output's values in its topic's registered format.
+/// Writes each output's values in its registered format, or as JSON.
 #[derive(Debug)]
 pub(crate) struct OutputEncoder {
-    /// Output name → its topic's schema.
+    /// Output name → its subject's schema; an output not here is written as JSON.
     schemas: HashMap<String, OutputSchema>,
 }
 
 impl OutputEncoder {
-    /// Looks up the latest schema of each output topic's subject. Waits (with backoff, warning)
-    /// while the registry cannot answer; `Ok(None)` when `shutdown` comes meanwhile. A subject
-    /// without a schema, or with one of another format, stops the start naming it.
+    /// Looks up the latest schema of the subject of each output in a registry format (`plan`:
+    /// output → its format and subject). Waits (with backoff, warning) while the registry cannot
+    /// answer; `Ok(None)` when `shutdown` comes meanwhile. A subject without a schema, or with
+    /// one of another format, stops the start naming it.
     pub(crate) async fn load(
-        format: RecordFormat,
-        outputs: &BTreeMap<String, String>,
+        plan: &BTreeMap<String, (RecordFormat, String)>,
         registry: RegistryConfig,
         shutdown: &CancellationToken,
     ) -> Result<Option<Self>, String> {
         let client = RegistryClient::new(registry).map_err(|error| error.to_string())?;
         let mut schemas = HashMap::new();
-        for (output, topic) in outputs {
-            let subject = format!("{topic}-value");
-            let Some((id, schema)) = latest_schema(&client, &subject, shutdown).await? else {
+        for (output, (format, subject)) in plan {
+            if *format == RecordFormat::Json {
+                continue;
+            }
+            let Some((id, schema)) = latest_schema(&client, subject, shutdown).await? else {
                 return Ok(None);
             };
             if !format.fits(&schema) {
                 return Err(format!(
-                    "output {output:?} (topic {topic}): subject {subject}'s latest schema, id \
-                     {id}, is {}, and --output-format is {}",
+                    "output {output:?}: subject {subject}'s latest schema, id {id}, is {}, and \
+                     the output's format is {}",
                     eos_schema::record_decoder::schema_name(&schema),
                     format.name()
                 ));
             }
-            tracing::info!(output, topic, subject, schema_id = %id, "output schema");
+            tracing::info!(output, subject, schema_id = %id, "output schema");
             schemas.insert(
                 output.clone(),
                 OutputSchema {
-                    subject,
+                    subject: subject.clone(),
                     id,
                     schema,
                 },
@@ -73,11 +76,11 @@ impl OutputEncoder {
         Ok(Some(Self { schemas }))
     }
 
-    /// `value` in `output`'s wire format; `Err` naming the subject, the id and where it does
-    /// not fit.
+    /// `value` in `output`'s wire format, or as JSON for an output in plain JSON; `Err` naming
+    /// the subject, the id and where it does not fit.
     pub(crate) fn encode(&self, output: &str, value: &Json) -> Result<Vec<u8>, String> {
         let Some(schema) = self.schemas.get(output) else {
-            return Err(format!("output {output:?} has no schema"));
+            return Ok(eos_core::json_text::to_vec(value));
         };
         schema
             .schema

@@ -81,10 +81,17 @@ pub(crate) async fn build<T: Transform>(
         .input_format
         .registry_config()
         .map_err(ProcessorError::Config)?;
-    let output_encoder = match (config.input_format.output_format, &registry) {
-        (RecordFormat::Json, _) | (_, None) => None,
-        (format, Some(registry)) => {
-            match OutputEncoder::load(format, &outputs, registry.clone(), shutdown)
+    let output_plan = config
+        .input_format
+        .output_plan(&outputs)
+        .map_err(ProcessorError::Config)?;
+    let any_registry_output = output_plan
+        .values()
+        .any(|(format, _)| *format != RecordFormat::Json);
+    let output_encoder = match (any_registry_output, &registry) {
+        (false, _) | (_, None) => None,
+        (true, Some(registry)) => {
+            match OutputEncoder::load(&output_plan, registry.clone(), shutdown)
                 .await
                 .map_err(ProcessorError::Config)?
             {

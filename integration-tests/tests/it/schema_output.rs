@@ -136,6 +136,82 @@ async fn avro_outputs_are_written_with_their_subjects_schema_and_a_misfit_is_a_d
     Ok(())
 }
 
+/// `--output-schema`: the default output written with the schema of a subject named by the
+/// record's full name (RecordNameStrategy) instead of `TOPIC-value`, which has none here; and
+/// the same output set back to JSON while `--output-format` says avro.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_takes_its_own_subject_or_format_from_output_schema() -> anyhow::Result<()> {
+    let url = registry_url()?;
+    let input = unique_name("avro-own-subject-in");
+    create_topic(&input, 1).await?;
+    let registry = RegistryClient::new(RegistryConfig::new(url.clone()))?;
+    let input_id = registry
+        .register(&format!("{input}-value"), &Schema::avro(AUTHORISATION_AVRO))
+        .await?;
+    // RecordNameStrategy: the subject is the record's full name.
+    let record_subject = "com.example.cards.Authorisation";
+    let record_id = registry
+        .register(record_subject, &Schema::avro(AUTHORISATION_AVRO))
+        .await?;
+    let avro = registry.parsed_schema(input_id).await?;
+    let events = [
+        authorisation("a-1", "c-1", "1.50"),
+        authorisation("a-2", "c-2", "2.50"),
+    ];
+    let records = events
+        .iter()
+        .map(|event| Ok((Some("c".to_owned()), avro.encode_framed(input_id, event)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    produce_records(&input, &records)?;
+
+    let bootstrap = bootstrap_servers();
+    for (own_schema, registered) in [
+        (format!("default=avro@{record_subject}"), true),
+        ("default=json".to_owned(), false),
+    ] {
+        let output = unique_name("avro-own-subject-out");
+        let group = unique_name("avro-own-subject");
+        let mut args = processor_args(&input, &output, &group, &url);
+        args.extend(["--output-schema".to_owned(), own_schema.clone()]);
+        let mut processor = ServiceProcess::spawn("eos-processor", &args, &[])?;
+        tokio::task::block_in_place(|| {
+            wait_until_consumed(&bootstrap, &group, &input, DRAIN_BOUND)
+        })
+        .with_context(|| processor.log_tail(40))?;
+        processor.stop_gracefully()?;
+        let (outputs, letters) =
+            crate::schema_input::outputs_and_dead_letters(output, format!("{input}.dlq")).await?;
+        ensure!(
+            letters.is_empty() && outputs.len() == events.len(),
+            "{own_schema}: {} outputs, {} dead letters",
+            outputs.len(),
+            letters.len()
+        );
+        let mut written = Vec::new();
+        for message in &outputs {
+            let payload = message.payload().unwrap_or_default();
+            let value = if registered {
+                let (id, value) = registry.decode(payload).await?;
+                ensure!(
+                    id == record_id,
+                    "{own_schema}: written with {record_subject}'s id {record_id}, not {id}"
+                );
+                value
+            } else {
+                serde_json::from_slice(payload)
+                    .with_context(|| format!("{own_schema}: the output is JSON"))?
+            };
+            written.push(value);
+        }
+        written.sort_by_key(|value| value["auth"]["id"].as_str().unwrap_or("").to_owned());
+        ensure!(
+            written == events,
+            "{own_schema}: each event once, as its event: {written:?}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_output_subject_without_a_schema_stops_the_start_naming_it() -> anyhow::Result<()> {
     let url = registry_url()?;
