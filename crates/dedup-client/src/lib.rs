@@ -11,6 +11,7 @@
 
 pub mod credentials;
 pub mod grpc_client;
+pub mod http_call;
 pub mod proto_convert;
 pub mod provider_client;
 pub mod state_machine;

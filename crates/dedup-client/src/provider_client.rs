@@ -12,6 +12,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest as _, Sha256};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::http_call::{AnswerRules, RenderedRequest, SortedAnswer};
+
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
 /// Longest provider body kept in a rejection or an ambiguous answer's detail, in bytes. dedup-
@@ -190,34 +192,64 @@ impl ProviderClient {
         body: &serde_json::Value,
         deadline: Duration,
     ) -> ChargeOutcome {
-        let sent = self
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = HeaderValue::try_from(key) {
+            headers.insert(IDEMPOTENCY_KEY_HEADER, value);
+        }
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let request = RenderedRequest {
+            method: reqwest::Method::POST,
+            url: self.url(&["charges"]),
+            key: key.to_owned(),
+            headers,
+            body: Some(eos_core::json_text::to_vec(body)),
+        };
+        self.send(&request, &AnswerRules::default(), deadline)
+            .await
+            .outcome
+    }
+
+    /// Sends `request` (rendered by a [`crate::http_call::RequestTemplate`]) with this client's
+    /// credential, CA and the trace headers under `deadline`, and sorts the answer by `rules`.
+    /// No answer, or one lost while its body was read, is not known (`Ambiguous`), never a
+    /// failure. Call only after Begin answered ACQUIRED for the request's key.
+    pub async fn send(
+        &self,
+        request: &RenderedRequest,
+        rules: &AnswerRules,
+        deadline: Duration,
+    ) -> SortedAnswer {
+        let mut builder = self
             .http
-            .post(self.url(&["charges"]))
+            .request(request.method.clone(), request.url.clone())
             .headers(trace_headers())
-            .header(IDEMPOTENCY_KEY_HEADER, key)
-            .timeout(deadline)
-            .json(body)
-            .send()
-            .await;
-        let response = match sent {
+            .headers(request.headers.clone())
+            .timeout(deadline);
+        if let Some(body) = &request.body {
+            builder = builder.body(body.clone());
+        }
+        let not_known = |detail: String| SortedAnswer {
+            outcome: ChargeOutcome::Ambiguous { detail },
+            retry_after: None,
+        };
+        let response = match builder.send().await {
             Ok(response) => response,
-            Err(error) => {
-                return ChargeOutcome::Ambiguous {
-                    detail: format!("no answer: {error}"),
-                };
-            }
+            Err(error) => return not_known(format!("no answer: {error}")),
         };
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
         // A body that cannot be read leaves even a 2xx ambiguous: the answer was lost.
-        let body = match read_body(response).await {
-            Ok(body) => body,
-            Err(error) => {
-                return ChargeOutcome::Ambiguous {
-                    detail: format!("answer {status} lost while reading: {error}"),
-                };
-            }
-        };
-        classify(status.as_u16(), body)
+        match read_body(response).await {
+            Ok(body) => rules.sort(status.as_u16(), retry_after.as_deref(), body),
+            Err(error) => not_known(format!("answer {status} lost while reading: {error}")),
+        }
     }
 }
 
@@ -247,25 +279,12 @@ fn body_summary(total: usize, sha256: &[u8]) -> Vec<u8> {
         .into_bytes()
 }
 
-/// Sorts an HTTP answer to a charge: 2xx applied; 408, 5xx and anything unexpected ambiguous;
-/// other 4xx rejected. 409 and 429 are retryable (nothing was applied, try again later), and so
-/// are 401 and 403: a missing or expired credential is the operator's to fix, and the payment
-/// must not be given up for it.
+/// Sorts an HTTP answer to a charge by [`AnswerRules::default`]: 2xx applied; 408, 5xx and
+/// anything unexpected ambiguous; other 4xx rejected. 409 and 429 are retryable (nothing was
+/// applied, try again later), and so are 401 and 403: a missing or expired credential is the
+/// operator's to fix, and the payment must not be given up for it.
 pub fn classify(status: u16, body: Vec<u8>) -> ChargeOutcome {
-    match status {
-        200..=299 => ChargeOutcome::Applied { status, body },
-        408 => ChargeOutcome::Ambiguous {
-            detail: "408 request timeout".into(),
-        },
-        400..=499 => ChargeOutcome::Rejected {
-            status,
-            body: reported_body(&body),
-            retryable: matches!(status, 401 | 403 | 409 | 429),
-        },
-        _ => ChargeOutcome::Ambiguous {
-            detail: format!("answer {status}: {}", reported_body(&body)),
-        },
-    }
+    AnswerRules::default().sort(status, None, body).outcome
 }
 
 /// The body as text, cut at a char boundary to [`MAX_REPORTED_BODY_BYTES`] with a marker of its

@@ -16,7 +16,7 @@ use crate::decision::BatchDecision;
 use crate::error::SinkError;
 use crate::mapping::{DecodedEvent, InputRecord, Refusal};
 use crate::metrics as m;
-use crate::provider_target::{self, EffectItem, ProviderTarget, Settled};
+use crate::provider_target::{EffectItem, ProviderTarget, Settled};
 use crate::table_writer::{ConflictRow, HeldRow};
 
 /// What the provider targets add to a batch's transaction.
@@ -53,8 +53,8 @@ pub(crate) async fn settle(
                 followers.push((index, leader));
                 continue;
             }
-            let body = match provider_target::request_body(spec, event) {
-                Ok(body) => body,
+            let request = match target.request(event) {
+                Ok(request) => request,
                 Err(detail) => {
                     results.dead_letters.push((
                         index,
@@ -72,7 +72,7 @@ pub(crate) async fn settle(
                 event_id: event_id.to_owned(),
                 fingerprint: *event.fingerprint.as_bytes(),
                 occurred_at: occurred_at(event, &records[index]),
-                body,
+                request,
                 parent: spans[index]
                     .as_ref()
                     .map(OpenTelemetrySpanExt::context)

@@ -28,6 +28,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dedup_client::http_call::{AnswerRules, CallContext, RenderedRequest, RequestTemplate};
 use dedup_client::{
     BeginOutcome, BeginParams, ClientCredentials, ClientError, CompleteItem, DedupClient,
     FencingToken,
@@ -108,8 +109,9 @@ pub struct EffectItem {
     pub event_id: String,
     pub fingerprint: [u8; 32],
     pub occurred_at: OffsetDateTime,
-    /// The request body; the same for every attempt (the provider compares it per key).
-    pub body: Value,
+    /// The request, rendered from the event by the target's template; the same for every attempt
+    /// (the provider compares it per key).
+    pub request: RenderedRequest,
     /// The trace context of the record's span: the provider span is its child.
     pub parent: opentelemetry::Context,
 }
@@ -233,7 +235,7 @@ impl Round {
 struct Charge {
     operation_id: String,
     params: BeginParams,
-    body: Value,
+    request: RenderedRequest,
     span: tracing::Span,
 }
 
@@ -248,6 +250,11 @@ pub struct ProviderTarget {
     spec: ProviderSpec,
     dedup: DedupClient,
     provider: ProviderClient,
+    /// How a request is built from an event: provider-sim's `POST /charges` for this target
+    /// kind (docs/sink-writer.md).
+    template: RequestTemplate,
+    /// How the provider's answers are sorted.
+    answers: AnswerRules,
     owner: String,
     /// `concurrency` slots, shared by the target's clones: one is held while an event's round
     /// (`Begin`, and the call with its report) runs, never while it waits for an outcome to
@@ -278,11 +285,17 @@ impl ProviderTarget {
                 target: spec.name.clone(),
                 source,
             })?;
+        let template = charges_template(&spec).map_err(|detail| ProviderTargetError::Access {
+            target: spec.name.clone(),
+            detail,
+        })?;
         Ok(Self {
             rounds: Arc::new(Semaphore::new(spec.concurrency)),
             spec,
             dedup,
             provider,
+            template,
+            answers: AnswerRules::default(),
             owner,
         })
     }
@@ -293,6 +306,27 @@ impl ProviderTarget {
 
     pub fn name(&self) -> &str {
         &self.spec.name
+    }
+
+    /// The request for `event`: the amount (an integer, at the spec's source) and the event it is
+    /// for. Deterministic per event, so every attempt with the same key sends the same request;
+    /// `Err` names what the event lacks (a dead letter).
+    pub fn request(&self, event: &crate::mapping::DecodedEvent) -> Result<RenderedRequest, String> {
+        let pointer = amount_pointer(&self.spec);
+        if event.raw.pointer(pointer).and_then(Value::as_i64).is_none() {
+            return Err(format!(
+                "provider target {}: no integer amount at {pointer}",
+                self.spec.name
+            ));
+        }
+        self.template
+            .render(&CallContext {
+                target: &self.spec.name,
+                event_id: event.event_id.as_str(),
+                entity_id: event.entity_id.as_str(),
+                event: &event.raw,
+            })
+            .map_err(|detail| format!("provider target {}: {detail}", self.spec.name))
     }
 
     /// Drives every item to a final state; answers in item order. An error means the batch must
@@ -367,7 +401,7 @@ impl ProviderTarget {
         Charge {
             operation_id,
             params,
-            body: item.body,
+            request: item.request,
             span,
         }
     }
@@ -416,7 +450,7 @@ impl ProviderTarget {
                     return Ok(Called::Done(Round { step, calls: 0 }));
                 }
                 let outcome = self
-                    .call(&charge.operation_id, &charge.body)
+                    .call(&charge.request)
                     .instrument(charge.span.clone())
                     .await;
                 match outcome {
@@ -550,7 +584,7 @@ impl ProviderTarget {
         let BeginOutcome::Acquired { fencing_token, .. } = outcome else {
             return Ok(Round::answered(outcome, called_before));
         };
-        let outcome = self.call(&charge.operation_id, &charge.body).await;
+        let outcome = self.call(&charge.request).await;
         let step = self
             .report(&charge.operation_id, fencing_token, outcome)
             .await?;
@@ -558,11 +592,12 @@ impl ProviderTarget {
     }
 
     /// The one provider call an `ACQUIRED` allows.
-    async fn call(&self, operation_id: &str, body: &Value) -> ChargeOutcome {
+    async fn call(&self, request: &RenderedRequest) -> ChargeOutcome {
         let outcome = self
             .provider
-            .charge(operation_id, body, self.spec.call_timeout)
-            .await;
+            .send(request, &self.answers, self.spec.call_timeout)
+            .await
+            .outcome;
         let label = match &outcome {
             ChargeOutcome::Applied { .. } => "applied",
             ChargeOutcome::Rejected { .. } => "rejected",
@@ -691,35 +726,18 @@ pub fn check_name(name: &str) -> Result<(), ProviderTargetError> {
     Ok(())
 }
 
-/// The charge's request body: the amount and the event it is for. Deterministic per event, so
-/// every attempt with the same key sends the same request.
-pub fn request_body(
-    spec: &ProviderSpec,
-    event: &crate::mapping::DecodedEvent,
-) -> Result<Value, String> {
-    let amount = match &spec.amount {
-        crate::targets::Source::Pointer(pointer) => event
-            .raw
-            .pointer(pointer)
-            .and_then(Value::as_i64)
-            .ok_or_else(|| {
-                format!(
-                    "provider target {}: no integer amount at {pointer}",
-                    spec.name
-                )
-            })?,
-        // The ledger's `value`, by name: any event may carry one.
-        _ => event
-            .raw
-            .get("value")
-            .and_then(Value::as_i64)
-            .ok_or_else(|| format!("provider target {}: no integer amount at /value", spec.name))?,
-    };
-    Ok(serde_json::json!({
-        "amount": amount,
-        "event_id": event.event_id.as_str(),
-        "entity_id": event.entity_id.as_str(),
-    }))
+/// Where the amount is: the spec's pointer, or the ledger's `value` (any event may carry one).
+fn amount_pointer(spec: &ProviderSpec) -> &str {
+    match &spec.amount {
+        crate::targets::Source::Pointer(pointer) => pointer,
+        _ => "/value",
+    }
+}
+
+/// provider-sim's API as this target's template: `POST {provider_url}/charges` with the amount
+/// and the event it is for, keyed `<target>:<event_id>`.
+fn charges_template(spec: &ProviderSpec) -> Result<RequestTemplate, String> {
+    RequestTemplate::provider_charges(&spec.provider_url, amount_pointer(spec))
 }
 
 #[cfg(test)]
@@ -807,24 +825,40 @@ mod tests {
         .expect("a valid envelope")
     }
 
-    #[test]
-    fn the_body_is_the_amount_and_the_event_it_is_for() {
-        let e =
-            event(r#"{"event_id":"e-1","entity_id":"a-7","value":1250,"payload":{"cents":99}}"#);
-        let body = request_body(&spec(Source::Value), &e).expect("a body");
-        assert_eq!(
-            body,
-            serde_json::json!({"amount": 1250, "event_id": "e-1", "entity_id": "a-7"})
-        );
-        let body =
-            request_body(&spec(Source::Pointer("/payload/cents".into())), &e).expect("a body");
-        assert_eq!(body["amount"], 99);
+    fn target(amount: Source) -> ProviderTarget {
+        ProviderTarget::new(spec(amount), "owner".into(), &Default::default()).expect("a target")
     }
 
-    #[test]
-    fn a_missing_amount_is_refused_naming_the_pointer() {
+    /// The body as JSON.
+    fn body(request: &RenderedRequest) -> Value {
+        serde_json::from_slice(request.body.as_deref().unwrap_or_default()).expect("JSON")
+    }
+
+    #[tokio::test]
+    async fn the_request_is_a_charge_of_the_amount_for_the_event_keyed_by_target_and_id() {
+        let e =
+            event(r#"{"event_id":"e-1","entity_id":"a-7","value":1250,"payload":{"cents":99}}"#);
+        let request = target(Source::Value).request(&e).expect("a request");
+        assert_eq!(
+            (request.method.as_str(), request.url.as_str()),
+            ("POST", "http://127.0.0.1:8081/charges")
+        );
+        assert_eq!(request.headers["idempotency-key"], "payments:e-1");
+        assert_eq!(
+            body(&request),
+            serde_json::json!({"amount": 1250, "event_id": "e-1", "entity_id": "a-7"})
+        );
+        let request = target(Source::Pointer("/payload/cents".into()))
+            .request(&e)
+            .expect("a request");
+        assert_eq!(body(&request)["amount"], 99);
+    }
+
+    #[tokio::test]
+    async fn a_missing_amount_is_refused_naming_the_pointer() {
         let e = event(r#"{"event_id":"e-1","entity_id":"a-7","value":1,"payload":{"cents":"x"}}"#);
-        let error = request_body(&spec(Source::Pointer("/payload/cents".into())), &e)
+        let error = target(Source::Pointer("/payload/cents".into()))
+            .request(&e)
             .expect_err("not an integer");
         assert!(error.contains("/payload/cents"), "{error}");
     }
