@@ -11,6 +11,7 @@ use eos_runtime::service_flags::{LogFlags, StallFlags};
 
 use crate::group_commit::GroupCommitSettings;
 use crate::grpc_connections::ConnectionLimits;
+use crate::reconciler::ReconcileStrategy;
 use crate::retention::RetentionPolicy;
 use crate::validation::{LeaseLimits, MAX_BATCH_ITEMS};
 
@@ -153,6 +154,15 @@ pub struct Config {
     #[arg(long, env = "DEDUP_PROVIDER_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub provider_key_ttl: Duration,
 
+    /// How a target's UNKNOWN intents are settled, as TARGET=lookup|replay|none (repeat the flag,
+    /// or separate them with commas in the environment variable): lookup asks --provider-url
+    /// for the key (every target not named), replay lets the caller send the same request with
+    /// the same key again after --in-flight-window (for APIs that answer a repeated key with the
+    /// first result, and only while they keep it: --provider-key-ttl), none holds the intent for
+    /// an operator (docs/guarantees.md).
+    #[arg(long = "reconcile-strategy", env = "DEDUP_RECONCILE_STRATEGIES", value_name = "TARGET=STRATEGY", value_delimiter = ',', value_parser = parse_reconcile_strategy)]
+    pub reconcile_strategies: Vec<(String, ReconcileStrategy)>,
+
     /// Pause between reconciler passes (lease sweep, provider look-ups, backlog figures).
     #[arg(long, env = "DEDUP_RECONCILE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reconcile_interval: Duration,
@@ -290,6 +300,18 @@ pub struct Config {
 
 /// What the command line asks for: serve (the flags of [`Config`]) or the `migrate` step. Only the
 /// tests parse it here; the binary's `main` has `eos_runtime::serve_or_migrate` do it.
+/// `TARGET=lookup|replay|none`.
+fn parse_reconcile_strategy(text: &str) -> Result<(String, ReconcileStrategy), String> {
+    use clap::ValueEnum as _;
+    let (target, strategy) = text
+        .split_once('=')
+        .filter(|(target, _)| !target.is_empty() && !target.contains(':'))
+        .ok_or_else(|| format!("{text:?} is not TARGET=lookup, TARGET=replay or TARGET=none"))?;
+    let strategy = ReconcileStrategy::from_str(strategy, false)
+        .map_err(|_| format!("{text:?}: {strategy:?} is not lookup, replay or none"))?;
+    Ok((target.to_owned(), strategy))
+}
+
 #[cfg(test)]
 pub(crate) type Invocation = eos_runtime::service_flags::Invocation<Config>;
 pub use eos_runtime::service_flags::MigrateArgs;

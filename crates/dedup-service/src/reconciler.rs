@@ -1,8 +1,10 @@
-//! The reconciler: turns expired leases UNKNOWN, settles UNKNOWN intents by asking the provider
-//! with the same idempotency key, and reports the backlog. The backlog is stable only
+//! The reconciler: turns expired leases UNKNOWN, settles UNKNOWN intents by each target's
+//! strategy (asking the provider with the same idempotency key, letting the caller send the same
+//! request again, or holding it for an operator), and reports the backlog. The backlog is stable only
 //! when the reconcile rate r exceeds the arrival rate u, so both are exported and a warning is
 //! logged while the backlog is non-empty and r <= u.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +44,41 @@ pub struct ReconcilerSettings {
     pub provider_key_ttl: Duration,
     /// `--rate-window`: the window of the arrival and reconcile rates.
     pub rate_window: Duration,
+}
+
+/// How a target's UNKNOWN intents are settled (`--reconcile-strategy TARGET=STRATEGY`; the
+/// safety conditions of each are in docs/guarantees.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReconcileStrategy {
+    /// Ask the provider for the key (`GET {provider}/charges/{key}`): a record is SUCCEEDED,
+    /// none after the in-flight window a retryable failure.
+    Lookup,
+    /// Let the caller send the same request with the same key again once the in-flight window
+    /// has passed: an API with Stripe's idempotency contract answers the first result again (or
+    /// applies it now, if the first never arrived). Exactly-once only while the API keeps the key
+    /// (`--provider-key-ttl`); past it the intent is held.
+    Replay,
+    /// Never ask, never send again: hold the intent for an operator's Resolve (eosctl held).
+    None,
+}
+
+/// Each target's strategy, by the operation id's `<target>:` prefix; a target not named looks up.
+#[derive(Debug, Clone, Default)]
+pub struct ReconcileStrategies(HashMap<String, ReconcileStrategy>);
+
+impl ReconcileStrategies {
+    pub fn new(pairs: impl IntoIterator<Item = (String, ReconcileStrategy)>) -> Self {
+        Self(pairs.into_iter().collect())
+    }
+
+    /// The strategy of the target `operation_id` belongs to.
+    pub fn of(&self, operation_id: &str) -> ReconcileStrategy {
+        operation_id
+            .split_once(':')
+            .and_then(|(target, _)| self.0.get(target))
+            .copied()
+            .unwrap_or(ReconcileStrategy::Lookup)
+    }
 }
 
 /// What to do with one UNKNOWN intent after asking the provider.
@@ -109,6 +146,42 @@ pub fn decide(
     }
 }
 
+/// Decides for a target that is not asked (`replay`, `none`). Pure.
+pub fn decide_without_lookup(
+    intent: &Intent,
+    strategy: ReconcileStrategy,
+    now: OffsetDateTime,
+    settings: &ReconcilerSettings,
+) -> Decision {
+    let attempt_end = intent.lease_expires_at.max(intent.updated_at);
+    match strategy {
+        ReconcileStrategy::Lookup | ReconcileStrategy::None => Decision::Stuck {
+            reason: "the target's reconcile strategy is none: an operator resolves it".into(),
+        },
+        ReconcileStrategy::Replay if now >= intent.acquired_at + settings.provider_key_ttl => {
+            Decision::Stuck {
+                reason: format!(
+                    "attempt acquired at {} is older than the API's key TTL: a replay could \
+                     apply it a second time",
+                    intent.acquired_at
+                ),
+            }
+        }
+        // A request of this attempt may still be on its way: a replay now could race it.
+        ReconcileStrategy::Replay if now < attempt_end + settings.in_flight_window => {
+            Decision::Wait
+        }
+        ReconcileStrategy::Replay => Decision::FailedRetryable {
+            evidence: format!(
+                "reconcile strategy replay: the next attempt sends the same request with key \
+                 {:?}, which the API answers with its first result; the attempt ended {}s ago",
+                intent.operation_id,
+                (now - attempt_end).whole_seconds()
+            ),
+        },
+    }
+}
+
 /// u and r over the window, and whether the backlog is draining.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct BacklogRates {
@@ -143,7 +216,7 @@ impl BacklogRates {
 pub(crate) async fn run(
     store: IntentStore,
     (provider, progress): (Option<ProviderClient>, Arc<ProgressWatch>),
-    settings: ReconcilerSettings,
+    (settings, strategies): (ReconcilerSettings, Arc<ReconcileStrategies>),
     shutdown: CancellationToken,
 ) {
     let mut last_warning: Option<Instant> = None;
@@ -151,9 +224,11 @@ pub(crate) async fn run(
         progress.working("a reconcile pass to end");
         let pass = async {
             sweep_leases(&store).await;
-            if let Some(provider) = &provider {
-                reconcile_unknown(&store, provider, &settings, &shutdown).await;
-            }
+            let asked = Asked {
+                provider: provider.as_ref(),
+                strategies: &strategies,
+            };
+            reconcile_unknown(&store, asked, &settings, &shutdown).await;
             report_backlog(&store, &settings, &mut last_warning).await;
         };
         pass.instrument(tracing::debug_span!("reconcile_pass"))
@@ -192,9 +267,16 @@ async fn sweep_leases(store: &IntentStore) {
     }
 }
 
+/// Who is asked about an UNKNOWN intent: the provider (when there is one) for a `lookup` target.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    provider: Option<&'a ProviderClient>,
+    strategies: &'a ReconcileStrategies,
+}
+
 async fn reconcile_unknown(
     store: &IntentStore,
-    provider: &ProviderClient,
+    asked: Asked<'_>,
     settings: &ReconcilerSettings,
     shutdown: &CancellationToken,
 ) {
@@ -217,7 +299,7 @@ async fn reconcile_unknown(
         let full = page.len() as u32 == PAGE;
         futures::stream::iter(page)
             .for_each_concurrent(settings.concurrency, |intent| {
-                reconcile_one(store, provider, settings, intent)
+                reconcile_one(store, asked, settings, intent)
             })
             .await;
         if !full {
@@ -249,19 +331,27 @@ fn reconcile_span(intent: &Intent) -> tracing::Span {
 
 async fn reconcile_one(
     store: &IntentStore,
-    provider: &ProviderClient,
+    asked: Asked<'_>,
     settings: &ReconcilerSettings,
     intent: Intent,
 ) {
     let span = reconcile_span(&intent);
     async {
-        let lookup = match provider.lookup(&intent.operation_id).await {
-            Ok(lookup) => lookup,
-            Err(error) => {
-                ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
-                tracing::warn!(%error, "provider look-up failed; will ask again");
-                return;
+        let strategy = asked.strategies.of(&intent.operation_id);
+        let lookup = match (strategy, asked.provider) {
+            // No provider to ask: the intent waits for one, or for an operator, as it is.
+            (ReconcileStrategy::Lookup, None) => return,
+            (ReconcileStrategy::Lookup, Some(provider)) => {
+                match provider.lookup(&intent.operation_id).await {
+                    Ok(lookup) => Some(lookup),
+                    Err(error) => {
+                        ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
+                        tracing::warn!(%error, "provider look-up failed; will ask again");
+                        return;
+                    }
+                }
             }
+            (ReconcileStrategy::Replay | ReconcileStrategy::None, _) => None,
         };
         let now = match store.db_now().await {
             Ok(now) => now,
@@ -270,7 +360,11 @@ async fn reconcile_one(
                 return;
             }
         };
-        let resolution = match decide(&intent, &lookup, now, settings) {
+        let decision = match &lookup {
+            Some(lookup) => decide(&intent, lookup, now, settings),
+            None => decide_without_lookup(&intent, strategy, now, settings),
+        };
+        let resolution = match decision {
             Decision::Wait => return,
             Decision::Stuck { reason } => {
                 // Recorded once per attempt, so Begin can tell callers to stop waiting (the sink
@@ -449,6 +543,51 @@ mod tests {
             &SETTINGS,
         );
         assert!(matches!(decision, Decision::Stuck { .. }));
+    }
+
+    #[test]
+    fn replay_settles_after_the_in_flight_window_within_the_key_ttl_and_none_holds() {
+        let intent = unknown();
+        let replay =
+            |now| decide_without_lookup(&intent, ReconcileStrategy::Replay, now, &SETTINGS);
+        // The lease ended at 0:00:30; the window is 60 s.
+        assert_eq!(replay(datetime!(2026-01-01 0:01:29 UTC)), Decision::Wait);
+        let Decision::FailedRetryable { evidence } = replay(datetime!(2026-01-01 0:01:31 UTC))
+        else {
+            panic!("a replay is due");
+        };
+        assert!(
+            evidence.contains("replay") && evidence.contains("sink:e-1"),
+            "{evidence}"
+        );
+        assert!(
+            matches!(
+                replay(datetime!(2026-01-02 0:00 UTC)),
+                Decision::Stuck { .. }
+            ),
+            "past the API's key TTL a replay could charge twice"
+        );
+        for now in [
+            datetime!(2026-01-01 0:00:31 UTC),
+            datetime!(2026-01-01 1:00 UTC),
+        ] {
+            assert!(matches!(
+                decide_without_lookup(&intent, ReconcileStrategy::None, now, &SETTINGS),
+                Decision::Stuck { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn each_target_has_its_strategy_and_the_rest_look_up() {
+        let strategies = ReconcileStrategies::new([
+            ("webhook".to_owned(), ReconcileStrategy::None),
+            ("stripe".to_owned(), ReconcileStrategy::Replay),
+        ]);
+        assert_eq!(strategies.of("webhook:e:1"), ReconcileStrategy::None);
+        assert_eq!(strategies.of("stripe:e-2"), ReconcileStrategy::Replay);
+        assert_eq!(strategies.of("payments:e-3"), ReconcileStrategy::Lookup);
+        assert_eq!(strategies.of("no-target-prefix"), ReconcileStrategy::Lookup);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use crate::grpc_connections::{self, ConnectionLimits, TrackCallsLayer};
 use crate::grpc_service::DedupApi;
 use crate::intent_store::{self, IntentStore};
 use crate::metrics;
-use crate::reconciler::{self, ReconcilerSettings};
+use crate::reconciler::{self, ReconcileStrategies, ReconcilerSettings};
 use crate::write_watch::{self, WriteWatch};
 use crate::{purge, retention::RetentionPolicy};
 use dedup_client::{ProviderAccess, ProviderClient};
@@ -219,6 +219,8 @@ struct Background {
     provider: Option<ProviderClient>,
     progress: Arc<ProgressWatch>,
     reconciler: ReconcilerSettings,
+    /// Each target's way of settling UNKNOWN (`--reconcile-strategy`).
+    strategies: Arc<ReconcileStrategies>,
     purge_interval: Duration,
 }
 
@@ -232,11 +234,15 @@ impl Background {
             )?),
             None => {
                 tracing::warn!(
-                    "no --provider-url: UNKNOWN intents are only settled by Resolve calls"
+                    "no --provider-url: UNKNOWN intents of lookup targets are only settled by \
+                     Resolve calls"
                 );
                 None
             }
         };
+        for (target_name, strategy) in &config.reconcile_strategies {
+            tracing::info!(target_name, ?strategy, "reconcile strategy");
+        }
         let progress = ProgressWatch::spawn("dedup-reconciler", config.stall.policy(), stalls)
             .context("starting the progress watch")?;
         Ok(Self {
@@ -250,6 +256,9 @@ impl Background {
                 provider_key_ttl: config.provider_key_ttl,
                 rate_window: config.rate_window,
             },
+            strategies: Arc::new(ReconcileStrategies::new(
+                config.reconcile_strategies.iter().cloned(),
+            )),
             purge_interval: config.purge_interval,
         })
     }
@@ -260,7 +269,7 @@ impl Background {
         tasks.spawn(reconciler::run(
             self.store.clone(),
             (self.provider, self.progress),
-            self.reconciler,
+            (self.reconciler, self.strategies),
             stop.clone(),
         ));
         tasks.spawn(purge::run(self.store, self.purge_interval, stop.clone()));

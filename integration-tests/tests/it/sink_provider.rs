@@ -125,40 +125,74 @@ pub(crate) async fn sink_through_kills(
 #[tokio::test(flavor = "multi_thread")]
 async fn sink_provider_target_charges_each_event_once_through_lost_answers_and_sigkills()
 -> anyhow::Result<()> {
+    charges_each_event_once_through_lost_answers(None, EVENTS, SINK_KILLS).await
+}
+
+/// The same with dedup-service's `replay` strategy for the target (issue 53): an UNKNOWN is
+/// never looked up; after the in-flight window the sink sends the same request with the same key
+/// again, and provider-sim (Stripe's idempotency contract) answers the first result, so still
+/// one effect per event, and every reconciliation says it was a replay. Slower to drain than a
+/// look-up: a replay waits for the attempt's lease (3 s here) and the in-flight window (3 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_replay_strategy_settles_lost_answers_by_sending_the_same_request_again()
+-> anyhow::Result<()> {
+    charges_each_event_once_through_lost_answers(Some("replay"), 1_000, 1).await
+}
+
+/// `events` through provider-sim losing a fifth of its answers, the sink SIGKILLed `kills`
+/// times, the target reconciled by `strategy` (dedup-service's default, lookup, when `None`).
+async fn charges_each_event_once_through_lost_answers(
+    strategy: Option<&str>,
+    events: u64,
+    kills: usize,
+) -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
     let sim = ProviderSim::spawn(&FAULTS)?;
-    let dedup = Dedup::spawn(
-        &db,
-        &[
-            "--provider-url",
-            &sim.url,
-            "--reconcile-interval",
-            "200ms",
-            "--in-flight-window",
-            "3s",
-        ],
-    )?;
     let name = unique_name("pay").replace('-', "_");
+    let mut dedup_args = vec![
+        "--provider-url".to_owned(),
+        sim.url.clone(),
+        "--reconcile-interval".to_owned(),
+        "200ms".to_owned(),
+        "--in-flight-window".to_owned(),
+        "3s".to_owned(),
+    ];
+    if let Some(strategy) = strategy {
+        dedup_args.extend([
+            "--reconcile-strategy".to_owned(),
+            format!("{name}={strategy}"),
+        ]);
+    }
+    let dedup_args: Vec<&str> = dedup_args.iter().map(String::as_str).collect();
+    let dedup = Dedup::spawn(&db, &dedup_args)?;
     let dir = std::env::temp_dir().join(unique_name("sink-provider"));
     std::fs::create_dir_all(&dir)?;
     let config = targets_file(&dir, &name, &dedup.endpoint(), &sim.url)?;
+    if strategy == Some("replay") {
+        // A replay waits for the attempt's lease to end: a shorter one drains sooner.
+        let text = std::fs::read_to_string(&config)?;
+        std::fs::write(
+            &config,
+            text.replace("lease_ttl = \"10s\"", "lease_ttl = \"3s\""),
+        )?;
+    }
 
     let topic = unique_name("sink-provider");
     let sink = Sink::new(&topic, &db.url);
     let workload = Workload {
         rate: 1_000,
-        ..Workload::chaos(EVENTS, 77)
+        ..Workload::chaos(events, 77)
     };
     let started = Instant::now();
-    sink_through_kills(&sink, &topic, &config, workload, SINK_KILLS, &db.pool).await?;
+    sink_through_kills(&sink, &topic, &config, workload, kills, &db.pool).await?;
     eprintln!(
-        "provider target: {SINK_KILLS} SIGKILLs, drained in {:?}",
+        "provider target ({strategy:?}): {kills} SIGKILLs, drained in {:?}",
         started.elapsed()
     );
 
     let truth = TopicTruth::read(&topic)?;
     ensure!(
-        truth.logical.len() as u64 == EVENTS,
+        truth.logical.len() as u64 == events,
         "{} logical events",
         truth.logical.len()
     );
@@ -219,14 +253,33 @@ async fn sink_provider_target_charges_each_event_once_through_lost_answers_and_s
         effects.len()
     );
     assert!(
-        unknowns as u64 >= EVENTS / 10,
+        unknowns as u64 >= events / 10,
         "the faults must bite: only {unknowns} UNKNOWN outcomes"
     );
     assert_eq!(
         reconciled, unknowns,
         "every UNKNOWN settled by the reconciler"
     );
-    assert_eq!(states, vec![("SUCCEEDED".to_owned(), EVENTS as i64)]);
+    assert_eq!(states, vec![("SUCCEEDED".to_owned(), events as i64)]);
+    if strategy == Some("replay") {
+        let replayed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM dedup_intent_history WHERE from_state = 'UNKNOWN' \
+             AND operation_id LIKE $1 AND detail LIKE '%reconcile strategy replay%'",
+        )
+        .bind(format!("{prefix}%"))
+        .fetch_one(&db.pool)
+        .await?;
+        assert_eq!(
+            replayed, reconciled,
+            "every UNKNOWN settled by a replay, none by a look-up"
+        );
+        // A lost answer's replay reaches provider-sim as a repeated key (absorbed); an
+        // attempt killed before its call is replayed as its first POST.
+        assert!(
+            retries_absorbed > 0,
+            "the replays of lost answers reached the provider as repeated keys"
+        );
+    }
     assert!(dedup.client()?.list_unknown(100).await?.is_empty());
 
     // The reused ids with other content are conflicts, not second charges.
