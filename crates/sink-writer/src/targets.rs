@@ -356,28 +356,15 @@ fn duration(
     }
 }
 
-fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
-    let name = raw.name.unwrap_or_default().trim().to_owned();
+fn validate_provider(mut raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
+    let name = raw.name.take().unwrap_or_default().trim().to_owned();
     if name.is_empty() || name.contains(':') {
         return Err(invalid(
             "<provider>",
             "a provider target needs a name without ':' (operation ids are <name>:<event_id>)",
         ));
     }
-    let table_fields = [
-        ("table", raw.table.is_some()),
-        ("key", raw.key.is_some()),
-        ("version_column", raw.version_column.is_some()),
-        ("retention", raw.retention.is_some()),
-        ("retention_column", raw.retention_column.is_some()),
-        ("columns", raw.columns.is_some()),
-    ];
-    if let Some((field, _)) = table_fields.iter().find(|(_, set)| *set) {
-        return Err(invalid(
-            &name,
-            format!("{field} is for table targets, not provider targets"),
-        ));
-    }
+    refuse_table_fields(&name, &raw)?;
     let url = |field: &str, value: Option<String>| match value {
         Some(url) if url.starts_with("http://") || url.starts_with("https://") => Ok(url),
         // Shown without its user information, which could be a credential.
@@ -390,8 +377,8 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
         )),
         None => Err(invalid(&name, format!("{field} is required"))),
     };
-    let dedup_url = url("dedup_url", raw.dedup_url)?;
-    let provider_url = url("provider_url", raw.provider_url)?;
+    let dedup_url = url("dedup_url", raw.dedup_url.take())?;
+    let provider_url = url("provider_url", raw.provider_url.take())?;
     let amount = match raw.amount.as_deref().unwrap_or("value") {
         "value" => Source::Value,
         pointer if pointer.starts_with('/') => Source::Pointer(pointer.to_owned()),
@@ -402,24 +389,57 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
             ));
         }
     };
+    let timing = provider_timing(&name, &raw)?;
+    let concurrency = raw.concurrency.unwrap_or(DEFAULT_PROVIDER_CONCURRENCY);
+    if concurrency == 0 {
+        return Err(invalid(&name, "concurrency must be at least 1"));
+    }
+    let auth = provider_auth(&name, &mut raw)?;
+    Ok(ProviderSpec {
+        name,
+        dedup_url,
+        provider_url,
+        amount,
+        call_timeout: timing.call_timeout,
+        lease_ttl: timing.lease_ttl,
+        concurrency,
+        settle_timeout: timing.settle_timeout,
+        auth,
+        ca_file: raw.provider_ca_file,
+    })
+}
+
+/// A provider target's timeouts.
+struct ProviderTiming {
+    call_timeout: Duration,
+    lease_ttl: Duration,
+    settle_timeout: Duration,
+}
+
+fn provider_timing(name: &str, raw: &RawTarget) -> Result<ProviderTiming, TargetsError> {
     let call_timeout = duration(
-        &name,
+        name,
         "call_timeout",
-        raw.call_timeout,
+        raw.call_timeout.clone(),
         Duration::from_secs(2),
     )?;
-    let lease_ttl = duration(&name, "lease_ttl", raw.lease_ttl, Duration::from_secs(30))?;
+    let lease_ttl = duration(
+        name,
+        "lease_ttl",
+        raw.lease_ttl.clone(),
+        Duration::from_secs(30),
+    )?;
     let settle_timeout = duration(
-        &name,
+        name,
         "settle_timeout",
-        raw.settle_timeout,
+        raw.settle_timeout.clone(),
         Duration::from_secs(60),
     )?;
     // The lease must outlive the call and the report after it, or a slow answer would find a
     // newer holder (harmless, but every such call would be reconciled instead of reported).
     if lease_ttl < call_timeout * 2 {
         return Err(invalid(
-            &name,
+            name,
             format!(
                 "lease_ttl {} must be at least twice call_timeout {}",
                 humantime::format_duration(lease_ttl),
@@ -427,14 +447,19 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
             ),
         ));
     }
-    let concurrency = raw.concurrency.unwrap_or(DEFAULT_PROVIDER_CONCURRENCY);
-    if concurrency == 0 {
-        return Err(invalid(&name, "concurrency must be at least 1"));
-    }
-    let value_from = match (raw.provider_auth_env, raw.provider_auth_file) {
+    Ok(ProviderTiming {
+        call_timeout,
+        lease_ttl,
+        settle_timeout,
+    })
+}
+
+/// The provider's credential: a header and where its value is read from, never the value.
+fn provider_auth(name: &str, raw: &mut RawTarget) -> Result<Option<ProviderAuth>, TargetsError> {
+    let value_from = match (raw.provider_auth_env.take(), raw.provider_auth_file.take()) {
         (Some(_), Some(_)) => {
             return Err(invalid(
-                &name,
+                name,
                 "give provider_auth_env or provider_auth_file, not both",
             ));
         }
@@ -442,31 +467,36 @@ fn validate_provider(raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
         (None, Some(path)) => Some(SecretSource::File(path)),
         (None, None) => None,
     };
-    let auth = match (value_from, raw.provider_auth_header) {
-        (Some(value_from), header) => Some(ProviderAuth {
+    match (value_from, raw.provider_auth_header.take()) {
+        (Some(value_from), header) => Ok(Some(ProviderAuth {
             header: header.unwrap_or_else(|| "Authorization".to_owned()),
             value_from,
-        }),
-        (None, Some(_)) => {
-            return Err(invalid(
-                &name,
-                "provider_auth_header needs provider_auth_env or provider_auth_file",
-            ));
-        }
-        (None, None) => None,
-    };
-    Ok(ProviderSpec {
-        name,
-        dedup_url,
-        provider_url,
-        amount,
-        call_timeout,
-        lease_ttl,
-        concurrency,
-        settle_timeout,
-        auth,
-        ca_file: raw.provider_ca_file,
-    })
+        })),
+        (None, Some(_)) => Err(invalid(
+            name,
+            "provider_auth_header needs provider_auth_env or provider_auth_file",
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// A table target's fields on a provider target are a mistake, named.
+fn refuse_table_fields(name: &str, raw: &RawTarget) -> Result<(), TargetsError> {
+    let table_fields = [
+        ("table", raw.table.is_some()),
+        ("key", raw.key.is_some()),
+        ("version_column", raw.version_column.is_some()),
+        ("retention", raw.retention.is_some()),
+        ("retention_column", raw.retention_column.is_some()),
+        ("columns", raw.columns.is_some()),
+    ];
+    match table_fields.iter().find(|(_, set)| *set) {
+        Some((field, _)) => Err(invalid(
+            name,
+            format!("{field} is for table targets, not provider targets"),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn validate(raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError> {
