@@ -71,7 +71,9 @@ pub enum BenchTarget {
     /// EO, ALO, ...), each a fresh processor with a fresh group reading that input from the
     /// beginning; a round's rate runs from the group's first commit to the commit that reaches the
     /// end of the input (read_committed offsets sampled every 50 ms), so start-up is not counted.
-    /// Prints the median rate of each guarantee and their ratio. Then: exactly-once with
+    /// Each round's outputs are read back: one per input record and no dead letter, or the
+    /// benchmark fails. Prints the median rate of each guarantee and their ratio, and with
+    /// --format avro,protobuf the exactly-once rate of each format beside JSON's. Then: exactly-once with
     /// --max-batch 1 over a backlog of --single-records (transactions per second), beside the
     /// same backlog copied one record per transaction with nothing else in it (the floor), and the
     /// end-to-end latency (input record timestamp to arrival at a read_committed reader of the
@@ -315,6 +317,35 @@ pub struct ProcessorBenchArgs {
     #[arg(long, value_name = "TRANSFORM")]
     pub transform: Option<String>,
 
+    /// Record formats to measure exactly-once throughput in, comma-separated: json, avro,
+    /// protobuf. JSON's rounds always run (EO, ALO, pass-through: the baseline); each other
+    /// format adds an exactly-once round to every round, interleaved, over its own input of the
+    /// same events in the schema registry's wire format, the processor started with
+    /// --input-format and --output-format set to it. The benchmark registers the input and
+    /// output schemas under each topic's subject (TOPIC-value) and deletes them at the end.
+    /// Prints records/s and CPU per 1,000 records of each format beside JSON's. The other runs
+    /// stay JSON; ledger workload only.
+    #[arg(
+        long = "format",
+        value_name = "FORMAT",
+        value_enum,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_values_t = [crate::bench::record_format::RecordFormat::Json]
+    )]
+    pub formats: Vec<crate::bench::record_format::RecordFormat>,
+
+    /// The schema registry a --format other than json registers its schemas in and the
+    /// processor reads them from (Confluent's API or a compatible one, e.g. Apicurio's
+    /// /apis/ccompat/v7).
+    #[arg(
+        long,
+        env = "EOS_SCHEMA_REGISTRY_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub schema_registry_url: Option<String>,
+
     /// A run fails when the group's committed offsets (or the latency run's outputs) do not
     /// move for this long.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
@@ -376,6 +407,33 @@ mod tests {
         assert!(
             Cli::try_parse_from(["eos-lab", "bench", "processor", "--latency-rate", "0"]).is_err()
         );
+        Ok(())
+    }
+
+    #[test]
+    fn bench_processor_formats_default_to_json_and_take_a_list() -> Result<(), clap::Error> {
+        use crate::bench::record_format::RecordFormat;
+        let formats = |args: &[&str]| -> Result<Vec<RecordFormat>, clap::Error> {
+            let cli = Cli::try_parse_from(["eos-lab", "bench", "processor"].iter().chain(args))?;
+            let Command::Bench(BenchArgs {
+                target: BenchTarget::Processor(args),
+            }) = cli.command
+            else {
+                panic!("parsed as another command");
+            };
+            Ok(args.formats)
+        };
+        assert_eq!(formats(&[])?, [RecordFormat::Json]);
+        assert_eq!(
+            formats(&["--format", "json,avro,protobuf"])?,
+            [
+                RecordFormat::Json,
+                RecordFormat::Avro,
+                RecordFormat::Protobuf
+            ]
+        );
+        assert_eq!(formats(&["--format", "avro"])?, [RecordFormat::Avro]);
+        assert!(formats(&["--format", "xml"]).is_err());
         Ok(())
     }
 }

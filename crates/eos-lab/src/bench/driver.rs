@@ -25,10 +25,13 @@ use crate::bench::latency_collector::{
 };
 use crate::bench::options::{BenchOptions, BenchWorkload};
 use crate::bench::processor_process::{ProcessorProcess, children_cpu};
+use crate::bench::record_format::{
+    ExpectedOutputs, RecordFormat, RunFormat, SchemaRegistry, encode_workload, verify_outputs,
+};
 use crate::bench::report::{
-    BenchReport, KillResumeFigures, LatencyFigures, LatencyRateBasis, MachineLoad,
-    PASS_THROUGH_RATIO_TARGET, PathThroughput, RATIO_TARGET, RATIO_TARGET_MIN_BYTES, RoundFigures,
-    SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
+    BenchReport, FormatThroughput, KillResumeFigures, LatencyFigures, LatencyRateBasis,
+    MachineLoad, PASS_THROUGH_RATIO_TARGET, PathThroughput, RATIO_TARGET, RATIO_TARGET_MIN_BYTES,
+    RoundFigures, SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
 use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::bench::{card_workload, pass_through};
@@ -37,7 +40,7 @@ use eosctl::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
 };
 use eosctl::produce::{self, ProduceOptions, ProduceSummary, SendOptions};
-use eosctl::workload::WorkloadSpec;
+use eosctl::workload::{GeneratedRecord, WorkloadSpec};
 
 /// How often the group's committed offsets are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -75,6 +78,26 @@ struct ProcessorRun {
     /// The card-authorisations workload's second output.
     flagged: Option<String>,
     group: String,
+    /// How its input and outputs are written.
+    format: RunFormat,
+}
+
+/// A registry format's throughput input: the JSON input's events in that format.
+struct FormatInput {
+    format: RecordFormat,
+    topic: String,
+    partitions: Vec<i32>,
+    mean_value_bytes: f64,
+}
+
+/// The figures of a size's throughput rounds, each list in the order the rounds ran.
+#[derive(Default)]
+struct RoundsOfSize {
+    exactly_once: Vec<RoundFigures>,
+    at_least_once: Vec<RoundFigures>,
+    pass_through: Vec<RoundFigures>,
+    /// One list per registry format, in `--format`'s order.
+    formats: Vec<Vec<RoundFigures>>,
 }
 
 impl ProcessorRun {
@@ -103,6 +126,8 @@ pub(super) struct Bench {
     topics: Vec<String>,
     groups: Vec<String>,
     processes_started: u32,
+    /// Where the registry formats' schemas go (with `--format` other than json).
+    registry: Option<SchemaRegistry>,
 }
 
 impl Bench {
@@ -124,6 +149,14 @@ impl Bench {
         let kafka_for_processors = settings
             .write_for_children(&log_dir.join("kafka-client.properties"))
             .context("writing the Kafka properties for the processors")?;
+        let registry = match (
+            options.registry_formats().next(),
+            &options.schema_registry_url,
+        ) {
+            (Some(_), Some(url)) => Some(SchemaRegistry::new(url, runtime.clone())?),
+            (Some(format), None) => bail!("--format {format} needs --schema-registry-url"),
+            (None, _) => None,
+        };
         Ok(Self {
             settings,
             options,
@@ -136,6 +169,7 @@ impl Bench {
             topics: Vec::new(),
             groups: Vec::new(),
             processes_started: 0,
+            registry,
         })
     }
 
@@ -150,7 +184,8 @@ impl Bench {
         tracing::info!(run = %self.run_id, logs = %self.log_dir.display(), "benchmark started");
         let result = self.run_phases();
         let cleaned = if self.options.keep_topics {
-            tracing::info!(topics = ?self.topics, groups = ?self.groups, "keeping topics and groups");
+            let subjects = self.registry.as_ref().map(SchemaRegistry::subjects);
+            tracing::info!(topics = ?self.topics, groups = ?self.groups, ?subjects, "keeping topics, groups and schema subjects");
             Ok(false)
         } else {
             self.clean_up(result.is_ok()).map(|()| true)
@@ -226,89 +261,141 @@ impl Bench {
     }
 
     /// Exactly-once, at-least-once and pass-through rounds, interleaved, over one input of
-    /// `size`-byte records.
+    /// `size`-byte records; and in each round an exactly-once round over the same events in each
+    /// registry format of `--format`.
     fn throughput(&mut self, size: usize) -> anyhow::Result<SizeThroughput> {
         let input = self.name(&format!("{size}b-in"));
         tracing::info!(topic = %input, records = self.options.records, value_bytes = size, "writing the input");
-        let summary = self.produce(
-            &input,
-            self.options.records,
-            size,
-            0,
-            self.seed_base + size as u64,
-        )?;
-        let bytes_per_record = mean_value_bytes(&summary);
+        let spec = self.workload_spec(self.options.records, size, self.seed_base + size as u64);
+        let summary = self.produce_spec(&input, spec.clone(), 0)?;
         let (partitions, target) = self.input_extent(&input)?;
+        let mut format_inputs = Vec::new();
+        for format in self.options.registry_formats().collect::<Vec<_>>() {
+            format_inputs.push(self.format_input(format, size, &spec, target)?);
+        }
 
-        let mut exactly_once = Vec::new();
-        let mut at_least_once = Vec::new();
-        let mut pass_through = Vec::new();
+        let mut rounds = RoundsOfSize {
+            formats: vec![Vec::new(); format_inputs.len()],
+            ..RoundsOfSize::default()
+        };
         for round in 1..=self.options.rounds {
-            for guarantee in [Guarantee::ExactlyOnce, Guarantee::AtLeastOnce] {
-                let short = match guarantee {
-                    Guarantee::ExactlyOnce => "eo",
-                    Guarantee::AtLeastOnce => "alo",
-                };
-                let run = self.processor_run(
-                    &format!("{size}b-{short}-{round}"),
-                    guarantee,
-                    self.options.max_batch,
-                    &input,
-                );
-                let figures = self.drain(&run, self.options.instances, &partitions, target)?;
-                tracing::info!(
-                    value_bytes = size,
-                    round,
-                    %guarantee,
-                    records_per_second = figures.records_per_second.round(),
-                    measured_seconds = figures.measured_seconds,
-                    "throughput round done"
-                );
-                match guarantee {
-                    Guarantee::ExactlyOnce => exactly_once.push(figures),
-                    Guarantee::AtLeastOnce => at_least_once.push(figures),
-                }
+            self.json_rounds(size, round, (&input, &partitions, target), &mut rounds)?;
+            for (format_input, figures) in format_inputs.iter().zip(&mut rounds.formats) {
+                figures.push(self.format_round(size, round, format_input, target)?);
             }
-            let figures =
-                self.pass_through(&input, &format!("{size}b-copy-{round}"), &partitions)?;
+        }
+        let mut inputs = vec![input];
+        inputs.extend(format_inputs.iter().map(|input| input.topic.clone()));
+        self.delete_now(&inputs)?;
+        Ok(size_throughput(size, &summary, rounds, &format_inputs))
+    }
+
+    /// One round of each JSON path over `input`: exactly-once, at-least-once, pass-through.
+    fn json_rounds(
+        &mut self,
+        size: usize,
+        round: u32,
+        (input, partitions, target): (&str, &[i32], i64),
+        rounds: &mut RoundsOfSize,
+    ) -> anyhow::Result<()> {
+        for guarantee in [Guarantee::ExactlyOnce, Guarantee::AtLeastOnce] {
+            let short = match guarantee {
+                Guarantee::ExactlyOnce => "eo",
+                Guarantee::AtLeastOnce => "alo",
+            };
+            let run = self.processor_run(
+                &format!("{size}b-{short}-{round}"),
+                guarantee,
+                self.options.max_batch,
+                input,
+            );
+            let figures = self.drain(&run, self.options.instances, partitions, target)?;
             tracing::info!(
                 value_bytes = size,
                 round,
+                %guarantee,
                 records_per_second = figures.records_per_second.round(),
                 measured_seconds = figures.measured_seconds,
-                "pass-through round done"
+                "throughput round done"
             );
-            pass_through.push(figures);
+            match guarantee {
+                Guarantee::ExactlyOnce => rounds.exactly_once.push(figures),
+                Guarantee::AtLeastOnce => rounds.at_least_once.push(figures),
+            }
         }
-        self.delete_now(&[input])?;
+        let figures = self.pass_through(input, &format!("{size}b-copy-{round}"), partitions)?;
+        tracing::info!(
+            value_bytes = size,
+            round,
+            records_per_second = figures.records_per_second.round(),
+            measured_seconds = figures.measured_seconds,
+            "pass-through round done"
+        );
+        rounds.pass_through.push(figures);
+        Ok(())
+    }
 
-        let exactly_once =
-            PathThroughput::new(WritePath::ExactlyOnce, exactly_once, bytes_per_record);
-        let at_least_once =
-            PathThroughput::new(WritePath::AtLeastOnce, at_least_once, bytes_per_record);
-        let pass_through =
-            PathThroughput::new(WritePath::PassThrough, pass_through, bytes_per_record);
-        let median_ratio = |over: &PathThroughput| {
-            exactly_once
-                .median_records_per_second
-                .zip(over.median_records_per_second)
-                .and_then(|(eo, other)| ratio(eo, other))
-        };
-        let ratio_eo_to_alo = median_ratio(&at_least_once);
-        let ratio_eo_to_pass_through = median_ratio(&pass_through);
-        let targeted = size >= RATIO_TARGET_MIN_BYTES;
-        Ok(SizeThroughput {
-            value_bytes: size,
-            mean_value_bytes: bytes_per_record,
-            records: summary.physical_records,
-            exactly_once,
-            at_least_once,
-            pass_through,
-            ratio_eo_to_alo,
-            ratio_target: targeted.then_some(RATIO_TARGET),
-            ratio_eo_to_pass_through,
-            pass_through_ratio_target: targeted.then_some(PASS_THROUGH_RATIO_TARGET),
+    /// Writes the events of `spec` (the JSON input's, of `json_target` records) in `format` to a
+    /// topic of its own, with the input schema registered under its subject.
+    fn format_input(
+        &mut self,
+        format: RecordFormat,
+        size: usize,
+        spec: &WorkloadSpec,
+        json_target: i64,
+    ) -> anyhow::Result<FormatInput> {
+        let topic = self.name(&format!("{size}b-{format}-in"));
+        self.topics.push(topic.clone());
+        let (id, schema) = self.registry()?.register_input(format, &topic)?;
+        let records = encode_workload(spec.clone(), &schema, id)?;
+        tracing::info!(%topic, %format, schema_id = %id, records = records.len(), "writing the input");
+        let summary = self
+            .write_records(&topic, 0, spec.seed, records)
+            .with_context(|| format!("producing the {format} input to topic {topic:?}"))?;
+        let (partitions, target) = self.input_extent(&topic)?;
+        if target != json_target {
+            bail!("the {format} input has {target} records, the JSON input {json_target}");
+        }
+        Ok(FormatInput {
+            format,
+            topic,
+            partitions,
+            mean_value_bytes: mean_value_bytes(&summary),
         })
+    }
+
+    /// One exactly-once round over a registry format's input, its outputs in that format too
+    /// (the output schema registered under the round's output subject first).
+    fn format_round(
+        &mut self,
+        size: usize,
+        round: u32,
+        input: &FormatInput,
+        target: i64,
+    ) -> anyhow::Result<RoundFigures> {
+        let mut run = self.processor_run(
+            &format!("{size}b-{}-eo-{round}", input.format),
+            Guarantee::ExactlyOnce,
+            self.options.max_batch,
+            &input.topic,
+        );
+        run.format = self.registry()?.output_format(input.format, &run.output)?;
+        let figures = self.drain(&run, self.options.instances, &input.partitions, target)?;
+        tracing::info!(
+            value_bytes = size,
+            round,
+            format = %input.format,
+            records_per_second = figures.records_per_second.round(),
+            measured_seconds = figures.measured_seconds,
+            "throughput round done"
+        );
+        Ok(figures)
+    }
+
+    fn registry(&mut self) -> anyhow::Result<&mut SchemaRegistry> {
+        self.registry
+            .as_mut()
+            .context("a registry format needs --schema-registry-url")
     }
 
     /// One pass-through round: a plain copy of `input` into a fresh topic of the same layout.
@@ -583,8 +670,8 @@ impl Bench {
         let producing_done = Arc::new(AtomicBool::new(false));
         let producer = {
             let (settings, runtime) = (self.settings.clone(), self.runtime.clone());
-            let options =
-                self.produce_options(&input, budget, size, rate, self.seed_base + 3_000_000);
+            let spec = self.workload_spec(budget, size, self.seed_base + 3_000_000);
+            let options = self.produce_options(&input, spec, rate);
             let done = Arc::clone(&producing_done);
             std::thread::spawn(move || {
                 runtime.block_on(produce::run(
@@ -721,6 +808,7 @@ impl Bench {
         let cpu = children_cpu()
             .zip(cpu_before)
             .map(|(after, before)| after.saturating_sub(before));
+        self.verify_outputs(run, target)?;
         self.delete_now(&run.created_topics())?;
         let records_per_second = progress.rate().ok_or_else(|| {
             anyhow!(
@@ -737,6 +825,27 @@ impl Bench {
             cpu_ms_per_1000_records: cpu
                 .and_then(|cpu| ratio(cpu.as_secs_f64() * 1e6, target as f64)),
         })
+    }
+
+    /// Checks that a finished run over `target` input records wrote one output for each and
+    /// dead-lettered none ([`verify_outputs`]). The ledger's only: the card-authorisations
+    /// transforms write some events to a second output and refuse those over a card's limit.
+    fn verify_outputs(&self, run: &ProcessorRun, target: i64) -> anyhow::Result<()> {
+        if self.options.workload != BenchWorkload::Ledger {
+            return Ok(());
+        }
+        let expected = ExpectedOutputs {
+            records: target,
+            exactly_once: run.guarantee == Guarantee::ExactlyOnce,
+        };
+        verify_outputs(
+            &self.settings,
+            &run.label,
+            (&run.output, &run.dlq),
+            &run.format,
+            expected,
+            self.options.stall_timeout,
+        )
     }
 
     /// Samples the group's committed offsets until they reach `target` in total.
@@ -808,6 +917,7 @@ impl Bench {
             flagged: (self.options.workload == BenchWorkload::CardAuthorisations)
                 .then(|| self.name(&format!("{label}-flagged"))),
             group: self.name(label),
+            format: RunFormat::Json,
         };
         // Recorded before the processor creates them, so that a failure still cleans them up.
         self.topics.extend(run.created_topics());
@@ -862,6 +972,7 @@ impl Bench {
         if let Some(transform) = &self.options.transform {
             args.extend(["--transform".into(), transform.clone()]);
         }
+        args.extend(run.format.processor_args());
         if let Some(flagged) = &run.flagged {
             // Where card authorisations keep their id, card and time, and the flagged output
             // (card_workload::card_authorisations).
@@ -898,34 +1009,33 @@ impl Bench {
         rate: u64,
         seed: u64,
     ) -> anyhow::Result<ProduceSummary> {
+        let spec = self.workload_spec(count, value_bytes, seed);
+        self.produce_spec(topic, spec, rate)
+    }
+
+    /// Writes the events `spec` makes (of the workload's kind) at `rate`.
+    fn produce_spec(
+        &mut self,
+        topic: &str,
+        spec: WorkloadSpec,
+        rate: u64,
+    ) -> anyhow::Result<ProduceSummary> {
         if !self.topics.iter().any(|t| t == topic) {
             self.topics.push(topic.to_owned());
         }
         if self.options.workload == BenchWorkload::CardAuthorisations {
             let records = card_workload::card_authorisations(
-                seed,
-                count,
+                spec.seed,
+                spec.count,
                 CARDS,
-                value_bytes,
-                OffsetDateTime::now_utc(),
+                spec.value_bytes,
+                spec.occurred_at_base,
             );
-            let layout = self.layout();
-            let send = SendOptions {
-                topic: topic.to_owned(),
-                rate,
-                delivery_timeout: DELIVERY_TIMEOUT,
-            };
             return self
-                .runtime
-                .block_on(async {
-                    ensure_topic(&self.settings, topic, layout).await?;
-                    produce::write_records(&self.settings, send, seed, records)
-                        .await
-                        .map_err(anyhow::Error::from)
-                })
+                .write_records(topic, rate, spec.seed, records)
                 .with_context(|| format!("producing card authorisations to topic {topic:?}"));
         }
-        let options = self.produce_options(topic, count, value_bytes, rate, seed);
+        let options = self.produce_options(topic, spec, rate);
         self.runtime
             .block_on(produce::run(
                 &self.settings,
@@ -936,29 +1046,50 @@ impl Bench {
             .with_context(|| format!("producing to topic {topic:?}"))
     }
 
-    fn produce_options(
+    /// Writes `records` (made with `seed`) at `rate` to `topic`, created first if need be.
+    fn write_records(
         &self,
         topic: &str,
-        count: u64,
-        value_bytes: usize,
         rate: u64,
         seed: u64,
-    ) -> ProduceOptions {
+        records: Vec<GeneratedRecord>,
+    ) -> anyhow::Result<ProduceSummary> {
+        let layout = self.layout();
+        let send = SendOptions {
+            topic: topic.to_owned(),
+            rate,
+            delivery_timeout: DELIVERY_TIMEOUT,
+        };
+        self.runtime.block_on(async {
+            ensure_topic(&self.settings, topic, layout).await?;
+            produce::write_records(&self.settings, send, seed, records)
+                .await
+                .map_err(anyhow::Error::from)
+        })
+    }
+
+    /// `count` valid, distinct events of `value_bytes` (no duplicates, malformed records or
+    /// conflicts), occurring from now on.
+    fn workload_spec(&self, count: u64, value_bytes: usize, seed: u64) -> WorkloadSpec {
+        WorkloadSpec {
+            seed,
+            count,
+            entities: ENTITIES,
+            duplicate_ratio: 0.0,
+            bad_ratio: 0.0,
+            conflict_ratio: 0.0,
+            value_bytes,
+            occurred_at_base: OffsetDateTime::now_utc(),
+        }
+    }
+
+    fn produce_options(&self, topic: &str, spec: WorkloadSpec, rate: u64) -> ProduceOptions {
         ProduceOptions {
             topic: topic.to_owned(),
             layout: self.layout(),
             rate,
             delivery_timeout: DELIVERY_TIMEOUT,
-            spec: WorkloadSpec {
-                seed,
-                count,
-                entities: ENTITIES,
-                duplicate_ratio: 0.0,
-                bad_ratio: 0.0,
-                conflict_ratio: 0.0,
-                value_bytes,
-                occurred_at_base: OffsetDateTime::now_utc(),
-            },
+            spec,
         }
     }
 
@@ -1023,12 +1154,15 @@ impl Bench {
         Ok(())
     }
 
-    /// Deletes the remaining topics and the consumer groups. A group whose static member's
-    /// session has not expired yet cannot be deleted: that is retried for a while after a
-    /// successful run, and left to the broker's offset retention otherwise.
+    /// Deletes the remaining topics, the schema subjects and the consumer groups. A group whose
+    /// static member's session has not expired yet cannot be deleted: that is retried for a
+    /// while after a successful run, and left to the broker's offset retention otherwise.
     fn clean_up(&mut self, patient: bool) -> anyhow::Result<()> {
         let topics = std::mem::take(&mut self.topics);
         self.delete_topics(&topics)?;
+        if let Some(registry) = &mut self.registry {
+            registry.delete_subjects();
+        }
         let admin = self.admin()?;
         let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
         let deadline = Instant::now() + GROUP_DELETE_PATIENCE;
@@ -1070,6 +1204,60 @@ impl Bench {
             .client_config()
             .create()
             .context("cannot create a Kafka admin client")
+    }
+}
+
+/// A size's figures from its rounds.
+fn size_throughput(
+    size: usize,
+    summary: &ProduceSummary,
+    rounds: RoundsOfSize,
+    format_inputs: &[FormatInput],
+) -> SizeThroughput {
+    let bytes_per_record = mean_value_bytes(summary);
+    let exactly_once = PathThroughput::new(
+        WritePath::ExactlyOnce,
+        rounds.exactly_once,
+        bytes_per_record,
+    );
+    let at_least_once = PathThroughput::new(
+        WritePath::AtLeastOnce,
+        rounds.at_least_once,
+        bytes_per_record,
+    );
+    let pass_through = PathThroughput::new(
+        WritePath::PassThrough,
+        rounds.pass_through,
+        bytes_per_record,
+    );
+    let median_ratio = |over: &PathThroughput| {
+        exactly_once
+            .median_records_per_second
+            .zip(over.median_records_per_second)
+            .and_then(|(eo, other)| ratio(eo, other))
+    };
+    let ratio_eo_to_alo = median_ratio(&at_least_once);
+    let ratio_eo_to_pass_through = median_ratio(&pass_through);
+    let formats = format_inputs
+        .iter()
+        .zip(rounds.formats)
+        .map(|(input, figures)| {
+            FormatThroughput::new(input.format, figures, input.mean_value_bytes, &exactly_once)
+        })
+        .collect();
+    let targeted = size >= RATIO_TARGET_MIN_BYTES;
+    SizeThroughput {
+        value_bytes: size,
+        mean_value_bytes: bytes_per_record,
+        records: summary.physical_records,
+        exactly_once,
+        at_least_once,
+        pass_through,
+        ratio_eo_to_alo,
+        ratio_target: targeted.then_some(RATIO_TARGET),
+        ratio_eo_to_pass_through,
+        pass_through_ratio_target: targeted.then_some(PASS_THROUGH_RATIO_TARGET),
+        formats,
     }
 }
 

@@ -8,6 +8,10 @@
 //!    to the commit that reaches the end of the input: process start-up, joining the group and
 //!    restoring state are not throughput. The pass-through round (`pass_through`) is a plain
 //!    consumer → producer copy of the same input in this process: the broker's own limit here.
+//!    With `--format avro,protobuf`, each round also runs exactly-once over each format's input
+//!    of the same events, in and out in the schema registry's wire format ([`record_format`]).
+//!    Every processor round's outputs are read back afterwards: one per input and no dead letter,
+//!    or the benchmark fails.
 //! 2. Single-record transactions per second: exactly-once with `--max-batch 1` over a backlog,
 //!    and the same backlog copied one record per transaction with nothing else in it (the floor).
 //! 3. End-to-end latency at half the exactly-once peak: records produced at that rate; a
@@ -37,6 +41,7 @@ pub mod options;
 mod pass_through;
 pub mod pipeline;
 mod processor_process;
+pub mod record_format;
 pub mod relay;
 pub mod relay_process;
 pub mod relay_staleness;

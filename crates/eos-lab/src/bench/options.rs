@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use crate::bench::record_format::RecordFormat;
 use crate::cli::ProcessorBenchArgs;
 
 /// The events a benchmark writes.
@@ -23,6 +24,11 @@ pub struct BenchOptions {
     pub workload: BenchWorkload,
     /// The processor's `--transform`, when given.
     pub transform: Option<String>,
+    /// The formats of the exactly-once throughput rounds: JSON first (always), then each other
+    /// one asked for, once.
+    pub formats: Vec<RecordFormat>,
+    /// Where a registry format's schemas go; set whenever `formats` has one.
+    pub schema_registry_url: Option<String>,
     pub records: u64,
     pub sizes: Vec<usize>,
     pub rounds: u32,
@@ -93,10 +99,13 @@ impl BenchOptions {
                  --single-records 0 --latency-seconds 0 --kill-resume-kills 0"
             );
         }
+        let formats = formats(args)?;
         Ok(Self {
             processor_bin,
             workload: args.workload,
             transform: args.transform.clone(),
+            formats,
+            schema_registry_url: args.schema_registry_url.clone(),
             records: args.records,
             sizes: args.sizes.clone(),
             rounds: args.rounds,
@@ -116,6 +125,14 @@ impl BenchOptions {
         })
     }
 
+    /// The formats other than JSON, measured beside it.
+    pub fn registry_formats(&self) -> impl Iterator<Item = RecordFormat> + '_ {
+        self.formats
+            .iter()
+            .copied()
+            .filter(|&format| format != RecordFormat::Json)
+    }
+
     /// A debug build of the processor measures the compiler's debug mode, not the design.
     pub fn is_debug_build(&self) -> bool {
         self.processor_bin.to_string_lossy().contains(&format!(
@@ -124,6 +141,33 @@ impl BenchOptions {
             std::path::MAIN_SEPARATOR
         ))
     }
+}
+
+/// `--format`'s formats, JSON first (the baseline always runs) and each once; a registry format
+/// needs the registry, the ledger workload and throughput rounds.
+fn formats(args: &ProcessorBenchArgs) -> anyhow::Result<Vec<RecordFormat>> {
+    let mut formats = vec![RecordFormat::Json];
+    for &format in &args.formats {
+        if !formats.contains(&format) {
+            formats.push(format);
+        }
+    }
+    let Some(&registry_format) = formats.get(1) else {
+        return Ok(formats);
+    };
+    if args.schema_registry_url.is_none() {
+        bail!(
+            "--format {registry_format} needs a schema registry: give --schema-registry-url or \
+             set EOS_SCHEMA_REGISTRY_URL (`deploy/local/stack env` prints the local stack's)"
+        );
+    }
+    if args.workload != BenchWorkload::Ledger {
+        bail!("--format {registry_format} has schemas for the ledger workload only");
+    }
+    if args.rounds == 0 {
+        bail!("--format {registry_format} measures throughput rounds: give --rounds 1 or more");
+    }
+    Ok(formats)
 }
 
 #[cfg(test)]
@@ -136,6 +180,8 @@ mod tests {
             processor_bin: PathBuf::from(path),
             workload: BenchWorkload::Ledger,
             transform: None,
+            formats: vec![RecordFormat::Json],
+            schema_registry_url: None,
             records: 1,
             sizes: vec![100],
             rounds: 1,
@@ -190,5 +236,51 @@ mod tests {
             BenchOptions::from_args(&args("4", "3")).expect_err("4 instances, 3 partitions");
         assert!(refused.to_string().contains("--instances 4"), "{refused}");
         assert_eq!(args("1", "1").instances, 1);
+    }
+
+    #[test]
+    fn formats_put_json_first_once_and_need_the_registry() {
+        use crate::cli::{BenchArgs, BenchTarget, Cli, Command};
+        use clap::Parser as _;
+        let args = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(["eos-lab", "bench", "processor"].iter().chain(extra))
+                .expect("parses");
+            let Command::Bench(BenchArgs {
+                target: BenchTarget::Processor(mut args),
+            }) = cli.command
+            else {
+                panic!("parsed as another command");
+            };
+            // Whatever the environment's EOS_SCHEMA_REGISTRY_URL.
+            args.schema_registry_url = extra
+                .contains(&"--schema-registry-url")
+                .then(|| "http://127.0.0.1:8085".to_owned());
+            args
+        };
+        let registry = ["--schema-registry-url", "x"];
+        let with_registry = |list: &str| {
+            let mut extra = vec!["--format", list];
+            extra.extend(registry);
+            formats(&args(&extra))
+        };
+        use RecordFormat::{Avro, Json, Protobuf};
+        assert_eq!(formats(&args(&[])).expect("json"), [Json]);
+        assert_eq!(
+            with_registry("protobuf,avro,protobuf").expect("valid"),
+            [Json, Protobuf, Avro]
+        );
+        assert_eq!(
+            with_registry("json,avro,protobuf").expect("valid"),
+            [Json, Avro, Protobuf]
+        );
+        let refused = formats(&args(&["--format", "avro"])).expect_err("no registry");
+        assert!(
+            refused.to_string().contains("--schema-registry-url"),
+            "{refused}"
+        );
+        let mut extra = vec!["--format", "avro", "--rounds", "0"];
+        extra.extend(registry);
+        let refused = formats(&args(&extra)).expect_err("no rounds");
+        assert!(refused.to_string().contains("--rounds"), "{refused}");
     }
 }

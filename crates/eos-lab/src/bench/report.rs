@@ -9,6 +9,7 @@ use eos_core::Guarantee;
 use serde::Serialize;
 
 use crate::bench::figures::{LatencySummary, LatencyTrend, median, megabytes_per_second, ratio};
+use crate::bench::record_format::RecordFormat;
 use eosctl::report::grouped;
 
 /// The exactly-once/at-least-once throughput ratio aimed at, from this record size up
@@ -72,6 +73,41 @@ pub struct SizeThroughput {
     /// Median exactly-once rate over the median pass-through rate.
     pub ratio_eo_to_pass_through: Option<f64>,
     pub pass_through_ratio_target: Option<f64>,
+    /// Exactly-once over the same events in each registry format of `--format` (JSON's is
+    /// `exactly_once`), in the order asked for.
+    pub formats: Vec<FormatThroughput>,
+}
+
+/// Exactly-once rounds over one registry format's input: the same events as the JSON input.
+#[derive(Debug, Clone, Serialize)]
+pub struct FormatThroughput {
+    pub format: RecordFormat,
+    /// The mean size of its values (the wire format's header included).
+    pub mean_value_bytes: f64,
+    pub exactly_once: PathThroughput,
+    /// Its median exactly-once rate over JSON's.
+    pub ratio_to_json: Option<f64>,
+}
+
+impl FormatThroughput {
+    pub(super) fn new(
+        format: RecordFormat,
+        rounds: Vec<RoundFigures>,
+        mean_value_bytes: f64,
+        json: &PathThroughput,
+    ) -> Self {
+        let exactly_once = PathThroughput::new(WritePath::ExactlyOnce, rounds, mean_value_bytes);
+        let ratio_to_json = exactly_once
+            .median_records_per_second
+            .zip(json.median_records_per_second)
+            .and_then(|(format, json)| ratio(format, json));
+        Self {
+            format,
+            mean_value_bytes,
+            exactly_once,
+            ratio_to_json,
+        }
+    }
 }
 
 /// What one set of rounds ran over the input.
@@ -260,6 +296,18 @@ pub fn bench_text(report: &BenchReport) -> String {
     if !report.throughput.is_empty() {
         let _ = writeln!(out, "{}", throughput_table(report));
     }
+    if report
+        .throughput
+        .iter()
+        .any(|size| !size.formats.is_empty())
+    {
+        let _ = writeln!(
+            out,
+            "exactly-once by record format (the same events; registry formats in the schema \
+             registry's wire format, in and out):\n{}",
+            format_table(report)
+        );
+    }
     if let Some(single) = &report.single_record {
         let _ = writeln!(
             out,
@@ -379,12 +427,7 @@ fn throughput_table(report: &BenchReport) -> Table {
             .into_iter()
             .enumerate()
         {
-            let rounds = figures
-                .rounds
-                .iter()
-                .map(|r| grouped(r.records_per_second.round() as i64))
-                .collect::<Vec<_>>()
-                .join("  ");
+            let rounds = each_round(figures);
             table.add_row([
                 if index == 0 {
                     label.clone()
@@ -430,6 +473,70 @@ fn throughput_table(report: &BenchReport) -> Table {
     table
 }
 
+/// Exactly-once in each record format, JSON first, per size.
+fn format_table(report: &BenchReport) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header([
+        "size".to_owned(),
+        "format".to_owned(),
+        "value bytes (mean)".to_owned(),
+        format!("records/s (median of {})", report.rounds),
+        "CPU ms/1k".to_owned(),
+        "÷ JSON".to_owned(),
+        "each round (records/s)".to_owned(),
+    ]);
+    for size in &report.throughput {
+        let json = (
+            RecordFormat::Json,
+            size.mean_value_bytes,
+            &size.exactly_once,
+            Some(1.0),
+        );
+        let others = size.formats.iter().map(|format| {
+            (
+                format.format,
+                format.mean_value_bytes,
+                &format.exactly_once,
+                format.ratio_to_json,
+            )
+        });
+        for (index, (format, bytes, figures, to_json)) in
+            std::iter::once(json).chain(others).enumerate()
+        {
+            table.add_row([
+                if index == 0 {
+                    format!("{} B", size.value_bytes)
+                } else {
+                    String::new()
+                },
+                format.to_string(),
+                format!("{bytes:.0}"),
+                rate_text(figures.median_records_per_second),
+                mb_text(figures.median_cpu_ms_per_1000_records),
+                to_json.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
+                each_round(figures),
+            ]);
+        }
+    }
+    for index in [2, 3, 4, 5] {
+        if let Some(column) = table.column_mut(index) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    table
+}
+
+/// Each round's rate, in the order they ran.
+fn each_round(figures: &PathThroughput) -> String {
+    figures
+        .rounds
+        .iter()
+        .map(|r| grouped(r.records_per_second.round() as i64))
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +568,13 @@ mod tests {
             1024.0,
         );
         assert_eq!(exactly_once.median_records_per_second, Some(9_000.0));
+        let avro = FormatThroughput::new(
+            RecordFormat::Avro,
+            vec![round(10_800.0), round(9_900.0), round(11_000.0)],
+            702.4,
+            &exactly_once,
+        );
+        assert_eq!(avro.ratio_to_json, Some(1.2));
         let report = BenchReport {
             processor_bin: "/x/target/release/eos-processor".into(),
             debug_build: false,
@@ -477,6 +591,7 @@ mod tests {
                 ratio_target: Some(RATIO_TARGET),
                 ratio_eo_to_pass_through: Some(0.75),
                 pass_through_ratio_target: Some(PASS_THROUGH_RATIO_TARGET),
+                formats: vec![avro],
                 exactly_once,
                 at_least_once,
                 pass_through,
@@ -517,7 +632,16 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(text.contains("exactly-once by record format"), "{text}");
+        let avro_row = text
+            .lines()
+            .find(|line| line.contains(" avro "))
+            .expect("an avro row");
+        for cell in ["702", "10,800", "1.20", "10,800  9,900  11,000"] {
+            assert!(avro_row.contains(cell), "{cell} in {avro_row}");
+        }
         let json = serde_json::to_value(&report).expect("serialisable");
+        assert_eq!(json["throughput"][0]["formats"][0]["format"], "avro");
         assert_eq!(
             json["throughput"][0]["exactly_once"]["path"],
             "exactly-once"
