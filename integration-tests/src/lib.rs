@@ -7,6 +7,7 @@ pub mod aimed_kill;
 pub mod answer_dropping_proxy;
 pub mod eosctl;
 pub mod fault_proxy;
+pub mod http_api_doubles;
 pub mod kafka_cluster;
 pub mod otlp_collector;
 pub mod prometheus_server;

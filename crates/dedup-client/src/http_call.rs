@@ -125,6 +125,8 @@ pub struct RequestTemplate {
     key_header: Option<HeaderName>,
     /// The key's text, with the URL's placeholders (`{target}:{event_id}` by default).
     key_format: String,
+    /// `scheme://host[:port]` of the URL: the client's base, and what logs name.
+    origin: String,
 }
 
 impl RequestTemplate {
@@ -145,13 +147,14 @@ impl RequestTemplate {
                 HeaderName::try_from(name).map_err(|_| format!("{name:?} is not a header name"))
             })
             .transpose()?;
-        let template = Self {
+        let mut template = Self {
             method,
             url: url.to_owned(),
             headers,
             body,
             key_header,
             key_format: key_format.to_owned(),
+            origin: String::new(),
         };
         // A probe render finds unknown placeholders and a bad URL at start-up, not per event.
         fill(&template.key_format, None, None, |text| text.to_owned())
@@ -170,7 +173,13 @@ impl RequestTemplate {
                 eos_runtime::secrets::redact_url_userinfo(url)
             ));
         }
+        template.origin = parsed.origin().ascii_serialization();
         Ok(template)
+    }
+
+    /// `scheme://host[:port]` of the URL (a placeholder in the host reads as `probe`).
+    pub fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// provider-sim's API: `POST {base}/charges` with `{"amount", "event_id", "entity_id"}`,
@@ -234,6 +243,19 @@ impl RequestTemplate {
             body: body.map(|body| eos_core::json_text::to_vec(&body)),
         })
     }
+}
+
+/// Static headers from a configuration's names and values; `Err` names the one HTTP refuses.
+pub fn static_headers(pairs: &[(String, String)]) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        let header = HeaderName::try_from(name.as_str())
+            .map_err(|_| format!("headers: {name:?} is not a header name"))?;
+        let value = HeaderValue::try_from(value.as_str())
+            .map_err(|_| format!("headers.{name}: not a valid header value"))?;
+        headers.insert(header, value);
+    }
+    Ok(headers)
 }
 
 /// `template` with each `{…}` replaced by its value through `encode`; `key` is `None` while the

@@ -20,6 +20,8 @@ pub const PROVIDER_BEGINS: &str = "eos_sink_provider_begins_total";
 pub const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
 pub const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
 pub const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
+pub const PROVIDER_PACED_CALLS: &str = "eos_sink_provider_paced_calls_total";
+pub const PROVIDER_PAUSES: &str = "eos_sink_provider_pauses_total";
 pub const HELD_OPERATIONS: &str = "eos_sink_held_operations_total";
 pub const HELD_UNRESOLVED: &str = "eos_sink_held_operations_unresolved";
 
@@ -48,6 +50,14 @@ pub fn describe() {
         PROVIDER_UNSETTLED,
         "batches given up (and retried from the checkpoint) because an operation was not final \
          after settle_timeout"
+    );
+    metrics::describe_counter!(
+        PROVIDER_PACED_CALLS,
+        "provider calls held back by the target's rate_limit or a Retry-After pause, by target"
+    );
+    metrics::describe_counter!(
+        PROVIDER_PAUSES,
+        "answers whose Retry-After paused the target's calls, by target"
     );
     metrics::describe_counter!(
         HELD_OPERATIONS,
@@ -123,6 +133,8 @@ pub fn register_targets<'a>(
     for provider in providers {
         metrics::counter!(HELD_OPERATIONS, "target" => provider.to_owned()).absolute(0);
         metrics::counter!(PROVIDER_UNSETTLED, "target" => provider.to_owned()).absolute(0);
+        metrics::counter!(PROVIDER_PACED_CALLS, "target" => provider.to_owned()).absolute(0);
+        metrics::counter!(PROVIDER_PAUSES, "target" => provider.to_owned()).absolute(0);
         for outcome in crate::provider_target::Settled::LABELS {
             metrics::counter!(PROVIDER_EFFECTS, "target" => provider.to_owned(), "outcome" => outcome)
                 .absolute(0);

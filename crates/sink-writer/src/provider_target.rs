@@ -43,8 +43,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::call_pacing::CallPacing;
 use crate::metrics as m;
-use crate::targets::{ProviderSpec, SecretSource};
+use crate::targets::{ProviderCall, ProviderSpec, SecretSource, Source};
 
 /// dedup-service's limit on an operation id, in bytes.
 pub const MAX_OPERATION_ID_BYTES: usize = 256;
@@ -260,6 +261,8 @@ pub struct ProviderTarget {
     /// (`Begin`, and the call with its report) runs, never while it waits for an outcome to
     /// settle.
     rounds: Arc<Semaphore>,
+    /// `rate_limit` and the API's `Retry-After`, shared by the target's clones.
+    pacing: Arc<CallPacing>,
 }
 
 impl ProviderTarget {
@@ -280,22 +283,27 @@ impl ProviderTarget {
             target: spec.name.clone(),
             detail,
         })?;
-        let provider = ProviderClient::new(&spec.provider_url, spec.call_timeout, &access)
-            .map_err(|source| ProviderTargetError::Url {
+        let (template, answers) =
+            call_template(&spec).map_err(|detail| ProviderTargetError::Access {
+                target: spec.name.clone(),
+                detail,
+            })?;
+        // The client's base only serves provider-sim's lookups; every call sends its rendered
+        // URL whole.
+        let provider = ProviderClient::new(template.origin(), spec.call_timeout, &access).map_err(
+            |source| ProviderTargetError::Url {
                 target: spec.name.clone(),
                 source,
-            })?;
-        let template = charges_template(&spec).map_err(|detail| ProviderTargetError::Access {
-            target: spec.name.clone(),
-            detail,
-        })?;
+            },
+        )?;
         Ok(Self {
             rounds: Arc::new(Semaphore::new(spec.concurrency)),
+            pacing: Arc::new(CallPacing::new(spec.rate_limit.map(f64::from))),
             spec,
             dedup,
             provider,
             template,
-            answers: AnswerRules::default(),
+            answers,
             owner,
         })
     }
@@ -308,16 +316,18 @@ impl ProviderTarget {
         &self.spec.name
     }
 
-    /// The request for `event`: the amount (an integer, at the spec's source) and the event it is
-    /// for. Deterministic per event, so every attempt with the same key sends the same request;
-    /// `Err` names what the event lacks (a dead letter).
+    /// The request for `event`, by the target's template (for a charge: the amount, an integer
+    /// at the spec's source, and the event it is for). Deterministic per event, so every attempt
+    /// with the same key sends the same request; `Err` names what the event lacks (a dead letter).
     pub fn request(&self, event: &crate::mapping::DecodedEvent) -> Result<RenderedRequest, String> {
-        let pointer = amount_pointer(&self.spec);
-        if event.raw.pointer(pointer).and_then(Value::as_i64).is_none() {
-            return Err(format!(
-                "provider target {}: no integer amount at {pointer}",
-                self.spec.name
-            ));
+        if let ProviderCall::Charges { amount } = &self.spec.call {
+            let pointer = amount_pointer(amount);
+            if event.raw.pointer(pointer).and_then(Value::as_i64).is_none() {
+                return Err(format!(
+                    "provider target {}: no integer amount at {pointer}",
+                    self.spec.name
+                ));
+            }
         }
         self.template
             .render(&CallContext {
@@ -440,8 +450,10 @@ impl ProviderTarget {
                 let Ok(_slot) = self.rounds.acquire().await else {
                     return Err(self.cancelled());
                 };
+                self.wait_turn().await;
                 // The protocol calls the provider only within the lease, with its deadline
-                // inside it: a lease that ran out may already be the reconciler's.
+                // inside it: a lease that ran out may already be the reconciler's (a long wait
+                // for the slot or the turn gives the acquisition back).
                 if Instant::now() + self.spec.call_timeout >= lease_ends {
                     let step = self
                         .release(&charge.operation_id, fencing_token)
@@ -574,6 +586,7 @@ impl ProviderTarget {
         let Ok(_slot) = self.rounds.acquire().await else {
             return Err(self.cancelled());
         };
+        let begun = Instant::now();
         let outcome = self
             .dedup
             .begin(&charge.params)
@@ -581,9 +594,19 @@ impl ProviderTarget {
             .map_err(|source| self.dedup_error(source))?;
         counter!(m::PROVIDER_BEGINS, "target" => self.spec.name.clone(), "answer" => outcome.label())
             .increment(1);
-        let BeginOutcome::Acquired { fencing_token, .. } = outcome else {
+        let BeginOutcome::Acquired {
+            fencing_token,
+            lease_expires_at,
+        } = outcome
+        else {
             return Ok(Round::answered(outcome, called_before));
         };
+        // Only a call waits for its turn: an answered Begin (a replay after a crash) takes none.
+        self.wait_turn().await;
+        if Instant::now() + self.spec.call_timeout >= begun + self.lease_left(lease_expires_at) {
+            let step = self.release(&charge.operation_id, fencing_token).await?;
+            return Ok(Round { step, calls: 0 });
+        }
         let outcome = self.call(&charge.request).await;
         let step = self
             .report(&charge.operation_id, fencing_token, outcome)
@@ -591,13 +614,27 @@ impl ProviderTarget {
         Ok(Round { step, calls: 1 })
     }
 
-    /// The one provider call an `ACQUIRED` allows.
+    /// Waits for the target's next call moment (`rate_limit`, a `Retry-After`), counting the
+    /// calls that waited.
+    async fn wait_turn(&self) {
+        if !self.pacing.wait_turn().await.is_zero() {
+            counter!(m::PROVIDER_PACED_CALLS, "target" => self.spec.name.clone()).increment(1);
+        }
+    }
+
+    /// The one provider call an `ACQUIRED` allows. A `Retry-After` on its answer pauses the
+    /// target's calls.
     async fn call(&self, request: &RenderedRequest) -> ChargeOutcome {
-        let outcome = self
+        let answer = self
             .provider
             .send(request, &self.answers, self.spec.call_timeout)
-            .await
-            .outcome;
+            .await;
+        if let Some(retry_after) = answer.retry_after {
+            debug!(target_name = %self.spec.name, ?retry_after, "the API asked for a pause");
+            self.pacing.pause_for(retry_after);
+            counter!(m::PROVIDER_PAUSES, "target" => self.spec.name.clone()).increment(1);
+        }
+        let outcome = answer.outcome;
         let label = match &outcome {
             ChargeOutcome::Applied { .. } => "applied",
             ChargeOutcome::Rejected { .. } => "rejected",
@@ -727,23 +764,29 @@ pub fn check_name(name: &str) -> Result<(), ProviderTargetError> {
 }
 
 /// Where the amount is: the spec's pointer, or the ledger's `value` (any event may carry one).
-fn amount_pointer(spec: &ProviderSpec) -> &str {
-    match &spec.amount {
-        crate::targets::Source::Pointer(pointer) => pointer,
+fn amount_pointer(amount: &Source) -> &str {
+    match amount {
+        Source::Pointer(pointer) => pointer,
         _ => "/value",
     }
 }
 
-/// provider-sim's API as this target's template: `POST {provider_url}/charges` with the amount
-/// and the event it is for, keyed `<target>:<event_id>`.
-fn charges_template(spec: &ProviderSpec) -> Result<RequestTemplate, String> {
-    RequestTemplate::provider_charges(&spec.provider_url, amount_pointer(spec))
+/// The target's request template and answer rules: provider-sim's API (`POST
+/// {provider_url}/charges` with the amount and the event it is for, keyed `<target>:<event_id>`,
+/// sorted by the default rules), or an `http` target's own.
+fn call_template(spec: &ProviderSpec) -> Result<(RequestTemplate, AnswerRules), String> {
+    match &spec.call {
+        ProviderCall::Charges { amount } => Ok((
+            RequestTemplate::provider_charges(&spec.provider_url, amount_pointer(amount))?,
+            AnswerRules::default(),
+        )),
+        ProviderCall::Http(call) => Ok((call.template()?, call.answers.clone())),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::targets::Source;
 
     #[test]
     fn every_settled_label_is_registered_at_zero() {
@@ -771,10 +814,11 @@ mod tests {
             name: "payments".into(),
             dedup_url: "http://127.0.0.1:50051".into(),
             provider_url: "http://127.0.0.1:8081".into(),
-            amount,
+            call: ProviderCall::Charges { amount },
             call_timeout: Duration::from_secs(2),
             lease_ttl: Duration::from_secs(30),
             concurrency: 4,
+            rate_limit: None,
             settle_timeout: Duration::from_secs(60),
             auth: None,
             ca_file: None,

@@ -34,6 +34,7 @@
 //! call_timeout = "2s"           # the provider call's deadline [default: 2s]
 //! lease_ttl = "30s"             # the intent's lease; longer than call_timeout [default: 30s]
 //! concurrency = 64              # charges in a round at once; a waiting one holds none [default: 64]
+//! rate_limit = 50               # calls a second at most; Retry-After pauses the target [default: none]
 //! settle_timeout = "60s"        # an event still not final this long after its first round
 //!                               # gives its batch up (retried from the checkpoint) [default: 60s]
 //! provider_auth_file = "/run/secrets/provider" # the credential header's value, from a file ...
@@ -41,6 +42,9 @@
 //! provider_auth_header = "Authorization"     # the header it goes in [default: Authorization]
 //! provider_ca_file = "/etc/provider-ca.pem"  # a private CA for https:// [default: web roots]
 //! ```
+//!
+//! A `kind = "http"` target calls any HTTP API the same way, with its own request and answers
+//! (`http_target`, docs/sink-writer.md "Calls to any HTTP API").
 //!
 //! Sources: the envelope fields `event_id`, `entity_id`, `value`, `version`, `payload`,
 //! `occurred_at`; `fingerprint` (hex SHA-256 of the event, docs/architecture/wire-format.md "Wire
@@ -54,6 +58,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+pub use crate::http_target::{HttpBody, HttpCall};
+use crate::http_target::{RawAnswers, RawBody, RawHttpCall};
 
 /// A provider target's events in a round (`Begin`, the call, its report) at once when its
 /// `concurrency` is not set; an event waiting for its outcome to settle holds none. Each round
@@ -173,6 +180,7 @@ enum RawKind {
     Append,
     Versioned,
     Provider,
+    Http,
 }
 
 /// Fields of every kind; `validate` and `validate_provider` say which belong to which.
@@ -193,11 +201,34 @@ struct RawTarget {
     call_timeout: Option<String>,
     lease_ttl: Option<String>,
     concurrency: Option<usize>,
+    rate_limit: Option<u32>,
     settle_timeout: Option<String>,
     provider_auth_header: Option<String>,
     provider_auth_env: Option<String>,
     provider_auth_file: Option<PathBuf>,
     provider_ca_file: Option<PathBuf>,
+    method: Option<String>,
+    url: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    body: Option<RawBody>,
+    key_header: Option<String>,
+    key_format: Option<String>,
+    answers: Option<RawAnswers>,
+}
+
+impl RawTarget {
+    /// The `http` kind's fields, taken out of `self`.
+    fn take_http_call(&mut self) -> RawHttpCall {
+        RawHttpCall {
+            method: self.method.take(),
+            url: self.url.take(),
+            headers: self.headers.take(),
+            body: self.body.take(),
+            key_header: self.key_header.take(),
+            key_format: self.key_format.take(),
+            answers: self.answers.take(),
+        }
+    }
 }
 
 /// Everything a targets file configures.
@@ -207,23 +238,36 @@ pub struct Targets {
     pub providers: Vec<ProviderSpec>,
 }
 
-/// A `provider` target: one charge per event at an external provider, through dedup-service's
-/// intents (see `provider_target`).
+/// A `provider` or `http` target: one call per event to an external API, through
+/// dedup-service's intents (see `provider_target`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderSpec {
     pub name: String,
     pub dedup_url: String,
+    /// provider-sim's base URL, or an `http` target's URL template: what logs name.
     pub provider_url: String,
-    /// `value`, or a JSON pointer to an integer.
-    pub amount: Source,
+    /// The request each event makes.
+    pub call: ProviderCall,
     pub call_timeout: Duration,
     pub lease_ttl: Duration,
     pub concurrency: usize,
+    /// Calls a second at most, and `Retry-After` honoured (`call_pacing`); `None`: no limit.
+    pub rate_limit: Option<u32>,
     pub settle_timeout: Duration,
     /// The header that carries the provider's credential, and where its value is read from at
     /// start-up (never from the URL, which is logged).
     pub auth: Option<ProviderAuth>,
     pub ca_file: Option<PathBuf>,
+}
+
+/// The request a provider-like target makes per event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderCall {
+    /// provider-sim's `POST {provider_url}/charges`; `amount` is `value` or a JSON pointer to an
+    /// integer.
+    Charges { amount: Source },
+    /// Any HTTP API (`kind = "http"`).
+    Http(HttpCall),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -325,7 +369,7 @@ pub fn parse(text: &str) -> Result<Targets, TargetsError> {
         let kind = match raw.kind {
             RawKind::Append => TargetKind::Append,
             RawKind::Versioned => TargetKind::Versioned,
-            RawKind::Provider => {
+            RawKind::Provider | RawKind::Http => {
                 let spec = validate_provider(raw)?;
                 if targets.providers.iter().any(|p| p.name == spec.name) {
                     return Err(invalid(&spec.name, "listed twice"));
@@ -378,35 +422,86 @@ fn validate_provider(mut raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
         None => Err(invalid(&name, format!("{field} is required"))),
     };
     let dedup_url = url("dedup_url", raw.dedup_url.take())?;
-    let provider_url = url("provider_url", raw.provider_url.take())?;
-    let amount = match raw.amount.as_deref().unwrap_or("value") {
-        "value" => Source::Value,
-        pointer if pointer.starts_with('/') => Source::Pointer(pointer.to_owned()),
-        other => {
-            return Err(invalid(
-                &name,
-                format!("amount {other:?}: expected value or a JSON pointer like /payload/amount"),
-            ));
-        }
+    let (provider_url, call) = if raw.kind == RawKind::Http {
+        provider_like_fields(
+            &name,
+            "http",
+            &[
+                ("provider_url", raw.provider_url.is_some()),
+                ("amount", raw.amount.is_some()),
+            ],
+        )?;
+        let call = HttpCall::parse(raw.take_http_call()).map_err(|e| invalid(&name, e))?;
+        (call.url.clone(), ProviderCall::Http(call))
+    } else {
+        let http_fields: Vec<_> = raw
+            .take_http_call()
+            .fields_set()
+            .map(|f| (f, true))
+            .collect();
+        provider_like_fields(&name, "provider", &http_fields)?;
+        let provider_url = url("provider_url", raw.provider_url.take())?;
+        (
+            provider_url,
+            ProviderCall::Charges {
+                amount: charge_amount(&name, raw.amount.as_deref())?,
+            },
+        )
     };
     let timing = provider_timing(&name, &raw)?;
     let concurrency = raw.concurrency.unwrap_or(DEFAULT_PROVIDER_CONCURRENCY);
     if concurrency == 0 {
         return Err(invalid(&name, "concurrency must be at least 1"));
     }
+    let rate_limit = match raw.rate_limit {
+        Some(0) => return Err(invalid(&name, "rate_limit 0: calls a second, at least 1")),
+        rate => rate,
+    };
     let auth = provider_auth(&name, &mut raw)?;
     Ok(ProviderSpec {
         name,
         dedup_url,
         provider_url,
-        amount,
+        call,
         call_timeout: timing.call_timeout,
         lease_ttl: timing.lease_ttl,
         concurrency,
+        rate_limit,
         settle_timeout: timing.settle_timeout,
         auth,
         ca_file: raw.provider_ca_file,
     })
+}
+
+/// A field of the other provider-like kind on a `kind` target is a mistake, named.
+fn provider_like_fields(
+    name: &str,
+    kind: &str,
+    others: &[(&str, bool)],
+) -> Result<(), TargetsError> {
+    match others.iter().find(|(_, set)| *set) {
+        Some((field, _)) => Err(invalid(
+            name,
+            format!(
+                "{field} is not for {kind} targets (provider targets take provider_url and \
+                 amount; http targets url, method, headers, body, key_header, key_format and \
+                 answers)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// provider-sim's charge amount: `value` or a JSON pointer to an integer.
+fn charge_amount(name: &str, amount: Option<&str>) -> Result<Source, TargetsError> {
+    match amount.unwrap_or("value") {
+        "value" => Ok(Source::Value),
+        pointer if pointer.starts_with('/') => Ok(Source::Pointer(pointer.to_owned())),
+        other => Err(invalid(
+            name,
+            format!("amount {other:?}: expected value or a JSON pointer like /payload/amount"),
+        )),
+    }
 }
 
 /// A provider target's timeouts.
@@ -499,10 +594,16 @@ fn refuse_table_fields(name: &str, raw: &RawTarget) -> Result<(), TargetsError> 
     }
 }
 
-fn validate(raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError> {
-    let table = raw.table.unwrap_or_default().trim().to_owned();
+fn validate(mut raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError> {
+    let table = raw.table.take().unwrap_or_default().trim().to_owned();
     if table.is_empty() {
         return Err(invalid("<empty>", "table must not be empty"));
+    }
+    if let Some(field) = raw.take_http_call().fields_set().next() {
+        return Err(invalid(
+            &table,
+            format!("{field} is for http targets, not table targets"),
+        ));
     }
     let provider_fields = [
         ("name", raw.name.is_some()),
@@ -516,6 +617,7 @@ fn validate(raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError
         ("provider_auth_file", raw.provider_auth_file.is_some()),
         ("provider_ca_file", raw.provider_ca_file.is_some()),
         ("concurrency", raw.concurrency.is_some()),
+        ("rate_limit", raw.rate_limit.is_some()),
         ("settle_timeout", raw.settle_timeout.is_some()),
     ];
     if let Some((field, _)) = provider_fields.iter().find(|(_, set)| *set) {
@@ -755,11 +857,51 @@ mod tests {
         let targets = parse(&text)?;
         assert_eq!(targets.tables.len(), 2);
         let provider = &targets.providers[0];
-        assert_eq!(provider.amount, Source::Value);
+        assert_eq!(
+            provider.call,
+            ProviderCall::Charges {
+                amount: Source::Value
+            }
+        );
         assert_eq!(provider.call_timeout, Duration::from_secs(2));
         assert_eq!(provider.lease_ttl, Duration::from_secs(30));
         assert_eq!(provider.concurrency, DEFAULT_PROVIDER_CONCURRENCY);
         assert_eq!(provider.operation_id("e-1"), "payments:e-1");
+        Ok(())
+    }
+
+    #[test]
+    fn an_http_target_takes_its_request_and_answers_from_the_file() -> Result<(), TargetsError> {
+        let text = "[[targets]]\nkind = 'http'\nname = 'partner'\n\
+             dedup_url = 'http://127.0.0.1:50051'\nmethod = 'PUT'\n\
+             url = 'https://partner.example/v1/hooks/{event_id}'\nkey_header = 'X-Request-Id'\n\
+             [targets.headers]\n'X-Api-Version' = '2024-06-20'\n\
+             [targets.body]\namount = '/payload/amount'\nreference = 'key'\nlivemode = false\n\
+             [targets.answers]\nretry = ['429', '503']\n";
+        let targets = parse(text)?;
+        let spec = &targets.providers[0];
+        assert_eq!(
+            spec.provider_url,
+            "https://partner.example/v1/hooks/{event_id}"
+        );
+        let ProviderCall::Http(call) = &spec.call else {
+            panic!("an http call: {:?}", spec.call);
+        };
+        assert_eq!(call.method, "PUT");
+        assert_eq!(call.key_header.as_deref(), Some("X-Request-Id"));
+        assert_eq!(
+            call.headers,
+            vec![("X-Api-Version".to_owned(), "2024-06-20".to_owned())]
+        );
+        assert_eq!(
+            call.body,
+            HttpBody::Fields(vec![
+                ("amount".to_owned(), serde_json::json!("/payload/amount")),
+                ("livemode".to_owned(), serde_json::json!(false)),
+                ("reference".to_owned(), serde_json::json!("key")),
+            ])
+        );
+        assert_eq!(call.answers.retry.len(), 2);
         Ok(())
     }
 
@@ -775,7 +917,13 @@ mod tests {
             (format!("{base}amount='entity_id'"), "amount \"entity_id\""),
             (format!("{base}call_timeout='10s'\nlease_ttl='15s'"), "at least twice"),
             (format!("{base}concurrency=0"), "at least 1"),
+            (format!("{base}rate_limit=0"), "rate_limit 0"),
             ("[[targets]]\ntable='t'\nkind='append'\nlease_ttl='1s'\n[targets.columns]\nevent_id='event_id'".to_owned(), "lease_ttl is for provider targets"),
+            ("[[targets]]\ntable='t'\nkind='append'\nbody='event'\n[targets.columns]\nevent_id='event_id'".to_owned(), "body is for http targets"),
+            (format!("{base}url='http://p/x'"), "url is not for provider targets"),
+            ("[[targets]]\nkind='http'\nname='h'\ndedup_url='http://d'\nurl='http://h/'\namount='value'".to_owned(), "amount is not for http targets"),
+            ("[[targets]]\nkind='http'\nname='h'\ndedup_url='http://d'".to_owned(), "target h: url is required"),
+            ("[[targets]]\nkind='http'\nname='h'\ndedup_url='http://d'\nurl='http://h/{nope}'".to_owned(), "unknown placeholder {nope}"),
         ];
         for (text, expected) in cases {
             let error = parse(&text).expect_err(&text).to_string();

@@ -15,6 +15,7 @@ mod eosctl_audit;
 mod generic_events;
 mod held_operations;
 mod hostile_input;
+mod http_target;
 mod kafka_cluster;
 mod kafka_transactions;
 mod liveness;

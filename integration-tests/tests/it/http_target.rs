@@ -1,0 +1,375 @@
+//! The sink's `http` target against two API shapes beside provider-sim (docs/sink-writer.md
+//! "Calls to any HTTP API"), each under chaos: real sink-writer and dedup-service processes,
+//! SIGKILLed mid-run, real Kafka and PostgreSQL, and an API double in this process that throttles,
+//! fails before applying and answers after the caller's deadline.
+//!
+//! - An API with Stripe's idempotency contract, settled by dedup-service's `replay` strategy:
+//!   exactly one charge per event.
+//! - A webhook receiver with no key and no look-up, settled by `none`: at most one delivery per
+//!   event, and every event whose outcome was lost held for an operator, never sent twice.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use integration_tests::eosctl::{self, Workload};
+use integration_tests::http_api_doubles::{ApiFaults, Effect, IdempotentApi, WebhookReceiver};
+use integration_tests::{TestDatabase, unique_name};
+
+use crate::dedup_service::Dedup;
+use crate::sink_writer::{Sink, TopicTruth};
+
+const EVENTS: u64 = 1_000;
+/// The Stripe-like API's `rate_limit`, calls a second: the API must never see more. Without it
+/// the sink's catch-ups reached 190-260 calls a second here.
+const RATE_LIMIT: usize = 100;
+
+/// The target's call timeout and lease: short, so lost answers are replayed within seconds.
+const CALL: &str = "call_timeout = \"1s\"\nlease_ttl = \"3s\"\n";
+
+/// dedup-service settling this run's target by `strategy`, its reconciler quick.
+fn dedup_args(target: &str, strategy: &str) -> Vec<String> {
+    [
+        "--reconcile-interval",
+        "200ms",
+        "--in-flight-window",
+        "3s",
+        "--reconcile-strategy",
+        &format!("{target}={strategy}"),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Produces the workload while sinks are SIGKILLed `sink_kills` times 1.5 s into their run, then
+/// SIGKILLs dedup-service and starts it again on its address, and lets a last sink drain the
+/// topic within `Sink::wait_drained`'s bound. Returns dedup-service as restarted.
+async fn run_through_kills(
+    sink: &Sink,
+    config: &str,
+    workload: Workload,
+    sink_kills: usize,
+    (db, mut dedup, dedup_args): (&TestDatabase, Dedup, &[String]),
+) -> anyhow::Result<Dedup> {
+    let producer = {
+        let topic = sink.topic.clone();
+        std::thread::spawn(move || eosctl::produce(&topic, &workload))
+    };
+    let args = ["--config", config];
+    for _ in 0..sink_kills {
+        let mut process = sink.spawn("http", &args, &[])?;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let status = process.kill_hard()?;
+        ensure!(status.code().is_none(), "killed by a signal: {status}");
+    }
+    let mut last = sink.spawn("http", &args, &[])?;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let address = dedup.endpoint().trim_start_matches("http://").to_owned();
+    let status = dedup.process.kill_hard()?;
+    ensure!(
+        status.code().is_none(),
+        "dedup-service killed by a signal: {status}"
+    );
+    let args: Vec<&str> = dedup_args.iter().map(String::as_str).collect();
+    let dedup = Dedup::spawn_on(&db.url, &address, &args)?;
+    tokio::task::spawn_blocking(move || producer.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    sink.wait_drained(&db.pool, &mut last).await?;
+    last.stop_gracefully()?;
+    Ok(dedup)
+}
+
+/// How many effects each key has.
+fn per_key(effects: &[Effect]) -> BTreeMap<&str, usize> {
+    let mut counts = BTreeMap::new();
+    for effect in effects {
+        *counts.entry(effect.key.as_str()).or_default() += 1;
+    }
+    counts
+}
+
+/// (state, count) of this target's intents.
+async fn intent_states(db: &TestDatabase, prefix: &str) -> anyhow::Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT state, count(*) FROM dedup_intents WHERE operation_id LIKE $1 GROUP BY state \
+         ORDER BY state",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+/// How many of this target's intents went UNKNOWN, and how many left UNKNOWN again.
+async fn unknowns_and_settled(db: &TestDatabase, prefix: &str) -> anyhow::Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE to_state = 'UNKNOWN'), \
+                count(*) FILTER (WHERE from_state = 'UNKNOWN') \
+         FROM dedup_intent_history WHERE operation_id LIKE $1",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_one(&db.pool)
+    .await?)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_with_stripe_s_idempotency_contract_is_charged_once_per_event_under_chaos()
+-> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let api = IdempotentApi::start(ApiFaults {
+        throttle: 0.01,
+        error_before_apply: 0.03,
+        late: 0.08,
+        // Longer than the lease and the in-flight window: a replay can find the first request
+        // still running, and is answered 409.
+        late_answer: Duration::from_secs(8),
+        seed: 53,
+    })
+    .await?;
+    let name = unique_name("stripe").replace('-', "_");
+    let dedup_args = dedup_args(&name, "replay");
+    let dedup = Dedup::spawn(
+        &db,
+        &dedup_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    let dir = std::env::temp_dir().join(unique_name("http-target"));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("targets.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[targets]]\nkind = \"http\"\nname = \"{name}\"\ndedup_url = \"{}\"\n\
+             url = \"{}/v1/charges\"\n{CALL}rate_limit = {RATE_LIMIT}\n\
+             [targets.headers]\n\"Stripe-Version\" = \"2024-06-20\"\n\
+             [targets.body]\namount = \"/value\"\ncurrency = \"eur\"\n\
+             description = \"event_id\"\nmetadata = {{ source = \"eos-suite\" }}\n",
+            dedup.endpoint(),
+            api.url()
+        ),
+    )?;
+    let sink = Sink::new(&unique_name("http-stripe"), &db.url);
+    let workload = Workload {
+        rate: 500,
+        ..Workload::chaos(EVENTS, 53)
+    };
+    let started = Instant::now();
+    let dedup = run_through_kills(
+        &sink,
+        &config.display().to_string(),
+        workload,
+        2,
+        (&db, dedup, &dedup_args),
+    )
+    .await?;
+    eprintln!(
+        "stripe-like API: drained in {:?}; answers {}",
+        started.elapsed(),
+        api.counts().summary()
+    );
+
+    // The limit held: no second of the run saw more calls than it allows. The sink starts its
+    // calls 1/rate apart (one sink at a time); 5% is left for their arrival's jitter on a loaded
+    // machine, which the sink does not control.
+    let most = api.most_requests_in_a_second();
+    eprintln!("stripe-like API: at most {most} requests in a second (rate_limit {RATE_LIMIT})");
+    assert!(
+        most <= RATE_LIMIT * 105 / 100,
+        "{most} requests in one second, over rate_limit {RATE_LIMIT}"
+    );
+    assert!(
+        api.counts()
+            .throttled_429
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0,
+        "the API throttled some calls"
+    );
+
+    let truth = TopicTruth::read(&sink.topic)?;
+    ensure!(
+        truth.logical.len() as u64 == EVENTS,
+        "{} logical events",
+        truth.logical.len()
+    );
+    let prefix = format!("{name}:");
+    let effects = api.effects();
+    let counts = per_key(&effects);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "charged twice: {twice:?}");
+    let expected: HashSet<String> = truth
+        .logical
+        .keys()
+        .map(|id| format!("{prefix}{id}"))
+        .collect();
+    let got: HashSet<String> = counts.keys().map(|key| (*key).to_owned()).collect();
+    let missing: Vec<_> = expected.difference(&got).take(5).collect();
+    let unexpected: Vec<_> = got.difference(&expected).take(5).collect();
+    assert!(
+        missing.is_empty() && unexpected.is_empty(),
+        "missing {missing:?}, unexpected {unexpected:?}"
+    );
+    for effect in &effects {
+        let event_id = &effect.key[prefix.len()..];
+        let value = truth.logical.get(event_id).map(|(value, _)| *value);
+        assert_eq!(effect.body["amount"].as_i64(), value, "{}", effect.key);
+        assert_eq!(effect.body["description"], event_id);
+        assert_eq!(effect.body["currency"], "eur");
+        assert_eq!(effect.body["metadata"]["source"], "eos-suite");
+    }
+
+    let (unknowns, settled) = unknowns_and_settled(&db, &prefix).await?;
+    eprintln!("stripe-like API: {unknowns} UNKNOWN, {settled} settled");
+    assert!(
+        api.counts().late.load(std::sync::atomic::Ordering::SeqCst) > 0 && unknowns > 0,
+        "the lost answers must bite: {unknowns} UNKNOWN"
+    );
+    assert_eq!(settled, unknowns, "every UNKNOWN settled");
+    assert!(
+        api.counts()
+            .replayed
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0,
+        "the replays of lost answers were answered from the stored result"
+    );
+    assert_eq!(
+        intent_states(&db, &prefix).await?,
+        vec![("SUCCEEDED".to_owned(), EVENTS as i64)]
+    );
+    assert!(dedup.client()?.list_unknown(100).await?.is_empty());
+    let conflicts: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sink_conflicts WHERE sink = $1 AND target = $2 \
+         AND reason = 'operation_conflict'",
+    )
+    .bind(&sink.group)
+    .bind(&name)
+    .fetch_one(&db.pool)
+    .await?;
+    assert_eq!(
+        conflicts as usize,
+        truth.conflicts.len(),
+        "reused ids are conflicts"
+    );
+
+    drop(dedup);
+    std::fs::remove_dir_all(&dir)?;
+    db.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_without_keys_gets_each_event_at_most_once_and_lost_outcomes_are_held()
+-> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let receiver = WebhookReceiver::start(ApiFaults {
+        throttle: 0.0,
+        error_before_apply: 0.02,
+        late: 0.04,
+        late_answer: Duration::from_secs(3),
+        seed: 54,
+    })
+    .await?;
+    let name = unique_name("hook").replace('-', "_");
+    let dedup_args = dedup_args(&name, "none");
+    let dedup = Dedup::spawn(
+        &db,
+        &dedup_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    let dir = std::env::temp_dir().join(unique_name("http-webhook"));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("targets.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[targets]]\nkind = \"http\"\nname = \"{name}\"\ndedup_url = \"{}\"\n\
+             url = \"{}/hooks\"\nkey_header = \"\"\n{CALL}\
+             [targets.body]\nevent_id = \"event_id\"\naccount = \"entity_id\"\n\
+             amount = \"/value\"\ntype = \"payment.settled\"\n",
+            dedup.endpoint(),
+            receiver.url()
+        ),
+    )?;
+    let sink = Sink::new(&unique_name("http-webhook"), &db.url);
+    let workload = Workload {
+        rate: 500,
+        ..Workload::chaos(EVENTS, 54)
+    };
+    let started = Instant::now();
+    let dedup = run_through_kills(
+        &sink,
+        &config.display().to_string(),
+        workload,
+        1,
+        (&db, dedup, &dedup_args),
+    )
+    .await?;
+    eprintln!(
+        "webhook: drained in {:?}; answers {}",
+        started.elapsed(),
+        receiver.counts().summary()
+    );
+
+    let truth = TopicTruth::read(&sink.topic)?;
+    ensure!(
+        truth.logical.len() as u64 == EVENTS,
+        "{} logical events",
+        truth.logical.len()
+    );
+    let deliveries = receiver.deliveries();
+    let counts = per_key(&deliveries);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered twice: {twice:?}");
+    for delivery in &deliveries {
+        let value = truth.logical.get(&delivery.key).map(|(value, _)| *value);
+        assert_eq!(delivery.body["amount"].as_i64(), value, "{}", delivery.key);
+        assert_eq!(delivery.body["type"], "payment.settled");
+    }
+
+    // Each event is delivered and SUCCEEDED, or its outcome was lost and it is held: UNKNOWN at
+    // dedup-service, a sink_held_operations row, delivered at most once (never twice).
+    let prefix = format!("{name}:");
+    let states: BTreeMap<String, i64> = intent_states(&db, &prefix).await?.into_iter().collect();
+    let succeeded = states.get("SUCCEEDED").copied().unwrap_or_default();
+    let unknown = states.get("UNKNOWN").copied().unwrap_or_default();
+    assert_eq!(
+        succeeded + unknown,
+        EVENTS as i64,
+        "every intent SUCCEEDED or UNKNOWN: {states:?}"
+    );
+    let held: Vec<(String,)> = sqlx::query_as(
+        "SELECT event_id FROM sink_held_operations WHERE sink = $1 AND target = $2 \
+         AND resolved_at IS NULL",
+    )
+    .bind(&sink.group)
+    .bind(&name)
+    .fetch_all(&db.pool)
+    .await?;
+    let held: HashSet<String> = held.into_iter().map(|(id,)| id).collect();
+    eprintln!(
+        "webhook: {succeeded} delivered and SUCCEEDED, {unknown} UNKNOWN, {} held",
+        held.len()
+    );
+    assert!(unknown > 0, "the lost answers must bite: {states:?}");
+    assert_eq!(
+        held.len() as i64,
+        unknown,
+        "every UNKNOWN intent is held at the sink"
+    );
+    let unknown_ids: HashSet<String> = sqlx::query_scalar::<_, String>(
+        "SELECT operation_id FROM dedup_intents WHERE operation_id LIKE $1 AND state = 'UNKNOWN'",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_all(&db.pool)
+    .await?
+    .into_iter()
+    .map(|operation_id| operation_id[prefix.len()..].to_owned())
+    .collect();
+    assert_eq!(held, unknown_ids, "the held events are the UNKNOWN ones");
+    for event_id in truth.logical.keys() {
+        let delivered = counts.get(event_id.as_str()).copied().unwrap_or_default();
+        if !held.contains(event_id) {
+            assert_eq!(delivered, 1, "{event_id} SUCCEEDED, so delivered once");
+        }
+    }
+
+    drop(dedup);
+    std::fs::remove_dir_all(&dir)?;
+    db.drop_database().await
+}
