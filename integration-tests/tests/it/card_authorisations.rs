@@ -14,6 +14,7 @@ use eos_processor::{DEFAULT_OUTPUT, Transform};
 use eos_runtime::kafka_clients;
 use eos_testkit::argv;
 use eos_transform::replay::{self, CommittedRun, RunTopics};
+use integration_tests::http_api_doubles::{ApiFaults, IdempotentApi};
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -302,10 +303,33 @@ pub(crate) fn assert_replay_exact(expected: &replay::Expected, run: &CommittedRu
 /// reading the id from the `event_id` header the processor writes and the card from the key.
 /// Each is SIGKILLed once mid-run. The Kafka boundary is proven by the replay, the PostgreSQL one
 /// by one row per approved authorisation, by event id, with the output's content. The traces, by
-/// one trace per event: the one the producer's `traceparent` began.
+/// one trace per event: the one the producer's `traceparent` began. The same sink notifies a
+/// partner's API once per approved authorisation (an `http` target beside the table, settled by
+/// `replay`, the partner throttling, failing and answering late): one notification per approved
+/// authorisation, with its fields (docs/TRANSFORMS.md "6. Into PostgreSQL").
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::Result<()> {
     let db = integration_tests::TestDatabase::create().await?;
+    let partner = IdempotentApi::start(ApiFaults {
+        throttle: 0.02,
+        error_before_apply: 0.02,
+        late: 0.05,
+        late_answer: Duration::from_secs(4),
+        seed: 7,
+    })
+    .await?;
+    let notify = unique_name("partner").replace('-', "_");
+    let dedup = crate::dedup_service::Dedup::spawn(
+        &db,
+        &[
+            "--reconcile-interval",
+            "200ms",
+            "--in-flight-window",
+            "3s",
+            "--reconcile-strategy",
+            &format!("{notify}=replay"),
+        ],
+    )?;
     sqlx::query(
         "CREATE TABLE card_approvals (
              auth_id TEXT PRIMARY KEY,
@@ -322,7 +346,8 @@ async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::R
     let targets = std::env::temp_dir().join(format!("{}.toml", unique_name("card-targets")));
     std::fs::write(
         &targets,
-        r#"
+        format!(
+            r#"
 [[targets]]
 table = "card_approvals"
 kind = "append"
@@ -335,7 +360,24 @@ currency = "/currency"
 day_spent = "/day_spent"
 fingerprint = "fingerprint"
 source_offset = "kafka.offset"
+
+[[targets]]
+kind = "http"
+name = "{notify}"
+dedup_url = "{dedup_url}"
+url = "{partner_url}/v1/notifications"
+call_timeout = "1s"
+lease_ttl = "3s"
+[targets.body]
+authorisation = "event_id"
+card = "entity_id"
+amount = "/amount"
+currency = "/currency"
+status = "/status"
 "#,
+            dedup_url = dedup.endpoint(),
+            partner_url = partner.url(),
+        ),
     )?;
     let bootstrap = bootstrap_servers();
     let input = unique_name("chain-auths");
@@ -423,6 +465,49 @@ source_offset = "kafka.offset"
         .fetch_one(&db.pool)
         .await?;
     assert_eq!((dead, conflicts), (0, 0));
+
+    // The partner: one notification per approved authorisation, with its fields, whatever its
+    // answers lost.
+    let approved_outputs: BTreeMap<String, serde_json::Value> = run
+        .outputs
+        .iter()
+        .filter(|output| output.output == DEFAULT_OUTPUT)
+        .map(|output| {
+            let value = serde_json::from_str(&output.value).unwrap_or_default();
+            (format!("{notify}:{}", output.event_id), value)
+        })
+        .collect();
+    let notifications = partner.effects();
+    eprintln!(
+        "partner: {} notifications; answers {}",
+        notifications.len(),
+        partner.counts().summary()
+    );
+    let mut notified: BTreeMap<&str, &serde_json::Value> = BTreeMap::new();
+    for notification in &notifications {
+        assert!(
+            notified
+                .insert(notification.key.as_str(), &notification.body)
+                .is_none(),
+            "{} notified twice",
+            notification.key
+        );
+    }
+    assert_eq!(
+        notified.keys().copied().collect::<Vec<_>>(),
+        approved_outputs
+            .keys()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        "one notification per approved authorisation"
+    );
+    for (key, body) in &notified {
+        let output = &approved_outputs[*key];
+        assert_eq!(body["amount"], output["amount"], "{key}");
+        assert_eq!(body["status"], "approved", "{key}");
+        assert_eq!(body["card"], output["card"], "{key}");
+    }
+    drop(dedup);
 
     // Each event has one trace: the one its upstream began. Every span about it, from any
     // instance, killed or not, lies in it; and the events produced after the kills have the spans
