@@ -634,6 +634,7 @@ pub fn tables_and_provider_targets(
         dedup_url,
         provider_url,
         concurrency: None,
+        as_http: false,
     };
     eos_testkit::sink_targets::sink_targets("integration-tests", Some(&provider))
 }

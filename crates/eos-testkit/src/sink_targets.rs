@@ -11,6 +11,10 @@ pub struct ProviderTarget<'a> {
     pub provider_url: &'a str,
     /// The target's `concurrency` [default: sink-writer's].
     pub concurrency: Option<u64>,
+    /// The same charge written as a `kind = "http"` target, its request spelled out (`POST
+    /// {provider_url}/charges`, the body's amount, event id and entity id, the key header by
+    /// default): the bytes sent are the same, so a benchmark compares the two kinds.
+    pub as_http: bool,
 }
 
 /// The sink's targets: the default two tables and, given one, the provider charge.
@@ -51,18 +55,25 @@ updated_at = "now"
         dedup_url,
         provider_url,
         concurrency,
+        as_http,
     }) = provider
     {
+        let call = if *as_http {
+            format!(
+                "kind = \"http\"\nurl = \"{provider_url}/charges\"\n\
+                 body = {{ amount = \"/value\", event_id = \"event_id\", entity_id = \"entity_id\" }}\n"
+            )
+        } else {
+            format!("kind = \"provider\"\nprovider_url = \"{provider_url}\"\n")
+        };
         targets.push_str(&format!(
             r#"
 [[targets]]
-kind = "provider"
 name = "{name}"
 dedup_url = "{dedup_url}"
-provider_url = "{provider_url}"
 call_timeout = "1s"
 lease_ttl = "10s"
-"#
+{call}"#
         ));
         if let Some(concurrency) = concurrency {
             targets.push_str(&format!("concurrency = {concurrency}\n"));

@@ -74,6 +74,8 @@ enum Targets {
     Tables,
     /// The tables, and one charge per event through dedup-service at provider-sim.
     TablesAndCharge,
+    /// The same charge through a `kind = "http"` target that spells the request out.
+    TablesAndHttpCharge,
 }
 
 impl Targets {
@@ -81,6 +83,7 @@ impl Targets {
         match self {
             Self::Tables => "tables",
             Self::TablesAndCharge => "charged",
+            Self::TablesAndHttpCharge => "http-charged",
         }
     }
 }
@@ -105,6 +108,10 @@ pub struct PipelineReport {
     pub charged: Figure,
     /// Per round, charged ÷ tables: what the charge through dedup-service costs.
     pub charged_vs_tables: Figure,
+    /// ... with the tables and the same charge as an `http` target.
+    pub http_charged: Figure,
+    /// Per round, http-charged ÷ charged: what the generic target costs against `provider`.
+    pub http_vs_provider: Figure,
     pub latency: Vec<PipelineLatency>,
 }
 
@@ -157,6 +164,12 @@ impl PipelineReport {
                 0,
             ),
             ("  charged ÷ tables", &self.charged_vs_tables, 2),
+            (
+                "tables + http target: events/s producer -> row",
+                &self.http_charged,
+                0,
+            ),
+            ("  http target ÷ provider target", &self.http_vs_provider, 2),
         ] {
             let (median, spread, rounds) = figure.text(digits);
             let _ = writeln!(out, "  {name:<44} {median:>10} {spread:>15}  [{rounds}]");
@@ -356,11 +369,13 @@ impl Bench {
     async fn measure(&mut self) -> anyhow::Result<PipelineReport> {
         let mut rates: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
         for round in 0..self.args.rounds {
-            let order = if round % 2 == 0 {
-                [Targets::Tables, Targets::TablesAndCharge]
-            } else {
-                [Targets::TablesAndCharge, Targets::Tables]
-            };
+            // Each kind goes first in turn, so a drift of the machine is spread over all three.
+            let mut order = [
+                Targets::Tables,
+                Targets::TablesAndCharge,
+                Targets::TablesAndHttpCharge,
+            ];
+            order.rotate_left(round as usize % 3);
             for targets in order {
                 let rate = self.throughput_run(targets).await?;
                 eprintln!(
@@ -375,6 +390,9 @@ impl Bench {
         let tables = rates.remove(Targets::Tables.label()).unwrap_or_default();
         let charged = rates
             .remove(Targets::TablesAndCharge.label())
+            .unwrap_or_default();
+        let http_charged = rates
+            .remove(Targets::TablesAndHttpCharge.label())
             .unwrap_or_default();
         let charged_figure = Figure::new(charged.clone());
         let latency = if self.args.latency_seconds > 0 {
@@ -401,6 +419,8 @@ impl Bench {
             cores: std::thread::available_parallelism().map_or(0, usize::from),
             load_before: self.load_before,
             charged_vs_tables: Figure::ratio(&charged, &tables),
+            http_vs_provider: Figure::ratio(&http_charged, &charged),
+            http_charged: Figure::new(http_charged),
             tables: Figure::new(tables),
             charged: charged_figure,
             latency,
@@ -557,12 +577,13 @@ impl Bench {
             dedup_url: &self.dedup_url,
             provider_url: &self.provider_url,
             concurrency: self.args.provider_concurrency,
+            as_http: targets == Targets::TablesAndHttpCharge,
         };
         std::fs::write(
             &targets_path,
             sink_targets(
                 "eos-lab bench pipeline",
-                (targets == Targets::TablesAndCharge).then_some(&provider),
+                (targets != Targets::Tables).then_some(&provider),
             ),
         )?;
         let bootstrap = self.kafka.bootstrap_servers.clone();
@@ -743,9 +764,9 @@ impl Bench {
         }
     }
 
-    /// In the charged chain, every event's charge settled once at dedup-service.
+    /// In the charged chains, every event's charge settled once at dedup-service.
     async fn check_charges(&self, chain: &Chain, expected: u64) -> anyhow::Result<()> {
-        if chain.targets != Targets::TablesAndCharge {
+        if chain.targets == Targets::Tables {
             return Ok(());
         }
         let settled: i64 = sqlx::query_scalar(

@@ -43,6 +43,7 @@ mod tests {
             dedup_url: "http://127.0.0.1:1",
             provider_url: "http://127.0.0.1:2",
             concurrency: None,
+            as_http: false,
         };
         let charged = sink_writer::targets::parse(&sink_targets("test", Some(&provider)))?;
         assert_eq!((charged.tables.len(), charged.providers.len()), (2, 1));
@@ -57,6 +58,23 @@ mod tests {
         };
         let charged = sink_writer::targets::parse(&sink_targets("test", Some(&wider)))?;
         assert_eq!(charged.providers[0].concurrency, 256);
+        let http = ProviderTarget {
+            as_http: true,
+            ..provider
+        };
+        let http = sink_writer::targets::parse(&sink_targets("test", Some(&http)))?;
+        let sink_writer::targets::ProviderCall::Http(call) = &http.providers[0].call else {
+            anyhow::bail!("an http target: {:?}", http.providers[0].call);
+        };
+        assert_eq!(call.url, "http://127.0.0.1:2/charges");
+        assert_eq!(
+            call.body.clone(),
+            sink_writer::targets::HttpBody::Fields(vec![
+                ("amount".to_owned(), serde_json::json!("/value")),
+                ("entity_id".to_owned(), serde_json::json!("entity_id")),
+                ("event_id".to_owned(), serde_json::json!("event_id")),
+            ])
+        );
         Ok(())
     }
 }

@@ -378,6 +378,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
                 dedup_url: &dedup_url,
                 provider_url: &provider_url,
                 concurrency: None,
+                as_http: false,
             }),
         ),
     )?;
