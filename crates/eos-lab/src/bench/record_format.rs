@@ -6,7 +6,7 @@
 //! the ledger transform's: its input envelope, and that envelope with the fields it adds
 //! (`entity_total`, `entity_count`, `source`).
 //!
-//! Every processor round's outputs are read back and counted ([`verify_outputs`]): one output per
+//! Every processor round's outputs are read back and counted (`verify_outputs`): one output per
 //! input, each decoding to its event, and no dead letter, so a format that does not work cannot
 //! report a fast figure.
 
