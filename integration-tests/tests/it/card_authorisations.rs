@@ -306,7 +306,7 @@ pub(crate) fn assert_replay_exact(expected: &replay::Expected, run: &CommittedRu
 /// one trace per event: the one the producer's `traceparent` began. The same sink notifies a
 /// partner's API once per approved authorisation (an `http` target beside the table, settled by
 /// `replay`, the partner throttling, failing and answering late): one notification per approved
-/// authorisation, with its fields (docs/TRANSFORMS.md "6. Into PostgreSQL").
+/// authorisation, with its fields (docs/TRANSFORMS.md "Into PostgreSQL").
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::Result<()> {
     let db = integration_tests::TestDatabase::create().await?;
