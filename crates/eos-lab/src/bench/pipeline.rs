@@ -153,7 +153,7 @@ impl PipelineReport {
         }
         let _ = writeln!(
             out,
-            "  {:<44} {:>10} {:>15}  per round",
+            "  {:<47} {:>10} {:>15}  per round",
             "figure", "median", "spread"
         );
         for (name, figure, digits) in [
@@ -172,7 +172,7 @@ impl PipelineReport {
             ("  http target ÷ provider target", &self.http_vs_provider, 2),
         ] {
             let (median, spread, rounds) = figure.text(digits);
-            let _ = writeln!(out, "  {name:<44} {median:>10} {spread:>15}  [{rounds}]");
+            let _ = writeln!(out, "  {name:<47} {median:>10} {spread:>15}  [{rounds}]");
         }
         for run in &self.latency {
             let figures = match (&run.summary, &run.trend) {
