@@ -30,8 +30,9 @@ use tokio::task::JoinHandle;
 /// How often an API misbehaves, each a probability per request.
 #[derive(Debug, Clone, Copy)]
 pub struct ApiFaults {
-    /// 429 with `Retry-After: 1`, nothing applied.
+    /// 429 with `Retry-After: retry_after_seconds`, nothing applied.
     pub throttle: f64,
+    pub retry_after_seconds: u64,
     /// 500 before anything is applied (the key is freed).
     pub error_before_apply: f64,
     /// Applied at once, answered only after `late_answer` (past the caller's deadline): the
@@ -155,7 +156,7 @@ impl Shared {
             return Some(
                 (
                     StatusCode::TOO_MANY_REQUESTS,
-                    [("retry-after", "1")],
+                    [("retry-after", self.faults.retry_after_seconds.to_string())],
                     "rate limited",
                 )
                     .into_response(),

@@ -64,6 +64,9 @@ const BATCH_ITEMS: usize = 1000;
 /// those slots; the slots still bound the calls (and the connections) in flight.
 const CHUNKS_IN_FLIGHT: usize = 16;
 
+/// Why an acquisition is given back uncalled when its lease would end before the call's deadline.
+const TOO_LITTLE_LEASE: &str = "too little of the lease was left for the call";
+
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
 
@@ -370,7 +373,7 @@ impl ProviderTarget {
                         let Ok(_turn) = first_rounds.acquire().await else {
                             return Err(self.cancelled());
                         };
-                        self.chunk_round(chunk).await?
+                        self.chunk_round(chunk, shutdown).await?
                     };
                     let give_up_at = Instant::now() + self.spec.settle_timeout;
                     futures::future::try_join_all(chunk.iter().zip(firsts).map(
@@ -422,7 +425,11 @@ impl ProviderTarget {
     /// reported by itself (`Fail`, `MarkUnknown`: rare, and the single calls say it in the
     /// event's trace), and a batch item that cannot be completed is completed by itself, as the
     /// single path would.
-    async fn chunk_round(&self, charges: &[Charge]) -> Result<Vec<Round>, ProviderTargetError> {
+    async fn chunk_round(
+        &self,
+        charges: &[Charge],
+        shutdown: &CancellationToken,
+    ) -> Result<Vec<Round>, ProviderTargetError> {
         let begins: Vec<(BeginParams, opentelemetry::Context)> = charges
             .iter()
             .map(|charge| (charge.params.clone(), charge.span.context()))
@@ -450,13 +457,15 @@ impl ProviderTarget {
                 let Ok(_slot) = self.rounds.acquire().await else {
                     return Err(self.cancelled());
                 };
-                self.wait_turn().await;
+                self.wait_turn(&charge.operation_id, fencing_token, shutdown)
+                    .instrument(charge.span.clone())
+                    .await?;
                 // The protocol calls the provider only within the lease, with its deadline
                 // inside it: a lease that ran out may already be the reconciler's (a long wait
                 // for the slot or the turn gives the acquisition back).
                 if Instant::now() + self.spec.call_timeout >= lease_ends {
                     let step = self
-                        .release(&charge.operation_id, fencing_token)
+                        .release(&charge.operation_id, fencing_token, TOO_LITTLE_LEASE)
                         .instrument(charge.span.clone())
                         .await?;
                     return Ok(Called::Done(Round { step, calls: 0 }));
@@ -568,7 +577,7 @@ impl ProviderTarget {
                     () = shutdown.cancelled() => return Err(self.cancelled()),
                     () = tokio::time::sleep(wait) => {}
                 }
-                let round = self.round(charge, calls).await?;
+                let round = self.round(charge, calls, shutdown).await?;
                 step = round.step;
                 calls += round.calls;
             }
@@ -582,6 +591,7 @@ impl ProviderTarget {
         &self,
         charge: &Charge,
         called_before: u32,
+        shutdown: &CancellationToken,
     ) -> Result<Round, ProviderTargetError> {
         let Ok(_slot) = self.rounds.acquire().await else {
             return Err(self.cancelled());
@@ -602,9 +612,12 @@ impl ProviderTarget {
             return Ok(Round::answered(outcome, called_before));
         };
         // Only a call waits for its turn: an answered Begin (a replay after a crash) takes none.
-        self.wait_turn().await;
+        self.wait_turn(&charge.operation_id, fencing_token, shutdown)
+            .await?;
         if Instant::now() + self.spec.call_timeout >= begun + self.lease_left(lease_expires_at) {
-            let step = self.release(&charge.operation_id, fencing_token).await?;
+            let step = self
+                .release(&charge.operation_id, fencing_token, TOO_LITTLE_LEASE)
+                .await?;
             return Ok(Round { step, calls: 0 });
         }
         let outcome = self.call(&charge.request).await;
@@ -615,10 +628,27 @@ impl ProviderTarget {
     }
 
     /// Waits for the target's next call moment (`rate_limit`, a `Retry-After`), counting the
-    /// calls that waited.
-    async fn wait_turn(&self) {
-        if !self.pacing.wait_turn().await.is_zero() {
-            counter!(m::PROVIDER_PACED_CALLS, "target" => self.spec.name.clone()).increment(1);
+    /// calls that waited. A shutdown meanwhile gives the acquisition back uncalled (so it is
+    /// acquired again at once, not left to expire into UNKNOWN) and ends the batch.
+    async fn wait_turn(
+        &self,
+        operation_id: &str,
+        fencing_token: FencingToken,
+        shutdown: &CancellationToken,
+    ) -> Result<(), ProviderTargetError> {
+        tokio::select! {
+            waited = self.pacing.wait_turn() => {
+                if !waited.is_zero() {
+                    counter!(m::PROVIDER_PACED_CALLS, "target" => self.spec.name.clone())
+                        .increment(1);
+                }
+                Ok(())
+            }
+            () = shutdown.cancelled() => {
+                self.release(operation_id, fencing_token, "shutting down while it waited for its turn")
+                    .await?;
+                Err(self.cancelled())
+            }
         }
     }
 
@@ -707,13 +737,14 @@ impl ProviderTarget {
         &self,
         operation_id: &str,
         fencing_token: FencingToken,
+        why: &str,
     ) -> Result<Step, ProviderTargetError> {
         let reported = self
             .dedup
             .fail(
                 operation_id,
                 fencing_token,
-                "not called: too little of the lease was left for the call",
+                &format!("not called: {why}"),
                 true,
             )
             .await

@@ -312,6 +312,7 @@ async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::R
     let db = integration_tests::TestDatabase::create().await?;
     let partner = IdempotentApi::start(ApiFaults {
         throttle: 0.02,
+        retry_after_seconds: 1,
         error_before_apply: 0.02,
         late: 0.05,
         late_answer: Duration::from_secs(4),

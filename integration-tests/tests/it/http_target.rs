@@ -118,6 +118,7 @@ async fn an_api_with_stripe_s_idempotency_contract_is_charged_once_per_event_und
     let db = TestDatabase::create().await?;
     let api = IdempotentApi::start(ApiFaults {
         throttle: 0.01,
+        retry_after_seconds: 1,
         error_before_apply: 0.03,
         late: 0.08,
         // Longer than the lease and the in-flight window: a replay can find the first request
@@ -260,6 +261,7 @@ async fn a_webhook_without_keys_gets_each_event_at_most_once_and_lost_outcomes_a
     let db = TestDatabase::create().await?;
     let receiver = WebhookReceiver::start(ApiFaults {
         throttle: 0.0,
+        retry_after_seconds: 1,
         error_before_apply: 0.02,
         late: 0.04,
         late_answer: Duration::from_secs(3),
@@ -368,6 +370,105 @@ async fn a_webhook_without_keys_gets_each_event_at_most_once_and_lost_outcomes_a
             assert_eq!(delivered, 1, "{event_id} SUCCEEDED, so delivered once");
         }
     }
+
+    drop(dedup);
+    std::fs::remove_dir_all(&dir)?;
+    db.drop_database().await
+}
+
+/// A partner that answers every call 429 with `Retry-After: 600` pauses the target for the
+/// longest pause (300 s). A SIGTERM meanwhile must not wait it out: the sink gives each
+/// acquisition that waited for its turn back uncalled (a retryable failure, not a lease left to
+/// expire into UNKNOWN) and exits 0 within the harness's 30 s, with nothing applied.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shutdown_during_a_retry_after_pause_gives_the_waiting_calls_back_at_once()
+-> anyhow::Result<()> {
+    let db = TestDatabase::create().await?;
+    let api = IdempotentApi::start(ApiFaults {
+        throttle: 1.0,
+        retry_after_seconds: 600,
+        error_before_apply: 0.0,
+        late: 0.0,
+        late_answer: Duration::ZERO,
+        seed: 55,
+    })
+    .await?;
+    let name = unique_name("paused").replace('-', "_");
+    let dedup_args = dedup_args(&name, "replay");
+    let dedup = Dedup::spawn(
+        &db,
+        &dedup_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    let dir = std::env::temp_dir().join(unique_name("http-paused"));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("targets.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[targets]]\nkind = \"http\"\nname = \"{name}\"\ndedup_url = \"{}\"\n\
+             url = \"{}/v1/charges\"\ncall_timeout = \"1s\"\nlease_ttl = \"30s\"\n\
+             [targets.body]\namount = \"/value\"\n",
+            dedup.endpoint(),
+            api.url()
+        ),
+    )?;
+    let sink = Sink::new(&unique_name("http-paused"), &db.url);
+    let workload = Workload {
+        count: 50,
+        entities: 10,
+        duplicate_ratio: 0.0,
+        bad_ratio: 0.0,
+        conflict_ratio: 0.0,
+        rate: 0,
+        seed: 55,
+    };
+    tokio::task::spawn_blocking({
+        let topic = sink.topic.clone();
+        move || eosctl::produce(&topic, &workload)
+    })
+    .await??;
+    let config = config.display().to_string();
+    let mut process = sink.spawn("paused", &["--config", &config], &[])?;
+    let throttled = || {
+        api.counts()
+            .throttled_429
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while throttled() == 0 {
+        ensure!(Instant::now() < deadline, "no call reached the API in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The next rounds re-acquire their intents and wait for their turn behind the pause.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = Instant::now();
+    process.stop_gracefully()?;
+    let stopped_in = asked.elapsed();
+    eprintln!(
+        "paused target: stopped {stopped_in:?} after SIGTERM, {throttled} 429s",
+        throttled = throttled()
+    );
+
+    assert!(api.effects().is_empty(), "a 429 applies nothing");
+    let prefix = format!("{name}:");
+    let given_back: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dedup_intent_history WHERE operation_id LIKE $1 \
+         AND detail LIKE '%shutting down while it waited for its turn%'",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_one(&db.pool)
+    .await?;
+    assert!(
+        given_back > 0,
+        "the waiting acquisitions were given back on shutdown"
+    );
+    let (unknowns, _) = unknowns_and_settled(&db, &prefix).await?;
+    assert_eq!(unknowns, 0, "nothing was left to expire into UNKNOWN");
+    let states = intent_states(&db, &prefix).await?;
+    assert!(
+        states.iter().all(|(state, _)| state == "FAILED"),
+        "every intent a retryable failure, acquired again by the next sink: {states:?}"
+    );
 
     drop(dedup);
     std::fs::remove_dir_all(&dir)?;
