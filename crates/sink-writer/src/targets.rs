@@ -423,30 +423,20 @@ fn validate_provider(mut raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
     };
     let dedup_url = url("dedup_url", raw.dedup_url.take())?;
     let (provider_url, call) = if raw.kind == RawKind::Http {
-        provider_like_fields(
-            &name,
-            "http",
-            &[
-                ("provider_url", raw.provider_url.is_some()),
-                ("amount", raw.amount.is_some()),
-            ],
-        )?;
+        let charge_field = [
+            ("provider_url", raw.provider_url.is_some()),
+            ("amount", raw.amount.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(field, set)| set.then_some(field));
+        refuse_other_kinds_field(&name, "http", charge_field)?;
         let call = HttpCall::parse(raw.take_http_call()).map_err(|e| invalid(&name, e))?;
         (call.url.clone(), ProviderCall::Http(call))
     } else {
-        let http_fields: Vec<_> = raw
-            .take_http_call()
-            .fields_set()
-            .map(|f| (f, true))
-            .collect();
-        provider_like_fields(&name, "provider", &http_fields)?;
+        refuse_other_kinds_field(&name, "provider", raw.take_http_call().fields_set().next())?;
         let provider_url = url("provider_url", raw.provider_url.take())?;
-        (
-            provider_url,
-            ProviderCall::Charges {
-                amount: charge_amount(&name, raw.amount.as_deref())?,
-            },
-        )
+        let amount = charge_amount(&name, raw.amount.as_deref())?;
+        (provider_url, ProviderCall::Charges { amount })
     };
     let timing = provider_timing(&name, &raw)?;
     let concurrency = raw.concurrency.unwrap_or(DEFAULT_PROVIDER_CONCURRENCY);
@@ -474,13 +464,13 @@ fn validate_provider(mut raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
 }
 
 /// A field of the other provider-like kind on a `kind` target is a mistake, named.
-fn provider_like_fields(
+fn refuse_other_kinds_field(
     name: &str,
     kind: &str,
-    others: &[(&str, bool)],
+    field: Option<&str>,
 ) -> Result<(), TargetsError> {
-    match others.iter().find(|(_, set)| *set) {
-        Some((field, _)) => Err(invalid(
+    match field {
+        Some(field) => Err(invalid(
             name,
             format!(
                 "{field} is not for {kind} targets (provider targets take provider_url and \
