@@ -2,12 +2,12 @@
 //! sink-writer.md "Calls to any HTTP API"): each runs in the test's own process on 127.0.0.1,
 //! records every effect it applies, and loses answers on purpose.
 //!
-//! - [`IdempotentApi`] keeps Stripe's idempotency contract: the first request with a key is
+//! - [`ApiDouble::idempotent`] keeps Stripe's idempotency contract: the first request with a key is
 //!   applied and its answer stored; a repeat with the same parameters gets the stored answer
 //!   (`Idempotent-Replayed: true`); a repeat while the first is still running gets 409; a repeat
 //!   with other parameters gets 400. A 429 and a 500 before anything is applied store nothing,
 //!   as Stripe's do, so the same key may be tried again.
-//! - [`WebhookReceiver`] takes no key and has no look-up: every delivery it is sent is an effect.
+//! - [`ApiDouble::webhook`] takes no key and has no look-up: every delivery it is sent is an effect.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -178,15 +178,37 @@ impl Shared {
     }
 }
 
-/// A running API double; stops when dropped.
+/// A running API double in this process on 127.0.0.1; stops when dropped.
 #[derive(Debug)]
-struct Server {
+pub struct ApiDouble {
     addr: SocketAddr,
     serving: JoinHandle<()>,
+    shared: Arc<Shared>,
 }
 
-impl Server {
-    async fn start(router: Router) -> anyhow::Result<Self> {
+impl ApiDouble {
+    /// An API with Stripe's idempotency contract at `POST /v1/charges` and `POST
+    /// /v1/notifications` (one handler: a charge and a partner's notification keep the same
+    /// contract).
+    pub async fn idempotent(faults: ApiFaults) -> anyhow::Result<Self> {
+        Self::serve(
+            faults,
+            Router::new()
+                .route("/v1/charges", post(idempotent_charge))
+                .route("/v1/notifications", post(idempotent_charge)),
+        )
+        .await
+    }
+
+    /// A webhook receiver at `POST /hooks`: no key, no look-up; each delivery is recorded under
+    /// the `event_id` of its body.
+    pub async fn webhook(faults: ApiFaults) -> anyhow::Result<Self> {
+        Self::serve(faults, Router::new().route("/hooks", post(webhook))).await
+    }
+
+    async fn serve(faults: ApiFaults, routes: Router<Arc<Shared>>) -> anyhow::Result<Self> {
+        let shared = Shared::new(faults);
+        let router = routes.with_state(Arc::clone(&shared));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding an API double")?;
@@ -194,43 +216,20 @@ impl Server {
         let serving = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        Ok(Self { addr, serving })
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.serving.abort();
-    }
-}
-
-/// An API with Stripe's idempotency contract at `POST /v1/charges` and `POST /v1/notifications`
-/// (one handler: a charge and a partner's notification keep the same contract).
-#[derive(Debug)]
-pub struct IdempotentApi {
-    server: Server,
-    shared: Arc<Shared>,
-}
-
-impl IdempotentApi {
-    pub async fn start(faults: ApiFaults) -> anyhow::Result<Self> {
-        let shared = Shared::new(faults);
-        let router = Router::new()
-            .route("/v1/charges", post(idempotent_charge))
-            .route("/v1/notifications", post(idempotent_charge))
-            .with_state(Arc::clone(&shared));
         Ok(Self {
-            server: Server::start(router).await?,
+            addr,
+            serving,
             shared,
         })
     }
 
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr)
+        format!("http://{}", self.addr)
     }
 
-    /// Every effect applied, in order; a key applied twice is listed twice.
+    /// Every effect applied, in order (a webhook's under its event id); a key applied twice is
+    /// listed twice.
     pub fn effects(&self) -> Vec<Effect> {
         self.shared
             .effects
@@ -246,6 +245,12 @@ impl IdempotentApi {
     /// The most requests that arrived within any one second.
     pub fn most_requests_in_a_second(&self) -> usize {
         self.shared.most_in_a_second()
+    }
+}
+
+impl Drop for ApiDouble {
+    fn drop(&mut self) {
+        self.serving.abort();
     }
 }
 
@@ -343,46 +348,8 @@ async fn idempotent_charge(
     }
 }
 
-/// A webhook receiver at `POST /hooks`: no key, no look-up; each delivery is recorded under the
-/// `event_id` of its body.
-#[derive(Debug)]
-pub struct WebhookReceiver {
-    server: Server,
-    shared: Arc<Shared>,
-}
-
-impl WebhookReceiver {
-    pub async fn start(faults: ApiFaults) -> anyhow::Result<Self> {
-        let shared = Shared::new(faults);
-        let router = Router::new()
-            .route("/hooks", post(webhook))
-            .with_state(Arc::clone(&shared));
-        Ok(Self {
-            server: Server::start(router).await?,
-            shared,
-        })
-    }
-
-    /// `http://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr)
-    }
-
-    /// Every delivery, keyed by its event id; an event delivered twice is listed twice.
-    pub fn deliveries(&self) -> Vec<Effect> {
-        self.shared
-            .effects
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub fn counts(&self) -> &AnswerCounts {
-        &self.shared.counts
-    }
-}
-
 async fn webhook(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    shared.arrived();
     let Ok(delivery) = serde_json::from_slice::<Value>(&body) else {
         return (StatusCode::BAD_REQUEST, "the body is not JSON").into_response();
     };

@@ -14,7 +14,7 @@ use eos_processor::{DEFAULT_OUTPUT, Transform};
 use eos_runtime::kafka_clients;
 use eos_testkit::argv;
 use eos_transform::replay::{self, CommittedRun, RunTopics};
-use integration_tests::http_api_doubles::{ApiFaults, IdempotentApi};
+use integration_tests::http_api_doubles::{ApiDouble, ApiFaults};
 use integration_tests::otlp_collector::{OtlpCollector, env_refs};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
@@ -310,7 +310,7 @@ pub(crate) fn assert_replay_exact(expected: &replay::Expected, run: &CommittedRu
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::Result<()> {
     let db = integration_tests::TestDatabase::create().await?;
-    let partner = IdempotentApi::start(ApiFaults {
+    let partner = ApiDouble::idempotent(ApiFaults {
         throttle: 0.02,
         retry_after_seconds: 1,
         error_before_apply: 0.02,
