@@ -7,6 +7,9 @@
 //!   (`Idempotent-Replayed: true`); a repeat while the first is still running gets 409; a repeat
 //!   with other parameters gets 400. A 429 and a 500 before anything is applied store nothing,
 //!   as Stripe's do, so the same key may be tried again.
+//!   It also answers a look-up by key, as a ledger service of a team's own would:
+//!   `GET /v1/entries/{key}` is 200 `{"status": "posted", "entry": …}` once applied, 200
+//!   `{"status": "pending"}` while the first request still runs, and 404 for a key it never saw.
 //! - [`ApiDouble::webhook`] takes no key and has no look-up: every delivery it is sent is an effect.
 
 use std::collections::HashMap;
@@ -18,10 +21,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse as _, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
@@ -59,6 +62,8 @@ pub struct AnswerCounts {
     pub throttled_429: AtomicU64,
     pub errors_500: AtomicU64,
     pub late: AtomicU64,
+    /// Look-ups answered (`GET /v1/entries/{key}`).
+    pub looked_up: AtomicU64,
 }
 
 impl AnswerCounts {
@@ -66,14 +71,15 @@ impl AnswerCounts {
     pub fn summary(&self) -> String {
         let read = |counter: &AtomicU64| counter.load(Ordering::SeqCst);
         format!(
-            "applied={} replayed={} 409={} 400={} 429={} 500={} late={}",
+            "applied={} replayed={} 409={} 400={} 429={} 500={} late={} looked_up={}",
             read(&self.applied),
             read(&self.replayed),
             read(&self.in_flight_409),
             read(&self.other_parameters_400),
             read(&self.throttled_429),
             read(&self.errors_500),
-            read(&self.late)
+            read(&self.late),
+            read(&self.looked_up)
         )
     }
 }
@@ -189,13 +195,14 @@ pub struct ApiDouble {
 impl ApiDouble {
     /// An API with Stripe's idempotency contract at `POST /v1/charges` and `POST
     /// /v1/notifications` (one handler: a charge and a partner's notification keep the same
-    /// contract).
+    /// contract), and a look-up by key at `GET /v1/entries/{key}`.
     pub async fn idempotent(faults: ApiFaults) -> anyhow::Result<Self> {
         Self::serve(
             faults,
             Router::new()
                 .route("/v1/charges", post(idempotent_charge))
-                .route("/v1/notifications", post(idempotent_charge)),
+                .route("/v1/notifications", post(idempotent_charge))
+                .route("/v1/entries/{key}", get(look_up)),
         )
         .await
     }
@@ -345,6 +352,24 @@ async fn idempotent_charge(
     match finishing.await {
         Ok(answer) => (StatusCode::OK, axum::Json(answer)).into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// What the idempotent API knows of `key`: posted with its answer, still running, or never seen.
+async fn look_up(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Response {
+    shared.counts.looked_up.fetch_add(1, Ordering::SeqCst);
+    let state = shared
+        .keys
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+        .cloned();
+    match state {
+        Some(KeyState::Done { answer, .. }) => {
+            axum::Json(json!({"status": "posted", "entry": answer})).into_response()
+        }
+        Some(KeyState::InFlight { .. }) => axum::Json(json!({"status": "pending"})).into_response(),
+        None => (StatusCode::NOT_FOUND, "no such key").into_response(),
     }
 }
 

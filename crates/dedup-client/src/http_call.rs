@@ -17,7 +17,7 @@ use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
-use crate::provider_client::{ChargeOutcome, reported_body};
+use crate::provider_client::{ChargeLookup, ChargeOutcome, reported_body};
 
 /// The default idempotency key header, as Stripe and most payment APIs name it.
 pub const DEFAULT_KEY_HEADER: &str = "Idempotency-Key";
@@ -399,13 +399,130 @@ impl AnswerRules {
     }
 }
 
-/// `Retry-After` in delta-seconds, at most an hour (a longer ask is an hour: the operator hears
-/// of it through the stalled-loop alarm rather than never). An HTTP date is not read.
+/// `Retry-After` in delta-seconds or as an HTTP date (RFC 9110 §10.2.3), at most an hour (a
+/// longer ask is an hour: the operator hears of it through the stalled-loop alarm rather than
+/// never). A date in the past is no wait.
 fn parse_retry_after(text: &str) -> Option<Duration> {
-    text.trim()
-        .parse::<u64>()
-        .ok()
-        .map(|seconds| Duration::from_secs(seconds.min(3_600)))
+    let text = text.trim();
+    let wait = match text.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => httpdate::parse_http_date(text)
+            .ok()?
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    };
+    Some(wait.min(Duration::from_secs(3_600)))
+}
+
+/// What a look-up's answer says about a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupVerdict {
+    /// Applied: the intent is SUCCEEDED with the answer as its result.
+    Found,
+    /// No record: "not applied" once no request of the attempt can still arrive.
+    NotFound,
+    /// Received, not settled yet: ask again later.
+    Pending,
+    /// Received and refused for good: the intent is FAILED and the event a dead letter.
+    Failed,
+}
+
+impl LookupVerdict {
+    /// `found`, `not_found`, `pending` or `failed`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "found" => Ok(Self::Found),
+            "not_found" => Ok(Self::NotFound),
+            "pending" => Ok(Self::Pending),
+            "failed" => Ok(Self::Failed),
+            other => Err(format!(
+                "{other:?} is not found, not_found, pending or failed"
+            )),
+        }
+    }
+}
+
+/// A field of a `found` answer that says more than its status, as many APIs answer a look-up
+/// with 200 and a `status` of `succeeded`, `processing` or `failed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateField {
+    /// A JSON pointer into the answer (`/status`).
+    pub pointer: String,
+    /// Each value's verdict; a value not listed (or none) is an answer the reconciler does not
+    /// understand, so it asks again later and counts an error.
+    pub values: Vec<(String, LookupVerdict)>,
+}
+
+/// How a look-up's answer is sorted: the first list that holds the status decides, in the order
+/// found, not found, pending, failed; any other status is an error (the reconciler asks again
+/// later), never a verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupRules {
+    pub found: Vec<StatusRange>,
+    pub not_found: Vec<StatusRange>,
+    pub pending: Vec<StatusRange>,
+    pub failed: Vec<StatusRange>,
+    /// Read in a `found` answer, when given: its value decides instead.
+    pub state: Option<StateField>,
+}
+
+impl Default for LookupRules {
+    /// provider-sim's `GET /charges/{key}`: 2xx found, 404 not found.
+    fn default() -> Self {
+        Self {
+            found: vec![StatusRange(200, 299)],
+            not_found: vec![StatusRange(404, 404)],
+            pending: Vec::new(),
+            failed: Vec::new(),
+            state: None,
+        }
+    }
+}
+
+impl LookupRules {
+    /// Sorts a look-up's `status` and `body`; `Err` is the body (cut) of an answer the rules
+    /// do not sort.
+    pub fn sort(&self, status: u16, body: Vec<u8>) -> Result<ChargeLookup, String> {
+        let held = |ranges: &[StatusRange]| ranges.iter().any(|range| range.contains(status));
+        let verdict = if held(&self.found) {
+            match &self.state {
+                Some(state) => state_verdict(state, &body)?,
+                None => LookupVerdict::Found,
+            }
+        } else if held(&self.not_found) {
+            LookupVerdict::NotFound
+        } else if held(&self.pending) {
+            LookupVerdict::Pending
+        } else if held(&self.failed) {
+            LookupVerdict::Failed
+        } else {
+            return Err(reported_body(&body));
+        };
+        Ok(match verdict {
+            LookupVerdict::Found => ChargeLookup::Found(body),
+            LookupVerdict::NotFound => ChargeLookup::NotFound,
+            LookupVerdict::Pending => ChargeLookup::Pending,
+            LookupVerdict::Failed => ChargeLookup::Failed(reported_body(&body)),
+        })
+    }
+}
+
+/// The verdict of the value at `state.pointer` in a JSON `body`.
+fn state_verdict(state: &StateField, body: &[u8]) -> Result<LookupVerdict, String> {
+    let answer: Value = serde_json::from_slice(body)
+        .map_err(|error| format!("the answer is not JSON ({error}): {}", reported_body(body)))?;
+    let value = match answer.pointer(&state.pointer) {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Number(number)) => number.to_string(),
+        Some(Value::Bool(flag)) => flag.to_string(),
+        _ => return Err(format!("the answer has no value at {}", state.pointer)),
+    };
+    state
+        .values
+        .iter()
+        .find(|(known, _)| *known == value)
+        .map(|(_, verdict)| *verdict)
+        .ok_or_else(|| format!("{} is {value:?}, which no state names", state.pointer))
 }
 
 #[cfg(test)]
@@ -589,10 +706,21 @@ mod tests {
             sorted(429, Some("86400")).retry_after,
             Some(Duration::from_secs(3_600))
         );
+        // An HTTP date: the wait until then, none once it has passed.
         assert_eq!(
             sorted(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")).retry_after,
-            None
+            Some(Duration::ZERO)
         );
+        let in_two_minutes =
+            httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(120));
+        let wait = sorted(429, Some(&in_two_minutes))
+            .retry_after
+            .expect("a date is read");
+        assert!(
+            (Duration::from_secs(118)..=Duration::from_secs(120)).contains(&wait),
+            "{wait:?}"
+        );
+        assert_eq!(sorted(429, Some("soon")).retry_after, None);
         assert!(matches!(
             sorted(409, None).outcome,
             ChargeOutcome::Rejected {
@@ -639,5 +767,68 @@ mod tests {
         for bad in ["600", "5xx", "599-500", ""] {
             assert!(StatusRange::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_look_up_is_sorted_by_its_status_then_by_its_state_field() {
+        let provider_sim = LookupRules::default();
+        assert_eq!(
+            provider_sim.sort(200, b"{}".to_vec()),
+            Ok(ChargeLookup::Found(b"{}".to_vec()))
+        );
+        assert_eq!(provider_sim.sort(404, vec![]), Ok(ChargeLookup::NotFound));
+        assert!(provider_sim.sort(500, b"down".to_vec()).is_err());
+        // An API that answers every look-up with 200 and a status field, 202 while it works on
+        // it, and 410 for a key it refused.
+        let stateful = LookupRules {
+            found: vec![StatusRange(200, 200)],
+            not_found: vec![StatusRange(404, 404)],
+            pending: vec![StatusRange(202, 202)],
+            failed: vec![StatusRange(410, 410)],
+            state: Some(StateField {
+                pointer: "/status".into(),
+                values: vec![
+                    ("succeeded".into(), LookupVerdict::Found),
+                    ("processing".into(), LookupVerdict::Pending),
+                    ("canceled".into(), LookupVerdict::Failed),
+                    ("unknown_key".into(), LookupVerdict::NotFound),
+                ],
+            }),
+        };
+        let answer = |status, body: &str| stateful.sort(status, body.as_bytes().to_vec());
+        assert_eq!(
+            answer(200, r#"{"status":"succeeded","id":"ch_1"}"#),
+            Ok(ChargeLookup::Found(
+                br#"{"status":"succeeded","id":"ch_1"}"#.to_vec()
+            ))
+        );
+        assert_eq!(
+            answer(200, r#"{"status":"processing"}"#),
+            Ok(ChargeLookup::Pending)
+        );
+        assert_eq!(
+            answer(200, r#"{"status":"canceled"}"#),
+            Ok(ChargeLookup::Failed(r#"{"status":"canceled"}"#.into()))
+        );
+        assert_eq!(
+            answer(200, r#"{"status":"unknown_key"}"#),
+            Ok(ChargeLookup::NotFound)
+        );
+        assert_eq!(answer(202, ""), Ok(ChargeLookup::Pending));
+        assert_eq!(
+            answer(410, "refused"),
+            Ok(ChargeLookup::Failed("refused".into()))
+        );
+        // What the rules do not name is never a verdict.
+        for (status, body) in [
+            (200, r#"{"status":"requires_action"}"#),
+            (200, r#"{"id":"ch_1"}"#),
+            (200, "not json"),
+            (500, "down"),
+        ] {
+            assert!(answer(status, body).is_err(), "{status} {body}");
+        }
+        assert_eq!(LookupVerdict::parse("pending"), Ok(LookupVerdict::Pending));
+        assert!(LookupVerdict::parse("done").is_err());
     }
 }

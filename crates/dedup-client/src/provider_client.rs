@@ -12,7 +12,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest as _, Sha256};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::http_call::{AnswerRules, RenderedRequest, SortedAnswer};
+use crate::http_call::{AnswerRules, LookupRules, RenderedRequest, SortedAnswer};
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
@@ -48,6 +48,11 @@ pub enum ChargeLookup {
     Found(Vec<u8>),
     /// The provider has no record of the key (not applied, not yet applied, or forgotten).
     NotFound,
+    /// The provider has the request and has not settled it yet: ask again later.
+    Pending,
+    /// The provider has the request and refused it for good: the answer, cut to
+    /// [`MAX_REPORTED_BODY_BYTES`].
+    Failed(String),
 }
 
 /// What a charge attempt tells the caller to report.
@@ -162,26 +167,40 @@ impl ProviderClient {
         url
     }
 
-    /// `GET {base}/charges/{key}`.
+    /// `GET {base}/charges/{key}`, sorted by [`LookupRules::default`] (provider-sim's look-up).
     pub async fn lookup(&self, key: &str) -> Result<ChargeLookup, ProviderError> {
-        let response = self
+        let request = RenderedRequest {
+            method: reqwest::Method::GET,
+            url: self.url(&["charges", key]),
+            key: key.to_owned(),
+            headers: HeaderMap::new(),
+            body: None,
+        };
+        self.ask(&request, &LookupRules::default()).await
+    }
+
+    /// Sends a look-up `request` (rendered by a [`crate::http_call::RequestTemplate`]) with this
+    /// client's credential, CA and the trace headers, and sorts the answer by `rules`. An answer
+    /// the rules do not sort, or none, is an error: the reconciler asks again later.
+    pub async fn ask(
+        &self,
+        request: &RenderedRequest,
+        rules: &LookupRules,
+    ) -> Result<ChargeLookup, ProviderError> {
+        let mut builder = self
             .http
-            .get(self.url(&["charges", key]))
+            .request(request.method.clone(), request.url.clone())
             .headers(trace_headers())
-            .send()
-            .await?;
-        let status = response.status();
+            .headers(request.headers.clone());
+        if let Some(body) = &request.body {
+            builder = builder.body(body.clone());
+        }
+        let response = builder.send().await?;
+        let status = response.status().as_u16();
         let body = read_body(response).await?;
-        if status == reqwest::StatusCode::NOT_FOUND {
-            return Ok(ChargeLookup::NotFound);
-        }
-        if status.is_success() {
-            return Ok(ChargeLookup::Found(body));
-        }
-        Err(ProviderError::Status {
-            status: status.as_u16(),
-            body: String::from_utf8_lossy(&body).into_owned(),
-        })
+        rules
+            .sort(status, body)
+            .map_err(|body| ProviderError::Status { status, body })
     }
 
     /// `POST {base}/charges` with `Idempotency-Key: key` under `deadline`. Call only after

@@ -11,7 +11,7 @@ use eos_runtime::service_flags::{LogFlags, StallFlags};
 
 use crate::group_commit::GroupCommitSettings;
 use crate::grpc_connections::ConnectionLimits;
-use crate::reconciler::ReconcileStrategy;
+use crate::reconciler::{ReconcileStrategy, TargetPolicies};
 use crate::retention::RetentionPolicy;
 use crate::validation::{LeaseLimits, MAX_BATCH_ITEMS};
 
@@ -163,6 +163,19 @@ pub struct Config {
     #[arg(long = "reconcile-strategy", env = "DEDUP_RECONCILE_STRATEGIES", value_name = "TARGET=STRATEGY", value_delimiter = ',', value_parser = parse_reconcile_strategy)]
     pub reconcile_strategies: Vec<(String, ReconcileStrategy)>,
 
+    /// How long one target's API keeps idempotency keys, as TARGET=DURATION (repeat the flag, or
+    /// separate them with commas in the environment variable); a target not named has
+    /// --provider-key-ttl. A replay target's must cover the replay horizon plus
+    /// --retention-margin, since its next attempt may come that late (checked at start).
+    #[arg(long = "key-ttl", env = "DEDUP_KEY_TTLS", value_name = "TARGET=DURATION", value_delimiter = ',', value_parser = parse_key_ttl)]
+    pub key_ttls: Vec<(String, Duration)>,
+
+    /// A TOML file of per-target look-ups: for each [[lookups]] target, the request that asks
+    /// its API about a key and how the answers are sorted (docs/dedup-service.md "Look-ups of
+    /// any API"). A lookup target without one asks --provider-url.
+    #[arg(long, env = "DEDUP_LOOKUPS")]
+    pub lookups: Option<PathBuf>,
+
     /// Pause between reconciler passes (lease sweep, provider look-ups, backlog figures).
     #[arg(long, env = "DEDUP_RECONCILE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub reconcile_interval: Duration,
@@ -312,6 +325,16 @@ fn parse_reconcile_strategy(text: &str) -> Result<(String, ReconcileStrategy), S
     Ok((target.to_owned(), strategy))
 }
 
+/// `TARGET=DURATION`.
+fn parse_key_ttl(text: &str) -> Result<(String, Duration), String> {
+    let (target, ttl) = text
+        .split_once('=')
+        .filter(|(target, _)| !target.is_empty() && !target.contains(':'))
+        .ok_or_else(|| format!("{text:?} is not TARGET=DURATION"))?;
+    let ttl = humantime::parse_duration(ttl).map_err(|e| format!("{text:?}: {e}"))?;
+    Ok((target.to_owned(), ttl))
+}
+
 #[cfg(test)]
 pub(crate) type Invocation = eos_runtime::service_flags::Invocation<Config>;
 pub use eos_runtime::service_flags::MigrateArgs;
@@ -380,6 +403,57 @@ impl Config {
         })
     }
 
+    /// Each target's reconcile strategy and key TTL, as the reconciler reads them.
+    pub(crate) fn target_policies(&self) -> TargetPolicies {
+        TargetPolicies::new(
+            self.reconcile_strategies.iter().cloned(),
+            self.key_ttls.iter().cloned(),
+            self.provider_key_ttl,
+        )
+    }
+
+    /// Every key TTL must outlive an attempt, so a look-up can still prove "not applied" before
+    /// the API forgets the key; a replay target's must also cover the replay horizon, since its
+    /// next attempt (a Kafka replay, a restore) may send the same key that late.
+    fn check_key_ttls(&self) -> Result<(), String> {
+        let shown = |ttl| humantime::format_duration(ttl).to_string();
+        let needed = self.max_lease_ttl + self.in_flight_window;
+        let own = self
+            .key_ttls
+            .iter()
+            .map(|(target, ttl)| (format!("--key-ttl {target}={}", shown(*ttl)), *ttl));
+        let global = (
+            "--provider-key-ttl ".to_owned() + &shown(self.provider_key_ttl),
+            self.provider_key_ttl,
+        );
+        for (flag, ttl) in own.chain([global]) {
+            if ttl <= needed {
+                return Err(format!(
+                    "{flag} must exceed --max-lease-ttl {} + --in-flight-window {}",
+                    shown(self.max_lease_ttl),
+                    shown(self.in_flight_window)
+                ));
+            }
+        }
+        let policies = self.target_policies();
+        let required = self.retention_policy().required_retention();
+        for (target, strategy) in &self.reconcile_strategies {
+            let ttl = policies.key_ttl_of_target(target);
+            if *strategy == ReconcileStrategy::Replay && ttl < required {
+                return Err(format!(
+                    "target {target} settles UNKNOWN by replay, but its API keeps keys for {} \
+                     (--key-ttl {target}=… or --provider-key-ttl), shorter than the replay \
+                     horizon plus margin, {}: a later attempt could send the key after the API \
+                     forgot it and be applied twice. Give the API's real key TTL, or settle the \
+                     target by lookup or none (docs/guarantees.md)",
+                    shown(ttl),
+                    shown(required)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks what clap cannot: values that parse but do not fit together. The retention
     /// formula is checked first, naming every figure.
     pub(crate) fn validate(&self) -> Result<(), String> {
@@ -404,16 +478,7 @@ impl Config {
                 humantime::format_duration(self.max_lease_ttl)
             ));
         }
-        // A look-up must still be able to prove "not applied" before the provider forgets keys.
-        let needed = self.max_lease_ttl + self.in_flight_window;
-        if self.provider_key_ttl <= needed {
-            return Err(format!(
-                "--provider-key-ttl {} must exceed --max-lease-ttl {} + --in-flight-window {}",
-                humantime::format_duration(self.provider_key_ttl),
-                humantime::format_duration(self.max_lease_ttl),
-                humantime::format_duration(self.in_flight_window)
-            ));
-        }
+        self.check_key_ttls()?;
         if self.db_max_connections < 2 {
             return Err("--db-max-connections must be at least 2".into());
         }
@@ -719,5 +784,83 @@ mod tests {
             .validate()
             .expect_err("lease > max");
         assert!(error.contains("--max-lease-ttl"), "{error}");
+        let error = parse(&["--key-ttl", "partner=5m"])
+            .validate()
+            .expect_err("a target's own TTL is checked too");
+        assert!(error.contains("--key-ttl partner=5m"), "{error}");
+    }
+
+    #[test]
+    fn a_replay_target_s_keys_must_outlive_the_replay_horizon() {
+        // The horizon by default: max(1d, 7d, 14d) + 1d margin = 15 days.
+        let error = parse(&["--reconcile-strategy", "stripe=replay"])
+            .validate()
+            .expect_err("Stripe-like keys kept for the default 24h do not cover 15 days");
+        assert!(
+            error.contains("target stripe") && error.contains("15days"),
+            "{error}"
+        );
+        let error = parse(&[
+            "--reconcile-strategy",
+            "stripe=replay",
+            "--key-ttl",
+            "stripe=14d",
+        ])
+        .validate()
+        .expect_err("14 days < 15 days");
+        assert!(error.contains("14days"), "{error}");
+        for covered in [
+            &[
+                "--reconcile-strategy",
+                "stripe=replay",
+                "--key-ttl",
+                "stripe=15d",
+            ][..],
+            &[
+                "--reconcile-strategy",
+                "stripe=replay",
+                "--provider-key-ttl",
+                "30d",
+            ],
+            // A lookup or none target's keys need only outlive an attempt.
+            &["--reconcile-strategy", "stripe=lookup,hook=none"],
+            // A shorter horizon is a shorter need.
+            &[
+                "--reconcile-strategy",
+                "stripe=replay",
+                "--key-ttl",
+                "stripe=2d",
+                "--broker-replay-retention",
+                "1d",
+                "--restore-horizon",
+                "1d",
+                "--retention-margin",
+                "1h",
+            ],
+        ] {
+            let config = parse(covered);
+            assert_eq!(config.validate(), Ok(()), "{covered:?}");
+        }
+        let config = parse(&["--key-ttl", "stripe=30d,hook=2d"]);
+        assert_eq!(
+            config.key_ttls,
+            [
+                ("stripe".to_owned(), Duration::from_secs(30 * 86_400)),
+                ("hook".to_owned(), Duration::from_secs(2 * 86_400))
+            ]
+        );
+        for bad in ["stripe", "=1d", "a:b=1d", "stripe=soon"] {
+            assert!(
+                Config::try_parse_from([
+                    "dedup-service",
+                    "--database-url",
+                    "postgres://x/y",
+                    "--key-ttl",
+                    bad
+                ])
+                .is_err(),
+                "{bad}"
+            );
+        }
     }
 }

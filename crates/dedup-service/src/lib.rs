@@ -29,6 +29,7 @@ mod group_commit;
 mod grpc_connections;
 mod grpc_service;
 pub mod intent_store;
+mod lookups;
 mod metrics;
 mod purge;
 pub mod reconciler;

@@ -17,6 +17,7 @@ use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::intent_store::{BacklogCounts, IntentStore};
+use crate::lookups::{LookupFuture, Lookups};
 use crate::metrics;
 use crate::validation::Resolution;
 use dedup_client::provider_client::{ChargeLookup, ProviderClient};
@@ -62,23 +63,56 @@ pub enum ReconcileStrategy {
     None,
 }
 
-/// Each target's strategy, by the operation id's `<target>:` prefix; a target not named looks up.
+/// Each target's way of settling UNKNOWN and how long its API keeps keys, by the operation id's
+/// `<target>:` prefix (`--reconcile-strategy`, `--key-ttl`); a target not named looks up and
+/// has `--provider-key-ttl`.
 #[derive(Debug, Clone, Default)]
-pub struct ReconcileStrategies(HashMap<String, ReconcileStrategy>);
+pub struct TargetPolicies {
+    strategies: HashMap<String, ReconcileStrategy>,
+    key_ttls: HashMap<String, Duration>,
+    default_key_ttl: Duration,
+}
 
-impl ReconcileStrategies {
-    pub fn new(pairs: impl IntoIterator<Item = (String, ReconcileStrategy)>) -> Self {
-        Self(pairs.into_iter().collect())
+impl TargetPolicies {
+    pub fn new(
+        strategies: impl IntoIterator<Item = (String, ReconcileStrategy)>,
+        key_ttls: impl IntoIterator<Item = (String, Duration)>,
+        default_key_ttl: Duration,
+    ) -> Self {
+        Self {
+            strategies: strategies.into_iter().collect(),
+            key_ttls: key_ttls.into_iter().collect(),
+            default_key_ttl,
+        }
     }
 
     /// The strategy of the target `operation_id` belongs to.
     pub fn of(&self, operation_id: &str) -> ReconcileStrategy {
-        operation_id
-            .split_once(':')
-            .and_then(|(target, _)| self.0.get(target))
+        target_of(operation_id)
+            .and_then(|target| self.strategies.get(target))
             .copied()
             .unwrap_or(ReconcileStrategy::Lookup)
     }
+
+    /// How long the API of the target `operation_id` belongs to keeps its keys.
+    pub fn key_ttl_of(&self, operation_id: &str) -> Duration {
+        target_of(operation_id).map_or(self.default_key_ttl, |target| {
+            self.key_ttl_of_target(target)
+        })
+    }
+
+    /// How long `target`'s API keeps its keys.
+    pub fn key_ttl_of_target(&self, target: &str) -> Duration {
+        self.key_ttls
+            .get(target)
+            .copied()
+            .unwrap_or(self.default_key_ttl)
+    }
+}
+
+/// The target an operation id belongs to: what precedes its first `:`.
+pub fn target_of(operation_id: &str) -> Option<&str> {
+    operation_id.split_once(':').map(|(target, _)| target)
 }
 
 /// What to do with one UNKNOWN intent after asking the provider.
@@ -99,6 +133,12 @@ pub enum Decision {
     },
     /// No record yet, but a request may still be in flight: ask again later.
     Wait,
+    /// The provider has the request and refused it for good: FAILED, not retryable, so the
+    /// caller dead-letters the event.
+    Failed {
+        /// What the provider answered, for the intent's history.
+        evidence: String,
+    },
     /// No record, but the provider may have forgotten the key: "no record" proves nothing.
     /// Leave it UNKNOWN for an operator.
     Stuck {
@@ -114,11 +154,24 @@ pub fn decide(
     now: OffsetDateTime,
     settings: &ReconcilerSettings,
 ) -> Decision {
-    if let ChargeLookup::Found(record) = lookup {
-        return Decision::Succeeded {
-            result: record.clone(),
-            evidence: format!("provider has a charge for key {:?}", intent.operation_id),
-        };
+    match lookup {
+        ChargeLookup::Found(record) => {
+            return Decision::Succeeded {
+                result: record.clone(),
+                evidence: format!("provider has a charge for key {:?}", intent.operation_id),
+            };
+        }
+        ChargeLookup::Failed(answer) => {
+            return Decision::Failed {
+                evidence: format!(
+                    "provider refused key {:?} for good: {answer}",
+                    intent.operation_id
+                ),
+            };
+        }
+        // It has the request: it settles it, however long that takes.
+        ChargeLookup::Pending => return Decision::Wait,
+        ChargeLookup::NotFound => {}
     }
     // A request of this attempt can be sent until its lease ends (or until the holder gave up,
     // if that was later), and applied up to the in-flight window after that.
@@ -215,8 +268,8 @@ impl BacklogRates {
 /// `EosDedupUnknownBacklogGrowing`'s.
 pub(crate) async fn run(
     store: IntentStore,
-    (provider, progress): (Option<ProviderClient>, Arc<ProgressWatch>),
-    (settings, strategies): (ReconcilerSettings, Arc<ReconcileStrategies>),
+    (asked, progress): (Asked, Arc<ProgressWatch>),
+    settings: ReconcilerSettings,
     shutdown: CancellationToken,
 ) {
     let mut last_warning: Option<Instant> = None;
@@ -224,11 +277,7 @@ pub(crate) async fn run(
         progress.working("a reconcile pass to end");
         let pass = async {
             sweep_leases(&store).await;
-            let asked = Asked {
-                provider: provider.as_ref(),
-                strategies: &strategies,
-            };
-            reconcile_unknown(&store, asked, &settings, &shutdown).await;
+            reconcile_unknown(&store, &asked, &settings, &shutdown).await;
             report_backlog(&store, &settings, &mut last_warning).await;
         };
         pass.instrument(tracing::debug_span!("reconcile_pass"))
@@ -267,16 +316,18 @@ async fn sweep_leases(store: &IntentStore) {
     }
 }
 
-/// Who is asked about an UNKNOWN intent: the provider (when there is one) for a `lookup` target.
-#[derive(Clone, Copy)]
-struct Asked<'a> {
-    provider: Option<&'a ProviderClient>,
-    strategies: &'a ReconcileStrategies,
+/// Who is asked about an UNKNOWN intent, and each target's policy, as built at start-up: a
+/// `lookup` target asks its own look-up (`--lookups`), else the provider (when there is one).
+#[derive(Debug)]
+pub(crate) struct Asked {
+    pub(crate) provider: Option<ProviderClient>,
+    pub(crate) lookups: Lookups,
+    pub(crate) policies: TargetPolicies,
 }
 
 async fn reconcile_unknown(
     store: &IntentStore,
-    asked: Asked<'_>,
+    asked: &Asked,
     settings: &ReconcilerSettings,
     shutdown: &CancellationToken,
 ) {
@@ -331,27 +382,33 @@ fn reconcile_span(intent: &Intent) -> tracing::Span {
 
 async fn reconcile_one(
     store: &IntentStore,
-    asked: Asked<'_>,
+    asked: &Asked,
     settings: &ReconcilerSettings,
     intent: Intent,
 ) {
     let span = reconcile_span(&intent);
     async {
-        let strategy = asked.strategies.of(&intent.operation_id);
-        let lookup = match (strategy, asked.provider) {
-            // No provider to ask: the intent waits for one, or for an operator, as it is.
-            (ReconcileStrategy::Lookup, None) => return,
-            (ReconcileStrategy::Lookup, Some(provider)) => {
-                match provider.lookup(&intent.operation_id).await {
-                    Ok(lookup) => Some(lookup),
-                    Err(error) => {
-                        ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
-                        tracing::warn!(%error, "provider look-up failed; will ask again");
-                        return;
-                    }
-                }
+        let strategy = asked.policies.of(&intent.operation_id);
+        let own_lookup = asked.lookups.of(&intent.operation_id);
+        let asking = match (strategy, own_lookup, &asked.provider) {
+            (ReconcileStrategy::Lookup, Some(lookup), _) => Some(lookup.ask(&intent.operation_id)),
+            (ReconcileStrategy::Lookup, None, Some(provider)) => {
+                Some(Box::pin(provider.lookup(&intent.operation_id)) as LookupFuture<'_>)
             }
-            (ReconcileStrategy::Replay | ReconcileStrategy::None, _) => None,
+            // No one to ask: the intent waits for a provider, or for an operator, as it is.
+            (ReconcileStrategy::Lookup, None, None) => return,
+            (ReconcileStrategy::Replay | ReconcileStrategy::None, _, _) => None,
+        };
+        let lookup = match asking {
+            Some(asking) => match asking.await {
+                Ok(lookup) => Some(lookup),
+                Err(error) => {
+                    ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
+                    tracing::warn!(%error, "provider look-up failed; will ask again");
+                    return;
+                }
+            },
+            None => None,
         };
         let now = match store.db_now().await {
             Ok(now) => now,
@@ -359,6 +416,10 @@ async fn reconcile_one(
                 tracing::warn!(%error, "cannot read the database clock");
                 return;
             }
+        };
+        let settings = &ReconcilerSettings {
+            provider_key_ttl: asked.policies.key_ttl_of(&intent.operation_id),
+            ..*settings
         };
         let decision = match &lookup {
             Some(lookup) => decide(&intent, lookup, now, settings),
@@ -396,6 +457,14 @@ async fn reconcile_one(
                 evidence,
                 result: Vec::new(),
                 retryable: true,
+                expected_fencing_token: Some(intent.fencing_token),
+            },
+            Decision::Failed { evidence } => Resolution {
+                operation_id: intent.operation_id.clone(),
+                outcome: IntentState::Failed,
+                evidence,
+                result: Vec::new(),
+                retryable: false,
                 expected_fencing_token: Some(intent.fencing_token),
             },
         };
@@ -580,14 +649,22 @@ mod tests {
 
     #[test]
     fn each_target_has_its_strategy_and_the_rest_look_up() {
-        let strategies = ReconcileStrategies::new([
-            ("webhook".to_owned(), ReconcileStrategy::None),
-            ("stripe".to_owned(), ReconcileStrategy::Replay),
-        ]);
-        assert_eq!(strategies.of("webhook:e:1"), ReconcileStrategy::None);
-        assert_eq!(strategies.of("stripe:e-2"), ReconcileStrategy::Replay);
-        assert_eq!(strategies.of("payments:e-3"), ReconcileStrategy::Lookup);
-        assert_eq!(strategies.of("no-target-prefix"), ReconcileStrategy::Lookup);
+        let day = Duration::from_secs(24 * 3600);
+        let policies = TargetPolicies::new(
+            [
+                ("webhook".to_owned(), ReconcileStrategy::None),
+                ("stripe".to_owned(), ReconcileStrategy::Replay),
+            ],
+            [("stripe".to_owned(), 30 * day)],
+            day,
+        );
+        assert_eq!(policies.of("webhook:e:1"), ReconcileStrategy::None);
+        assert_eq!(policies.of("stripe:e-2"), ReconcileStrategy::Replay);
+        assert_eq!(policies.of("payments:e-3"), ReconcileStrategy::Lookup);
+        assert_eq!(policies.of("no-target-prefix"), ReconcileStrategy::Lookup);
+        assert_eq!(policies.key_ttl_of("stripe:e-2"), 30 * day);
+        assert_eq!(policies.key_ttl_of("webhook:e:1"), day);
+        assert_eq!(policies.key_ttl_of("no-target-prefix"), day);
     }
 
     #[test]

@@ -32,8 +32,9 @@ use crate::config::Config;
 use crate::grpc_connections::{self, ConnectionLimits, TrackCallsLayer};
 use crate::grpc_service::DedupApi;
 use crate::intent_store::{self, IntentStore};
+use crate::lookups::Lookups;
 use crate::metrics;
-use crate::reconciler::{self, ReconcileStrategies, ReconcilerSettings};
+use crate::reconciler::{self, Asked, ReconcilerSettings};
 use crate::write_watch::{self, WriteWatch};
 use crate::{purge, retention::RetentionPolicy};
 use dedup_client::{ProviderAccess, ProviderClient};
@@ -216,11 +217,10 @@ fn provider_access(config: &Config) -> anyhow::Result<ProviderAccess> {
 /// The tasks beside the gRPC server, built and not yet spawned: the reconciler and the purge.
 struct Background {
     store: IntentStore,
-    provider: Option<ProviderClient>,
+    /// Whom the reconciler asks, and each target's strategy and key TTL.
+    asked: Asked,
     progress: Arc<ProgressWatch>,
     reconciler: ReconcilerSettings,
-    /// Each target's way of settling UNKNOWN (`--reconcile-strategy`).
-    strategies: Arc<ReconcileStrategies>,
     purge_interval: Duration,
 }
 
@@ -243,11 +243,23 @@ impl Background {
         for (target_name, strategy) in &config.reconcile_strategies {
             tracing::info!(target_name, ?strategy, "reconcile strategy");
         }
+        let policies = config.target_policies();
+        let lookups = match &config.lookups {
+            Some(path) => Lookups::load(path, config.provider_timeout, &policies)?,
+            None => Lookups::default(),
+        };
+        for target_name in lookups.targets() {
+            tracing::info!(target_name, "the target's own look-up (--lookups)");
+        }
         let progress = ProgressWatch::spawn("dedup-reconciler", config.stall.policy(), stalls)
             .context("starting the progress watch")?;
         Ok(Self {
             store,
-            provider,
+            asked: Asked {
+                provider,
+                lookups,
+                policies,
+            },
             progress,
             reconciler: ReconcilerSettings {
                 interval: config.reconcile_interval,
@@ -256,9 +268,6 @@ impl Background {
                 provider_key_ttl: config.provider_key_ttl,
                 rate_window: config.rate_window,
             },
-            strategies: Arc::new(ReconcileStrategies::new(
-                config.reconcile_strategies.iter().cloned(),
-            )),
             purge_interval: config.purge_interval,
         })
     }
@@ -268,8 +277,8 @@ impl Background {
         let tasks = TaskTracker::new();
         tasks.spawn(reconciler::run(
             self.store.clone(),
-            (self.provider, self.progress),
-            (self.reconciler, self.strategies),
+            (self.asked, self.progress),
+            self.reconciler,
             stop.clone(),
         ));
         tasks.spawn(purge::run(self.store, self.purge_interval, stop.clone()));

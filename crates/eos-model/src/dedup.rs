@@ -869,6 +869,9 @@ impl Model for DedupModel {
                     // `mark_stuck` changes nothing once the attempt is marked.
                     Decision::Stuck { .. } if row.stuck => return None,
                     Decision::Stuck { .. } => Settle::Stuck,
+                    // The modelled look-up answers found or not found only (the provider
+                    // refuses nothing it has applied), so this decision is not reached.
+                    Decision::Failed { .. } => return None,
                 };
                 state.reconciling = Some((row.fencing_token, settle));
             }

@@ -329,6 +329,9 @@ async fn a_chain_without_ledger_fields_is_exact_at_every_boundary() -> anyhow::R
             "3s",
             "--reconcile-strategy",
             &format!("{notify}=replay"),
+            // The partner double keeps its keys for as long as it runs: longer than any replay.
+            "--key-ttl",
+            &format!("{notify}=30d"),
         ],
     )?;
     sqlx::query(

@@ -5,6 +5,8 @@
 //!
 //! - An API with Stripe's idempotency contract, settled by dedup-service's `replay` strategy:
 //!   exactly one charge per event.
+//! - The same API asked about lost answers by its own look-up (dedup-service's `--lookups`), as
+//!   a team's ledger service would be: exactly one charge per event, every UNKNOWN settled by it.
 //! - A webhook receiver with no key and no look-up, settled by `none`: at most one delivery per
 //!   event, and every event whose outcome was lost held for an operator, never sent twice.
 
@@ -38,21 +40,44 @@ struct TargetRun {
 }
 
 impl TargetRun {
-    fn start(db: &TestDatabase, prefix: &str, strategy: &str) -> anyhow::Result<Self> {
+    /// `lookup_api`: the base URL of an [`ApiDouble::idempotent`] whose `GET /v1/entries/{key}`
+    /// dedup-service asks (`--lookups`) for this target.
+    fn start(
+        db: &TestDatabase,
+        prefix: &str,
+        strategy: &str,
+        lookup_api: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let name = unique_name(prefix).replace('-', "_");
-        let dedup_args: Vec<String> = [
+        let dir = std::env::temp_dir().join(unique_name(prefix));
+        std::fs::create_dir_all(&dir)?;
+        let mut dedup_args: Vec<String> = [
             "--reconcile-interval",
             "200ms",
             "--in-flight-window",
             "3s",
             "--reconcile-strategy",
             &format!("{name}={strategy}"),
+            // The API doubles keep their keys for as long as they run: longer than any replay.
+            "--key-ttl",
+            &format!("{name}=30d"),
         ]
         .map(str::to_owned)
         .to_vec();
+        if let Some(api) = lookup_api {
+            let path = dir.join("lookups.toml");
+            std::fs::write(
+                &path,
+                format!(
+                    "[[lookups]]\ntarget = \"{name}\"\nurl = \"{api}/v1/entries/{{key}}\"\n\
+                     [lookups.answers]\nfound = [\"200\"]\nnot_found = [\"404\"]\n\
+                     state = \"/status\"\n\
+                     states = {{ posted = \"found\", pending = \"pending\" }}\n"
+                ),
+            )?;
+            dedup_args.extend(["--lookups".to_owned(), path.display().to_string()]);
+        }
         let dedup = Dedup::spawn(db, &Self::refs(&dedup_args))?;
-        let dir = std::env::temp_dir().join(unique_name(prefix));
-        std::fs::create_dir_all(&dir)?;
         Ok(Self {
             name,
             dedup_args,
@@ -187,7 +212,7 @@ async fn an_api_with_stripe_s_idempotency_contract_is_charged_once_per_event_und
         seed: 53,
     })
     .await?;
-    let mut run = TargetRun::start(&db, "stripe", "replay")?;
+    let mut run = TargetRun::start(&db, "stripe", "replay", None)?;
     let config = run.targets_file(
         &format!("{}/v1/charges", api.url()),
         &format!(
@@ -297,6 +322,89 @@ async fn an_api_with_stripe_s_idempotency_contract_is_charged_once_per_event_und
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_ledger_api_asked_by_its_own_look_up_is_charged_once_per_event_under_chaos()
+-> anyhow::Result<()> {
+    const LEDGER_EVENTS: u64 = 600;
+    let db = TestDatabase::create().await?;
+    let api = ApiDouble::idempotent(ApiFaults {
+        throttle: 0.0,
+        retry_after_seconds: 1,
+        // Nothing applied: its look-up answers 404, and the same key is sent again.
+        error_before_apply: 0.03,
+        // Applied, answered after the deadline: "pending" until it ends, then "posted".
+        late: 0.08,
+        late_answer: Duration::from_secs(6),
+        seed: 55,
+    })
+    .await?;
+    let mut run = TargetRun::start(&db, "ledger", "lookup", Some(&api.url()))?;
+    let config = run.targets_file(
+        &format!("{}/v1/charges", api.url()),
+        &format!("{CALL}[targets.body]\namount = \"/value\"\nreference = \"event_id\"\n"),
+    )?;
+    let sink = Sink::new(&unique_name("http-ledger"), &db.url);
+    let workload = Workload {
+        rate: 500,
+        ..Workload::chaos(LEDGER_EVENTS, 55)
+    };
+    let started = Instant::now();
+    run_through_kills(&sink, &config, workload, 1, (&db, &mut run)).await?;
+    eprintln!(
+        "ledger API: drained in {:?}; answers {}",
+        started.elapsed(),
+        api.counts().summary()
+    );
+
+    let truth = TopicTruth::read(&sink.topic)?;
+    let prefix = run.prefix();
+    let effects = api.effects();
+    let counts = per_key(&effects);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "charged twice: {twice:?}");
+    let expected: HashSet<String> = truth
+        .logical
+        .keys()
+        .map(|id| format!("{prefix}{id}"))
+        .collect();
+    let got: HashSet<String> = counts.keys().map(|key| (*key).to_owned()).collect();
+    assert_eq!(got, expected, "one charge for each logical event");
+    for effect in &effects {
+        let event_id = &effect.key[prefix.len()..];
+        assert_eq!(effect.body["reference"], event_id);
+    }
+
+    let (unknowns, settled) = unknowns_and_settled(&db, &prefix).await?;
+    let (by_look_up, not_found): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE to_state = 'SUCCEEDED' \
+                                   AND detail LIKE '%provider has a charge%'), \
+                count(*) FILTER (WHERE to_state = 'FAILED' AND detail LIKE '%no charge%') \
+         FROM dedup_intent_history WHERE operation_id LIKE $1 AND from_state = 'UNKNOWN'",
+    )
+    .bind(format!("{prefix}%"))
+    .fetch_one(&db.pool)
+    .await?;
+    eprintln!(
+        "ledger API: {unknowns} UNKNOWN, {settled} settled: {by_look_up} found by the look-up, \
+         {not_found} not found and sent again"
+    );
+    assert!(unknowns > 0, "the lost answers must bite");
+    assert_eq!(settled, unknowns, "every UNKNOWN settled");
+    assert!(
+        by_look_up > 0 && by_look_up + not_found == settled,
+        "every UNKNOWN settled by the target's own look-up: {by_look_up} + {not_found} of \
+         {settled}"
+    );
+    assert_eq!(
+        intent_states(&db, &prefix).await?,
+        vec![("SUCCEEDED".to_owned(), truth.logical.len() as i64)]
+    );
+    assert!(run.dedup.client()?.list_unknown(100).await?.is_empty());
+
+    run.finish()?;
+    db.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_webhook_without_keys_gets_each_event_at_most_once_and_lost_outcomes_are_held()
 -> anyhow::Result<()> {
     let db = TestDatabase::create().await?;
@@ -309,7 +417,7 @@ async fn a_webhook_without_keys_gets_each_event_at_most_once_and_lost_outcomes_a
         seed: 54,
     })
     .await?;
-    let mut run = TargetRun::start(&db, "hook", "none")?;
+    let mut run = TargetRun::start(&db, "hook", "none", None)?;
     let config = run.targets_file(
         &format!("{}/hooks", receiver.url()),
         &format!(
@@ -415,7 +523,7 @@ async fn a_shutdown_during_a_retry_after_pause_gives_the_waiting_calls_back_at_o
         seed: 55,
     })
     .await?;
-    let run = TargetRun::start(&db, "paused", "replay")?;
+    let run = TargetRun::start(&db, "paused", "replay", None)?;
     let config = run.targets_file(
         &format!("{}/v1/charges", api.url()),
         // A long call timeout: a 429 is never late enough to be UNKNOWN on a loaded machine.

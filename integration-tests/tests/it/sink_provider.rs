@@ -161,6 +161,9 @@ async fn charges_each_event_once_through_lost_answers(
         dedup_args.extend([
             "--reconcile-strategy".to_owned(),
             format!("{name}={strategy}"),
+            // provider-sim keeps its keys for as long as it runs: longer than any replay.
+            "--key-ttl".to_owned(),
+            format!("{name}=30d"),
         ]);
     }
     let dedup_args: Vec<&str> = dedup_args.iter().map(String::as_str).collect();
