@@ -55,6 +55,9 @@ BAD_VALUES = {
     "sampler-arg-without-ratio-sampler.yaml": "otel.samplerArg is only read by the ratio samplers",
     "image-digest-not-sha256.yaml": "'/sink/image/digest': '1.2.3' does not match pattern",
     "registry-format-without-url.yaml": "processor.inputFormat avro and processor.outputFormat json: a registry format needs schemaRegistry.url",
+    "output-schema-registry-format-without-url.yaml": "processor.inputFormat json, processor.outputFormat json and processor.outputSchemas.flagged avro: a registry format needs schemaRegistry.url",
+    "reconcile-strategy-unknown.yaml": "'/dedup/reconcileStrategies/partner': value must be one of 'lookup', 'replay', 'none'",
+    "lookup-for-a-replay-target.yaml": "dedup.lookups has a look-up for target partner, which dedup.reconcileStrategies settles by replay",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
@@ -545,6 +548,30 @@ class RenderedChart(unittest.TestCase):
                 config_map = config_maps[volume["configMap"]["name"]]
                 targets = tomllib.loads(config_map["data"][Path(path).name])["targets"]
                 self.assertTrue(targets, "at least one target")
+
+    def test_every_credential_file_a_target_or_look_up_names_comes_from_a_secret(self):
+        # provider_auth_file / provider_ca_file of the sink's targets file and of dedup-service's
+        # look-ups: on a Secret volume of the pod (sink.targetSecrets, dedup.lookupSecrets), or
+        # the service would refuse to start.
+        files = (("sink-writer", "EOS_SINK_CONFIG", "targets", "name"),
+                 ("dedup-service", "DEDUP_LOOKUPS", "lookups", "target"))
+        for label, docs in self.each_rendering():
+            config_maps = {c["metadata"]["name"]: c for c in of_kind(docs, "ConfigMap")}
+            for binary, variable, table, name_field in files:
+                for workload in workloads_running(docs, binary):
+                    container = containers(workload, init=False)[0]
+                    path = env_of(container).get(variable, {}).get("value")
+                    if path is None:
+                        continue
+                    _, name, key = file_source(workload, container, path)
+                    entries = tomllib.loads(config_maps[name]["data"][key])[table]
+                    self.assertTrue(entries, f"{label}: {variable} names at least one")
+                    for entry in entries:
+                        for field in ("provider_auth_file", "provider_ca_file"):
+                            if field in entry:
+                                kind, _, _ = file_source(workload, container, entry[field])
+                                self.assertEqual(kind, "Secret",
+                                                 f"{label}: {binary} {entry.get(name_field)}: {field}")
 
 
     def test_kafka_client_properties_reach_every_kafka_service(self):
@@ -1097,6 +1124,192 @@ class ProductionSettings(unittest.TestCase):
             file.flush()
             result = helm_template(file.name)
         self.assertIn("processor.wasm.configMap is set but processor.transform is", result.stderr)
+
+    def test_dedup_reconcile_strategies_and_key_ttls_are_target_lists_sorted_by_target(self):
+        def dedup_env(values):
+            return env_of(service_of(render_values(values), "dedup-service")[1])
+
+        def pairs(value):
+            """As dedup-service reads it: comma-separated, each TARGET=VALUE at its first '='."""
+            return [tuple(entry.split("=", 1)) for entry in value.split(",")]
+
+        env = env_of(service_of(manifests("defaults", None), "dedup-service")[1])
+        self.assertFalse({"DEDUP_RECONCILE_STRATEGIES", "DEDUP_KEY_TTLS"} & set(env),
+                         "only when set: an empty value would not parse")
+        env = dedup_env({"dedup": {"reconcileStrategies": {}, "keyTtls": {}}})
+        self.assertFalse({"DEDUP_RECONCILE_STRATEGIES", "DEDUP_KEY_TTLS"} & set(env), "empty maps")
+
+        values = {"dedup": {
+            "reconcileStrategies": {"partner": "replay", "audit-hook": "none", "charge": "lookup"},
+            "keyTtls": {"partner": "30d", "charge": "1h 30m"}}}
+        env = dedup_env(values)
+        self.assertEqual(env["DEDUP_RECONCILE_STRATEGIES"]["value"],
+                         "audit-hook=none,charge=lookup,partner=replay")
+        self.assertEqual(env["DEDUP_KEY_TTLS"]["value"], "charge=1h 30m,partner=30d")
+        for variable, key in (("DEDUP_RECONCILE_STRATEGIES", "reconcileStrategies"),
+                              ("DEDUP_KEY_TTLS", "keyTtls")):
+            parsed = pairs(env[variable]["value"])
+            self.assertEqual(dict(parsed), values["dedup"][key], variable)
+            self.assertEqual([target for target, _ in parsed], sorted(values["dedup"][key]))
+        # The same values in another order render the same (maps have no order in YAML).
+        reordered = {"dedup": {key: dict(reversed(list(value.items())))
+                               for key, value in values["dedup"].items()}}
+        self.assertEqual(dedup_env(reordered), env)
+
+        # What the list syntax cannot carry, or the service does not know, is refused.
+        refused = (
+            ({"reconcileStrategies": {"partner": "retry"}},
+             "value must be one of 'lookup', 'replay', 'none'"),
+            ({"reconcileStrategies": {"partner:eu": "replay"}},
+             "additional properties 'partner:eu' not allowed"),
+            ({"keyTtls": {"a,b": "1d"}}, "additional properties 'a,b' not allowed"),
+            ({"keyTtls": {"partner": "30d,audit=1d"}}, "'/dedup/keyTtls/partner'"),
+            ({"keyTtls": {"partner": 30}}, "'/dedup/keyTtls/partner': got number, want string"),
+        )
+        for dedup, message in refused:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump({"dedup": dedup}, file)
+                file.flush()
+                result = helm_template(file.name)
+            self.assertNotEqual(result.returncode, 0, dedup)
+            self.assertIn(message, result.stderr, dedup)
+
+    def test_dedup_lookups_file_is_mounted_from_a_config_map_and_rolls_the_pods(self):
+        def lookups_config_maps(docs):
+            return [c for c in of_kind(docs, "ConfigMap")
+                    if c["metadata"]["name"].endswith("-dedup-lookups")]
+
+        docs = manifests("defaults", None)
+        workload, container = service_of(docs, "dedup-service")
+        self.assertNotIn("DEDUP_LOOKUPS", env_of(container), "only when set")
+        self.assertFalse(lookups_config_maps(docs))
+        self.assertNotIn("checksum/dedup-lookups",
+                         workload["spec"]["template"]["metadata"].get("annotations", {}))
+
+        text = '[[lookups]]\ntarget = "partner"\nurl = "https://partner.example.com/v1/{key}"\n'
+        docs = render_values({"dedup": {"lookups": text}})
+        workload, container = service_of(docs, "dedup-service")
+        path = env_of(container)["DEDUP_LOOKUPS"]["value"]
+        kind, name, key = file_source(workload, container, path)
+        self.assertEqual((kind, name, key),
+                         ("ConfigMap", f"{RELEASE}-eos-suite-dedup-lookups", "lookups.toml"))
+        (config_map,) = lookups_config_maps(docs)
+        self.assertEqual(config_map["data"][key], text, "the file as given")
+        self.assertEqual(tomllib.loads(config_map["data"][key]), tomllib.loads(text))
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        self.assertEqual(annotations["checksum/dedup-lookups"],
+                         hashlib.sha256(text.encode()).hexdigest())
+        # A changed file rolls the pods, which read it at start-up only.
+        changed = render_values({"dedup": {"lookups": text.replace("/v1/", "/v2/")}})
+        self.assertNotEqual(
+            service_of(changed, "dedup-service")[0]["spec"]["template"]["metadata"]
+            ["annotations"]["checksum/dedup-lookups"], annotations["checksum/dedup-lookups"])
+        # No dedup-service, no ConfigMap.
+        docs = render_values({"dedup": {"enabled": False, "lookups": text}})
+        self.assertFalse(lookups_config_maps(docs))
+
+    def test_target_and_lookup_secrets_are_mounted_read_only_as_directories(self):
+        defaults = manifests("defaults", None)
+        for binary in ("sink-writer", "dedup-service"):
+            workload, _ = service_of(defaults, binary)
+            self.assertFalse([v["name"] for v in pod_spec(workload)["volumes"]
+                              if v["name"].startswith(("target-secret-", "lookup-secret-"))],
+                             f"{binary}: none by default")
+        docs = render_values({
+            "sink": {"targetSecrets": [{"name": "partner-api", "mountPath": "/run/secrets/partner"},
+                                       {"name": "partner-ca", "mountPath": "/run/secrets/ca"}],
+                     # Beside the generic extra volumes, not in their place.
+                     "extraVolumes": [{"name": "extra", "emptyDir": {}}],
+                     "extraVolumeMounts": [{"name": "extra", "mountPath": "/extra"}]},
+            "dedup": {"lookupSecrets": [{"name": "lookup-api", "mountPath": "/run/secrets/lookup"}]},
+        })
+        expected = {
+            "sink-writer": {"/run/secrets/partner/token": ("Secret", "partner-api", "token"),
+                            "/run/secrets/ca/ca.pem": ("Secret", "partner-ca", "ca.pem")},
+            "dedup-service": {"/run/secrets/lookup/token": ("Secret", "lookup-api", "token")},
+        }
+        for binary, files in expected.items():
+            workload, container = service_of(docs, binary)
+            for path, source in files.items():
+                self.assertEqual(file_source(workload, container, path), source, binary)
+                (mount,) = [m for m in container["volumeMounts"]
+                            if path.startswith(m["mountPath"] + "/")]
+                self.assertTrue(mount["readOnly"], f"{binary}: {path}")
+            names = [v["name"] for v in pod_spec(workload)["volumes"]]
+            self.assertEqual(len(names), len(set(names)), f"{binary}: volume names are unique")
+        workload, container = service_of(docs, "sink-writer")
+        self.assertIn("/extra", [m["mountPath"] for m in container["volumeMounts"]])
+        # Each pod gets its own list only.
+        _, processor = service_of(docs, "eos-processor")
+        self.assertFalse([m for m in processor["volumeMounts"]
+                          if m["mountPath"].startswith("/run/secrets")])
+        _, dedup = service_of(docs, "dedup-service")
+        self.assertNotIn("/run/secrets/partner", [m["mountPath"] for m in dedup["volumeMounts"]])
+
+        for entry, message in (({"name": "partner-api"}, "missing property 'mountPath'"),
+                               ({"name": "partner-api", "mountPath": "run/secrets"},
+                                "'/sink/targetSecrets/0/mountPath'"),
+                               ({"name": "Partner_API", "mountPath": "/run/secrets/p"},
+                                "'/sink/targetSecrets/0/name'")):
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump({"sink": {"targetSecrets": [entry]}}, file)
+                file.flush()
+                result = helm_template(file.name)
+            self.assertNotEqual(result.returncode, 0, entry)
+            self.assertIn(message, result.stderr, entry)
+
+    def test_processor_output_schemas_are_a_sorted_list_and_need_the_registry(self):
+        def processor_env(docs):
+            return env_of(service_of(docs, "eos-processor")[1])
+
+        def parsed(value):
+            """As the processor reads it: NAME=FORMAT[@SUBJECT], comma-separated."""
+            entries = {}
+            for entry in value.split(","):
+                name, rest = entry.split("=", 1)
+                format_, _, subject = rest.partition("@")
+                entries[name] = {"format": format_, **({"subject": subject} if subject else {})}
+            return entries
+
+        self.assertNotIn("EOS_OUTPUT_SCHEMAS", processor_env(manifests("defaults", None)))
+        schemas = {"flagged": {"format": "avro", "subject": "com.example.cards.Flagged"},
+                   "audit": {"format": "json"},
+                   "default": {"format": "json-schema", "subject": ""}}
+        docs = render_values({"processor": {"outputSchemas": schemas},
+                              "schemaRegistry": {"url": "https://registry.example.com"},
+                              "networkPolicy": {"enabled": True}})
+        env = processor_env(docs)
+        value = env["EOS_OUTPUT_SCHEMAS"]["value"]
+        self.assertEqual(value, "audit=json,default=json-schema,flagged=avro@com.example.cards.Flagged")
+        self.assertEqual(parsed(value), {"flagged": schemas["flagged"], "audit": schemas["audit"],
+                                         "default": {"format": "json-schema"}})
+        self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+        workload, _ = service_of(docs, "eos-processor")
+        (policy,) = [p for p in of_kind(docs, "NetworkPolicy")
+                     if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+        ports = {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
+        self.assertIn(8081, ports, "an output in a registry format reaches the registry")
+
+        # json outputs alone need no registry.
+        env = processor_env(render_values({"processor": {"outputSchemas": {"audit": {"format": "json"}}}}))
+        self.assertEqual(env["EOS_OUTPUT_SCHEMAS"]["value"], "audit=json")
+        self.assertNotIn("EOS_SCHEMA_REGISTRY_URL", env)
+        # One output in a registry format without the registry fails, naming it.
+        without = helm_template(None, ("processor.outputSchemas.flagged.format=protobuf",))
+        self.assertNotEqual(without.returncode, 0)
+        self.assertIn("processor.outputSchemas.flagged protobuf: a registry format needs "
+                      "schemaRegistry.url", without.stderr)
+        for schema, message in (({"format": "xml"}, "'/processor/outputSchemas/flagged/format'"),
+                                ({"subject": "x"}, "missing property 'format'"),
+                                ({"format": "avro", "subject": "a,b"},
+                                 "'/processor/outputSchemas/flagged/subject'")):
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump({"processor": {"outputSchemas": {"flagged": schema}},
+                                "schemaRegistry": {"url": "https://registry.example.com"}}, file)
+                file.flush()
+                result = helm_template(file.name)
+            self.assertNotEqual(result.returncode, 0, schema)
+            self.assertIn(message, result.stderr, schema)
 
 
 PRODUCTION_VALUES = CHART / "ci" / "production-values.yaml"

@@ -493,6 +493,28 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- end }}
 {{- include "eos-suite.validatePartitions" . }}
 {{- include "eos-suite.validateProduction" . }}
+{{- include "eos-suite.validateLookups" . }}
+{{- end }}
+
+{{/*
+dedup.lookups against dedup.reconcileStrategies: a look-up is asked only for a target settled by
+lookup (the default), and dedup-service refuses to start with one for a replay or none target.
+A file that is not TOML is left to dedup-service, which says where.
+*/}}
+{{- define "eos-suite.validateLookups" -}}
+{{- if and .Values.dedup.enabled .Values.dedup.lookups }}
+{{- $strategies := .Values.dedup.reconcileStrategies | default dict }}
+{{- $file := fromToml .Values.dedup.lookups }}
+{{- if not (hasKey $file "Error") }}
+{{- range $file.lookups | default list }}
+{{- $target := toString (.target | default "") }}
+{{- $strategy := get $strategies $target | default "lookup" }}
+{{- if and $target (ne $strategy "lookup") }}
+{{- fail (printf "dedup.lookups has a look-up for target %s, which dedup.reconcileStrategies settles by %s: a look-up is only asked for lookup targets; drop it or make the target lookup" $target $strategy) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -621,13 +643,82 @@ address when `to` is empty). Args: .Values.networkPolicy.<destination>.
 {{- end }}
 
 {{/*
-"true" when the processor's input or outputs are in a schema registry's format (then it needs
-schemaRegistry.url, its credentials and egress to it), else "".
+"true" when the processor's input or outputs (outputFormat, or an output's own format in
+outputSchemas) are in a schema registry's format (then it needs schemaRegistry.url, its
+credentials and egress to it), else "".
 */}}
 {{- define "eos-suite.processorUsesRegistry" -}}
-{{- if or (ne .Values.processor.inputFormat "json") (ne .Values.processor.outputFormat "json") -}}
+{{- if or (ne .Values.processor.inputFormat "json") (ne .Values.processor.outputFormat "json") (include "eos-suite.registryOutputSchemas" . | trim) -}}
 true
 {{- end -}}
+{{- end }}
+
+{{- /* The processor's outputSchemas in a registry format, as "processor.outputSchemas.NAME FORMAT"
+lines (sorted by name), for the message of a render without schemaRegistry.url. */}}
+{{- define "eos-suite.registryOutputSchemas" -}}
+{{- range $name, $schema := .Values.processor.outputSchemas | default dict }}
+{{- if ne $schema.format "json" }}
+{{ printf "processor.outputSchemas.%s %s" $name $schema.format }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- /* What makes the processor need the registry, for the failure without schemaRegistry.url:
+"processor.inputFormat X and processor.outputFormat Y", then each output schema in a registry
+format ("processor.inputFormat X, processor.outputFormat Y and processor.outputSchemas.NAME F"). */}}
+{{- define "eos-suite.processorRegistryReasons" -}}
+{{- $reasons := list (printf "processor.inputFormat %s" .Values.processor.inputFormat) (printf "processor.outputFormat %s" .Values.processor.outputFormat) }}
+{{- range splitList "\n" (include "eos-suite.registryOutputSchemas" . | trim) }}
+{{- if . }}
+{{- $reasons = append $reasons . }}
+{{- end }}
+{{- end }}
+{{- printf "%s and %s" (join ", " (initial $reasons)) (last $reasons) }}
+{{- end }}
+
+{{- /* EOS_OUTPUT_SCHEMAS: NAME=FORMAT[@SUBJECT] of each processor.outputSchemas entry, sorted by
+name (a template ranges over a map in key order), comma-separated. */}}
+{{- define "eos-suite.outputSchemasList" -}}
+{{- $entries := list }}
+{{- range $name, $schema := . }}
+{{- $entry := printf "%s=%s" $name $schema.format }}
+{{- with $schema.subject }}
+{{- $entry = printf "%s@%s" $entry . }}
+{{- end }}
+{{- $entries = append $entries $entry }}
+{{- end }}
+{{- join "," $entries }}
+{{- end }}
+
+{{- /* TARGET=VALUE,... of a map target name -> value, sorted by target (a template ranges over a
+map in key order), so renders are stable: DEDUP_RECONCILE_STRATEGIES, DEDUP_KEY_TTLS. */}}
+{{- define "eos-suite.targetList" -}}
+{{- $entries := list }}
+{{- range $target, $value := . }}
+{{- $entries = append $entries (printf "%s=%s" $target (toString $value)) }}
+{{- end }}
+{{- join "," $entries }}
+{{- end }}
+
+{{- /* Secrets of yours mounted read-only as directories (sink.targetSecrets,
+dedup.lookupSecrets): volume <prefix>-<index> each. Args: (list "prefix" <list of {name,
+mountPath}>). */}}
+{{- define "eos-suite.secretDirectoryMounts" -}}
+{{- $prefix := index . 0 }}
+{{- range $index, $secret := index . 1 }}
+- name: {{ printf "%s-%d" $prefix $index }}
+  mountPath: {{ $secret.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "eos-suite.secretDirectoryVolumes" -}}
+{{- $prefix := index . 0 }}
+{{- range $index, $secret := index . 1 }}
+- name: {{ printf "%s-%d" $prefix $index }}
+  secret:
+    secretName: {{ $secret.name }}
+{{- end }}
 {{- end }}
 
 {{- /* Whether sink-writer reads its topic in a schema registry's format. */}}
