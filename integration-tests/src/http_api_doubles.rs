@@ -245,6 +245,22 @@ impl ApiDouble {
             .clone()
     }
 
+    /// The `id` of each key's stored answer (the idempotent API), by key.
+    pub fn answer_ids(&self) -> HashMap<String, String> {
+        self.shared
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|(key, state)| match state {
+                KeyState::Done { answer, .. } => {
+                    Some((key.clone(), answer["id"].as_str()?.to_owned()))
+                }
+                KeyState::InFlight { .. } => None,
+            })
+            .collect()
+    }
+
     pub fn counts(&self) -> &AnswerCounts {
         &self.shared.counts
     }

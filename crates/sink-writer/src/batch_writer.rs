@@ -158,6 +158,7 @@ impl BatchWriter<'_> {
         for (target, counts) in self.targets.iter().zip(counts) {
             report.per_target.push((target.name().to_owned(), counts));
         }
+        self.write_results(&mut tx, provider).await?;
         conflicts.extend(provider.conflicts.iter().cloned());
         let mut dead_letters: Vec<(usize, Refusal)> = decision.dead_letters.clone();
         dead_letters.extend(provider.dead_letters.iter().cloned());
@@ -234,6 +235,7 @@ impl BatchWriter<'_> {
             }
         }
         dead_letters.sort_by_key(|(index, _)| *index);
+        self.write_results(&mut tx, provider).await?;
         for (target, counts) in self.targets.iter().zip(totals) {
             report.per_target.push((target.name().to_owned(), counts));
         }
@@ -248,6 +250,20 @@ impl BatchWriter<'_> {
         .await?;
         tx.commit().await.map_err(SinkError::from_db)?;
         Ok(report)
+    }
+
+    /// Each provider target's results rows (`[targets.results]`), one statement per table.
+    async fn write_results(
+        &self,
+        conn: &mut PgConnection,
+        provider: &ProviderResults,
+    ) -> Result<(), SinkError> {
+        for (target, rows) in self.providers.iter().zip(&provider.result_rows) {
+            if let Some(table) = target.results() {
+                table.write(conn, rows).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Every target's write (one statement each), then the outcomes of every record.

@@ -23,6 +23,9 @@
 //! applied = ["200-299"]
 //! retry = ["409", "429"]             # Retry-After honoured
 //! refused = ["400-499"]              # a dead letter with the status and a cut body
+//! [targets.results]                  # each success's answer in a table (`effect_results`)
+//! table = "partner_notifications"
+//! columns = { notification_id = "/id" }
 //! ```
 
 use std::collections::BTreeMap;

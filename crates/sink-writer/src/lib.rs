@@ -27,6 +27,7 @@ pub mod column_type;
 pub mod config;
 pub mod dead_letters;
 pub mod decision;
+mod effect_results;
 pub mod error;
 pub mod held_gauge;
 mod http_target;

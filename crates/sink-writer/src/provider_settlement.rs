@@ -13,6 +13,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use eos_core::DeadLetterReason;
 
 use crate::decision::BatchDecision;
+use crate::effect_results::ResultRow;
 use crate::error::SinkError;
 use crate::mapping::{DecodedEvent, InputRecord, Refusal};
 use crate::metrics as m;
@@ -26,6 +27,8 @@ pub(crate) struct ProviderResults {
     pub(crate) dead_letters: Vec<(usize, Refusal)>,
     /// Events whose operation is stuck UNKNOWN: neither charged nor refused, set aside.
     pub(crate) held: Vec<HeldRow>,
+    /// Per provider target (in order): the rows of its results table, one per charged event.
+    pub(crate) result_rows: Vec<Vec<ResultRow>>,
 }
 
 /// Every provider target's charges for the batch, settled before the transaction that
@@ -39,8 +42,11 @@ pub(crate) async fn settle(
     decision: &BatchDecision,
     spans: &[Option<tracing::Span>],
 ) -> Result<ProviderResults, SinkError> {
-    let mut results = ProviderResults::default();
-    for target in providers {
+    let mut results = ProviderResults {
+        result_rows: vec![Vec::new(); providers.len()],
+        ..ProviderResults::default()
+    };
+    for (target_index, target) in providers.iter().enumerate() {
         let spec = target.spec();
         let mut leaders: HashMap<&str, usize> = HashMap::new();
         let mut items = Vec::new();
@@ -96,7 +102,17 @@ pub(crate) async fn settle(
                 continue;
             };
             let refusal = match outcome {
-                Settled::Charged { .. } => None,
+                Settled::Charged { result, .. } => {
+                    if let Some(table) = target.results() {
+                        let operation_id = spec.operation_id(event.event_id.as_str());
+                        results.result_rows[target_index].push(table.row(
+                            event.event_id.as_str(),
+                            &operation_id,
+                            result,
+                        ));
+                    }
+                    None
+                }
                 // Nothing was applied and asking again would be refused again: the event
                 // is accounted for as a dead letter, next to its FAILED intent.
                 Settled::Rejected { reason } => {

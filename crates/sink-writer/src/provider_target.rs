@@ -44,6 +44,7 @@ use tracing::{Instrument as _, debug, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::call_pacing::CallPacing;
+use crate::effect_results::ResultsTable;
 use crate::metrics as m;
 use crate::targets::{ProviderCall, ProviderSpec, SecretSource, Source};
 
@@ -124,8 +125,9 @@ pub struct EffectItem {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
     /// Charged. `called`: this sink called the provider for it in this batch; otherwise an
-    /// earlier attempt had (a replay after a crash: a duplicate suppressed).
-    Charged { called: bool },
+    /// earlier attempt had (a replay after a crash: a duplicate suppressed). `result`: the
+    /// answer dedup-service keeps for it (the API's, or its look-up's).
+    Charged { called: bool, result: Vec<u8> },
     /// The provider refused the charge for good (a 4xx); recorded as FAILED at dedup-service.
     Rejected { reason: String },
     /// The operation id is known with another fingerprint: the event id was reused.
@@ -153,8 +155,8 @@ impl Settled {
 
     pub fn label(&self) -> &'static str {
         match self {
-            Self::Charged { called: true } => "charged",
-            Self::Charged { called: false } => "already_charged",
+            Self::Charged { called: true, .. } => "charged",
+            Self::Charged { called: false, .. } => "already_charged",
             Self::Rejected { .. } => "rejected",
             Self::Conflict { .. } => "conflict",
             Self::Expired => "expired",
@@ -207,8 +209,9 @@ impl Round {
     /// charge: this round made none.
     fn answered(outcome: BeginOutcome, called_before: u32) -> Self {
         let step = match outcome {
-            BeginOutcome::Succeeded { .. } => Step::Final(Settled::Charged {
+            BeginOutcome::Succeeded { result } => Step::Final(Settled::Charged {
                 called: called_before > 0,
+                result,
             }),
             BeginOutcome::Failed {
                 reason,
@@ -266,6 +269,8 @@ pub struct ProviderTarget {
     rounds: Arc<Semaphore>,
     /// `rate_limit` and the API's `Retry-After`, shared by the target's clones.
     pacing: Arc<CallPacing>,
+    /// `[targets.results]`, checked against the database (`with_results`).
+    results: Option<Arc<ResultsTable>>,
 }
 
 impl ProviderTarget {
@@ -308,7 +313,19 @@ impl ProviderTarget {
             template,
             answers,
             owner,
+            results: None,
         })
+    }
+
+    /// The target writing each success's answer to `results` (its `[targets.results]`).
+    pub(crate) fn with_results(mut self, results: ResultsTable) -> Self {
+        self.results = Some(Arc::new(results));
+        self
+    }
+
+    /// Where each success's answer is written, if anywhere.
+    pub(crate) fn results(&self) -> Option<&ResultsTable> {
+        self.results.as_deref()
     }
 
     pub fn spec(&self) -> &ProviderSpec {
@@ -514,7 +531,10 @@ impl ProviderTarget {
                 Called::Done(round) => round,
                 Called::Applied(fencing_token, body) => {
                     let step = match completed.next() {
-                        Some(Ok(_)) => Step::Final(Settled::Charged { called: true }),
+                        Some(Ok(_)) => Step::Final(Settled::Charged {
+                            called: true,
+                            result: body,
+                        }),
                         Some(Err(error)) if error.is_failed_precondition() => {
                             self.reported(&charge.operation_id, Err(error))?
                         }
@@ -725,9 +745,14 @@ impl ProviderTarget {
     ) -> Result<Step, ProviderTargetError> {
         let reported = self
             .dedup
-            .complete(operation_id, fencing_token, result)
+            .complete(operation_id, fencing_token, result.clone())
             .await
-            .map(|_| Step::Final(Settled::Charged { called: true }));
+            .map(|_| {
+                Step::Final(Settled::Charged {
+                    called: true,
+                    result,
+                })
+            });
         self.reported(operation_id, reported)
     }
 
@@ -822,8 +847,14 @@ mod tests {
     #[test]
     fn every_settled_label_is_registered_at_zero() {
         let settled = [
-            Settled::Charged { called: true },
-            Settled::Charged { called: false },
+            Settled::Charged {
+                called: true,
+                result: Vec::new(),
+            },
+            Settled::Charged {
+                called: false,
+                result: Vec::new(),
+            },
             Settled::Rejected {
                 reason: String::new(),
             },
@@ -853,6 +884,7 @@ mod tests {
             settle_timeout: Duration::from_secs(60),
             auth: None,
             ca_file: None,
+            results: None,
         }
     }
 
@@ -963,11 +995,12 @@ mod tests {
 
     #[test]
     fn labels_tell_a_new_charge_from_a_replayed_one() {
-        assert_eq!(Settled::Charged { called: true }.label(), "charged");
-        assert_eq!(
-            Settled::Charged { called: false }.label(),
-            "already_charged"
-        );
+        let charged = |called| Settled::Charged {
+            called,
+            result: Vec::new(),
+        };
+        assert_eq!(charged(true).label(), "charged");
+        assert_eq!(charged(false).label(), "already_charged");
         assert_eq!(Settled::Expired.label(), "expired");
         assert_eq!(
             Settled::Held {

@@ -68,18 +68,18 @@ pub fn quote_table(table: &str) -> String {
 }
 
 #[derive(Debug, Clone)]
-struct CatalogColumn {
-    name: String,
-    typname: String,
-    sql_type: String,
-    typmod: i32,
-    not_null: bool,
-    has_default: bool,
-    identity: bool,
-    generated: bool,
+pub(crate) struct CatalogColumn {
+    pub(crate) name: String,
+    pub(crate) typname: String,
+    pub(crate) sql_type: String,
+    pub(crate) typmod: i32,
+    pub(crate) not_null: bool,
+    pub(crate) has_default: bool,
+    pub(crate) identity: bool,
+    pub(crate) generated: bool,
 }
 
-async fn catalog_columns(
+pub(crate) async fn catalog_columns(
     pool: &PgPool,
     quoted_table: &str,
 ) -> Result<Option<Vec<CatalogColumn>>, SinkError> {
@@ -125,7 +125,7 @@ async fn catalog_columns(
 
 /// Whether a unique, non-partial index on exactly `column` exists: what `ON CONFLICT (column)`
 /// needs to infer its arbiter.
-async fn has_unique_index(
+pub(crate) async fn has_unique_index(
     pool: &PgPool,
     quoted_table: &str,
     column: &str,

@@ -22,6 +22,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::effect_results::ResultsTable;
 use crate::error::SinkError;
 use crate::provider_target::ProviderTarget;
 use crate::schema::{self, PreparedTarget};
@@ -165,11 +166,22 @@ async fn prepare_targets(
             lease_ttl_ms = spec.lease_ttl.as_millis() as u64,
             "provider target"
         );
-        providers.push(ProviderTarget::new(
-            spec,
-            config.instance.instance_id(),
-            &dedup_credentials,
-        )?);
+        let results = match &spec.results {
+            Some(results) => Some(ResultsTable::prepare(pool, &spec.name, results).await?),
+            None => None,
+        };
+        let target = ProviderTarget::new(spec, config.instance.instance_id(), &dedup_credentials)?;
+        providers.push(match results {
+            Some(results) => {
+                tracing::info!(
+                    target_name = %target.name(),
+                    table = results.name(),
+                    "the target's answers are written to a results table"
+                );
+                target.with_results(results)
+            }
+            None => target,
+        });
     }
     metrics::register_targets(
         prepared

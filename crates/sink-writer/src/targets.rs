@@ -214,6 +214,23 @@ struct RawTarget {
     key_header: Option<String>,
     key_format: Option<String>,
     answers: Option<RawAnswers>,
+    results: Option<RawResults>,
+}
+
+/// `[targets.results]` of a provider-like target.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResults {
+    table: String,
+    columns: BTreeMap<String, RawPointers>,
+}
+
+/// A result column's JSON pointer, or several tried in order.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawPointers {
+    One(String),
+    Several(Vec<String>),
 }
 
 impl RawTarget {
@@ -258,6 +275,57 @@ pub struct ProviderSpec {
     /// start-up (never from the URL, which is logged).
     pub auth: Option<ProviderAuth>,
     pub ca_file: Option<PathBuf>,
+    /// Where the useful part of each success is written, in the batch's transaction.
+    pub results: Option<ResultsSpec>,
+}
+
+/// `[targets.results]`: one row per charged event in `table` (`event_id` unique, `operation_id`,
+/// then `columns`), each column the first of its JSON pointers that the stored answer has
+/// (docs/sink-writer.md "The answer in a table").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultsSpec {
+    pub table: String,
+    pub columns: Vec<(String, Vec<String>)>,
+}
+
+/// `event_id` and `operation_id` are the results table's own columns.
+const RESULTS_KEY_COLUMNS: [&str; 2] = ["event_id", "operation_id"];
+
+fn results_spec(name: &str, raw: RawResults) -> Result<ResultsSpec, TargetsError> {
+    let table = raw.table.trim().to_owned();
+    if table.is_empty() {
+        return Err(invalid(name, "results.table must not be empty"));
+    }
+    if raw.columns.is_empty() {
+        return Err(invalid(
+            name,
+            "results.columns must name at least one column (a JSON pointer into the answer)",
+        ));
+    }
+    let mut columns = Vec::with_capacity(raw.columns.len());
+    for (column, pointers) in raw.columns {
+        if RESULTS_KEY_COLUMNS.contains(&column.as_str()) {
+            return Err(invalid(
+                name,
+                format!("results.columns.{column}: {column} is written by the sink itself"),
+            ));
+        }
+        let pointers = match pointers {
+            RawPointers::One(pointer) => vec![pointer],
+            RawPointers::Several(pointers) => pointers,
+        };
+        if pointers.is_empty() || pointers.iter().any(|pointer| !pointer.starts_with('/')) {
+            return Err(invalid(
+                name,
+                format!(
+                    "results.columns.{column}: a JSON pointer into the answer (\"/id\") or a \
+                     list of them"
+                ),
+            ));
+        }
+        columns.push((column, pointers));
+    }
+    Ok(ResultsSpec { table, columns })
 }
 
 /// The request a provider-like target makes per event.
@@ -448,6 +516,11 @@ fn validate_provider(mut raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
         rate => rate,
     };
     let auth = provider_auth(&name, &mut raw)?;
+    let results = raw
+        .results
+        .take()
+        .map(|results| results_spec(&name, results))
+        .transpose()?;
     Ok(ProviderSpec {
         name,
         dedup_url,
@@ -460,6 +533,7 @@ fn validate_provider(mut raw: RawTarget) -> Result<ProviderSpec, TargetsError> {
         settle_timeout: timing.settle_timeout,
         auth,
         ca_file: raw.provider_ca_file,
+        results,
     })
 }
 
@@ -609,6 +683,7 @@ fn validate(mut raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsE
         ("concurrency", raw.concurrency.is_some()),
         ("rate_limit", raw.rate_limit.is_some()),
         ("settle_timeout", raw.settle_timeout.is_some()),
+        ("results", raw.results.is_some()),
     ];
     if let Some((field, _)) = provider_fields.iter().find(|(_, set)| *set) {
         return Err(invalid(
@@ -892,6 +967,63 @@ mod tests {
             ])
         );
         assert_eq!(call.answers.retry.len(), 2);
+        assert_eq!(spec.results, None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_provider_like_target_writes_its_answer_s_fields_to_a_results_table()
+    -> Result<(), TargetsError> {
+        let text = "[[targets]]\nkind = 'http'\nname = 'partner'\n\
+             dedup_url = 'http://127.0.0.1:50051'\nurl = 'https://partner.example/v1/charges'\n\
+             [targets.results]\ntable = 'partner_charges'\n\
+             [targets.results.columns]\ncharge_id = ['/id', '/entry/id']\nanswer = '/entry'\n";
+        let spec = &parse(text)?.providers[0];
+        assert_eq!(
+            spec.results,
+            Some(ResultsSpec {
+                table: "partner_charges".into(),
+                columns: vec![
+                    ("answer".into(), vec!["/entry".into()]),
+                    ("charge_id".into(), vec!["/id".into(), "/entry/id".into()]),
+                ],
+            })
+        );
+        let base = "[[targets]]\nkind='provider'\nname='p'\ndedup_url='http://d'\nprovider_url='http://p'\n";
+        for (results, expected) in [
+            (
+                "[targets.results]\ntable=''\ncolumns={id='/id'}",
+                "results.table",
+            ),
+            (
+                "[targets.results]\ntable='t'\ncolumns={}",
+                "at least one column",
+            ),
+            (
+                "[targets.results]\ntable='t'\ncolumns={id='id'}",
+                "results.columns.id",
+            ),
+            (
+                "[targets.results]\ntable='t'\ncolumns={id=[]}",
+                "results.columns.id",
+            ),
+            (
+                "[targets.results]\ntable='t'\ncolumns={event_id='/id'}",
+                "by the sink itself",
+            ),
+            (
+                "[targets.results]\ntable='t'\ncolumn={id='/id'}",
+                "unknown field",
+            ),
+        ] {
+            let text = format!("{base}{results}");
+            let error = parse(&text).expect_err(&text).to_string();
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+        let on_a_table = "[[targets]]\ntable='t'\nkind='append'\n[targets.columns]\n\
+             event_id='event_id'\n[targets.results]\ntable='r'\ncolumns={id='/id'}";
+        let error = parse(on_a_table).expect_err("a table target").to_string();
+        assert!(error.contains("results is for provider targets"), "{error}");
         Ok(())
     }
 

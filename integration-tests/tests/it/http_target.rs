@@ -338,9 +338,22 @@ async fn a_ledger_api_asked_by_its_own_look_up_is_charged_once_per_event_under_c
     })
     .await?;
     let mut run = TargetRun::start(&db, "ledger", "lookup", Some(&api.url()))?;
+    // The ledger's entry id beside each event: from the answer ({"id"}), or from the look-up's
+    // when the answer was lost ({"entry": {"id"}}).
+    let results_table = format!("{}_entries", run.name);
+    sqlx::query(&format!(
+        "CREATE TABLE {results_table} (event_id TEXT PRIMARY KEY, operation_id TEXT NOT NULL, \
+         entry_id TEXT, answer JSONB, noted_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    ))
+    .execute(&db.pool)
+    .await?;
     let config = run.targets_file(
         &format!("{}/v1/charges", api.url()),
-        &format!("{CALL}[targets.body]\namount = \"/value\"\nreference = \"event_id\"\n"),
+        &format!(
+            "{CALL}[targets.body]\namount = \"/value\"\nreference = \"event_id\"\n\
+             [targets.results]\ntable = \"{results_table}\"\n\
+             columns = {{ entry_id = [\"/id\", \"/entry/id\"], answer = \"/entry\" }}\n"
+        ),
     )?;
     let sink = Sink::new(&unique_name("http-ledger"), &db.url);
     let workload = Workload {
@@ -399,6 +412,32 @@ async fn a_ledger_api_asked_by_its_own_look_up_is_charged_once_per_event_under_c
         vec![("SUCCEEDED".to_owned(), truth.logical.len() as i64)]
     );
     assert!(run.dedup.client()?.list_unknown(100).await?.is_empty());
+
+    // One results row per charged event, holding the ledger's own id for it.
+    let rows: Vec<(String, String, Option<String>, bool)> = sqlx::query_as(&format!(
+        "SELECT event_id, operation_id, entry_id, answer IS NOT NULL FROM {results_table}"
+    ))
+    .fetch_all(&db.pool)
+    .await?;
+    let answer_ids = api.answer_ids();
+    assert_eq!(rows.len(), truth.logical.len(), "one results row per event");
+    let from_look_ups = rows.iter().filter(|(.., answer)| *answer).count();
+    for (event_id, operation_id, entry_id, _) in &rows {
+        assert_eq!(*operation_id, format!("{prefix}{event_id}"));
+        assert_eq!(
+            entry_id.as_ref(),
+            answer_ids.get(operation_id),
+            "{event_id}: the ledger's id for it"
+        );
+    }
+    eprintln!(
+        "ledger API: {} results rows, {from_look_ups} of them from a look-up's answer",
+        rows.len()
+    );
+    assert!(
+        from_look_ups > 0,
+        "some ids came from the look-up's answer shape"
+    );
 
     run.finish()?;
     db.drop_database().await

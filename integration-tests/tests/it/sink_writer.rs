@@ -1010,7 +1010,23 @@ async fn sink_refuses_to_start_on_a_bad_config_naming_the_problem() -> anyhow::R
             "[[targets]]\ntable = \"no_such_table\"\nkind = \"append\"\n[targets.columns]\nevent_id = \"event_id\"\n",
             "no_such_table: does not exist",
         ),
+        // An http target's results table (docs/sink-writer.md "The answer in a table"): its
+        // event_id must be unique, its columns text or jsonb.
+        (
+            "[[targets]]\nkind = \"http\"\nname = \"partner\"\ndedup_url = \"http://127.0.0.1:9\"\nurl = \"http://127.0.0.1:9/v1\"\n[targets.results]\ntable = \"payments_by_id\"\ncolumns = { note = \"/id\" }\n",
+            "results table payments_by_id: has no event_id column",
+        ),
+        (
+            "[[targets]]\nkind = \"http\"\nname = \"partner\"\ndedup_url = \"http://127.0.0.1:9\"\nurl = \"http://127.0.0.1:9/v1\"\n[targets.results]\ntable = \"partner_results\"\ncolumns = { amount = \"/amount\" }\n",
+            "column amount is bigint: results go in text or jsonb columns",
+        ),
     ];
+    sqlx::query(
+        "CREATE TABLE partner_results (event_id TEXT PRIMARY KEY, operation_id TEXT NOT NULL, \
+         amount BIGINT)",
+    )
+    .execute(&db.pool)
+    .await?;
     let topic = unique_name("sink-bad-config");
     for (text, expected) in cases {
         let path = std::env::temp_dir().join(format!("{}.toml", unique_name("sink-config")));
