@@ -67,6 +67,8 @@ const CHUNKS_IN_FLIGHT: usize = 16;
 
 /// Why an acquisition is given back uncalled when its lease would end before the call's deadline.
 const TOO_LITTLE_LEASE: &str = "too little of the lease was left for the call";
+/// Why an acquisition was given back when its batch ended before its call.
+const BATCH_ENDING: &str = "the batch ended (a shutdown, or another event's error) before its call";
 
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -380,27 +382,31 @@ impl ProviderTarget {
     ) -> Result<Vec<Settled>, ProviderTargetError> {
         let charges: Vec<Charge> = items.into_iter().map(|item| self.charge(item)).collect();
         let chunk = self.spec.concurrency.clamp(1, BATCH_ITEMS);
+        // Ends the batch's rounds on shutdown or on the first error: each gives back what it
+        // acquired and has not called, instead of being dropped between its Begin and its call.
+        let stop = shutdown.child_token();
+        let stop = &stop;
         // FIFO: the chunks enter their first round in batch order.
         let first_rounds = Semaphore::new(CHUNKS_IN_FLIGHT);
-        let chunks =
-            charges.chunks(chunk).map(|chunk| {
-                let first_rounds = &first_rounds;
-                async move {
-                    let firsts = {
-                        let Ok(_turn) = first_rounds.acquire().await else {
-                            return Err(self.cancelled());
-                        };
-                        self.chunk_round(chunk, shutdown).await?
+        let chunks = charges.chunks(chunk).map(|chunk| {
+            let first_rounds = &first_rounds;
+            async move {
+                let firsts = {
+                    let Ok(_turn) = first_rounds.acquire().await else {
+                        return Err(self.cancelled());
                     };
-                    let give_up_at = Instant::now() + self.spec.settle_timeout;
-                    futures::future::try_join_all(chunk.iter().zip(firsts).map(
-                        |(charge, first)| self.settle_one(charge, first, give_up_at, shutdown),
-                    ))
-                    .await
-                }
-            });
-        let result = futures::future::try_join_all(chunks)
-            .await
+                    ending_on_error(stop, self.chunk_round(chunk, stop)).await?
+                };
+                let give_up_at = Instant::now() + self.spec.settle_timeout;
+                all_ok(
+                    futures::future::join_all(chunk.iter().zip(firsts).map(|(charge, first)| {
+                        ending_on_error(stop, self.settle_one(charge, first, give_up_at, stop))
+                    }))
+                    .await,
+                )
+            }
+        });
+        let result = all_ok(futures::future::join_all(chunks).await)
             .map(|settled| settled.into_iter().flatten().collect());
         if let Err(ProviderTargetError::Unsettled { .. }) = &result {
             counter!(m::PROVIDER_UNSETTLED, "target" => self.spec.name.clone()).increment(1);
@@ -447,6 +453,9 @@ impl ProviderTarget {
         charges: &[Charge],
         shutdown: &CancellationToken,
     ) -> Result<Vec<Round>, ProviderTargetError> {
+        if shutdown.is_cancelled() {
+            return Err(self.cancelled());
+        }
         let begins: Vec<(BeginParams, opentelemetry::Context)> = charges
             .iter()
             .map(|charge| (charge.params.clone(), charge.span.context()))
@@ -502,18 +511,21 @@ impl ProviderTarget {
                     }
                 }
             });
-        let called: Vec<Called> = futures::future::try_join_all(calls).await?;
+        let called: Vec<Result<Called, ProviderTargetError>> =
+            futures::future::join_all(calls.map(|call| ending_on_error(shutdown, call))).await;
+        // Completed even when the batch ends: an applied call left unreported would expire
+        // into UNKNOWN, which a `none` target holds for an operator.
         let applied: Vec<CompleteItem> = charges
             .iter()
             .zip(&called)
             .filter_map(|(charge, called)| match called {
-                Called::Applied(fencing_token, body) => Some(CompleteItem {
+                Ok(Called::Applied(fencing_token, body)) => Some(CompleteItem {
                     operation_id: charge.operation_id.clone(),
                     fencing_token: *fencing_token,
                     result: body.clone(),
                     trace: charge.span.context(),
                 }),
-                Called::Done(_) => None,
+                _ => None,
             })
             .collect();
         let mut completed = if applied.is_empty() {
@@ -525,6 +537,7 @@ impl ProviderTarget {
                 .map_err(|source| self.dedup_error(source))?
         }
         .into_iter();
+        let called = all_ok(called)?;
         let mut rounds = Vec::with_capacity(charges.len());
         for (charge, called) in charges.iter().zip(called) {
             let round = match called {
@@ -616,6 +629,9 @@ impl ProviderTarget {
         let Ok(_slot) = self.rounds.acquire().await else {
             return Err(self.cancelled());
         };
+        if shutdown.is_cancelled() {
+            return Err(self.cancelled());
+        }
         let begun = Instant::now();
         let outcome = self
             .dedup
@@ -648,8 +664,9 @@ impl ProviderTarget {
     }
 
     /// Waits for the target's next call moment (`rate_limit`, a `Retry-After`), counting the
-    /// calls that waited. A shutdown meanwhile gives the acquisition back uncalled (so it is
-    /// acquired again at once, not left to expire into UNKNOWN) and ends the batch.
+    /// calls that waited. The batch's end (a shutdown, another event's error) before or during
+    /// the wait gives the acquisition back uncalled, so it is acquired again at once, not left to
+    /// expire into UNKNOWN.
     async fn wait_turn(
         &self,
         operation_id: &str,
@@ -657,17 +674,18 @@ impl ProviderTarget {
         shutdown: &CancellationToken,
     ) -> Result<(), ProviderTargetError> {
         tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                self.release(operation_id, fencing_token, BATCH_ENDING)
+                    .await?;
+                Err(self.cancelled())
+            }
             waited = self.pacing.wait_turn() => {
                 if !waited.is_zero() {
                     counter!(m::PROVIDER_PACED_CALLS, "target" => self.spec.name.clone())
                         .increment(1);
                 }
                 Ok(())
-            }
-            () = shutdown.cancelled() => {
-                self.release(operation_id, fencing_token, "shutting down while it waited for its turn")
-                    .await?;
-                Err(self.cancelled())
             }
         }
     }
@@ -838,6 +856,42 @@ fn call_template(spec: &ProviderSpec) -> Result<(RequestTemplate, AnswerRules), 
         )),
         ProviderCall::Http(call) => Ok((call.template()?, call.answers.clone())),
     }
+}
+
+/// `work`, cancelling `stop` when it fails, so its siblings end too (each giving back what it
+/// acquired) rather than being dropped mid-round.
+async fn ending_on_error<T>(
+    stop: &CancellationToken,
+    work: impl Future<Output = Result<T, ProviderTargetError>>,
+) -> Result<T, ProviderTargetError> {
+    let result = work.await;
+    if result.is_err() {
+        stop.cancel();
+    }
+    result
+}
+
+/// Every value, or the error that ended the batch: the first that is not the cancellation
+/// it caused in the others.
+fn all_ok<T>(results: Vec<Result<T, ProviderTargetError>>) -> Result<Vec<T>, ProviderTargetError> {
+    let mut values = Vec::with_capacity(results.len());
+    let mut error: Option<ProviderTargetError> = None;
+    for result in results {
+        match result {
+            Ok(value) => values.push(value),
+            Err(other) => {
+                let cancelled =
+                    |e: &ProviderTargetError| matches!(e, ProviderTargetError::Cancelled { .. });
+                if error
+                    .as_ref()
+                    .is_none_or(|kept| cancelled(kept) && !cancelled(&other))
+                {
+                    error = Some(other);
+                }
+            }
+        }
+    }
+    error.map_or(Ok(values), Err)
 }
 
 #[cfg(test)]
