@@ -20,6 +20,7 @@ pub mod json_schema;
 pub mod protobuf;
 pub mod record_decoder;
 pub mod registry;
+pub mod topic_schemas;
 pub mod wire;
 
 pub use avro::AvroSchema;
@@ -30,6 +31,9 @@ pub use record_decoder::{Decoded, RecordDecoder, RecordFormat, RegistryFlags};
 pub use registry::{
     ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType,
     SubjectVersion,
+};
+pub use topic_schemas::{
+    SchemaVersion, SubjectSchema, TopicSchemaError, TopicSchemas, TopicSubject,
 };
 
 /// What kind of JSON value `json` is, as a misfit's message names it ("a string is not …").

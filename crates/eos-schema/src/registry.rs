@@ -583,6 +583,31 @@ impl RegistryClient {
         Ok(version)
     }
 
+    /// One version of the subject (`GET /subjects/{subject}/versions/{version}`): a pinned
+    /// schema. Its schema is cached by id.
+    pub async fn version(
+        &self,
+        subject: &str,
+        version: u32,
+    ) -> Result<SubjectVersion, SchemaError> {
+        let answer: SubjectVersionAnswer = self
+            .send(
+                self.http.get(format!(
+                    "{}/subjects/{}/versions/{version}",
+                    self.base,
+                    segment(subject)
+                )),
+                Asked::Subject(subject),
+            )
+            .await?;
+        let version = SubjectVersion::from(answer);
+        self.write_caches()
+            .by_id
+            .entry(version.id)
+            .or_insert_with(|| Arc::clone(&version.schema));
+        Ok(version)
+    }
+
     async fn send<T: serde::de::DeserializeOwned>(
         &self,
         request: reqwest::RequestBuilder,

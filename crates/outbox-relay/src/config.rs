@@ -10,6 +10,7 @@ use eos_runtime::secrets::DatabaseUrlFlags;
 use eos_runtime::service_flags::StallFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{KafkaFlags, LogFlags};
+use eos_schema::{RecordFormat, RegistryConfig, RegistryFlags, TopicSubject};
 
 /// Publishes the rows of the PostgreSQL outbox (table eos_outbox, filled by
 /// eos_outbox_enqueue(...) inside the domain's own transactions) to Kafka.
@@ -132,6 +133,23 @@ pub struct Config {
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9467")]
     pub metrics_addr: SocketAddr,
 
+    /// How each row's value is written: json (as it was enqueued), or in a schema registry's
+    /// format, encoded against its topic's subject (`<topic>-value`, or the one --value-subject
+    /// names) found at the topic's first row (docs/schemas.md "The outbox in a registry
+    /// format"). A row whose value does not fit stops the relay, naming it: nothing is skipped.
+    #[arg(long, env = "OUTBOX_VALUE_FORMAT", value_enum, default_value = "json")]
+    pub value_format: RecordFormat,
+
+    /// A topic's subject other than `<topic>-value` (e.g. a record's full name, as
+    /// RecordNameStrategy names it), and a pinned version: TOPIC=SUBJECT[@VERSION] (repeat the
+    /// flag, or separate them with commas in the environment variable). Without a version, the
+    /// subject's latest when the relay first writes to the topic.
+    #[arg(long = "value-subject", env = "OUTBOX_VALUE_SUBJECTS", value_name = "TOPIC=SUBJECT[@VERSION]", value_delimiter = ',', value_parser = TopicSubject::parse)]
+    pub value_subjects: Vec<TopicSubject>,
+
+    #[command(flatten)]
+    pub registry: RegistryFlags,
+
     #[command(flatten)]
     pub stall: StallFlags,
 
@@ -210,7 +228,20 @@ impl Config {
         self.publication.clone()
     }
 
+    /// The registry the values are written through, when `--value-format` is a registry
+    /// format.
+    pub fn registry_config(&self) -> Result<Option<RegistryConfig>, String> {
+        let config = self
+            .registry
+            .registry_config(&[("--value-format", self.value_format)])?;
+        if config.is_none() && !self.value_subjects.is_empty() {
+            return Err("--value-subject needs a registry --value-format".into());
+        }
+        Ok(config)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
+        self.registry_config()?;
         if self.relay_name.is_empty() {
             return Err("--relay-name must not be empty".into());
         }
@@ -288,6 +319,41 @@ mod tests {
         assert_eq!(config.slot_name(), "eos_outbox_default");
         assert_eq!(config.publication_name(), "eos_outbox");
         assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_registry_value_format_needs_the_registry_and_names_subjects_per_topic() {
+        // An empty URL is none, whatever the environment holds.
+        let no_url = ["--schema-registry-url="];
+        let config = parse(&[&no_url[..], &["--value-format", "avro"]].concat()).expect("parses");
+        let error = config.validate().expect_err("no registry");
+        assert!(
+            error.contains("--value-format avro needs --schema-registry-url"),
+            "{error}"
+        );
+        let config =
+            parse(&[&no_url[..], &["--value-subject", "orders=o-value"]].concat()).expect("parses");
+        let error = config.validate().expect_err("a subject for json");
+        assert!(error.contains("needs a registry --value-format"), "{error}");
+        let config = parse(&[
+            "--value-format",
+            "protobuf",
+            "--schema-registry-url",
+            "http://127.0.0.1:8085/apis/ccompat/v7",
+            "--value-subject",
+            "orders=com.example.Order@2,refunds=refunds-value",
+        ])
+        .expect("parses");
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.value_subjects.len(), 2);
+        assert!(
+            crate::boundary(&config)
+                .result
+                .contains("protobuf via http://127.0.0.1:8085"),
+            "{}",
+            crate::boundary(&config).result
+        );
+        assert!(parse(&["--value-subject", "orders"]).is_err());
     }
 
     #[test]

@@ -19,11 +19,10 @@ pub enum RelayError {
     /// so stop and let an operator decide (docs/architecture/outbox.md).
     #[error("replication slot {slot}: {detail}")]
     Slot { slot: String, detail: String },
-    /// A row cannot be turned into a valid envelope (it was written around the table's checks):
-    /// stop rather than skip it.
-    #[error(
-        "outbox row at position {position} (event {event_id}) is not a valid envelope: {detail}"
-    )]
+    /// A row cannot be turned into a record: not a valid envelope (it was written around the
+    /// table's checks), or a value that does not fit its topic's schema, or a topic without a
+    /// usable schema. Stop rather than skip it.
+    #[error("outbox row at position {position} (event {event_id}) cannot be published: {detail}")]
     InvalidRow {
         position: i64,
         event_id: String,
@@ -42,12 +41,21 @@ pub enum RelayError {
     /// a new session starts at the relay's position.
     #[error("replication session on slot {slot}: {detail}")]
     Replication { slot: String, detail: String },
+    /// The schema registry cannot answer for a topic's schema now: retried like a database
+    /// error, the rows wait.
+    #[error("schema registry: {0}")]
+    Registry(eos_schema::SchemaError),
 }
 
 impl RelayError {
     /// PostgreSQL did not answer or broke off: the same work is tried again after a while.
     pub fn is_database_outage(&self) -> bool {
         matches!(self, Self::Database(_) | Self::Replication { .. })
+    }
+
+    /// The schema registry did not answer: the same rows are tried again after a while.
+    pub fn is_registry_outage(&self) -> bool {
+        matches!(self, Self::Registry(_))
     }
 
     /// The replication session was refused because another session holds the slot (SQLSTATE

@@ -50,7 +50,10 @@ pub fn boundary(config: &Config) -> Boundary {
             config.publication_name()
         ),
     };
-    let result = "kafka topics named by each row, keyed by each row's key".to_owned();
+    let result = format!(
+        "kafka topics named by each row, keyed by each row's key, values in {}",
+        config.registry.describe(config.value_format)
+    );
     match config.guarantee {
         Guarantee::ExactlyOnce => Boundary {
             guarantee: Guarantee::ExactlyOnce,

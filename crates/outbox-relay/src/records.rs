@@ -9,18 +9,33 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use eos_outbox::OutboxRow;
 use eos_runtime::trace_context;
 use eos_runtime::transactional_producer::PendingRecord;
+use eos_schema::SubjectSchema;
 
 use crate::error::RelayError;
 
-/// The record for one row: key and value as the row says, the event id header, and the trace
-/// context of a span whose parent is the context stored at enqueue, so the event's trace goes on
-/// from the domain change.
-pub(crate) fn record_for(row: &OutboxRow) -> Result<PendingRecord, RelayError> {
-    let payload = row.value_bytes().map_err(|error| RelayError::InvalidRow {
+/// The record for one row: key and value as the row says (the value as JSON, or in `schema`'s
+/// registry format), the event id header, and the trace context of a span whose parent is the
+/// context stored at enqueue, so the event's trace goes on from the domain change.
+pub(crate) fn record_for(
+    row: &OutboxRow,
+    schema: Option<&SubjectSchema>,
+) -> Result<PendingRecord, RelayError> {
+    let invalid = |detail: String| RelayError::InvalidRow {
         position: row.cursor.position,
         event_id: row.event_id.clone(),
-        detail: error.to_string(),
-    })?;
+        detail,
+    };
+    let json = row
+        .value_bytes()
+        .map_err(|error| invalid(error.to_string()))?;
+    let payload = match schema {
+        None => json,
+        Some(schema) => {
+            let value: serde_json::Value =
+                serde_json::from_slice(&json).map_err(|error| invalid(error.to_string()))?;
+            schema.encode(&value).map_err(invalid)?
+        }
+    };
     let parent = row
         .trace_context
         .as_deref()
@@ -91,7 +106,7 @@ mod tests {
             trace_context: None,
             enqueued_at: OffsetDateTime::UNIX_EPOCH,
         };
-        let record = record_for(&row).expect("valid row");
+        let record = record_for(&row, None).expect("valid row");
         assert_eq!(record.topic, "payments");
         assert_eq!(record.key.as_deref(), Some(b"acct-1".as_slice()));
         let envelope =
@@ -125,7 +140,7 @@ mod tests {
             enqueued_at: OffsetDateTime::UNIX_EPOCH,
         };
         assert!(matches!(
-            record_for(&row),
+            record_for(&row, None),
             Err(RelayError::InvalidRow { .. })
         ));
     }

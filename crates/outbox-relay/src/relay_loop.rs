@@ -22,7 +22,7 @@
 //! every transaction that commits before the position it reads after — and dropped if the batch
 //! does not commit; and recording the previous batch's position in PostgreSQL.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,7 @@ use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::transaction_recovery::{LostTransaction, Recovery, cause};
 use eos_runtime::transactional_producer::{PendingRecord, TransactionalProducer, TxnFailure};
+use eos_schema::{SubjectSchema, TopicSchemaError, TopicSchemas};
 
 use crate::backlog_watch::{self, SharedPublished};
 use crate::error::RelayError;
@@ -88,6 +89,8 @@ pub struct RelaySettings {
     pub logical: Option<LogicalSource>,
     /// Logical mode: how often an idle relay still moves its position.
     pub idle_position_interval: Duration,
+    /// `--value-format` in a registry format: each topic's schema (`None`: values as JSON).
+    pub value_schemas: Option<Arc<TopicSchemas>>,
 }
 
 impl RelaySettings {
@@ -157,7 +160,7 @@ struct Batch {
 impl Batch {
     async fn read(
         pool: PgPool,
-        logical: Option<LogicalSource>,
+        (logical, value_schemas): (Option<LogicalSource>, Option<Arc<TopicSchemas>>),
         after: RelayPosition,
         limit: i64,
     ) -> Result<Self, RelayError> {
@@ -178,7 +181,11 @@ impl Batch {
                 )));
             }
         };
-        let records = rows.iter().map(record_for).collect::<Result<Vec<_>, _>>()?;
+        let schemas = topic_schemas(value_schemas.as_deref(), &rows).await?;
+        let records = rows
+            .iter()
+            .map(|row| record_for(row, schemas.get(row.topic.as_str()).map(Arc::as_ref)))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             after,
             position,
@@ -188,6 +195,39 @@ impl Batch {
             purge_mark,
         })
     }
+}
+
+/// The schema of each topic among `rows`, when values are written in a registry format. A
+/// registry that cannot answer now is retried with the read; a topic without a usable schema
+/// stops the relay, naming it.
+async fn topic_schemas<'a>(
+    value_schemas: Option<&TopicSchemas>,
+    rows: &'a [OutboxRow],
+) -> Result<HashMap<&'a str, Arc<SubjectSchema>>, RelayError> {
+    let mut found = HashMap::new();
+    let Some(value_schemas) = value_schemas else {
+        return Ok(found);
+    };
+    for row in rows {
+        if found.contains_key(row.topic.as_str()) {
+            continue;
+        }
+        let schema = value_schemas
+            .schema_for(&row.topic)
+            .await
+            .map_err(|error| match error {
+                TopicSchemaError::Registry(error) if error.is_transient() => {
+                    RelayError::Registry(error)
+                }
+                other => RelayError::InvalidRow {
+                    position: row.cursor.position,
+                    event_id: row.event_id.clone(),
+                    detail: other.to_string(),
+                },
+            })?;
+        found.insert(row.topic.as_str(), schema);
+    }
+    Ok(found)
 }
 
 impl RelayLoop {
@@ -286,7 +326,10 @@ impl RelayLoop {
                     let started = Instant::now();
                     let read = Batch::read(
                         self.pool.clone(),
-                        self.settings.logical.clone(),
+                        (
+                            self.settings.logical.clone(),
+                            self.settings.value_schemas.clone(),
+                        ),
                         self.position,
                         self.settings.batch_size,
                     )
@@ -299,6 +342,16 @@ impl RelayLoop {
             };
             let batch = match read {
                 Ok(batch) => batch,
+                Err(error) if error.is_registry_outage() => {
+                    database_failures += 1;
+                    readiness.set(false);
+                    self.progress
+                        .waiting_for_outage("the schema registry to answer for a topic's schema");
+                    let delay = read_delays.next().unwrap_or(MAX_RETRY_BACKOFF);
+                    warn!(%error, attempt = database_failures, ?delay, "cannot find a topic's schema; retrying");
+                    sleep_or_shutdown(delay, shutdown).await;
+                    continue;
+                }
                 Err(error) if error.is_database_outage() => {
                     database_failures += 1;
                     readiness.set(false);
@@ -369,7 +422,10 @@ impl RelayLoop {
             next = batch.more.then(|| {
                 tokio::spawn(Batch::read(
                     self.pool.clone(),
-                    self.settings.logical.clone(),
+                    (
+                        self.settings.logical.clone(),
+                        self.settings.value_schemas.clone(),
+                    ),
                     batch.position,
                     self.settings.batch_size,
                 ))

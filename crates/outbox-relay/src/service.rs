@@ -2,6 +2,7 @@
 //! failure it can meet happens there, before anything is published; [`Service::run`] publishes
 //! until shutdown.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -14,6 +15,7 @@ use eos_runtime::ops_http::OpsEndpoint;
 use eos_runtime::postgres_pool::{PoolBuilder, START_MAX_BACKOFF};
 use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::schema_migrations;
+use eos_schema::{RegistryClient, TopicSchemas};
 
 use crate::config::{self, Config, RelayMode};
 use crate::error::RelayError;
@@ -138,6 +140,14 @@ async fn relay_settings(
             RelayMode::Xmin => None,
         },
         idle_position_interval: config.idle_position_interval,
+        value_schemas: match config.registry_config().map_err(anyhow::Error::msg)? {
+            Some(registry) => Some(Arc::new(TopicSchemas::new(
+                config.value_format,
+                RegistryClient::new(registry)?,
+                config.value_subjects.clone(),
+            ))),
+            None => None,
+        },
     })
 }
 

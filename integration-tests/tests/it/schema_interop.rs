@@ -198,3 +198,160 @@ async fn confluent_protobuf_serializer_records_are_read_once_as_their_events() -
 async fn confluent_json_serializer_records_are_read_once_as_their_events() -> anyhow::Result<()> {
     confluent_records_are_read_once_as_their_events("json-schema").await
 }
+
+/// outbox-relay writes each row in the topic's registered format (`--value-format`), and
+/// Confluent's deserializers read every row back, once, as the event that was enqueued: the
+/// events are the ones `confluent_produce.py` wrote (so its schema is registered for the relay's
+/// topic too), enqueued as JSON rows in domain transactions. The relay drains them within
+/// `DRAIN_BOUND`.
+async fn outbox_rows_are_published_in_the_registry_format(format: &str) -> anyhow::Result<()> {
+    let registry = std::env::var("EOS_SCHEMA_REGISTRY_URL")
+        .context("EOS_SCHEMA_REGISTRY_URL is not set (`deploy/local/stack env` prints it)")?;
+    let model = unique_name(&format!("outbox-{format}-model"));
+    let topic = unique_name(&format!("outbox-{format}"));
+    create_topic(&model, 1).await?;
+    create_topic(&topic, 3).await?;
+    let (registry_for_producer, model_topic) = (registry.clone(), model.clone());
+    let format_owned = format.to_owned();
+    let events = tokio::task::spawn_blocking(move || {
+        confluent_produce(&format_owned, &registry_for_producer, &model_topic, EVENTS)
+    })
+    .await??;
+    let client = RegistryClient::new(RegistryConfig::new(registry.clone()))?;
+    let schema = client.latest(&format!("{model}-value")).await?;
+    client
+        .register(&format!("{topic}-value"), &schema.schema)
+        .await?;
+
+    let db = integration_tests::TestDatabase::create().await?;
+    eos_outbox::migrator().run(&db.pool).await?;
+    let mut domain = db.pool.begin().await?;
+    for (n, event) in events.iter().enumerate() {
+        let id = event["auth"]["id"].as_str().unwrap_or_default();
+        let message = eos_outbox::OutboxMessage {
+            topic: topic.clone(),
+            key: event["card"].as_str().unwrap_or_default().to_owned(),
+            event_id: eos_core::EventId::new(id)?,
+            record: event.as_object().cloned().unwrap_or_default(),
+            headers: Vec::new(),
+        };
+        eos_outbox::enqueue_message(&mut domain, &message).await?;
+        // Several domain transactions, as a service's requests would commit them.
+        if n % 50 == 49 {
+            domain.commit().await?;
+            domain = db.pool.begin().await?;
+        }
+    }
+    domain.commit().await?;
+
+    let relay_name = unique_name(&format!("outbox-{format}-relay"));
+    let bootstrap = bootstrap_servers();
+    let args = argv!(outbox_relay::Config {
+        kafka.bootstrap_servers: &bootstrap,
+        database[database_url]: &db.url,
+        relay_name: &relay_name,
+        positions_topic: unique_name("outbox-registry-positions"),
+        metrics_addr: "127.0.0.1:0",
+        poll_interval: "200ms",
+        value_format: format,
+        registry.schema_registry_url: &registry,
+    });
+    let started = Instant::now();
+    let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;
+    let (registry_for_consumer, relayed) = (registry.clone(), topic.clone());
+    let format_owned = format.to_owned();
+    let read_back = tokio::task::spawn_blocking(move || {
+        confluent_script(
+            "confluent_consume.py",
+            &format_owned,
+            &registry_for_consumer,
+            &relayed,
+            EVENTS,
+        )
+    })
+    .await?
+    .with_context(|| relay.log_tail(30))?;
+    let drained_in = started.elapsed();
+    relay.stop_gracefully()?;
+    eprintln!(
+        "outbox {format}: {} rows published and read back with Confluent's deserializer in \
+         {drained_in:?} (bound {DRAIN_BOUND:?})",
+        read_back.len()
+    );
+    ensure!(
+        drained_in < DRAIN_BOUND,
+        "the relay took {drained_in:?}, over {DRAIN_BOUND:?}"
+    );
+    let mut got: Vec<(String, Value)> = read_back
+        .into_iter()
+        .map(|line| {
+            (
+                line["event_id"].as_str().unwrap_or("").to_owned(),
+                line["value"].clone(),
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut want: Vec<(String, Value)> = events
+        .into_iter()
+        .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))
+        .collect();
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    ensure!(
+        got.len() == want.len(),
+        "{} records for {} rows",
+        got.len(),
+        want.len()
+    );
+    for (got, want) in got.iter().zip(&want) {
+        ensure!(
+            got == want,
+            "{format}: row {} reads back as {} where {} was enqueued",
+            want.0,
+            got.1,
+            want.1
+        );
+    }
+
+    // A row whose value does not fit the topic's schema stops the relay, naming the row and the
+    // subject: skipping it would be a gap.
+    let mut misfit = want[0].1.clone();
+    misfit["card"] = Value::Bool(true);
+    let mut domain = db.pool.begin().await?;
+    eos_outbox::enqueue_message(
+        &mut domain,
+        &eos_outbox::OutboxMessage {
+            topic: topic.clone(),
+            key: "misfit".into(),
+            event_id: eos_core::EventId::new("misfit-1")?,
+            record: misfit.as_object().cloned().unwrap_or_default(),
+            headers: Vec::new(),
+        },
+    )
+    .await?;
+    domain.commit().await?;
+    let mut relay = ServiceProcess::spawn("outbox-relay", &args, &[])?;
+    let status = relay
+        .wait_timeout(Duration::from_secs(60))?
+        .with_context(|| format!("the relay published a misfit\n{}", relay.log_tail(20)))?;
+    ensure!(!status.success(), "the relay exits non-zero on a misfit");
+    let log = relay.log();
+    ensure!(
+        log.contains("misfit-1") && log.contains(&format!("subject {topic}-value")),
+        "the relay names the row and the subject\n{}",
+        relay.log_tail(20)
+    );
+    db.drop_database().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_rows_are_published_in_avro_and_read_by_confluent_s_deserializer()
+-> anyhow::Result<()> {
+    outbox_rows_are_published_in_the_registry_format("avro").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_rows_are_published_in_protobuf_and_read_by_confluent_s_deserializer()
+-> anyhow::Result<()> {
+    outbox_rows_are_published_in_the_registry_format("protobuf").await
+}

@@ -197,6 +197,7 @@ fn settings(args: &BenchArgs, kafka: &ClientConfig, relay_name: &str) -> RelaySe
         transaction_timeout: Duration::from_secs(10),
         logical: None,
         idle_position_interval: Duration::from_secs(5),
+        value_schemas: None,
     }
 }
 

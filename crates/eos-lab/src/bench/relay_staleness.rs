@@ -207,6 +207,7 @@ async fn run(
                 )
             }),
             idle_position_interval: Duration::from_secs(5),
+            value_schemas: None,
         };
         relays.push(super::relay::spawn_relay(settings, pool).await?);
     }
