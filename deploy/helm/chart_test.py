@@ -58,6 +58,8 @@ BAD_VALUES = {
     "output-schema-registry-format-without-url.yaml": "processor.inputFormat json, processor.outputFormat json and processor.outputSchemas.flagged avro: a registry format needs schemaRegistry.url",
     "reconcile-strategy-unknown.yaml": "'/dedup/reconcileStrategies/partner': value must be one of 'lookup', 'replay', 'none'",
     "lookup-for-a-replay-target.yaml": "dedup.lookups has a look-up for target partner, which dedup.reconcileStrategies settles by replay",
+    "relay-registry-format-without-url.yaml": "outboxRelay.valueFormat avro: a registry format needs schemaRegistry.url",
+    "relay-value-subjects-without-registry-format.yaml": "outboxRelay.valueSubjects (payments) needs a registry outboxRelay.valueFormat (avro, protobuf or json-schema), not json",
 }
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
@@ -516,7 +518,11 @@ class RenderedChart(unittest.TestCase):
             (processor,) = workloads_running(docs, "eos-processor")
             processor_input = env_of(containers(processor)[0])["EOS_INPUT_TOPIC"]["value"]
             self.assertEqual(env["PAYMENTS_API_TOPIC"]["value"], processor_input, label)
-            self.assertTrue(workloads_running(docs, "outbox-relay"), "the relay publishes them")
+            (relay,) = workloads_running(docs, "outbox-relay")
+            # ... which reads them in the format the relay writes them in.
+            relay_format = env_of(containers(relay)[0]).get("OUTBOX_VALUE_FORMAT", {"value": "json"})
+            self.assertEqual(relay_format["value"],
+                             env_of(containers(processor)[0])["EOS_INPUT_FORMAT"]["value"], label)
             ports = {p["name"]: p["containerPort"] for p in container["ports"]}
             services = [s for s in of_kind(docs, "Service")
                         if any(p.get("targetPort") == "http" for p in s["spec"]["ports"])
@@ -1056,6 +1062,119 @@ class ProductionSettings(unittest.TestCase):
         self.assertNotEqual(without.returncode, 0)
         self.assertIn("sink.inputFormat protobuf: a registry format needs schemaRegistry.url",
                       without.stderr)
+
+    def test_relay_value_format_and_subjects_get_the_registry_its_credentials_file_and_egress(self):
+        def relay(docs):
+            return service_of(docs, "outbox-relay")
+
+        def parsed(value):
+            """As the relay reads it: TOPIC=SUBJECT[@VERSION], comma-separated."""
+            entries = {}
+            for entry in value.split(","):
+                topic, rest = entry.split("=", 1)
+                subject, at, version = rest.rpartition("@")
+                entries[topic] = ({"subject": subject, "version": int(version)} if at
+                                  else {"subject": rest})
+            return entries
+
+        def registry_rules(docs, workload):
+            (policy,) = [p for p in of_kind(docs, "NetworkPolicy")
+                         if pods_selected(p["spec"]["podSelector"]["matchLabels"], workload)]
+            return [rule for rule in policy["spec"]["egress"]
+                    if rule["ports"] == registry["ports"]]
+
+        # json (the default, or said): the rows as enqueued, no registry, no subjects.
+        for docs in (manifests("defaults", None),
+                     render_values({"outboxRelay": {"valueFormat": "json"},
+                                    "schemaRegistry": {"url": "https://registry.example.com",
+                                                       "authSecret": "registry"}})):
+            workload, container = relay(docs)
+            env = env_of(container)
+            for variable in ("OUTBOX_VALUE_FORMAT", "OUTBOX_VALUE_SUBJECTS",
+                             "EOS_SCHEMA_REGISTRY_URL", "EOS_SCHEMA_REGISTRY_AUTH_FILE"):
+                self.assertNotIn(variable, env, "json needs no registry")
+            self.assertNotIn("schema-registry-auth",
+                             {v["name"] for v in pod_spec(workload)["volumes"]})
+
+        registry = {"to": [{"ipBlock": {"cidr": "198.51.100.20/32"}}],
+                    "ports": [{"port": 8443, "protocol": "TCP"}]}
+        subjects = {"refunds": {"subject": "refunds-value"},
+                    "payments": {"subject": "com.example.payments.Payment", "version": 3},
+                    "audit.v2": {"subject": "com.example.Audit", "version": 12}}
+        docs = render_values({
+            "outboxRelay": {"valueFormat": "avro", "valueSubjects": subjects},
+            "schemaRegistry": {"url": "https://registry.example.com", "authSecret": "registry"},
+            "networkPolicy": {"enabled": True, "schemaRegistry": registry},
+        })
+        workload, container = relay(docs)
+        env = env_of(container)
+        names = [entry["name"] for entry in container["env"]]
+        self.assertEqual(len(names), len(set(names)), "each variable once")
+        self.assertEqual(env["OUTBOX_VALUE_FORMAT"]["value"], "avro")
+        value = env["OUTBOX_VALUE_SUBJECTS"]["value"]
+        self.assertEqual(value, "audit.v2=com.example.Audit@12,"
+                                "payments=com.example.payments.Payment@3,refunds=refunds-value")
+        self.assertEqual(parsed(value), subjects)
+        self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+        # The credentials as a file from the Secret's key `auth`, mounted read-only.
+        auth_file = env["EOS_SCHEMA_REGISTRY_AUTH_FILE"]["value"]
+        self.assertEqual(file_source(workload, container, auth_file), ("Secret", "registry", "auth"))
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        self.assertTrue(mounts[auth_file.rsplit("/", 1)[0]]["readOnly"])
+        # Egress to the registry: networkPolicy.schemaRegistry as it is, as for the processor.
+        self.assertEqual(registry_rules(docs, workload), [registry])
+        processor_workload, _ = service_of(docs, "eos-processor")
+        self.assertEqual(registry_rules(docs, processor_workload), [], "the processor's input is json")
+        # The other registry formats alike; no credentials file without authSecret.
+        for value_format in ("protobuf", "json-schema"):
+            docs = render_values({"outboxRelay": {"valueFormat": value_format},
+                                  "schemaRegistry": {"url": "https://registry.example.com"},
+                                  "networkPolicy": {"enabled": True, "schemaRegistry": registry}})
+            workload, container = relay(docs)
+            env = env_of(container)
+            self.assertEqual(env["OUTBOX_VALUE_FORMAT"]["value"], value_format)
+            self.assertNotIn("OUTBOX_VALUE_SUBJECTS", env, "no subjects: never an empty value")
+            self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+            self.assertNotIn("EOS_SCHEMA_REGISTRY_AUTH_FILE", env)
+            self.assertNotIn("schema-registry-auth",
+                             {v["name"] for v in pod_spec(workload)["volumes"]})
+            self.assertEqual(registry_rules(docs, workload), [registry], value_format)
+
+        # Refused: a registry format without the registry, subjects for json values (both named
+        # by test-values/ too), and entries the relay cannot parse.
+        without = helm_template(None, ("outboxRelay.valueFormat=json-schema",))
+        self.assertNotEqual(without.returncode, 0)
+        self.assertIn("outboxRelay.valueFormat json-schema: a registry format needs "
+                      "schemaRegistry.url", without.stderr)
+        json_subjects = helm_template(None, ("outboxRelay.valueSubjects.refunds.subject=r",
+                                             "outboxRelay.valueSubjects.orders.subject=o"))
+        self.assertNotEqual(json_subjects.returncode, 0)
+        self.assertIn("outboxRelay.valueSubjects (orders, refunds) needs a registry "
+                      "outboxRelay.valueFormat", json_subjects.stderr)
+        for relay_values, message in (
+                ({"valueFormat": "xml"}, "'/outboxRelay/valueFormat': value must be one of"),
+                ({"valueSubjects": {"orders": {"subject": "o", "version": 0}}},
+                 "'/outboxRelay/valueSubjects/orders/version'"),
+                ({"valueSubjects": {"orders": {"subject": "o", "version": "latest"}}},
+                 "'/outboxRelay/valueSubjects/orders/version'"),
+                ({"valueSubjects": {"orders": {"subject": "a,b"}}},
+                 "'/outboxRelay/valueSubjects/orders/subject'"),
+                ({"valueSubjects": {"orders": {"subject": "o@x"}}},
+                 "'/outboxRelay/valueSubjects/orders/subject'"),
+                ({"valueSubjects": {"orders": {"subject": ""}}},
+                 "'/outboxRelay/valueSubjects/orders/subject'"),
+                ({"valueSubjects": {"orders": {"version": 2}}}, "missing property 'subject'"),
+                ({"valueSubjects": {"orders": {"subject": "o", "versoin": 2}}},
+                 "additional properties 'versoin' not allowed"),
+                ({"valueSubjects": {"or=ders": {"subject": "o"}}},
+                 "additional properties 'or=ders' not allowed")):
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump({"outboxRelay": merged({"valueFormat": "avro"}, relay_values),
+                                "schemaRegistry": {"url": "https://registry.example.com"}}, file)
+                file.flush()
+                result = helm_template(file.name)
+            self.assertNotEqual(result.returncode, 0, relay_values)
+            self.assertIn(message, result.stderr, relay_values)
 
     def test_sampler_and_log_level_reach_every_service(self):
         exporting = merged(ALL_ON, {"telemetry": {"otlpEndpoint": "http://collector:4317"}})

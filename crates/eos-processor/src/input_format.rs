@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eos_schema::{RecordFormat, RegistryConfig, RegistryFlags};
+use eos_schema::{RecordFormat, RegistryConfig, RegistryFlags, SchemaVersion, TopicSubject};
 
 /// The input's and the outputs' formats and, for a registry format, where the registry is.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,9 +32,25 @@ pub struct InputFormatFlags {
     #[arg(long = "output-schema", env = "EOS_OUTPUT_SCHEMAS", value_name = "NAME=FORMAT[@SUBJECT]", value_delimiter = ',', value_parser = parse_output_schema)]
     pub output_schemas: Vec<OutputSchemaFlag>,
 
+    /// Avro input only: read every record as this schema, SUBJECT or SUBJECT@VERSION (the
+    /// latest at start-up, or that version), resolved from the schema that wrote it by Avro's
+    /// rules, so the transform sees the same fields whatever compatible schema a producer moved
+    /// to (docs/schemas.md "A reader's schema"). A writer's schema that does not resolve to it
+    /// makes its records dead letters naming both. Without it, each record is read as its
+    /// writer's schema.
+    #[arg(long, env = "EOS_INPUT_READER_SCHEMA", value_name = "SUBJECT[@VERSION]", value_parser = parse_reader_schema)]
+    pub input_reader_schema: Option<(String, SchemaVersion)>,
+
     /// The schema registry a registry format reads and writes through.
     #[command(flatten)]
     pub registry: RegistryFlags,
+}
+
+/// `SUBJECT` or `SUBJECT@VERSION`.
+fn parse_reader_schema(text: &str) -> Result<(String, SchemaVersion), String> {
+    let named = TopicSubject::parse(&format!("input={text}"))
+        .map_err(|_| format!("{text:?} is not SUBJECT or SUBJECT@VERSION"))?;
+    Ok((named.subject, named.version))
 }
 
 /// `--output-schema NAME=FORMAT[@SUBJECT]`: one output's format, and its subject when not
@@ -84,6 +100,12 @@ impl InputFormatFlags {
     /// The registry's settings when the input or the outputs are in a registry format, `None`
     /// for plain JSON; an error naming the flag when they do not fit together.
     pub fn registry_config(&self) -> Result<Option<RegistryConfig>, String> {
+        if self.input_reader_schema.is_some() && self.input_format != RecordFormat::Avro {
+            return Err(format!(
+                "--input-reader-schema is for --input-format avro, not {}",
+                self.input_format.name()
+            ));
+        }
         let mut formats = vec![
             ("--input-format", self.input_format),
             ("--output-format", self.output_format),

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
-use eos_schema::{ParsedSchema, RegistryClient, RegistryConfig, SchemaError, SchemaId};
+use eos_schema::{
+    ParsedSchema, RegistryClient, RegistryConfig, SchemaError, SchemaId, SchemaVersion,
+};
 use eos_transform::partition_state::OutputFit;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
@@ -52,7 +54,9 @@ impl OutputEncoder {
             if *format == RecordFormat::Json {
                 continue;
             }
-            let Some((id, schema)) = latest_schema(&client, subject, shutdown).await? else {
+            let Some((id, schema)) =
+                subject_schema(&client, (subject, SchemaVersion::Latest), shutdown).await?
+            else {
                 return Ok(None);
             };
             if !format.fits(&schema) {
@@ -100,17 +104,22 @@ impl OutputFit for OutputEncoder {
     }
 }
 
-/// `subject`'s latest schema, asked again with backoff while the registry cannot answer.
-async fn latest_schema(
+/// `subject`'s latest schema or one version of it, asked again with backoff while the registry
+/// cannot answer; `Ok(None)` when `shutdown` comes meanwhile.
+pub(crate) async fn subject_schema(
     client: &RegistryClient,
-    subject: &str,
+    (subject, version): (&str, SchemaVersion),
     shutdown: &CancellationToken,
 ) -> Result<Option<(SchemaId, ParsedSchema)>, String> {
     let mut delays = doubling(Duration::from_millis(200), Duration::from_secs(10))
         .with_jitter()
         .build();
     loop {
-        let answer = match client.latest(subject).await {
+        let registered = match version {
+            SchemaVersion::Latest => client.latest(subject).await,
+            SchemaVersion::Pinned(version) => client.version(subject, version).await,
+        };
+        let answer = match registered {
             Ok(latest) => client
                 .parsed_schema(latest.id)
                 .await
@@ -121,7 +130,7 @@ async fn latest_schema(
             Ok(found) => return Ok(Some(found)),
             Err(error) if error.is_transient() => {
                 let delay = delays.next().unwrap_or(Duration::from_secs(10));
-                tracing::warn!(%error, subject, ?delay, "the schema registry cannot answer for an output's schema; asking again");
+                tracing::warn!(%error, subject, ?delay, "the schema registry cannot answer for a schema needed at start-up; asking again");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(None),
                     () = tokio::time::sleep(delay) => {}
@@ -129,8 +138,8 @@ async fn latest_schema(
             }
             Err(SchemaError::UnknownSubject { .. }) => {
                 return Err(format!(
-                    "subject {subject} has no schema in the registry: register the output's \
-                     schema under it before starting (docs/schemas.md)"
+                    "subject {subject} has no such schema in the registry: register it before \
+                     starting (docs/schemas.md)"
                 ));
             }
             Err(error) => return Err(format!("subject {subject}: {error}")),

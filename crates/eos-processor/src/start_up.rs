@@ -12,12 +12,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config};
 use crate::error::ProcessorError;
-use crate::output_format::OutputEncoder;
+use crate::output_format::{self, OutputEncoder};
 use crate::partition_state::DecisionPolicy;
 use crate::transaction_loop::{LoopSettings, TransactionLoop};
 use crate::transform::Transform;
 use crate::{boundary, metrics, topics};
-use eos_schema::{RecordDecoder, RecordFormat};
+use eos_schema::{
+    ParsedSchema, ReaderSchema, RecordDecoder, RecordFormat, RegistryClient, RegistryConfig,
+    SchemaVersion,
+};
 
 /// Where the contract finds each part, for the start-up log.
 fn describe(contract: &eos_core::EventContract) -> String {
@@ -131,12 +134,31 @@ pub(crate) async fn build<T: Transform>(
         changelog_delete_retention: topics.changelog_delete_retention,
         changelog_created: topics.changelog_created,
     };
-    let input = RecordDecoder::new(
+    let reader = match (&config.input_format.input_reader_schema, &registry) {
+        (Some(reader), Some(registry)) => {
+            match reader_schema(reader, registry, shutdown)
+                .await
+                .map_err(ProcessorError::Config)?
+            {
+                Some(reader) => Some(reader),
+                // Stopped while the registry could not answer: nothing ran.
+                None => {
+                    ops.stop().await;
+                    return Ok(None);
+                }
+            }
+        }
+        _ => None,
+    };
+    let mut input = RecordDecoder::new(
         config.input_format.input_format,
         &config.input_topic,
         registry,
     )
     .context("the schema registry's client")?;
+    if let Some(reader) = reader {
+        input = input.with_reader(reader);
+    }
     let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
         .context("starting the progress watch")?;
     Ok(Some(Ready {
@@ -146,6 +168,33 @@ pub(crate) async fn build<T: Transform>(
         input,
         output_encoder,
         progress,
+    }))
+}
+
+/// `--input-reader-schema`'s schema, which must be Avro; `Ok(None)` when shut down while the
+/// registry could not answer.
+async fn reader_schema(
+    (subject, version): &(String, SchemaVersion),
+    registry: &RegistryConfig,
+    shutdown: &CancellationToken,
+) -> Result<Option<ReaderSchema>, String> {
+    let client = RegistryClient::new(registry.clone()).map_err(|error| error.to_string())?;
+    let Some((id, schema)) =
+        output_format::subject_schema(&client, (subject, *version), shutdown).await?
+    else {
+        return Ok(None);
+    };
+    let ParsedSchema::Avro(schema) = schema else {
+        return Err(format!(
+            "--input-reader-schema {subject}: schema id {id} is {}, not Avro",
+            eos_schema::record_decoder::schema_name(&schema)
+        ));
+    };
+    tracing::info!(subject, schema_id = %id, "every input record is read as this schema");
+    Ok(Some(ReaderSchema {
+        subject: subject.clone(),
+        id,
+        schema,
     }))
 }
 

@@ -27,7 +27,7 @@ pub use avro::AvroSchema;
 pub use error::SchemaError;
 pub use json_schema::JsonSchema;
 pub use protobuf::ProtobufSchema;
-pub use record_decoder::{Decoded, RecordDecoder, RecordFormat, RegistryFlags};
+pub use record_decoder::{Decoded, ReaderSchema, RecordDecoder, RecordFormat, RegistryFlags};
 pub use registry::{
     ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType,
     SubjectVersion,

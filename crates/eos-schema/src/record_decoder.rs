@@ -13,10 +13,11 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::wire;
-use crate::{ParsedSchema, RegistryClient, RegistryConfig, SchemaError, SchemaId};
+use crate::{AvroSchema, ParsedSchema, RegistryClient, RegistryConfig, SchemaError, SchemaId};
 
 /// How a topic's record values are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -182,6 +183,16 @@ impl std::fmt::Debug for Registry {
     }
 }
 
+/// The Avro schema every record is read as, whatever schema wrote it (a consumer's reader
+/// schema): found at start-up.
+#[derive(Debug, Clone)]
+pub struct ReaderSchema {
+    /// The subject it is a version of, for messages.
+    pub subject: String,
+    pub id: SchemaId,
+    pub schema: Arc<AvroSchema>,
+}
+
 /// Turns a topic's record values into the JSON event model.
 #[derive(Debug)]
 pub struct RecordDecoder {
@@ -190,6 +201,8 @@ pub struct RecordDecoder {
     /// knows where to look.
     subject: String,
     registry: Option<Registry>,
+    /// Avro only: every record read as this schema, resolved from its writer's by Avro's rules.
+    reader: Option<ReaderSchema>,
 }
 
 impl RecordDecoder {
@@ -212,7 +225,16 @@ impl RecordDecoder {
             format,
             subject: format!("{input_topic}-value"),
             registry,
+            reader: None,
         })
+    }
+
+    /// Reads every record as `reader` (Avro): a transform sees the reader's fields whatever
+    /// compatible schema a producer wrote with, and a writer's schema that does not resolve to
+    /// it makes its records dead letters naming both ids.
+    pub fn with_reader(mut self, reader: ReaderSchema) -> Self {
+        self.reader = Some(reader);
+        self
     }
 
     /// A plain-JSON decoder: values pass as they are.
@@ -221,6 +243,7 @@ impl RecordDecoder {
             format: RecordFormat::Json,
             subject: String::new(),
             registry: None,
+            reader: None,
         }
     }
 
@@ -239,7 +262,19 @@ impl RecordDecoder {
             return Ok(());
         }
         let known = match registry.runtime.block_on(registry.client.parsed_schema(id)) {
-            Ok(schema) if self.format.fits(&schema) => Known::Schema(schema),
+            Ok(schema) if self.format.fits(&schema) => match (&self.reader, &schema) {
+                (Some(reader), ParsedSchema::Avro(writer)) => {
+                    match reader.schema.can_read(writer) {
+                        Ok(()) => Known::Schema(schema),
+                        Err(reason) => Known::Refused(format!(
+                            "schema id {id} does not resolve to the reader's schema, subject {} id \
+                         {}: {reason}",
+                            reader.subject, reader.id
+                        )),
+                    }
+                }
+                _ => Known::Schema(schema),
+            },
             Ok(schema) => Known::Refused(format!(
                 "schema id {id} is {}, and the input's format is {}",
                 schema_name(&schema),
@@ -275,9 +310,15 @@ impl RecordDecoder {
                 ));
             }
         };
-        let (decoded, content) = schema
-            .decode_with_content(framed.payload)
-            .map_err(|error| format!("subject {subject}, schema id {id}: {error}"))?;
+        let (decoded, content) = match (&self.reader, schema) {
+            // The reader's view is the content: another writer's encoding of it is the same.
+            (Some(reader), ParsedSchema::Avro(writer)) => reader
+                .schema
+                .decode_from(writer, framed.payload)
+                .map(|decoded| (decoded.clone(), decoded)),
+            _ => schema.decode_with_content(framed.payload),
+        }
+        .map_err(|error| format!("subject {subject}, schema id {id}: {error}"))?;
         if !decoded.is_object() {
             return Err(format!(
                 "subject {subject}, schema id {id}: the record decodes to {decoded}, not an object"

@@ -392,5 +392,48 @@ async fn a_producer_moving_to_a_compatible_schema_mid_run_changes_no_event() -> 
         reasons == [("event_id_conflict", "3")],
         "only a-2 with another channel is a conflict: {reasons:?}"
     );
+
+    // A consumer reading as the first schema (--input-reader-schema SUBJECT@1) sees its fields
+    // only, whatever wrote the record: a-3 without its channel, and a-2 with another channel
+    // the same event as before (a duplicate, not a conflict).
+    let as_v1 = unique_name("avro-evolving-as-v1");
+    let reader_group = unique_name("avro-evolving-reader");
+    let reader_subject = format!("{subject}@1");
+    let args = argv!(eos_processor::ServiceConfig {
+        processor.kafka.bootstrap_servers: &bootstrap,
+        processor.input_topic: &input,
+        processor.output_topic: &as_v1,
+        processor.group_id: &reader_group,
+        processor.instance.instance_id: "avro-evolving-reader",
+        processor.metrics_addr: "127.0.0.1:0",
+        processor.input_format.input_format: "avro",
+        processor.input_format.input_reader_schema: &reader_subject,
+        processor.input_format.registry.schema_registry_url: &url,
+        transform: "pass-through",
+        processor.event_id: "/auth/id",
+        processor.dlq_topic: &format!("{as_v1}.dlq"),
+    });
+    let mut reader = ServiceProcess::spawn("eos-processor", &args, &[])?;
+    tokio::task::block_in_place(|| {
+        wait_until_consumed(&bootstrap, &reader_group, &input, DRAIN_BOUND)
+    })
+    .with_context(|| reader.log_tail(40))?;
+    reader.stop_gracefully()?;
+    let (outputs, letters) = outputs_and_dead_letters(as_v1.clone(), format!("{as_v1}.dlq")).await?;
+    let written = json_outputs_by_event_id(&outputs);
+    ensure!(
+        written
+            == [
+                ("a-1".to_owned(), authorisation("a-1", "c-1", "12.50")),
+                ("a-2".to_owned(), authorisation("a-2", "c-2", "3.00")),
+                ("a-3".to_owned(), authorisation("a-3", "c-1", "7.25"))
+            ],
+        "each event once, as the first schema reads it: {written:?}"
+    );
+    ensure!(
+        letters.is_empty(),
+        "read as the first schema, a-2's other channel is no other content: {} dead letters",
+        letters.len()
+    );
     Ok(())
 }

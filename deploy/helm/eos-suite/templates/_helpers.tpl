@@ -485,6 +485,9 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- if and (eq .Values.outboxRelay.mode "logical") (eq .Values.outboxRelay.guarantee "at-least-once") }}
 {{- fail "outboxRelay.mode logical runs exactly-once only (its position is kept in Kafka next to its replication slot): set outboxRelay.mode xmin for at-least-once" }}
 {{- end }}
+{{- if and .Values.outboxRelay.enabled .Values.outboxRelay.valueSubjects (not (include "eos-suite.relayUsesRegistry" .)) }}
+{{- fail (printf "outboxRelay.valueSubjects (%s) needs a registry outboxRelay.valueFormat (avro, protobuf or json-schema), not %s: the relay refuses subjects for values it writes as json; set outboxRelay.valueFormat or empty outboxRelay.valueSubjects" (keys .Values.outboxRelay.valueSubjects | sortAlpha | join ", ") .Values.outboxRelay.valueFormat) }}
+{{- end }}
 {{- if and .Values.paymentsApi.enabled (not .Values.outboxRelay.enabled) }}
 {{- fail "paymentsApi.enabled needs outboxRelay.enabled: without the relay the payments' events stay in the outbox and never reach Kafka" }}
 {{- end }}
@@ -726,6 +729,29 @@ mountPath}>). */}}
 {{- if ne .Values.sink.inputFormat "json" -}}
 true
 {{- end -}}
+{{- end }}
+
+{{- /* Whether outbox-relay writes its values in a schema registry's format
+(outboxRelay.valueFormat). */}}
+{{- define "eos-suite.relayUsesRegistry" -}}
+{{- if ne .Values.outboxRelay.valueFormat "json" -}}
+true
+{{- end -}}
+{{- end }}
+
+{{- /* OUTBOX_VALUE_SUBJECTS: TOPIC=SUBJECT[@VERSION] of each outboxRelay.valueSubjects entry,
+sorted by topic (a template ranges over a map in key order), comma-separated. */}}
+{{- define "eos-suite.valueSubjectsList" -}}
+{{- $entries := list }}
+{{- range $topic, $named := . }}
+{{- $entry := printf "%s=%s" $topic $named.subject }}
+{{- with $named.version }}
+{{- /* A number from YAML is a float64 here: printed whole. */}}
+{{- $entry = printf "%s@%d" $entry (int64 .) }}
+{{- end }}
+{{- $entries = append $entries $entry }}
+{{- end }}
+{{- join "," $entries }}
 {{- end }}
 
 {{- /* The schema registry's env for a component with a registry format: (list root what), what
