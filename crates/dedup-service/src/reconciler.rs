@@ -380,6 +380,48 @@ fn reconcile_span(intent: &Intent) -> tracing::Span {
     span
 }
 
+/// Whether an UNKNOWN intent's target is asked about it.
+enum Asking<'a> {
+    /// A `lookup` target: its look-up, in flight.
+    Ask(LookupFuture<'a>),
+    /// A `lookup` target with no one to ask (no look-up of its own, no `--provider-url`).
+    NoOne,
+    /// A `replay` or `none` target: never asked.
+    NotAsked,
+}
+
+impl Asked {
+    /// Asks about `operation_id` as its target's strategy says: its own look-up, else the
+    /// provider.
+    fn asking<'a>(&'a self, operation_id: &'a str, strategy: ReconcileStrategy) -> Asking<'a> {
+        match (strategy, self.lookups.of(operation_id), &self.provider) {
+            (ReconcileStrategy::Lookup, Some(lookup), _) => Asking::Ask(lookup.ask(operation_id)),
+            (ReconcileStrategy::Lookup, None, Some(provider)) => {
+                Asking::Ask(Box::pin(provider.lookup(operation_id)))
+            }
+            (ReconcileStrategy::Lookup, None, None) => Asking::NoOne,
+            (ReconcileStrategy::Replay | ReconcileStrategy::None, _, _) => Asking::NotAsked,
+        }
+    }
+}
+
+/// The reconciler's resolution of `intent`'s attempt (only that attempt: its fencing token).
+fn resolution(
+    intent: &Intent,
+    (outcome, retryable): (IntentState, bool),
+    evidence: String,
+    result: Vec<u8>,
+) -> Resolution {
+    Resolution {
+        operation_id: intent.operation_id.clone(),
+        outcome,
+        evidence,
+        result,
+        retryable,
+        expected_fencing_token: Some(intent.fencing_token),
+    }
+}
+
 async fn reconcile_one(
     store: &IntentStore,
     asked: &Asked,
@@ -389,18 +431,8 @@ async fn reconcile_one(
     let span = reconcile_span(&intent);
     async {
         let strategy = asked.policies.of(&intent.operation_id);
-        let own_lookup = asked.lookups.of(&intent.operation_id);
-        let asking = match (strategy, own_lookup, &asked.provider) {
-            (ReconcileStrategy::Lookup, Some(lookup), _) => Some(lookup.ask(&intent.operation_id)),
-            (ReconcileStrategy::Lookup, None, Some(provider)) => {
-                Some(Box::pin(provider.lookup(&intent.operation_id)) as LookupFuture<'_>)
-            }
-            // No one to ask: the intent waits for a provider, or for an operator, as it is.
-            (ReconcileStrategy::Lookup, None, None) => return,
-            (ReconcileStrategy::Replay | ReconcileStrategy::None, _, _) => None,
-        };
-        let lookup = match asking {
-            Some(asking) => match asking.await {
+        let lookup = match asked.asking(&intent.operation_id, strategy) {
+            Asking::Ask(asking) => match asking.await {
                 Ok(lookup) => Some(lookup),
                 Err(error) => {
                     ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
@@ -408,7 +440,9 @@ async fn reconcile_one(
                     return;
                 }
             },
-            None => None,
+            // The intent waits for a provider, or for an operator, as it is.
+            Asking::NoOne => return,
+            Asking::NotAsked => None,
         };
         let now = match store.db_now().await {
             Ok(now) => now,
@@ -443,30 +477,15 @@ async fn reconcile_one(
                 }
                 return;
             }
-            Decision::Succeeded { result, evidence } => Resolution {
-                operation_id: intent.operation_id.clone(),
-                outcome: IntentState::Succeeded,
-                evidence,
-                result,
-                retryable: false,
-                expected_fencing_token: Some(intent.fencing_token),
-            },
-            Decision::FailedRetryable { evidence } => Resolution {
-                operation_id: intent.operation_id.clone(),
-                outcome: IntentState::Failed,
-                evidence,
-                result: Vec::new(),
-                retryable: true,
-                expected_fencing_token: Some(intent.fencing_token),
-            },
-            Decision::Failed { evidence } => Resolution {
-                operation_id: intent.operation_id.clone(),
-                outcome: IntentState::Failed,
-                evidence,
-                result: Vec::new(),
-                retryable: false,
-                expected_fencing_token: Some(intent.fencing_token),
-            },
+            Decision::Succeeded { result, evidence } => {
+                resolution(&intent, (IntentState::Succeeded, false), evidence, result)
+            }
+            Decision::FailedRetryable { evidence } => {
+                resolution(&intent, (IntentState::Failed, true), evidence, Vec::new())
+            }
+            Decision::Failed { evidence } => {
+                resolution(&intent, (IntentState::Failed, false), evidence, Vec::new())
+            }
         };
         match store.resolve(&resolution).await {
             Ok(resolved) => {

@@ -137,8 +137,12 @@ pub(crate) async fn subject_schema(
                 }
             }
             Err(SchemaError::UnknownSubject { .. }) => {
+                let missing = match version {
+                    SchemaVersion::Latest => "schema".to_owned(),
+                    SchemaVersion::Pinned(version) => format!("version {version}"),
+                };
                 return Err(format!(
-                    "subject {subject} has no such schema in the registry: register it before \
+                    "subject {subject} has no {missing} in the registry: register it before \
                      starting (docs/schemas.md)"
                 ));
             }

@@ -2,7 +2,7 @@
 //! failure it can meet (flags that do not fit the transform, topics, the outputs' schemas)
 //! happens there, before a record is read; [`Ready::run`] runs the transaction loop.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -80,32 +80,10 @@ pub(crate) async fn build<T: Transform>(
         partitions: config.partitions,
     };
     let (topics, dead_letter_max_bytes) = prepare_topics(&client_config, &plan, &config).await?;
-    let registry = config
-        .input_format
-        .registry_config()
-        .map_err(ProcessorError::Config)?;
-    let output_plan = config
-        .input_format
-        .output_plan(&outputs)
-        .map_err(ProcessorError::Config)?;
-    let any_registry_output = output_plan
-        .values()
-        .any(|(format, _)| *format != RecordFormat::Json);
-    let output_encoder = match (any_registry_output, &registry) {
-        (false, _) | (_, None) => None,
-        (true, Some(registry)) => {
-            match OutputEncoder::load(&output_plan, registry.clone(), shutdown)
-                .await
-                .map_err(ProcessorError::Config)?
-            {
-                Some(encoder) => Some(Arc::new(encoder)),
-                // Stopped while the registry could not answer: nothing ran.
-                None => {
-                    ops.stop().await;
-                    return Ok(None);
-                }
-            }
-        }
+    let Some((input, output_encoder)) = record_formats(&config, &outputs, shutdown).await? else {
+        // Stopped while the registry could not answer: nothing ran.
+        ops.stop().await;
+        return Ok(None);
     };
     let settings = LoopSettings {
         guarantee: config.guarantee,
@@ -134,19 +112,58 @@ pub(crate) async fn build<T: Transform>(
         changelog_delete_retention: topics.changelog_delete_retention,
         changelog_created: topics.changelog_created,
     };
-    let reader = match (&config.input_format.input_reader_schema, &registry) {
-        (Some(reader), Some(registry)) => {
-            match reader_schema(reader, registry, shutdown)
+    let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
+        .context("starting the progress watch")?;
+    Ok(Some(Ready {
+        ops,
+        settings,
+        transform,
+        input,
+        output_encoder,
+        progress,
+    }))
+}
+
+/// The input's decoder and the outputs' encoder, with the schemas they need found in the
+/// registry (the outputs' subjects, `--input-reader-schema`); `None` when `shutdown` came while
+/// the registry could not answer.
+async fn record_formats(
+    config: &Config,
+    outputs: &BTreeMap<String, String>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<(RecordDecoder, Option<Arc<OutputEncoder>>)>> {
+    let registry = config
+        .input_format
+        .registry_config()
+        .map_err(ProcessorError::Config)?;
+    let output_plan = config
+        .input_format
+        .output_plan(outputs)
+        .map_err(ProcessorError::Config)?;
+    let any_registry_output = output_plan
+        .values()
+        .any(|(format, _)| *format != RecordFormat::Json);
+    let output_encoder = match (any_registry_output, &registry) {
+        (false, _) | (_, None) => None,
+        (true, Some(registry)) => {
+            let Some(encoder) = OutputEncoder::load(&output_plan, registry.clone(), shutdown)
                 .await
                 .map_err(ProcessorError::Config)?
-            {
-                Some(reader) => Some(reader),
-                // Stopped while the registry could not answer: nothing ran.
-                None => {
-                    ops.stop().await;
-                    return Ok(None);
-                }
-            }
+            else {
+                return Ok(None);
+            };
+            Some(Arc::new(encoder))
+        }
+    };
+    let reader = match (&config.input_format.input_reader_schema, &registry) {
+        (Some(reader), Some(registry)) => {
+            let Some(reader) = reader_schema(reader, registry, shutdown)
+                .await
+                .map_err(ProcessorError::Config)?
+            else {
+                return Ok(None);
+            };
+            Some(reader)
         }
         _ => None,
     };
@@ -159,16 +176,7 @@ pub(crate) async fn build<T: Transform>(
     if let Some(reader) = reader {
         input = input.with_reader(reader);
     }
-    let progress = ProgressWatch::spawn("eos-processor", config.stall.policy(), &ops.stalls)
-        .context("starting the progress watch")?;
-    Ok(Some(Ready {
-        ops,
-        settings,
-        transform,
-        input,
-        output_encoder,
-        progress,
-    }))
+    Ok(Some((input, output_encoder)))
 }
 
 /// `--input-reader-schema`'s schema, which must be Avro; `Ok(None)` when shut down while the

@@ -303,9 +303,7 @@ impl RelayLoop {
         if let Ok(mut published) = self.published.lock() {
             published.position = Some(self.position);
         }
-        let mut database_failures = 0u32;
-        let mut read_delays = retry_delays();
-        let mut ownership_checked_at: Option<Instant> = None;
+        let mut outages = ReadOutages::new();
         let mut next: Option<JoinHandle<Result<Batch, RelayError>>> = None;
         while !shutdown.is_cancelled() {
             // A read that never returns is a stall whether or not rows wait: nothing else moves.
@@ -315,73 +313,17 @@ impl RelayLoop {
                 Some(prefetched) => prefetched
                     .await
                     .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic())),
-                None => {
-                    // Caught up: rows that arrive together go out in one transaction.
-                    let linger = self.rows_read_at.map_or(Duration::ZERO, |at| {
-                        self.settings.linger.saturating_sub(at.elapsed())
-                    });
-                    if !linger.is_zero() {
-                        sleep_or_shutdown(linger, shutdown).await;
-                    }
-                    let started = Instant::now();
-                    let read = Batch::read(
-                        self.pool.clone(),
-                        (
-                            self.settings.logical.clone(),
-                            self.settings.value_schemas.clone(),
-                        ),
-                        self.position,
-                        self.settings.batch_size,
-                    )
-                    .await;
-                    if read.as_ref().is_ok_and(|batch| !batch.rows.is_empty()) {
-                        self.rows_read_at = Some(started);
-                    }
-                    read
-                }
+                None => self.read_now(shutdown).await,
             };
             let batch = match read {
                 Ok(batch) => batch,
-                Err(error) if error.is_registry_outage() => {
-                    database_failures += 1;
-                    readiness.set(false);
-                    self.progress
-                        .waiting_for_outage("the schema registry to answer for a topic's schema");
-                    let delay = read_delays.next().unwrap_or(MAX_RETRY_BACKOFF);
-                    warn!(%error, attempt = database_failures, ?delay, "cannot find a topic's schema; retrying");
-                    sleep_or_shutdown(delay, shutdown).await;
+                Err(error) => {
+                    self.read_failed(error, &mut outages, readiness, shutdown)
+                        .await?;
                     continue;
                 }
-                Err(error) if error.is_database_outage() => {
-                    database_failures += 1;
-                    readiness.set(false);
-                    if matches!(error, RelayError::Replication { .. }) {
-                        // Its session ended or was refused: a zombie learns it here, before it
-                        // takes the slot back from the relay that ended its session.
-                        let slot_held_elsewhere = error.is_slot_held_elsewhere();
-                        self.still_owner(&mut ownership_checked_at, slot_held_elsewhere)
-                            .await?;
-                    }
-                    if error.is_slot_held_elsewhere() {
-                        self.progress
-                            .waiting_for_outage("the replication slot, held by another session");
-                    } else {
-                        self.progress
-                            .waiting_for_outage("PostgreSQL to answer a read of the outbox");
-                    }
-                    let delay = read_delays.next().unwrap_or(MAX_RETRY_BACKOFF);
-                    warn!(%error, attempt = database_failures, ?delay, "cannot read the outbox; retrying");
-                    sleep_or_shutdown(delay, shutdown).await;
-                    continue;
-                }
-                Err(error) => return Err(error),
             };
-            if database_failures > 0 {
-                database_failures = 0;
-                read_delays = retry_delays();
-                readiness.set(true);
-                info!("reading the outbox again");
-            }
+            outages.ended(readiness);
             debug_assert_eq!(batch.after, self.position);
             if batch.rows.is_empty() {
                 if let Some(cursor) = self.pending_copy.take() {
@@ -449,6 +391,69 @@ impl RelayLoop {
             recording.await.ok();
         }
         info!("shutting down: the last batch is published");
+        Ok(())
+    }
+
+    /// A read from the relay's position, after the linger when caught up: rows that arrive
+    /// together go out in one transaction.
+    async fn read_now(&mut self, shutdown: &CancellationToken) -> Result<Batch, RelayError> {
+        let linger = self.rows_read_at.map_or(Duration::ZERO, |at| {
+            self.settings.linger.saturating_sub(at.elapsed())
+        });
+        if !linger.is_zero() {
+            sleep_or_shutdown(linger, shutdown).await;
+        }
+        let started = Instant::now();
+        let read = Batch::read(
+            self.pool.clone(),
+            (
+                self.settings.logical.clone(),
+                self.settings.value_schemas.clone(),
+            ),
+            self.position,
+            self.settings.batch_size,
+        )
+        .await;
+        if read.as_ref().is_ok_and(|batch| !batch.rows.is_empty()) {
+            self.rows_read_at = Some(started);
+        }
+        read
+    }
+
+    /// A read failed: an outage of PostgreSQL, the replication session or the schema registry
+    /// is waited out (not ready meanwhile, the progress watch told what it waits for) and
+    /// `Ok` lets the loop read again; anything else is returned, and stops the relay.
+    async fn read_failed(
+        &mut self,
+        error: RelayError,
+        outages: &mut ReadOutages,
+        readiness: &Readiness,
+        shutdown: &CancellationToken,
+    ) -> Result<(), RelayError> {
+        let waiting_for = if error.is_registry_outage() {
+            "the schema registry to answer for a topic's schema"
+        } else if !error.is_database_outage() {
+            return Err(error);
+        } else {
+            if matches!(error, RelayError::Replication { .. }) {
+                // Its session ended or was refused: a zombie learns it here, before it takes the
+                // slot back from the relay that ended its session.
+                let slot_held_elsewhere = error.is_slot_held_elsewhere();
+                self.still_owner(&mut outages.ownership_checked_at, slot_held_elsewhere)
+                    .await?;
+            }
+            if error.is_slot_held_elsewhere() {
+                "the replication slot, held by another session"
+            } else {
+                "PostgreSQL to answer a read of the outbox"
+            }
+        };
+        outages.failures += 1;
+        readiness.set(false);
+        self.progress.waiting_for_outage(waiting_for);
+        let delay = outages.delays.next().unwrap_or(MAX_RETRY_BACKOFF);
+        warn!(%error, attempt = outages.failures, ?delay, waiting_for, "cannot read the outbox; retrying");
+        sleep_or_shutdown(delay, shutdown).await;
         Ok(())
     }
 
@@ -761,6 +766,34 @@ pub fn slot_advance_due(full_read: bool, since_last_advance: Option<Duration>) -
 }
 
 /// The waits between attempts while PostgreSQL or the broker is unreachable.
+/// The outages the reads are waiting out: how many reads failed in a row, the backoff, and when
+/// the relay last checked it still owns its name (logical mode).
+struct ReadOutages {
+    failures: u32,
+    delays: ExponentialBackoff,
+    ownership_checked_at: Option<Instant>,
+}
+
+impl ReadOutages {
+    fn new() -> Self {
+        Self {
+            failures: 0,
+            delays: retry_delays(),
+            ownership_checked_at: None,
+        }
+    }
+
+    /// A read succeeded: ready again, and the next outage starts its backoff afresh.
+    fn ended(&mut self, readiness: &Readiness) {
+        if self.failures > 0 {
+            self.failures = 0;
+            self.delays = retry_delays();
+            readiness.set(true);
+            info!("reading the outbox again");
+        }
+    }
+}
+
 fn retry_delays() -> ExponentialBackoff {
     doubling(Duration::from_millis(200), MAX_RETRY_BACKOFF)
         .with_jitter()

@@ -469,48 +469,7 @@ impl ProviderTarget {
         let calls = charges
             .iter()
             .zip(outcomes)
-            .map(|(charge, outcome)| async move {
-                counter!(m::PROVIDER_BEGINS, "target" => self.spec.name.clone(), "answer" => outcome.label())
-                    .increment(1);
-                let BeginOutcome::Acquired {
-                    fencing_token,
-                    lease_expires_at,
-                } = outcome
-                else {
-                    return Ok(Called::Done(Round::answered(outcome, 0)));
-                };
-                let lease_ends = begun + self.lease_left(lease_expires_at);
-                let Ok(_slot) = self.rounds.acquire().await else {
-                    return Err(self.cancelled());
-                };
-                self.wait_turn(&charge.operation_id, fencing_token, shutdown)
-                    .instrument(charge.span.clone())
-                    .await?;
-                // The protocol calls the provider only within the lease, with its deadline
-                // inside it: a lease that ran out may already be the reconciler's (a long wait
-                // for the slot or the turn gives the acquisition back).
-                if Instant::now() + self.spec.call_timeout >= lease_ends {
-                    let step = self
-                        .release(&charge.operation_id, fencing_token, TOO_LITTLE_LEASE)
-                        .instrument(charge.span.clone())
-                        .await?;
-                    return Ok(Called::Done(Round { step, calls: 0 }));
-                }
-                let outcome = self
-                    .call(&charge.request)
-                    .instrument(charge.span.clone())
-                    .await;
-                match outcome {
-                    ChargeOutcome::Applied { body, .. } => Ok(Called::Applied(fencing_token, body)),
-                    other => {
-                        let step = self
-                            .report(&charge.operation_id, fencing_token, other)
-                            .instrument(charge.span.clone())
-                            .await?;
-                        Ok(Called::Done(Round { step, calls: 1 }))
-                    }
-                }
-            });
+            .map(|(charge, outcome)| self.first_call(charge, outcome, begun, shutdown));
         let called: Vec<Result<Called, ProviderTargetError>> =
             futures::future::join_all(calls.map(|call| ending_on_error(shutdown, call))).await;
         // Completed even when the batch ends: an applied call left unreported would expire
@@ -574,6 +533,59 @@ impl ProviderTarget {
             .try_into()
             .unwrap_or(Duration::ZERO);
         self.spec.lease_ttl.min(answered)
+    }
+
+    /// The first round's call of one charge, after its `Begin` in the batch answered `outcome`
+    /// (`begun`: when it was sent): the provider is called only for an acquisition, with a
+    /// slot, at its turn and with enough of the lease left; an applied call is completed with
+    /// the batch's `CompleteBatch`.
+    async fn first_call(
+        &self,
+        charge: &Charge,
+        outcome: BeginOutcome,
+        begun: Instant,
+        shutdown: &CancellationToken,
+    ) -> Result<Called, ProviderTargetError> {
+        counter!(m::PROVIDER_BEGINS, "target" => self.spec.name.clone(), "answer" => outcome.label())
+            .increment(1);
+        let BeginOutcome::Acquired {
+            fencing_token,
+            lease_expires_at,
+        } = outcome
+        else {
+            return Ok(Called::Done(Round::answered(outcome, 0)));
+        };
+        let lease_ends = begun + self.lease_left(lease_expires_at);
+        let Ok(_slot) = self.rounds.acquire().await else {
+            return Err(self.cancelled());
+        };
+        self.wait_turn(&charge.operation_id, fencing_token, shutdown)
+            .instrument(charge.span.clone())
+            .await?;
+        // The protocol calls the provider only within the lease, with its deadline inside it: a
+        // lease that ran out may already be the reconciler's (a long wait for the slot or the
+        // turn gives the acquisition back).
+        if Instant::now() + self.spec.call_timeout >= lease_ends {
+            let step = self
+                .release(&charge.operation_id, fencing_token, TOO_LITTLE_LEASE)
+                .instrument(charge.span.clone())
+                .await?;
+            return Ok(Called::Done(Round { step, calls: 0 }));
+        }
+        let outcome = self
+            .call(&charge.request)
+            .instrument(charge.span.clone())
+            .await;
+        match outcome {
+            ChargeOutcome::Applied { body, .. } => Ok(Called::Applied(fencing_token, body)),
+            other => {
+                let step = self
+                    .report(&charge.operation_id, fencing_token, other)
+                    .instrument(charge.span.clone())
+                    .await?;
+                Ok(Called::Done(Round { step, calls: 1 }))
+            }
+        }
     }
 
     /// Rounds after the first, one at a time, until the outcome is final.
