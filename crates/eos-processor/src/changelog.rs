@@ -160,6 +160,139 @@ pub fn restore_start(
     (RestoreMode::Warm, "", checkpoint.next_offset)
 }
 
+/// The changelog partition's low and high watermarks.
+///
+/// Read up to the high watermark, not the last stable offset: the previous owner's last batch
+/// may be committed with its markers not yet written, while this owner's consumer already
+/// resumes after its offsets (see `eos_runtime::log_end`). A changelog created moments ago may
+/// not have a leader yet on every broker's metadata, and a broker that stalled past its session
+/// with the controller leaves its partitions without one until it is unfenced
+/// (NotLeaderForPartition, LeaderNotAvailable, UnknownPartition): that passes, so ask again for
+/// as long as a restore may go without progress.
+fn changelog_watermarks(
+    client_config: &ClientConfig,
+    (topic, partition): (&str, i32),
+    timeout: Duration,
+) -> Result<(i64, i64), String> {
+    let end_query = log_end::EndQuery::new(client_config).map_err(|e| e.to_string())?;
+    let end = || end_query.watermarks(topic, partition, Duration::from_secs(10));
+    end.retry(
+        doubling(Duration::from_millis(100), Duration::from_secs(2))
+            .with_total_delay(Some(timeout)),
+    )
+    .when(passes_by_itself)
+    .notify(|error, delay| {
+        tracing::warn!(topic, partition, %error, ?delay, "changelog leader not reachable yet; asking again");
+    })
+    .call()
+    .map_err(|e| format!("cannot read watermarks: {e}"))
+}
+
+/// A changelog partition assigned from the restore's start, read to its high watermark.
+struct ChangelogRead<'a> {
+    consumer: &'a BaseConsumer,
+    topic: &'a str,
+    partition: i32,
+    high: i64,
+    timeout: Duration,
+}
+
+impl ChangelogRead<'_> {
+    /// Reads every change into `store` in chunks, the last with the checkpoint that covers it
+    /// (`outcome.next_offset`); `Err` when the read fails for good or makes no progress for
+    /// `timeout`.
+    fn to_store<T: Transform>(
+        &self,
+        transform: &T,
+        store: &PartitionStore,
+        outcome: &mut RestoreOutcome,
+    ) -> Result<(), ProcessorError> {
+        let restore_error = |detail: String| ProcessorError::Restore {
+            topic: self.topic.to_owned(),
+            partition: self.partition,
+            detail,
+        };
+        let (consumer, topic, partition, high, timeout) = (
+            self.consumer,
+            self.topic,
+            self.partition,
+            self.high,
+            self.timeout,
+        );
+        let mut changes = StateChanges::default();
+        let mut last_progress = (outcome.from_offset, Instant::now());
+        let mut last_error: Option<KafkaError> = None;
+        let mut position = outcome.from_offset;
+        loop {
+            let polled = consumer.poll(Duration::from_millis(100));
+            let returned_a_record = matches!(polled, Some(Ok(_)));
+            if let Some(message) = polled {
+                let message = match message {
+                    Ok(message) => message,
+                    Err(error @ KafkaError::MessageConsumptionFatal(_)) => {
+                        return Err(restore_error(error.to_string()));
+                    }
+                    // A broker going away and the like: librdkafka reconnects and follows the
+                    // partition to its new leader by itself.
+                    Err(error) => {
+                        tracing::warn!(topic, partition, %error, "changelog read interrupted; waiting for the broker");
+                        last_error = Some(error);
+                        continue;
+                    }
+                };
+                decode_record(
+                    transform,
+                    &mut changes,
+                    message.key().unwrap_or_default(),
+                    message.payload(),
+                )
+                .map_err(|detail| {
+                    restore_error(format!("offset {}: {detail}", message.offset()))
+                })?;
+                outcome.records += 1;
+                position = position.max(message.offset() + 1);
+                if changes.len() >= RESTORE_CHUNK {
+                    store.write(&std::mem::take(&mut changes), None)?;
+                }
+            }
+            // Aborted records and transaction markers advance the consumer's position without
+            // being returned, so it is asked for whenever a poll returns no record. Not after
+            // every record: the call (a lock and a partition list) cost more than the record.
+            if !returned_a_record {
+                position = consumer
+                    .position()
+                    .ok()
+                    .and_then(|list| {
+                        list.find_partition(topic, partition)
+                            .and_then(|elem| elem.offset().to_raw())
+                    })
+                    .unwrap_or(position)
+                    .max(position);
+            }
+            if position >= high {
+                // The last records and the checkpoint that covers them, in one store
+                // transaction.
+                outcome.next_offset = position;
+                store.write(&changes, Some(position))?;
+                return Ok(());
+            }
+            if position > last_progress.0 {
+                last_progress = (position, Instant::now());
+            } else if last_progress.1.elapsed() > timeout {
+                let why = match &last_error {
+                    Some(error) => format!("the last read failed with: {error}"),
+                    None => "an open transaction of a crashed instance holds the last stable \
+                             offset until transaction.timeout.ms"
+                        .to_owned(),
+                };
+                return Err(restore_error(format!(
+                    "no progress at offset {position} of {high} for {timeout:?}: {why}"
+                )));
+            }
+        }
+    }
+}
+
 /// Brings the local store of one changelog partition up to the changelog's end with
 /// `read_committed`: from the local checkpoint (warm), or from the start into an emptied store
 /// (cold, see [`restore_start`]). Gives up only when the position has not moved for `timeout`
@@ -194,20 +327,8 @@ pub fn restore_partition<T: Transform>(
     // a broker that stalled past its session with the controller leaves its partitions without
     // one until it is unfenced (NotLeaderForPartition, LeaderNotAvailable, UnknownPartition):
     // that passes, so ask again for as long as a restore may go without progress.
-    let end_query =
-        log_end::EndQuery::new(client_config).map_err(|e| restore_error(e.to_string()))?;
-    let end = || end_query.watermarks(topic, partition, Duration::from_secs(10));
-    let (low, high) = end
-        .retry(
-            doubling(Duration::from_millis(100), Duration::from_secs(2))
-                .with_total_delay(Some(timeout)),
-        )
-        .when(passes_by_itself)
-        .notify(|error, delay| {
-            tracing::warn!(topic, partition, %error, ?delay, "changelog leader not reachable yet; asking again");
-        })
-        .call()
-        .map_err(|e| restore_error(format!("cannot read watermarks: {e}")))?;
+    let (low, high) =
+        changelog_watermarks(client_config, (topic, partition), timeout).map_err(restore_error)?;
     let (mode, reason, start) = restore_start(
         store.checkpoint()?,
         low,
@@ -225,7 +346,7 @@ pub fn restore_partition<T: Transform>(
         from_offset: start,
         next_offset: start,
     };
-    let mut changes = StateChanges::default();
+    let changes = StateChanges::default();
     if high <= start {
         outcome.next_offset = high.max(start);
         store.write(&changes, Some(outcome.next_offset))?;
@@ -238,73 +359,15 @@ pub fn restore_partition<T: Transform>(
     consumer
         .assign(&assignment)
         .map_err(|e| restore_error(e.to_string()))?;
-    let mut last_progress = (start, Instant::now());
-    let mut last_error: Option<KafkaError> = None;
-    let mut position = start;
-    loop {
-        let polled = consumer.poll(Duration::from_millis(100));
-        let returned_a_record = matches!(polled, Some(Ok(_)));
-        if let Some(message) = polled {
-            let message = match message {
-                Ok(message) => message,
-                Err(error @ KafkaError::MessageConsumptionFatal(_)) => {
-                    return Err(restore_error(error.to_string()));
-                }
-                // A broker going away and the like: librdkafka reconnects and follows the
-                // partition to its new leader by itself.
-                Err(error) => {
-                    tracing::warn!(topic, partition, %error, "changelog read interrupted; waiting for the broker");
-                    last_error = Some(error);
-                    continue;
-                }
-            };
-            decode_record(
-                transform,
-                &mut changes,
-                message.key().unwrap_or_default(),
-                message.payload(),
-            )
-            .map_err(|detail| restore_error(format!("offset {}: {detail}", message.offset())))?;
-            outcome.records += 1;
-            position = position.max(message.offset() + 1);
-            if changes.len() >= RESTORE_CHUNK {
-                store.write(&std::mem::take(&mut changes), None)?;
-            }
-        }
-        // Aborted records and transaction markers advance the consumer's position without
-        // being returned, so it is asked for whenever a poll returns no record. Not after every
-        // record: the call (a lock and a partition list) cost more than the record itself.
-        if !returned_a_record {
-            position = consumer
-                .position()
-                .ok()
-                .and_then(|list| {
-                    list.find_partition(topic, partition)
-                        .and_then(|elem| elem.offset().to_raw())
-                })
-                .unwrap_or(position)
-                .max(position);
-        }
-        if position >= high {
-            // The last records and the checkpoint that covers them, in one store transaction.
-            outcome.next_offset = position;
-            store.write(&changes, Some(position))?;
-            return Ok(outcome);
-        }
-        if position > last_progress.0 {
-            last_progress = (position, Instant::now());
-        } else if last_progress.1.elapsed() > timeout {
-            let why = match &last_error {
-                Some(error) => format!("the last read failed with: {error}"),
-                None => "an open transaction of a crashed instance holds the last stable offset \
-                         until transaction.timeout.ms"
-                    .to_owned(),
-            };
-            return Err(restore_error(format!(
-                "no progress at offset {position} of {high} for {timeout:?}: {why}"
-            )));
-        }
-    }
+    let read = ChangelogRead {
+        consumer: &consumer,
+        topic,
+        partition,
+        high,
+        timeout,
+    };
+    read.to_store(transform, store, &mut outcome)?;
+    Ok(outcome)
 }
 
 #[cfg(test)]
