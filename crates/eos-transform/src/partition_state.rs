@@ -36,7 +36,7 @@ use eos_core::{DeadLetterReason, Event, EventContract, Fingerprint, RecordParts,
 
 use crate::state_format;
 use crate::state_store::{PartitionStore, StateChanges, StoreError};
-use crate::transform::{Output, SourcePosition, Transform};
+use crate::transform::{Output, Refusal, SourcePosition, Transform};
 
 /// The most ids one sweep tombstones in a partition; the rest wait for the next batch, so a
 /// burst of expiries never makes one huge transaction.
@@ -191,6 +191,121 @@ impl std::fmt::Debug for dyn OutputFit {
 }
 
 /// The first output whose value does not fit its topic's schema: the dead letter's detail.
+/// A record read as an event: its id, time, content's fingerprint and re-drive id.
+struct Identified {
+    event: Event,
+    event_id: String,
+    event_time: i64,
+    fingerprint: Fingerprint,
+    redrive: Option<String>,
+}
+
+/// `record` as an event the decision can judge, or its dead letter: parts the contract cannot
+/// find, an event time past the dedup horizon (fail closed: a duplicate could no longer be
+/// recognised), a malformed re-drive header. The fingerprint is of the decoded content when the
+/// record was in a registry format, so a re-encoding with a newer schema is the same event.
+fn identify(
+    record: &InputRecord<'_>,
+    now_secs: i64,
+    policy: &DecisionPolicy,
+) -> Result<Identified, Decision> {
+    let parts = RecordParts {
+        key: record.key,
+        value: record.value,
+        headers: record.headers,
+    };
+    let event = Event::parse(&policy.contract, parts)
+        .map_err(|error| Decision::dead_letter(error.reason(), error.to_string(), None))?;
+    let event_id = event.id.to_string();
+    let event_time = event
+        .occurred_at
+        .map(|t| t.unix_timestamp())
+        .unwrap_or(record.timestamp_secs);
+    if event_time < now_secs.saturating_sub(policy.horizon_secs) {
+        return Err(Decision::dead_letter(
+            DeadLetterReason::BeyondDedupHorizon,
+            format!(
+                "event time {event_time} is older than the dedup horizon of {} s",
+                policy.horizon_secs
+            ),
+            Some(event_id),
+        ));
+    }
+    let fingerprint = record
+        .content
+        .and_then(|content| serde_json::from_slice::<serde_json::Map<_, _>>(content).ok())
+        .map_or(event.fingerprint, |mut content| {
+            policy.contract.fingerprint_leaving_out(&mut content, &[])
+        });
+    let redrive = match redrive::redrive_id(record.headers) {
+        Ok(redrive) => redrive.map(str::to_owned),
+        Err(error) => {
+            return Err(Decision::dead_letter(
+                DeadLetterReason::InvalidField,
+                error.to_string(),
+                Some(event_id),
+            ));
+        }
+    };
+    Ok(Identified {
+        event,
+        event_id,
+        event_time,
+        fingerprint,
+        redrive,
+    })
+}
+
+/// What the transform's answer for one event comes to: its outputs, or why the event is a dead
+/// letter: the transform's refusal, its panic (its bug on this one event), an output that is not
+/// configured, or a value that does not fit its output's schema. Nothing of a refused event is
+/// written.
+fn judge_applied(
+    applied: std::thread::Result<Result<Vec<Output>, Refusal>>,
+    policy: &DecisionPolicy,
+) -> Result<Vec<Output>, Refusal> {
+    let refused = |reason, code: Option<&str>, detail| Refusal {
+        reason,
+        code: code.map(str::to_owned),
+        detail,
+    };
+    match applied {
+        Ok(Ok(outputs)) => {
+            if let Some(unknown) = outputs
+                .iter()
+                .find(|output| !policy.outputs.contains(&output.output))
+            {
+                return Err(refused(
+                    DeadLetterReason::TransformRefused,
+                    Some("unknown_output"),
+                    format!(
+                        "the transform wrote to output {:?}, which is not configured \
+                         (--output NAME=TOPIC)",
+                        unknown.output
+                    ),
+                ));
+            }
+            match misfit(policy, &outputs) {
+                Some(detail) => Err(refused(DeadLetterReason::OutputSchemaMisfit, None, detail)),
+                None => Ok(outputs),
+            }
+        }
+        Ok(Err(refusal)) => Err(refusal),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            Err(refused(
+                DeadLetterReason::TransformPanic,
+                None,
+                format!("the transform panicked: {message}"),
+            ))
+        }
+    }
+}
+
 fn misfit(policy: &DecisionPolicy, outputs: &[Output]) -> Option<String> {
     let fit = policy.output_fit.as_deref()?;
     outputs.iter().find_map(|output| {
@@ -264,52 +379,15 @@ impl<S: Clone + Default> PartitionState<S> {
         now_secs: i64,
         policy: &DecisionPolicy,
     ) -> Result<Decision, StoreError> {
-        let parts = RecordParts {
-            key: record.key,
-            value: record.value,
-            headers: record.headers,
-        };
-        let event = match Event::parse(&policy.contract, parts) {
-            Ok(event) => event,
-            Err(error) => {
-                return Ok(Decision::dead_letter(
-                    error.reason(),
-                    error.to_string(),
-                    None,
-                ));
-            }
-        };
-        let event_id = event.id.to_string();
-        let event_time = event
-            .occurred_at
-            .map(|t| t.unix_timestamp())
-            .unwrap_or(record.timestamp_secs);
-        // Fail closed: past the horizon a duplicate could no longer be recognised.
-        if event_time < now_secs.saturating_sub(policy.horizon_secs) {
-            return Ok(Decision::dead_letter(
-                DeadLetterReason::BeyondDedupHorizon,
-                format!(
-                    "event time {event_time} is older than the dedup horizon of {} s",
-                    policy.horizon_secs
-                ),
-                Some(event_id),
-            ));
-        }
-        let fingerprint = record
-            .content
-            .and_then(|content| serde_json::from_slice::<serde_json::Map<_, _>>(content).ok())
-            .map_or(event.fingerprint, |mut content| {
-                policy.contract.fingerprint_leaving_out(&mut content, &[])
-            });
-        let redrive = match redrive::redrive_id(record.headers) {
-            Ok(redrive) => redrive.map(str::to_owned),
-            Err(error) => {
-                return Ok(Decision::dead_letter(
-                    DeadLetterReason::InvalidField,
-                    error.to_string(),
-                    Some(event_id),
-                ));
-            }
+        let Identified {
+            event,
+            event_id,
+            event_time,
+            fingerprint,
+            redrive,
+        } = match identify(&record, now_secs, policy) {
+            Ok(identified) => identified,
+            Err(dead_letter) => return Ok(dead_letter),
         };
         // The re-drives this event met before, kept with whatever outcome it gets now.
         let mut redrives = Vec::new();
@@ -356,40 +434,11 @@ impl<S: Clone + Default> PartitionState<S> {
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
             transform.apply(&mut entity_state, event, source)
         }));
-        let outputs = match applied {
-            Ok(Ok(outputs)) => match outputs
-                .iter()
-                .find(|output| !policy.outputs.contains(&output.output))
-            {
-                // The transform's bug, like a panic: nothing of the event is written.
-                Some(unknown) => {
-                    remember(overlay, Some(DeadLetterReason::TransformRefused));
-                    return Ok(Decision::DeadLetter {
-                        reason: DeadLetterReason::TransformRefused,
-                        code: Some("unknown_output".to_owned()),
-                        detail: format!(
-                            "the transform wrote to output {:?}, which is not configured \
-                             (--output NAME=TOPIC)",
-                            unknown.output
-                        ),
-                        event_id: Some(event_id),
-                    });
-                }
-                None => match misfit(policy, &outputs) {
-                    Some(detail) => {
-                        remember(overlay, Some(DeadLetterReason::OutputSchemaMisfit));
-                        return Ok(Decision::dead_letter(
-                            DeadLetterReason::OutputSchemaMisfit,
-                            detail,
-                            Some(event_id),
-                        ));
-                    }
-                    None => outputs,
-                },
-            },
+        let outputs = match judge_applied(applied, policy) {
+            Ok(outputs) => outputs,
             // The state stays as it was; the id is remembered with the refusal, so a
             // re-delivery is a duplicate even once the state would let it through.
-            Ok(Err(refusal)) => {
+            Err(refusal) => {
                 remember(overlay, Some(refusal.reason));
                 return Ok(Decision::DeadLetter {
                     reason: refusal.reason,
@@ -397,19 +446,6 @@ impl<S: Clone + Default> PartitionState<S> {
                     detail: refusal.detail,
                     event_id: Some(event_id),
                 });
-            }
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".to_owned());
-                remember(overlay, Some(DeadLetterReason::TransformPanic));
-                return Ok(Decision::dead_letter(
-                    DeadLetterReason::TransformPanic,
-                    format!("the transform panicked: {message}"),
-                    Some(event_id),
-                ));
             }
         };
         overlay.entities.insert(entity_id.clone(), entity_state);

@@ -1577,8 +1577,10 @@ async fn silent_grpc_connections_are_closed_and_capped_while_calls_go_on() -> an
                 HANDSHAKE_TIMEOUT + SLACK
             )
         })?;
+        // The service's clock starts at its accept, which can come a moment before this
+        // task reads `connected` after its connect returns (seen: 0.2 ms): 50 ms of that.
         ensure!(
-            closed >= HANDSHAKE_TIMEOUT,
+            closed >= HANDSHAKE_TIMEOUT - Duration::from_millis(50),
             "{what} was closed after {closed:?}, before the handshake timeout"
         );
         slowest = slowest.max(closed);
