@@ -49,7 +49,7 @@ use crate::transform::{SourcePosition, Transform};
 #[cfg(feature = "kafka")]
 mod kafka;
 #[cfg(feature = "kafka")]
-pub use kafka::{ReadRunError, read_committed_run};
+pub use kafka::{CommittedRecords, ReadRunError, read_committed_records, read_committed_run};
 
 /// A record as committed on one of a run's topics: its input, an output, the dead letters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +67,9 @@ pub struct CommittedRecord {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// Its Kafka timestamp, in Unix milliseconds.
     pub timestamp_ms: i64,
+    /// A record decoded from a registry format: its decoded content, which the fingerprint is of
+    /// (as the processor computes it), when it is not the value itself.
+    pub content: Option<Vec<u8>>,
 }
 
 /// What the replay runs over: the input topic's committed records.
@@ -322,7 +325,7 @@ pub fn expected<T: Transform>(
                     value: record.value.as_deref(),
                     headers: &headers,
                     timestamp_secs,
-                    content: None,
+                    content: record.content.as_deref(),
                 },
                 &SourcePosition {
                     topic: String::new(),
@@ -627,6 +630,7 @@ mod tests {
             value: Some(format!(r#"{{"amount":{amount}}}"#).into_bytes()),
             headers: vec![("event_id".into(), Some(id.as_bytes().to_vec()))],
             timestamp_ms: 1_800_000_000_000,
+            content: None,
         }
     }
 
@@ -821,6 +825,7 @@ mod tests {
                 .map(|(key, value)| ((*key).to_owned(), Some(value.as_bytes().to_vec())))
                 .collect(),
             timestamp_ms: 0,
+            content: None,
         }
     }
 

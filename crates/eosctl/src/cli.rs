@@ -1,5 +1,6 @@
 //! The command line: every flag, its environment fallback and its help text.
 
+use eos_schema::{RecordFormat, RegistryFlags};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -626,6 +627,22 @@ pub struct AuditArgs {
         help_heading = "Replay proof"
     )]
     pub named_outputs: Vec<(String, String)>,
+
+    /// The processor's --input-format: json, or avro, protobuf or json-schema through the schema
+    /// registry (--schema-registry-url). The input is decoded as the processor decoded it before
+    /// the replay; a record that does not decode is expected as an undecodable_record dead
+    /// letter.
+    #[arg(long, value_enum, default_value_t = RecordFormat::Json, requires = "replay", help_heading = "Replay proof")]
+    pub input_format: RecordFormat,
+
+    /// The processor's --output-format: the outputs are decoded into JSON before they are
+    /// compared.
+    #[arg(long, value_enum, default_value_t = RecordFormat::Json, requires = "replay", help_heading = "Replay proof")]
+    pub output_format: RecordFormat,
+
+    /// The schema registry the run's formats are read through.
+    #[command(flatten, next_help_heading = "Replay proof")]
+    pub registry: RegistryFlags,
 
     /// pass-through: the processor's --filter-pointer.
     #[arg(long, requires = "filter_equals", help_heading = "Replay proof")]

@@ -35,6 +35,7 @@ pub mod produce;
 pub mod redrive;
 pub mod replay_audit;
 pub mod report;
+pub mod run_formats;
 pub mod source_record;
 pub mod topic_reader;
 pub mod trace_tree;

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::cli::ReplayTransform;
 use crate::kafka_client::KafkaSettings;
+use crate::run_formats::{RunFormats, decode_run};
 
 /// How many differing outputs the report lists.
 const EXAMPLES: usize = 10;
@@ -45,6 +46,8 @@ pub struct ReplayAuditConfig {
     pub outputs: BTreeMap<String, String>,
     pub dlq: String,
     pub end_timeout: Duration,
+    /// The input's and the outputs' formats (plain JSON, or a schema registry's).
+    pub formats: RunFormats,
 }
 
 /// The limits a module ran under in the processor, to run it under again.
@@ -100,8 +103,11 @@ fn replay_run(
         outputs: config.outputs.clone(),
         dead_letters: config.dlq.clone(),
     };
-    let run = replay::read_committed_run(&kafka.client_config(), &topics, config.end_timeout)
-        .context("reading the run")?;
+    let records =
+        replay::read_committed_records(&kafka.client_config(), &topics, config.end_timeout)
+            .context("reading the run")?;
+    let (records, undecodable) = decode_run(records, &config.input, &config.formats)?;
+    let run = records.into_run(&config.input);
     let replayed = match &config.transform {
         ReplayTransform::Builtin(BuiltinTransform::Ledger) => {
             replay_with(&LedgerTransform, "ledger", config, &topics, &run)?
@@ -116,7 +122,9 @@ fn replay_run(
         }
         ReplayTransform::Wasm(path) => replay_module(path, config, &topics, &run)?,
     };
-    let (expected, transform) = replayed;
+    let (mut expected, transform) = replayed;
+    // Dead-lettered by the processor before any decision, as the replay's decoding finds them.
+    expected.dead_letters.extend(undecodable);
     let report = run.compare(&expected);
     Ok(ReplayAuditOutcome {
         passed: report.exact(),
@@ -287,6 +295,7 @@ mod tests {
             outputs: output_topics("out", &[("flagged".into(), "f".into())]),
             dlq: "in.dlq".into(),
             end_timeout: Duration::from_secs(1),
+            formats: RunFormats::json(),
         };
         let contract = run_contract(EventContract::ledger(), &config);
         assert_eq!(contract.event_id, EventContract::ledger().event_id);

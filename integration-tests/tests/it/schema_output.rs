@@ -314,7 +314,8 @@ async fn avro_in_and_out_through_sigkills_writes_every_event_once() -> anyhow::R
     let drained_in = produced_at.elapsed();
     last.stop_gracefully()?;
 
-    let (outputs, letters) = crate::schema_input::outputs_and_dead_letters(output, dlq).await?;
+    let (outputs, letters) =
+        crate::schema_input::outputs_and_dead_letters(output.clone(), dlq).await?;
     ensure!(letters.is_empty(), "{} dead letters", letters.len());
     let mut written: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for message in &outputs {
@@ -358,6 +359,39 @@ async fn avro_in_and_out_through_sigkills_writes_every_event_once() -> anyhow::R
          {drained_in:?} after the last record (bound {DRAIN_BOUND:?})",
         EVENTS / 10,
         outputs.len()
+    );
+
+    // The replay proof of the run, its input and output decoded as the processor decoded them:
+    // every output is the transform's. Read as JSON, the same run is no transform's.
+    let replay = |formats: &[&str]| -> anyhow::Result<(Option<i32>, Value)> {
+        let run = std::process::Command::new(integration_tests::workspace_binary("eosctl")?)
+            .args(["audit", "--bootstrap-servers", &bootstrap, "--json"])
+            .args(["--input", &input, "--output", &output, "--replay"])
+            .args(["--transform", "pass-through", "--event-id", "/auth/id"])
+            .args(["--schema-registry-url", &url])
+            .args(formats)
+            .output()?;
+        let report = serde_json::from_slice(&run.stdout)
+            .with_context(|| format!("no JSON report: {}", String::from_utf8_lossy(&run.stderr)))?;
+        Ok((run.status.code(), report))
+    };
+    let (code, report) = tokio::task::block_in_place(|| {
+        replay(&["--input-format", "avro", "--output-format", "avro"])
+    })?;
+    eprintln!("avro replay: {report}");
+    ensure!(code == Some(0), "the replay passes: {report}");
+    ensure!(
+        report["applied"] == EVENTS && report["duplicates"] == EVENTS / 10,
+        "every event applied once, the retried ones duplicates: {report}"
+    );
+    ensure!(
+        report["matched"] == EVENTS && report["missing"] == 0 && report["unexpected"] == 0,
+        "{report}"
+    );
+    let (code, report) = tokio::task::block_in_place(|| replay(&[]))?;
+    ensure!(
+        code == Some(1) && report["passed"] == false,
+        "read as JSON, the Avro run cannot be the transform's: {report}"
     );
     Ok(())
 }

@@ -123,6 +123,44 @@ pub fn read_committed_run(
     topics: &RunTopics,
     stall_timeout: Duration,
 ) -> Result<CommittedRun, ReadRunError> {
+    let records = read_committed_records(client_config, topics, stall_timeout)?;
+    Ok(records.into_run(&topics.input))
+}
+
+/// A run's topics as committed, record by record, before they are compared: for a run whose
+/// records are not JSON (a schema registry's formats), decoded by the caller first.
+#[derive(Debug, Clone, Default)]
+pub struct CommittedRecords {
+    /// The input's records.
+    pub inputs: Vec<CommittedRecord>,
+    /// Each output's records, under the output's name.
+    pub outputs: Vec<(String, Vec<CommittedRecord>)>,
+    /// The dead-letter topic's records.
+    pub dead_letters: Vec<CommittedRecord>,
+}
+
+impl CommittedRecords {
+    /// The run of `input` these records are ([`CommittedRun::from_records`]).
+    pub fn into_run(self, input: &str) -> CommittedRun {
+        let run = CommittedRun::from_records(input, self.inputs, self.outputs, &self.dead_letters);
+        tracing::info!(
+            input,
+            input_records = run.inputs.len(),
+            outputs = run.outputs.len(),
+            dead_letters = run.dead_letters.len(),
+            other_dead_letters = run.other_dead_letters,
+            "committed run read"
+        );
+        run
+    }
+}
+
+/// Every committed record of the run's topics, read as [`read_committed_run`] reads them.
+pub fn read_committed_records(
+    client_config: &ClientConfig,
+    topics: &RunTopics,
+    stall_timeout: Duration,
+) -> Result<CommittedRecords, ReadRunError> {
     let mut names = vec![topics.input.as_str()];
     names.extend(topics.outputs.values().map(String::as_str));
     names.push(&topics.dead_letters);
@@ -137,16 +175,11 @@ pub fn read_committed_run(
         .map(|(name, topic)| (name.clone(), take(topic).unwrap_or_default()))
         .collect();
     let dead_letters = take(&topics.dead_letters).unwrap_or_default();
-    let run = CommittedRun::from_records(&topics.input, inputs, outputs, &dead_letters);
-    tracing::info!(
-        input = %topics.input,
-        input_records = run.inputs.len(),
-        outputs = run.outputs.len(),
-        dead_letters = run.dead_letters.len(),
-        other_dead_letters = run.other_dead_letters,
-        "committed run read"
-    );
-    Ok(run)
+    Ok(CommittedRecords {
+        inputs,
+        outputs,
+        dead_letters,
+    })
 }
 
 /// Where the read of one partition stands.
@@ -230,6 +263,7 @@ fn read_topics(
                             })
                             .unwrap_or_default(),
                         timestamp_ms: message.timestamp().to_millis().unwrap_or_default(),
+                        content: None,
                     });
                 }
             }

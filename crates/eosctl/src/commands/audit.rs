@@ -40,6 +40,7 @@ pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result
             input: args.input,
             dlq,
             end_timeout: args.end_timeout,
+            formats: replay_formats(&args.registry, args.input_format, args.output_format)?,
         };
         let outcome = replay_audit::run(kafka, config).await?;
         if json {
@@ -191,4 +192,20 @@ fn snapshot_notes(snapshot: &TopicSnapshot) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// The run's formats from `--input-format`, `--output-format` and the registry's flags.
+fn replay_formats(
+    registry: &eos_schema::RegistryFlags,
+    input: eos_schema::RecordFormat,
+    output: eos_schema::RecordFormat,
+) -> anyhow::Result<crate::run_formats::RunFormats> {
+    let registry = registry
+        .registry_config(&[("--input-format", input), ("--output-format", output)])
+        .map_err(anyhow::Error::msg)?;
+    Ok(crate::run_formats::RunFormats {
+        input,
+        output,
+        registry,
+    })
 }
