@@ -658,14 +658,11 @@ fn refuse_table_fields(name: &str, raw: &RawTarget) -> Result<(), TargetsError> 
     }
 }
 
-fn validate(mut raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError> {
-    let table = raw.table.take().unwrap_or_default().trim().to_owned();
-    if table.is_empty() {
-        return Err(invalid("<empty>", "table must not be empty"));
-    }
+/// A provider-like target's fields on a table target are a mistake, named.
+fn refuse_provider_fields(table: &str, raw: &mut RawTarget) -> Result<(), TargetsError> {
     if let Some(field) = raw.take_http_call().fields_set().next() {
         return Err(invalid(
-            &table,
+            table,
             format!("{field} is for http targets, not table targets"),
         ));
     }
@@ -687,10 +684,19 @@ fn validate(mut raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsE
     ];
     if let Some((field, _)) = provider_fields.iter().find(|(_, set)| *set) {
         return Err(invalid(
-            &table,
+            table,
             format!("{field} is for provider targets, not table targets"),
         ));
     }
+    Ok(())
+}
+
+fn validate(mut raw: RawTarget, kind: TargetKind) -> Result<TargetSpec, TargetsError> {
+    let table = raw.table.take().unwrap_or_default().trim().to_owned();
+    if table.is_empty() {
+        return Err(invalid("<empty>", "table must not be empty"));
+    }
+    refuse_provider_fields(&table, &mut raw)?;
     let raw_columns = raw.columns.unwrap_or_default();
     let mut columns = Vec::with_capacity(raw_columns.len());
     for (column, source) in raw_columns {
