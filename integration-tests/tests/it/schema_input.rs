@@ -419,7 +419,8 @@ async fn a_producer_moving_to_a_compatible_schema_mid_run_changes_no_event() -> 
     })
     .with_context(|| reader.log_tail(40))?;
     reader.stop_gracefully()?;
-    let (outputs, letters) = outputs_and_dead_letters(as_v1.clone(), format!("{as_v1}.dlq")).await?;
+    let (outputs, letters) =
+        outputs_and_dead_letters(as_v1.clone(), format!("{as_v1}.dlq")).await?;
     let written = json_outputs_by_event_id(&outputs);
     ensure!(
         written
