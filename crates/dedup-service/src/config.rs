@@ -170,7 +170,7 @@ pub struct Config {
     #[arg(long = "key-ttl", env = "DEDUP_KEY_TTLS", value_name = "TARGET=DURATION", value_delimiter = ',', value_parser = parse_key_ttl)]
     pub key_ttls: Vec<(String, Duration)>,
 
-    /// A TOML file of per-target look-ups: for each [[lookups]] target, the request that asks
+    /// A TOML file of per-target look-ups: for each `[[lookups]]` target, the request that asks
     /// its API about a key and how the answers are sorted (docs/dedup-service.md "Look-ups of
     /// any API"). A lookup target without one asks --provider-url.
     #[arg(long, env = "DEDUP_LOOKUPS")]

@@ -141,9 +141,9 @@ pub struct Config {
     pub value_format: RecordFormat,
 
     /// A topic's subject other than `<topic>-value` (e.g. a record's full name, as
-    /// RecordNameStrategy names it), and a pinned version: TOPIC=SUBJECT[@VERSION] (repeat the
-    /// flag, or separate them with commas in the environment variable). Without a version, the
-    /// subject's latest when the relay first writes to the topic.
+    /// RecordNameStrategy names it), and a pinned version: TOPIC=SUBJECT or TOPIC=SUBJECT@VERSION
+    /// (repeat the flag, or separate them with commas in the environment variable). Without a
+    /// version, the subject's latest when the relay first writes to the topic.
     #[arg(long = "value-subject", env = "OUTBOX_VALUE_SUBJECTS", value_name = "TOPIC=SUBJECT[@VERSION]", value_delimiter = ',', value_parser = TopicSubject::parse)]
     pub value_subjects: Vec<TopicSubject>,
 
