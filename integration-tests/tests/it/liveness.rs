@@ -371,7 +371,9 @@ async fn a_group_commit_that_cannot_write_is_a_stall_and_clears() -> anyhow::Res
         "writes held {:?}: stalled {stalled} s, gRPC health {overall:?}",
         held_at.elapsed()
     );
-    assert!(stalled >= 3.0, "{stalled}");
+    // The gauge is set once a second (the watch's check), so it may trail the probe that
+    // already saw more than --stall-restart (3 s) by up to that second (seen: 2.96 s).
+    assert!(stalled >= 2.0, "{stalled}");
     assert_eq!(
         overall,
         tonic_health::pb::health_check_response::ServingStatus::NotServing as i32,
@@ -505,7 +507,9 @@ async fn payments_that_wait_on_postgresql_are_a_stall_and_clear() -> anyhow::Res
     })?
     .unwrap_or(0.0);
     eprintln!("payments held {:?}: stalled {stalled} s", held_at.elapsed());
-    assert!(stalled >= 3.0, "{stalled}");
+    // The gauge is set once a second (the watch's check), so it may trail the probe that
+    // already saw more than --stall-restart (3 s) by up to that second (seen: 2.96 s).
+    assert!(stalled >= 2.0, "{stalled}");
 
     sqlx::query("COMMIT").execute(&mut lock).await?;
     for payment in payments {
