@@ -561,23 +561,8 @@ impl RegistryClient {
         {
             return Ok(version.clone());
         }
-        let answer: SubjectVersionAnswer = self
-            .send(
-                self.http.get(format!(
-                    "{}/subjects/{}/versions/latest",
-                    self.base,
-                    segment(subject)
-                )),
-                Asked::Subject(subject),
-            )
-            .await?;
-        let version = SubjectVersion::from(answer);
-        let mut caches = self.write_caches();
-        caches
-            .by_id
-            .entry(version.id)
-            .or_insert_with(|| Arc::clone(&version.schema));
-        caches
+        let version = self.fetch_version(subject, "latest").await?;
+        self.write_caches()
             .latest
             .insert(subject.to_owned(), (Instant::now(), version.clone()));
         Ok(version)
@@ -590,10 +575,20 @@ impl RegistryClient {
         subject: &str,
         version: u32,
     ) -> Result<SubjectVersion, SchemaError> {
+        self.fetch_version(subject, &version.to_string()).await
+    }
+
+    /// `GET /subjects/{subject}/versions/{which}` (`latest` or a number); its schema is cached by
+    /// id.
+    async fn fetch_version(
+        &self,
+        subject: &str,
+        which: &str,
+    ) -> Result<SubjectVersion, SchemaError> {
         let answer: SubjectVersionAnswer = self
             .send(
                 self.http.get(format!(
-                    "{}/subjects/{}/versions/{version}",
+                    "{}/subjects/{}/versions/{which}",
                     self.base,
                     segment(subject)
                 )),

@@ -65,6 +65,31 @@ fn confluent_script(
         .collect()
 }
 
+/// `confluent_consume.py`'s lines as (their `event_id` header, the value read), sorted.
+fn by_event_id(read_back: Vec<Value>) -> Vec<(String, Value)> {
+    let mut read: Vec<(String, Value)> = read_back
+        .into_iter()
+        .map(|line| {
+            (
+                line["event_id"].as_str().unwrap_or("").to_owned(),
+                line["value"].clone(),
+            )
+        })
+        .collect();
+    read.sort_by(|a, b| a.0.cmp(&b.0));
+    read
+}
+
+/// `confluent_produce.py`'s events as (their `/auth/id`, the event), sorted.
+fn events_by_id(events: Vec<Value>) -> Vec<(String, Value)> {
+    let mut events: Vec<(String, Value)> = events
+        .into_iter()
+        .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))
+        .collect();
+    events.sort_by(|a, b| a.0.cmp(&b.0));
+    events
+}
+
 async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow::Result<()> {
     let registry = std::env::var("EOS_SCHEMA_REGISTRY_URL").context(
         "EOS_SCHEMA_REGISTRY_URL is not set: the schema registry this test writes through \
@@ -147,21 +172,8 @@ async fn confluent_records_are_read_once_as_their_events(format: &str) -> anyhow
         )
     })
     .await??;
-    let mut written: Vec<(String, Value)> = read_back
-        .into_iter()
-        .map(|line| {
-            (
-                line["event_id"].as_str().unwrap_or("").to_owned(),
-                line["value"].clone(),
-            )
-        })
-        .collect();
-    written.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut want: Vec<(String, Value)> = expected
-        .into_iter()
-        .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))
-        .collect();
-    want.sort_by(|a, b| a.0.cmp(&b.0));
+    let written = by_event_id(read_back);
+    let want = events_by_id(expected);
     ensure!(
         written.len() == want.len(),
         "{} outputs for {} events (each once, the {RETRIED} retried records dropped)",
@@ -282,21 +294,8 @@ async fn outbox_rows_are_published_in_the_registry_format(format: &str) -> anyho
         drained_in < DRAIN_BOUND,
         "the relay took {drained_in:?}, over {DRAIN_BOUND:?}"
     );
-    let mut got: Vec<(String, Value)> = read_back
-        .into_iter()
-        .map(|line| {
-            (
-                line["event_id"].as_str().unwrap_or("").to_owned(),
-                line["value"].clone(),
-            )
-        })
-        .collect();
-    got.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut want: Vec<(String, Value)> = events
-        .into_iter()
-        .map(|event| (event["auth"]["id"].as_str().unwrap_or("").to_owned(), event))
-        .collect();
-    want.sort_by(|a, b| a.0.cmp(&b.0));
+    let got = by_event_id(read_back);
+    let want = events_by_id(events);
     ensure!(
         got.len() == want.len(),
         "{} records for {} rows",
