@@ -40,7 +40,7 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::source_record::{Position, SourceRecord};
+use crate::source_record::{Decoding, Position, SourceRecord};
 
 /// Fields the processor adds to each output record next to the input envelope. They are stripped
 /// before fingerprinting, so an output's fingerprint is that of the original content.
@@ -488,10 +488,13 @@ fn parse_input(
     record: &SourceRecord,
     max_record_bytes: usize,
 ) -> Result<ValidEvent, DeadLetterReason> {
+    if record.decoding == Decoding::Undecodable {
+        return Err(DeadLetterReason::UndecodableRecord);
+    }
     let envelope = EventEnvelope::parse_with_limit(record.value_bytes(), max_record_bytes)
         .map_err(|error| error.reason())?;
     Ok(ValidEvent {
-        fingerprint: envelope.fingerprint(),
+        fingerprint: content_fingerprint(record, &[]).unwrap_or_else(|| envelope.fingerprint()),
         event_id: envelope.event_id.to_string(),
         entity_id: envelope.entity_id.to_string(),
         value: envelope.value,
@@ -526,6 +529,9 @@ fn event_under_contract(
     record: &SourceRecord,
     config: &AuditConfig,
 ) -> Option<(String, Fingerprint)> {
+    if record.decoding == Decoding::Undecodable {
+        return None;
+    }
     let headers: Vec<(&str, Option<&[u8]>)> = record
         .headers
         .iter()
@@ -562,7 +568,8 @@ fn parse_output(record: &SourceRecord) -> Option<OutputEvent> {
         _ => Totals::Invalid,
     };
     Some(OutputEvent {
-        fingerprint: envelope.fingerprint(),
+        fingerprint: content_fingerprint(record, &PROCESSOR_ADDED_FIELDS)
+            .unwrap_or_else(|| envelope.fingerprint()),
         event_id: envelope.event_id.to_string(),
         entity_id: envelope.entity_id.to_string(),
         value: envelope.value,
@@ -570,6 +577,20 @@ fn parse_output(record: &SourceRecord) -> Option<OutputEvent> {
         totals,
         source: source.as_ref().and_then(parse_source),
     })
+}
+
+/// The fingerprint of a registry record's decoded content, without `leave_out`, as the processor
+/// and the sink take it (docs/schemas.md "Schema evolution"); `None` when the value is the
+/// content.
+fn content_fingerprint(record: &SourceRecord, leave_out: &[&str]) -> Option<Fingerprint> {
+    let Decoding::Decoded {
+        content: Some(content),
+    } = &record.decoding
+    else {
+        return None;
+    };
+    let mut content: serde_json::Map<String, Value> = serde_json::from_slice(content).ok()?;
+    Some(EventContract::ledger().fingerprint_leaving_out(&mut content, leave_out))
 }
 
 /// The event ids of the output records at `positions` (partition, offset).
@@ -1896,6 +1917,62 @@ mod tests {
                 "{INPUT}/0@3 (invalid_field, expected malformed_json)"
             )]
         );
+    }
+
+    /// A run in a registry format, decoded before it is counted: a record that did not decode is
+    /// the processor's `undecodable_record`, and a decoded record's fingerprint is its content's.
+    #[test]
+    fn registry_records_are_judged_as_the_processor_decoded_them() {
+        let mut input = scenario();
+        // Not JSON either: read as it is, the audit would expect invalid_utf8.
+        let mut undecodable = record(INPUT, 1, 10, &[0, 0, 0, 0, 9, 0xff]);
+        undecodable.decoding = Decoding::Undecodable;
+        input.push(undecodable);
+        let mut processed = reference_process(&input);
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::WrongDlqReason, 1);
+        assert_eq!(
+            report.violations[&Violation::WrongDlqReason].examples,
+            vec![format!(
+                "{INPUT}/1@10 (invalid_utf8, expected undecodable_record)"
+            )]
+        );
+        for dead in &mut processed.dlq {
+            if dead.header_str(SOURCE_OFFSET_HEADER) == Some("10") {
+                dead.headers[0].1 = Some(b"undecodable_record".to_vec());
+            }
+        }
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
+        assert_eq!(
+            report.figures.malformed_by_reason[&DeadLetterReason::UndecodableRecord],
+            1
+        );
+
+        // e-5 decoded from a record whose content (its fields not at their default, here its
+        // entity) is less than its value: the fingerprint is the content's, so an output read
+        // as it is differs, and one whose content is the same (the added fields left out)
+        // matches.
+        let content = serde_json::to_vec(&serde_json::json!({"value": 500})).ok();
+        let e5 = find_output(&processed, "e-5");
+        for record in input.iter_mut().filter(|record| {
+            EventEnvelope::parse(record.value_bytes()).is_ok_and(|e| e.event_id.as_str() == "e-5")
+        }) {
+            record.decoding = Decoding::Decoded {
+                content: content.clone(),
+            };
+        }
+        let report = run(&input, &processed);
+        assert_violation(&report, Violation::ContentMismatch, 1);
+        let mut output_content: serde_json::Map<String, Value> =
+            serde_json::from_slice(processed.output[e5].value_bytes()).unwrap_or_default();
+        output_content.remove("event_id");
+        output_content.remove("entity_id");
+        processed.output[e5].decoding = Decoding::Decoded {
+            content: serde_json::to_vec(&output_content).ok(),
+        };
+        let report = run(&input, &processed);
+        assert!(report.passed, "{:?}", failing_checks(&report));
     }
 
     #[test]

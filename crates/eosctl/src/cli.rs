@@ -629,19 +629,19 @@ pub struct AuditArgs {
     pub named_outputs: Vec<(String, String)>,
 
     /// The processor's --input-format: json, or avro, protobuf or json-schema through the schema
-    /// registry (--schema-registry-url). The input is decoded as the processor decoded it before
-    /// the replay; a record that does not decode is expected as an undecodable_record dead
-    /// letter.
-    #[arg(long, value_enum, default_value_t = RecordFormat::Json, requires = "replay", help_heading = "Replay proof")]
+    /// registry (--schema-registry-url). The input and its dead letters are decoded as the
+    /// processor decoded them before they are counted (or replayed); a record that does not
+    /// decode is expected as an undecodable_record dead letter.
+    #[arg(long, value_enum, default_value_t = RecordFormat::Json, help_heading = "Record formats")]
     pub input_format: RecordFormat,
 
     /// The processor's --output-format: the outputs are decoded into JSON before they are
-    /// compared.
-    #[arg(long, value_enum, default_value_t = RecordFormat::Json, requires = "replay", help_heading = "Replay proof")]
+    /// counted or compared.
+    #[arg(long, value_enum, default_value_t = RecordFormat::Json, help_heading = "Record formats")]
     pub output_format: RecordFormat,
 
     /// The schema registry the run's formats are read through.
-    #[command(flatten, next_help_heading = "Replay proof")]
+    #[command(flatten, next_help_heading = "Record formats")]
     pub registry: RegistryFlags,
 
     /// pass-through: the processor's --filter-pointer.

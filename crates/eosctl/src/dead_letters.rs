@@ -444,6 +444,7 @@ mod tests {
             value: Some(format!(r#"{{"auth_id":"e-{source_offset}"}}"#).into_bytes()),
             headers,
             timestamp_ms: Some(1_800_000_000_000 + offset * 60_000),
+            decoding: Default::default(),
         }
     }
 
@@ -471,6 +472,7 @@ mod tests {
             value: None,
             headers: Vec::new(),
             timestamp_ms: None,
+            decoding: Default::default(),
         };
         let all = entries(&letters, &[], &FieldLocation::Header("event_id".into()));
         let logged = log_record(&all[0], &original, &act(), all[0].letter.clone());
@@ -577,6 +579,7 @@ mod tests {
                 (REDRIVE_ID_HEADER.into(), Some(b"rd-0".to_vec())),
             ],
             timestamp_ms: Some(1_700_000_000_000),
+            decoding: Default::default(),
         };
         let record = redrive_record(&original, &all[0], &act());
         assert_eq!(

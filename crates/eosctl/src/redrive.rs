@@ -294,6 +294,7 @@ fn read_positions(
                         })
                         .unwrap_or_default(),
                     timestamp_ms: message.timestamp().to_millis(),
+                    decoding: Default::default(),
                 });
             }
             if offset >= last {

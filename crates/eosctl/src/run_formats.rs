@@ -4,10 +4,16 @@
 //! and each output into JSON, before the replay and the comparison. An input record that does not
 //! decode is what the processor dead-lettered as `undecodable_record` before any decision: the
 //! replay expects that dead letter for it.
+//!
+//! The counting audit (`eosctl audit --input-format`) reads such a run the same way:
+//! [`decode_topics`] gives each record its JSON event model and says how it was read
+//! ([`Decoding`]).
 
 use eos_core::DeadLetterReason;
 use eos_schema::{RecordDecoder, RecordFormat, RegistryConfig};
 use eos_transform::replay::{CommittedRecord, CommittedRecords, ReplayDeadLetter};
+
+use crate::source_record::{Decoding, SourceRecord};
 
 /// The run's formats, as the processor was told (`--input-format`, `--output-format`).
 #[derive(Debug, Clone)]
@@ -87,4 +93,52 @@ fn decode(
     record.value = Some(decoded.0);
     record.content = decoded.1;
     Ok(Ok(record))
+}
+
+/// The counting audit's records with every value in a registry format decoded into the JSON
+/// event model, each marked with how it was read: the input and its dead letters (which hold the
+/// input's bytes) by the input's format, the output by the output's. Call it on a thread that may
+/// block, inside the Tokio runtime; `Err` when the registry cannot answer.
+pub fn decode_topics(
+    [input, output, dead_letters]: [&mut [SourceRecord]; 3],
+    input_topic: &str,
+    output_topic: &str,
+    formats: &RunFormats,
+) -> anyhow::Result<()> {
+    if formats.input != RecordFormat::Json {
+        let mut decoder = RecordDecoder::new(formats.input, input_topic, formats.registry.clone())?;
+        for record in input.iter_mut().chain(dead_letters.iter_mut()) {
+            decode_source(&mut decoder, record)?;
+        }
+    }
+    if formats.output != RecordFormat::Json {
+        let mut decoder =
+            RecordDecoder::new(formats.output, output_topic, formats.registry.clone())?;
+        for record in output {
+            decode_source(&mut decoder, record)?;
+        }
+    }
+    Ok(())
+}
+
+/// `record`'s value decoded in place, or marked undecodable.
+fn decode_source(decoder: &mut RecordDecoder, record: &mut SourceRecord) -> anyhow::Result<()> {
+    decoder
+        .prepare(record.value.as_deref())
+        .map_err(|error| anyhow::anyhow!("the schema registry cannot answer: {error}"))?;
+    let decoded = decoder
+        .decode(record.value.as_deref())
+        .map(|decoded| decoded.map(eos_schema::Decoded::into_owned));
+    record.decoding = match decoded {
+        Ok(Some(decoded)) => {
+            record.value = Some(decoded.value.into_owned());
+            Decoding::Decoded {
+                content: decoded.content,
+            }
+        }
+        // A record without a value stays one.
+        Ok(None) => Decoding::AsRead,
+        Err(_) => Decoding::Undecodable,
+    };
+    Ok(())
 }

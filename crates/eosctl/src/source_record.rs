@@ -29,6 +29,24 @@ pub struct SourceRecord {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// The record's Kafka timestamp (create or log-append time), in Unix milliseconds.
     pub timestamp_ms: Option<i64>,
+    /// How the value was read: as it is (JSON), or decoded from a schema registry's format.
+    pub decoding: Decoding,
+}
+
+/// How a record's value was read (docs/schemas.md). A record decoded from a schema registry's
+/// format holds its JSON event model in `value`, as the services that read it see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Decoding {
+    /// As it is on the topic: a JSON topic's records.
+    #[default]
+    AsRead,
+    /// Decoded through the registry. `content` is the decoded content when it differs from the
+    /// value (fields at their default left out): what the services take the fingerprint of, so
+    /// that a newer compatible schema's encoding of the same event is the same event.
+    Decoded { content: Option<Vec<u8>> },
+    /// Not the registry's wire format, an id the registry does not have, or bytes that do not
+    /// decode: the services' `undecodable_record`. `value` is left as it was read.
+    Undecodable,
 }
 
 impl SourceRecord {

@@ -29,6 +29,7 @@ pub(crate) fn record(topic: &str, partition: i32, offset: i64, value: &[u8]) -> 
         value: Some(value.to_vec()),
         headers: Vec::new(),
         timestamp_ms: None,
+        decoding: Default::default(),
     }
 }
 

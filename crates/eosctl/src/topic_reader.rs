@@ -200,6 +200,7 @@ pub fn read_topics(
                             })
                             .unwrap_or_default(),
                         timestamp_ms: message.timestamp().to_millis(),
+                        decoding: Default::default(),
                     });
                 }
                 if done {

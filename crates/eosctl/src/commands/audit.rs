@@ -40,7 +40,7 @@ pub(crate) async fn run(kafka: KafkaSettings, args: AuditArgs) -> anyhow::Result
             input: args.input,
             dlq,
             end_timeout: args.end_timeout,
-            formats: replay_formats(&args.registry, args.input_format, args.output_format)?,
+            formats: run_formats(&args.registry, args.input_format, args.output_format)?,
         };
         let outcome = replay_audit::run(kafka, config).await?;
         if json {
@@ -80,21 +80,36 @@ pub async fn audit(
         .unwrap_or_else(|| format!("{}.dlq", args.input));
     let topics = [args.input.clone(), args.output.clone(), dlq.clone()];
     let end_timeout = args.end_timeout;
-    let snapshots = {
+    let formats = run_formats(&args.registry, args.input_format, args.output_format)?;
+    let [input, output, dead_letters] = {
         let progress = progress.clone();
         tokio::task::spawn_blocking(move || {
             let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-            topic_reader::read_topics(&kafka, &names, end_timeout, &mut |read| {
+            let snapshots = topic_reader::read_topics(&kafka, &names, end_timeout, &mut |read| {
                 progress.set_position(read);
             })
+            .context("reading the topics")?;
+            let [mut input, mut output, mut dead_letters] =
+                <[TopicSnapshot; 3]>::try_from(snapshots).map_err(|_| {
+                    anyhow::anyhow!("the reader returned the wrong number of topics")
+                })?;
+            crate::run_formats::decode_topics(
+                [
+                    &mut input.records,
+                    &mut output.records,
+                    &mut dead_letters.records,
+                ],
+                &input.topic,
+                &output.topic,
+                &formats,
+            )
+            .context("decoding the topics' records")?;
+            Ok::<_, anyhow::Error>([input, output, dead_letters])
         })
         .await
-        .context("reading the topics")?
-        .context("reading the topics")?
+        .context("reading the topics")??
     };
     progress.finish_and_clear();
-    let [input, output, dead_letters] = <[TopicSnapshot; 3]>::try_from(snapshots)
-        .map_err(|_| anyhow::anyhow!("the reader returned the wrong number of topics"))?;
     if !input.exists {
         bail!("input topic {:?} does not exist", args.input);
     }
@@ -195,7 +210,7 @@ fn snapshot_notes(snapshot: &TopicSnapshot) -> Vec<String> {
 }
 
 /// The run's formats from `--input-format`, `--output-format` and the registry's flags.
-fn replay_formats(
+fn run_formats(
     registry: &eos_schema::RegistryFlags,
     input: eos_schema::RecordFormat,
     output: eos_schema::RecordFormat,

@@ -176,6 +176,7 @@ mod tests {
             value: value.map(String::into_bytes),
             headers: Vec::new(),
             timestamp_ms: None,
+            decoding: Default::default(),
         }
     }
 
