@@ -9,19 +9,22 @@ STACK := deploy/local/stack
 .PHONY: demo test lint doc wasm-examples book deny sqlx-check helm-check rules-check compose-check compose-test stack-up stack-down stack-status
 
 GUARANTEE ?= exactly-once
+# The topics' record format: json, or avro or protobuf through the stack's schema registry.
+FORMAT ?= json
 # The cargo-deny `make deny` installs when cargo has another or none.
 CARGO_DENY_VERSION := 0.20.2
 DEMO_ARGS ?=
 
-## demo: bring the stack up, build, and run the main job (GUARANTEE=at-least-once for the contrast)
-## with every service's spans in the stack's Jaeger; ends with one payment's trace from it.
+## demo: bring the stack up, build, and run the main job (GUARANTEE=at-least-once for the contrast,
+## FORMAT=avro or FORMAT=protobuf for the topics in a schema registry's format) with every
+## service's spans in the stack's Jaeger; ends with one payment's trace from it.
 ## A SIGKILLed service loses the spans it had not exported yet: about its last 200 ms (the
 ## services' default OTEL_BSP_SCHEDULE_DELAY, docs/OBSERVABILITY.md).
 demo: stack-up
 	$(CARGO) build --release --workspace --bins
 	set -a; eval "$$($(STACK) env)"; set +a; \
 	OTEL_EXPORTER_OTLP_ENDPOINT="$$EOS_JAEGER_OTLP_ENDPOINT" \
-		target/release/eos-lab demo --guarantee $(GUARANTEE) \
+		target/release/eos-lab demo --guarantee $(GUARANTEE) --format $(FORMAT) \
 		--show-trace-from "$$EOS_JAEGER_URL" $(DEMO_ARGS)
 
 ## test: bring the stack up, then the offline query data, the Helm chart, the alert rules, the compose file,

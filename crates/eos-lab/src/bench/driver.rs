@@ -26,7 +26,8 @@ use crate::bench::latency_collector::{
 use crate::bench::options::{BenchOptions, BenchWorkload};
 use crate::bench::processor_process::{ProcessorProcess, children_cpu};
 use crate::bench::record_format::{
-    ExpectedOutputs, RecordFormat, RunFormat, SchemaRegistry, encode_workload, verify_outputs,
+    ExpectedOutputs, RecordFormat, RunFormat, SchemaRegistry, WORKLOAD, encode_workload,
+    verify_outputs,
 };
 use crate::bench::report::{
     BenchReport, FormatThroughput, KillResumeFigures, LatencyFigures, LatencyRateBasis,
@@ -346,7 +347,7 @@ impl Bench {
     ) -> anyhow::Result<FormatInput> {
         let topic = self.name(&format!("{size}b-{format}-in"));
         self.topics.push(topic.clone());
-        let (id, schema) = self.registry()?.register_input(format, &topic)?;
+        let (id, schema) = self.registry()?.register_input(format, &WORKLOAD, &topic)?;
         let records = encode_workload(spec.clone(), &schema, id)?;
         tracing::info!(%topic, %format, schema_id = %id, records = records.len(), "writing the input");
         let summary = self
@@ -379,7 +380,9 @@ impl Bench {
             self.options.max_batch,
             &input.topic,
         );
-        run.format = self.registry()?.output_format(input.format, &run.output)?;
+        run.format = self
+            .registry()?
+            .output_format(input.format, &WORKLOAD, &run.output)?;
         let figures = self.drain(&run, self.options.instances, &input.partitions, target)?;
         tracing::info!(
             value_bytes = size,

@@ -55,27 +55,66 @@ impl RecordFormat {
         }
     }
 
-    /// The ledger envelope's schema; `None` for JSON.
-    fn input_schema(self) -> Option<Schema> {
+    /// The ledger envelope's schema, its payload `shape`'s; `None` for JSON.
+    fn input_schema(self, shape: &SchemaShape) -> Option<Schema> {
         match self {
             Self::Json => None,
-            Self::Avro => Some(Schema::avro(avro_schema("LedgerEvent", ""))),
-            Self::Protobuf => Some(Schema::protobuf(protobuf_schema("LedgerEvent", ""))),
+            Self::Avro => Some(Schema::avro(avro_schema(shape.input_name, shape, ""))),
+            Self::Protobuf => Some(Schema::protobuf(protobuf_schema(
+                shape.input_name,
+                shape,
+                "",
+            ))),
         }
     }
 
     /// The ledger transform's output: the envelope and the fields the transform adds.
-    fn output_schema(self) -> Option<Schema> {
+    fn output_schema(self, shape: &SchemaShape) -> Option<Schema> {
         match self {
             Self::Json => None,
-            Self::Avro => Some(Schema::avro(avro_schema("LedgerEntry", AVRO_ADDED_FIELDS))),
+            Self::Avro => Some(Schema::avro(avro_schema(
+                "LedgerEntry",
+                shape,
+                AVRO_ADDED_FIELDS,
+            ))),
             Self::Protobuf => Some(Schema::protobuf(protobuf_schema(
                 "LedgerEntry",
+                shape,
                 PROTOBUF_ADDED_FIELDS,
             ))),
         }
     }
 }
+
+/// What sets one workload's schemas apart: the input record's name, the namespace (Avro) or
+/// package (Protobuf), and the fields of the envelope's `payload`.
+#[derive(Debug)]
+pub(crate) struct SchemaShape {
+    input_name: &'static str,
+    namespace: &'static str,
+    /// The payload record's fields, as Avro field objects.
+    avro_payload: &'static str,
+    /// The same fields in a Protobuf message body.
+    protobuf_payload: &'static str,
+}
+
+/// eosctl's workload, which the benchmark sends: `"payload": {"kind", "pad"}`.
+pub(crate) const WORKLOAD: SchemaShape = SchemaShape {
+    input_name: "LedgerEvent",
+    namespace: "eos.bench",
+    avro_payload: r#"{"name": "kind", "type": "string"},
+    {"name": "pad", "type": "string"}"#,
+    protobuf_payload: "string kind = 1;\n    string pad = 2;",
+};
+
+/// payments-api's events, which the demo sends: `"payload": {"payment_id", "currency"}`.
+pub(crate) const PAYMENT: SchemaShape = SchemaShape {
+    input_name: "Payment",
+    namespace: "eos.demo",
+    avro_payload: r#"{"name": "payment_id", "type": "string"},
+    {"name": "currency", "type": "string"}"#,
+    protobuf_payload: "string payment_id = 1;\n    string currency = 2;",
+};
 
 impl std::fmt::Display for RecordFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,20 +122,24 @@ impl std::fmt::Display for RecordFormat {
     }
 }
 
-/// The ledger envelope as eosctl's workload writes it (`{"event_id", "entity_id", "value",
-/// "version", "occurred_at", "payload": {"kind", "pad"}}`), as an Avro record named `name`, with
-/// `added` fields after it.
-fn avro_schema(name: &str, added: &str) -> String {
+/// The ledger envelope (`{"event_id", "entity_id", "value", "version", "occurred_at",
+/// "payload"}`, the payload's fields `shape`'s) as an Avro record named `name`, with `added`
+/// fields after it.
+fn avro_schema(name: &str, shape: &SchemaShape, added: &str) -> String {
+    let SchemaShape {
+        namespace,
+        avro_payload,
+        ..
+    } = shape;
     format!(
-        r#"{{"type": "record", "name": "{name}", "namespace": "eos.bench", "fields": [
+        r#"{{"type": "record", "name": "{name}", "namespace": "{namespace}", "fields": [
   {{"name": "event_id", "type": "string"}},
   {{"name": "entity_id", "type": "string"}},
   {{"name": "value", "type": "long"}},
   {{"name": "version", "type": "long"}},
   {{"name": "occurred_at", "type": "string"}},
   {{"name": "payload", "type": {{"type": "record", "name": "Payload", "fields": [
-    {{"name": "kind", "type": "string"}},
-    {{"name": "pad", "type": "string"}}]}}}}{added}
+    {avro_payload}]}}}}{added}
 ]}}"#
     )
 }
@@ -112,12 +155,16 @@ const AVRO_ADDED_FIELDS: &str = r#",
 
 /// The same envelope as a Protobuf message named `name` (the file's first, which the wire format
 /// names with the index list `[0]`), with `added` fields after it.
-fn protobuf_schema(name: &str, added: &str) -> String {
+fn protobuf_schema(name: &str, shape: &SchemaShape, added: &str) -> String {
+    let SchemaShape {
+        namespace,
+        protobuf_payload,
+        ..
+    } = shape;
     format!(
-        "syntax = \"proto3\";\npackage eos.bench;\n\nmessage {name} {{\n  string event_id = 1;\n  \
+        "syntax = \"proto3\";\npackage {namespace};\n\nmessage {name} {{\n  string event_id = 1;\n  \
          string entity_id = 2;\n  int64 value = 3;\n  uint64 version = 4;\n  string occurred_at = \
-         5;\n  Payload payload = 6;{added}\n\n  message Payload {{\n    string kind = 1;\n    string \
-         pad = 2;\n  }}\n}}\n"
+         5;\n  Payload payload = 6;{added}\n\n  message Payload {{\n    {protobuf_payload}\n  }}\n}}\n"
     )
 }
 
@@ -127,7 +174,7 @@ const PROTOBUF_ADDED_FIELDS: &str = "\n  int64 entity_total = 7;\n  uint64 entit
 
 /// How a processor run's records are written, and so how its outputs are read back.
 #[derive(Debug, Clone)]
-pub(super) enum RunFormat {
+pub(crate) enum RunFormat {
     Json,
     /// A registry format, its outputs written with `output_schema` (id `output_id`).
     Registry {
@@ -147,7 +194,7 @@ impl RunFormat {
     }
 
     /// The processor's flags for this format (none for JSON).
-    pub(super) fn processor_args(&self) -> Vec<String> {
+    pub(crate) fn processor_args(&self) -> Vec<String> {
         match self {
             Self::Json => Vec::new(),
             Self::Registry {
@@ -197,7 +244,7 @@ impl RunFormat {
 
 /// The benchmark's schema registry: registers the schemas of its inputs and outputs under their
 /// topics' subjects (TopicNameStrategy, `<topic>-value`) and deletes those subjects at the end.
-pub(super) struct SchemaRegistry {
+pub(crate) struct SchemaRegistry {
     client: RegistryClient,
     url: String,
     runtime: Handle,
@@ -206,7 +253,7 @@ pub(super) struct SchemaRegistry {
 }
 
 impl SchemaRegistry {
-    pub(super) fn new(url: &str, runtime: Handle) -> anyhow::Result<Self> {
+    pub(crate) fn new(url: &str, runtime: Handle) -> anyhow::Result<Self> {
         let client = RegistryClient::new(RegistryConfig::new(url))
             .with_context(|| format!("cannot make a client of the schema registry {url}"))?;
         Ok(Self {
@@ -218,25 +265,27 @@ impl SchemaRegistry {
     }
 
     /// Registers `format`'s input schema under `topic`'s subject: its id and the parsed schema.
-    pub(super) fn register_input(
+    pub(crate) fn register_input(
         &mut self,
         format: RecordFormat,
+        shape: &SchemaShape,
         topic: &str,
     ) -> anyhow::Result<(SchemaId, ParsedSchema)> {
         let schema = format
-            .input_schema()
+            .input_schema(shape)
             .context("JSON records have no schema")?;
         self.register(topic, &schema)
     }
 
     /// Registers `format`'s output schema under `topic`'s subject, where the processor looks for
     /// it at start-up: how a run of `format` writing to `topic` is read back.
-    pub(super) fn output_format(
+    pub(crate) fn output_format(
         &mut self,
         format: RecordFormat,
+        shape: &SchemaShape,
         topic: &str,
     ) -> anyhow::Result<RunFormat> {
-        let Some(schema) = format.output_schema() else {
+        let Some(schema) = format.output_schema(shape) else {
             return Ok(RunFormat::Json);
         };
         let (output_id, output_schema) = self.register(topic, &schema)?;
@@ -288,7 +337,7 @@ impl SchemaRegistry {
     /// Deletes every subject registered (softly, then for good), warning of any that cannot be.
     /// Each request has a time limit: a registry that stops answering costs the clean-up that
     /// long, not the benchmark's end.
-    pub(super) fn delete_subjects(&mut self) {
+    pub(crate) fn delete_subjects(&mut self) {
         let subjects = std::mem::take(&mut self.subjects);
         if subjects.is_empty() {
             return;
@@ -460,14 +509,31 @@ mod tests {
         }
     }
 
+    /// The demo's ledger output: a payments-api event and what the transform adds.
+    fn payment_output() -> Value {
+        json!({
+            "event_id": "pay-1f", "entity_id": "acct-3", "value": 1250, "version": 7,
+            "occurred_at": "2026-12-01T10:00:00.001Z",
+            "payload": {"payment_id": "pay-1f", "currency": "EUR"},
+            "entity_total": 9900, "entity_count": 7,
+            "source": {"topic": "in", "partition": 2, "offset": 41}
+        })
+    }
+
     #[test]
     fn the_schemas_round_trip_the_ledger_input_and_output() {
-        let output = ledger_output();
+        for (shape, output) in [(&WORKLOAD, ledger_output()), (&PAYMENT, payment_output())] {
+            round_trip(shape, &output);
+        }
+        assert!(RecordFormat::Json.input_schema(&WORKLOAD).is_none());
+    }
+
+    fn round_trip(shape: &SchemaShape, output: &Value) {
         let input = without_added_fields(output.clone());
         for format in [RecordFormat::Avro, RecordFormat::Protobuf] {
             for (schema, value) in [
-                (format.input_schema(), &input),
-                (format.output_schema(), &output),
+                (format.input_schema(shape), &input),
+                (format.output_schema(shape), output),
             ] {
                 let schema = parsed(&schema.expect("a registry format has schemas"));
                 let framed = schema
@@ -476,10 +542,9 @@ mod tests {
                 let decoded = schema
                     .decode(wire::unframe(&framed).expect("framed").payload)
                     .expect("decodes");
-                assert_eq!(&decoded, value, "{format}");
+                assert_eq!(&decoded, value, "{format} {}", shape.input_name);
             }
         }
-        assert!(RecordFormat::Json.input_schema().is_none());
     }
 
     #[test]
@@ -496,7 +561,7 @@ mod tests {
         };
         let json: Vec<GeneratedRecord> = Workload::new(spec.clone()).expect("valid").collect();
         for format in [RecordFormat::Avro, RecordFormat::Protobuf] {
-            let schema = parsed(&format.input_schema().expect("has a schema"));
+            let schema = parsed(&format.input_schema(&WORKLOAD).expect("has a schema"));
             let encoded = encode_workload(spec.clone(), &schema, SchemaId(9)).expect("encodes");
             assert_eq!(encoded.len(), json.len());
             for (encoded, json) in encoded.iter().zip(&json) {
@@ -522,7 +587,7 @@ mod tests {
         assert_eq!(json.output_event_id(&bytes), Ok("evt-7-0".to_owned()));
         assert!(json.output_event_id(b"not json").is_err());
 
-        let schema = parsed(&RecordFormat::Avro.output_schema().expect("has a schema"));
+        let schema = parsed(&RecordFormat::Avro.output_schema(&WORKLOAD).expect("has a schema"));
         let avro = RunFormat::Registry {
             format: RecordFormat::Avro,
             registry_url: "http://registry".into(),

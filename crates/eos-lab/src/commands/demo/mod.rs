@@ -25,6 +25,7 @@ mod aimed_kill;
 mod database;
 mod metrics;
 mod payments_workload;
+mod registry_format;
 mod relay_outage;
 mod report;
 
@@ -41,12 +42,14 @@ use rand::SeedableRng as _;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::bench::record_format::RecordFormat;
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::commands::demo::aimed_kill::{AimedKill, KillAim};
 use crate::commands::demo::database::{drop_relay_slot, outbox_backlog, unknowns};
 use crate::commands::demo::metrics::{Scraped, metrics_line, scrape};
 use crate::commands::demo::payments_workload::{PaymentsSummary, PaymentsWorkload};
+use crate::commands::demo::registry_format::RegistryFormat;
 use crate::commands::demo::relay_outage::{OutagePlan, RelayOutage};
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use crate::commands::demo::report::{Drain, DrainStage, build_report};
@@ -98,6 +101,17 @@ pub struct DemoArgs {
     /// topic, with re-deliveries, malformed records and reused ids).
     #[arg(long, value_enum, default_value = "payments-api")]
     pub source: DemoSource,
+
+    /// The records' format on the payments and ledger topics: json, or avro or protobuf in a
+    /// schema registry's wire format (--schema-registry-url). The demo registers the payment's
+    /// and the ledger entry's schemas under the topics' subjects; outbox-relay, eos-processor,
+    /// sink-writer and the audit speak the format. With --source payments-api only.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: RecordFormat,
+
+    /// The schema registry's Confluent-compatible API, for --format avro or protobuf.
+    #[arg(long, env = "EOS_SCHEMA_REGISTRY_URL", value_name = "URL")]
+    pub schema_registry_url: Option<String>,
 
     /// Payments to make (payments-api: plus 5% resent with the same key, 0.1% keys reused with
     /// another amount, 0.5% malformed requests) or logical events to produce (producer: plus 5%
@@ -264,6 +278,12 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             );
         }
     }
+    if args.format != RecordFormat::Json && args.source == DemoSource::Producer {
+        bail!(
+            "--format {} is for --source payments-api (eosctl produce writes JSON)",
+            args.format
+        );
+    }
     let started = time::OffsetDateTime::now_utc().unix_timestamp();
     let run_id = format!("{started}-{}", std::process::id());
     let seed = args
@@ -283,6 +303,11 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let output = format!("demo-ledger-{run_id}");
     let processor_group = format!("demo-processor-{run_id}");
     let sink_group = format!("demo-sink-{run_id}");
+    let mut registry_format = RegistryFormat::register(
+        args.format,
+        args.schema_registry_url.as_deref(),
+        [&input, &output],
+    )?;
     // dedup-service's intents outlive a run: a fresh name keeps this run's operation ids new.
     let provider_name = format!("pay_{}", run_id.replace('-', "_"));
 
@@ -306,8 +331,12 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         DemoSource::PaymentsApi => format!("{} of outbox-relay, ", args.relay_kills),
         DemoSource::Producer => String::new(),
     };
+    let format = match &registry_format {
+        Some(registry_format) => format!(", {} topics", registry_format.format()),
+        None => String::new(),
+    };
     say(format!(
-        "== eos-suite demo ({}): {} payments through {}, SIGKILLs: {relay_kills}{} of \
+        "== eos-suite demo ({}{format}): {} payments through {}, SIGKILLs: {relay_kills}{} of \
          eos-processor, {} of sink-writer; provider-sim losing {:.0}% of answers",
         args.guarantee.as_str(),
         grouped(args.events as i64),
@@ -412,35 +441,39 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     if args.guarantee == DemoGuarantee::AtLeastOnce {
         processor_args.extend(["--commit-interval", "10s"]);
     }
-    let mut processor = Service::new(
-        "eos-processor",
-        &bin_dir,
-        &run_dir,
-        strings(&processor_args),
-        ops,
-    )
-    .with_kafka_properties(&kafka_for_services);
+    let mut processor_args = strings(&processor_args);
+    let mut sink_args = Vec::new();
+    if let Some(registry_format) = &registry_format {
+        processor_args.extend(registry_format.processor_args());
+        sink_args = registry_format.sink_args();
+    }
+    let mut processor = Service::new("eos-processor", &bin_dir, &run_dir, processor_args, ops)
+        .with_kafka_properties(&kafka_for_services);
     let ops = free_loopback_addr()?;
     let mut sink = Service::new(
         "sink-writer",
         &bin_dir,
         &run_dir,
-        strings(&[
-            "--bootstrap-servers",
-            bootstrap_servers,
-            "--topic",
-            &output,
-            "--group-id",
-            &sink_group,
-            "--instance-id",
-            "demo-sink",
-            "--config",
-            &targets.display().to_string(),
-            "--metrics-addr",
-            &ops.to_string(),
-            "--max-backoff",
-            "1s",
-        ]),
+        [
+            strings(&[
+                "--bootstrap-servers",
+                bootstrap_servers,
+                "--topic",
+                &output,
+                "--group-id",
+                &sink_group,
+                "--instance-id",
+                "demo-sink",
+                "--config",
+                &targets.display().to_string(),
+                "--metrics-addr",
+                &ops.to_string(),
+                "--max-backoff",
+                "1s",
+            ]),
+            sink_args,
+        ]
+        .concat(),
         ops,
     )
     .with_env("DATABASE_URL", &database_url)
@@ -454,6 +487,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             &database_url,
             &input,
             format!("demo-{run_id}"),
+            registry_format.as_ref(),
         )?),
         DemoSource::Producer => None,
     };
@@ -472,6 +506,7 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         &run_dir,
         [&mut provider, &mut dedup, &mut processor, &mut sink],
         outbox.as_mut(),
+        registry_format.as_ref(),
         (&input, &output, &processor_group, &sink_group),
         (provider_addr, dedup_addr),
     )
@@ -540,6 +575,11 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     if outbox.is_some() {
         audit_words.extend(["--outbox-database-url", &database_url]);
     }
+    let audit_format_args = registry_format
+        .as_ref()
+        .map(RegistryFormat::audit_args)
+        .unwrap_or_default();
+    audit_words.extend(audit_format_args.iter().map(String::as_str));
     let audit_args: AuditArgs = command_args(&audit_words)?;
     let outcome = audit::audit(kafka, audit_args, ProgressBar::hidden()).await;
     provider.stop().await.ok();
@@ -561,6 +601,9 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let reconciled = unknowns(&database_url, &provider_name).await?;
     if args.drop_database {
         drop_database(&args.database_url, &database).await?;
+        if let Some(registry_format) = registry_format.as_mut() {
+            registry_format.delete_subjects();
+        }
     }
     std::fs::remove_dir_all(&processor_state).ok();
 
@@ -694,6 +737,7 @@ impl OutboxServices {
         database_url: &str,
         topic: &str,
         relay_name: String,
+        registry_format: Option<&RegistryFormat>,
     ) -> anyhow::Result<Self> {
         let api_addr = free_loopback_addr()?;
         let ops = free_loopback_addr()?;
@@ -725,6 +769,9 @@ impl OutboxServices {
         ]);
         if let Some(size) = args.relay_batch_size {
             relay_args.extend(["--batch-size".to_owned(), size.to_string()]);
+        }
+        if let Some(registry_format) = registry_format {
+            relay_args.extend(registry_format.relay_args());
         }
         let relay_start = RelayStart {
             bin_dir: bin_dir.to_path_buf(),
@@ -796,6 +843,7 @@ async fn start_workload(
     kafka: &KafkaSettings,
     input: &str,
     outbox: Option<&mut OutboxServices>,
+    registry_format: Option<&RegistryFormat>,
 ) -> anyhow::Result<Workload> {
     let Some(outbox) = outbox else {
         say(format!(
@@ -841,9 +889,22 @@ async fn start_workload(
     outbox.relay.wait_ready(Duration::from_secs(60)).await?;
     // payments-api refuses bad requests, so the topic's ambiguous JSON comes from a producer
     // writing next to the relay: one duplicate key, one integer beyond 64 bits, one inexact
-    // number. Each must end as a dead letter with its reason, and the audit counts them.
-    let ambiguous =
+    // number. Each must end as a dead letter with its reason, and the audit counts them. On a
+    // registry topic they are three records that do not decode instead.
+    let mut ambiguous =
         eosctl::workload::Workload::ambiguous_records(seed, time::OffsetDateTime::now_utc())?;
+    let written_directly = match registry_format {
+        Some(registry_format) => {
+            ambiguous = registry_format.undecodable_records(ambiguous);
+            format!(
+                "3 records that do not decode as {} (not the wire format, an unknown schema id, \
+                 bytes the schema does not read)",
+                registry_format.format()
+            )
+        }
+        None => "3 ambiguous JSON records (duplicate key, integer beyond 64 bits, inexact number)"
+            .to_owned(),
+    };
     produce::write_records(
         kafka,
         produce::SendOptions {
@@ -855,11 +916,11 @@ async fn start_workload(
         ambiguous,
     )
     .await
-    .with_context(|| format!("writing the ambiguous JSON records to {input:?}"))?;
+    .with_context(|| format!("writing the ambiguous records to {input:?}"))?;
     say(format!(
         "== paying at {}/s through payments-api: 5% resent with the same key, 0.1% keys reused \
-         with another amount, 0.5% malformed requests; 3 ambiguous JSON records (duplicate key, \
-         integer beyond 64 bits, inexact number) written to the topic directly",
+         with another amount, 0.5% malformed requests; {written_directly} written to the topic \
+         directly",
         args.rate
     ));
     let workload = PaymentsWorkload {
@@ -1056,6 +1117,7 @@ async fn drive(
     run_dir: &Path,
     [provider, dedup, processor, sink]: [&mut Service; 4],
     mut outbox: Option<&mut OutboxServices>,
+    registry_format: Option<&RegistryFormat>,
     (input, output, processor_group, sink_group): (&str, &str, &str, &str),
     (provider_addr, dedup_addr): (SocketAddr, SocketAddr),
 ) -> anyhow::Result<Driven> {
@@ -1065,7 +1127,15 @@ async fn drive(
     wait_listening(dedup, dedup_addr).await?;
     say("   provider-sim and dedup-service are up");
 
-    let workload = start_workload(args, seed, kafka, input, outbox.as_deref_mut()).await?;
+    let workload = start_workload(
+        args,
+        seed,
+        kafka,
+        input,
+        outbox.as_deref_mut(),
+        registry_format,
+    )
+    .await?;
     let workload_started = Instant::now();
     processor.start()?;
     sink.start()?;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::bench::record_format::RecordFormat;
 use crate::commands::demo::payments_workload::PaymentsSummary;
 use crate::commands::demo::relay_outage::RelayOutage;
 use crate::commands::demo::{DemoArgs, DemoGuarantee};
@@ -26,6 +27,8 @@ pub struct ReportLine {
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
     pub guarantee: DemoGuarantee,
+    /// The topics' record format (`--format`).
+    pub format: RecordFormat,
     pub passed: bool,
     pub run_dir: String,
     pub topics: BTreeMap<&'static str, String>,
@@ -373,6 +376,7 @@ pub(super) fn build_report(
     );
     DemoReport {
         guarantee: args.guarantee,
+        format: args.format,
         passed,
         run_dir: run_dir.display().to_string(),
         topics: BTreeMap::from([("input", input.to_owned()), ("output", output.to_owned())]),
@@ -391,8 +395,12 @@ pub fn report_text(report: &DemoReport) -> String {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "\n== eos-suite demo report ({})",
-        report.guarantee.as_str()
+        "\n== eos-suite demo report ({}{})",
+        report.guarantee.as_str(),
+        match report.format {
+            RecordFormat::Json => String::new(),
+            format => format!(", {format}"),
+        }
     );
     let _ = writeln!(text, "   faults: {}", report.faults.join("; "));
     if !report.peak_rss_kib.is_empty() {
@@ -473,6 +481,7 @@ mod tests {
     fn report(passed: bool, drain: Drain) -> DemoReport {
         DemoReport {
             guarantee: DemoGuarantee::ExactlyOnce,
+            format: RecordFormat::Json,
             passed,
             run_dir: "/runs/1".into(),
             topics: BTreeMap::new(),
