@@ -59,6 +59,7 @@ BAD_VALUES = {
     "reconcile-strategy-unknown.yaml": "'/dedup/reconcileStrategies/partner': value must be one of 'lookup', 'replay', 'none'",
     "lookup-for-a-replay-target.yaml": "dedup.lookups has a look-up for target partner, which dedup.reconcileStrategies settles by replay",
     "relay-registry-format-without-url.yaml": "outboxRelay.valueFormat avro: a registry format needs schemaRegistry.url",
+    "reader-schema-without-avro-input.yaml": "processor.inputReaderSchema (payments-value@2) needs processor.inputFormat avro, not protobuf",
     "relay-value-subjects-without-registry-format.yaml": "outboxRelay.valueSubjects (payments) needs a registry outboxRelay.valueFormat (avro, protobuf or json-schema), not json",
 }
 
@@ -1020,6 +1021,19 @@ class ProductionSettings(unittest.TestCase):
         env = env_of(container)
         self.assertEqual(env["EOS_OUTPUT_FORMAT"]["value"], "protobuf")
         self.assertEqual(env["EOS_SCHEMA_REGISTRY_URL"]["value"], "https://registry.example.com")
+        # A reader's schema, for Avro input only.
+        self.assertNotIn("EOS_INPUT_READER_SCHEMA", env, "only when given")
+        docs = render_values({
+            "processor": {"inputFormat": "avro", "inputReaderSchema": "payments-value@2"},
+            "schemaRegistry": {"url": "https://registry.example.com"},
+        })
+        _, container = processor(docs)
+        self.assertEqual(env_of(container)["EOS_INPUT_READER_SCHEMA"]["value"], "payments-value@2")
+        bad = helm_template(None, ("processor.inputFormat=avro",
+                                   "processor.inputReaderSchema=payments-value@v2",
+                                   "schemaRegistry.url=https://registry.example.com"))
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("/processor/inputReaderSchema", bad.stderr)
         without = helm_template(None, ("processor.outputFormat=avro",))
         self.assertNotEqual(without.returncode, 0)
         self.assertIn("needs schemaRegistry.url", without.stderr)

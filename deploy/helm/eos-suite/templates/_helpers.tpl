@@ -488,6 +488,9 @@ change. Called once, from the ServiceAccount template (always rendered).
 {{- if and .Values.outboxRelay.enabled .Values.outboxRelay.valueSubjects (not (include "eos-suite.relayUsesRegistry" .)) }}
 {{- fail (printf "outboxRelay.valueSubjects (%s) needs a registry outboxRelay.valueFormat (avro, protobuf or json-schema), not %s: the relay refuses subjects for values it writes as json; set outboxRelay.valueFormat or empty outboxRelay.valueSubjects" (keys .Values.outboxRelay.valueSubjects | sortAlpha | join ", ") .Values.outboxRelay.valueFormat) }}
 {{- end }}
+{{- if and .Values.processor.inputReaderSchema (ne .Values.processor.inputFormat "avro") }}
+{{- fail (printf "processor.inputReaderSchema (%s) needs processor.inputFormat avro, not %s: a reader's schema resolves Avro writers' schemas only" .Values.processor.inputReaderSchema .Values.processor.inputFormat) }}
+{{- end }}
 {{- if and .Values.paymentsApi.enabled (not .Values.outboxRelay.enabled) }}
 {{- fail "paymentsApi.enabled needs outboxRelay.enabled: without the relay the payments' events stay in the outbox and never reach Kafka" }}
 {{- end }}
