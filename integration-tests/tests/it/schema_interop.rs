@@ -26,6 +26,10 @@ const EVENTS: usize = 300;
 /// The first records written again, as a producer retrying after a lost acknowledgement would.
 const RETRIED: usize = 20;
 
+/// How long one run of a Confluent client script may take (coreutils `timeout`), its venv's
+/// first making (a pip install) included.
+const SCRIPT_TIMEOUT: &str = "600s";
+
 /// Writes `count` authorisations with Confluent's serializer for `format`; the events as the
 /// processor should read them, in order.
 fn confluent_produce(
@@ -46,13 +50,22 @@ fn confluent_script(
     count: usize,
 ) -> anyhow::Result<Vec<Value>> {
     let interop = Path::new(env!("CARGO_MANIFEST_DIR")).join("interop");
-    let output = Command::new(interop.join("python"))
+    // A bound on the whole run, the venv's first making included: a client that waits forever
+    // (a registry that accepts and never answers) fails the test naming the script instead.
+    let output = Command::new("timeout")
+        .args(["--kill-after=10s", SCRIPT_TIMEOUT])
+        .arg(interop.join("python"))
         .arg(interop.join(script))
         .args(["--format", format, "--bootstrap", &bootstrap_servers()])
         .args(["--registry", registry, "--topic", topic])
         .args(["--count", &count.to_string()])
         .output()
         .context("running integration-tests/interop/python")?;
+    ensure!(
+        output.status.code() != Some(124),
+        "{script} --format {format} did not end within {SCRIPT_TIMEOUT}:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     ensure!(
         output.status.success(),
         "{script} --format {format} failed ({}):\n{}",

@@ -587,7 +587,11 @@ mod tests {
         assert_eq!(json.output_event_id(&bytes), Ok("evt-7-0".to_owned()));
         assert!(json.output_event_id(b"not json").is_err());
 
-        let schema = parsed(&RecordFormat::Avro.output_schema(&WORKLOAD).expect("has a schema"));
+        let schema = parsed(
+            &RecordFormat::Avro
+                .output_schema(&WORKLOAD)
+                .expect("has a schema"),
+        );
         let avro = RunFormat::Registry {
             format: RecordFormat::Avro,
             registry_url: "http://registry".into(),
