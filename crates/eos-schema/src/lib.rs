@@ -15,6 +15,7 @@
 //! are wrong).
 
 pub mod avro;
+mod avro_references;
 pub mod error;
 pub mod json_schema;
 pub mod protobuf;

@@ -42,8 +42,9 @@ use crate::json_kind;
 use crate::registry::SchemaId;
 use crate::wire;
 
-/// The name the registered text is compiled under; imports of other names are the well-known
-/// types (`google/protobuf/timestamp.proto`), which protox carries.
+/// The name the registered text is compiled under; imports of other names are the schema's
+/// references (other subjects' files, by the name the reference gives) or the well-known types
+/// (`google/protobuf/timestamp.proto`), which protox carries.
 const SCHEMA_FILE: &str = "registered.proto";
 
 /// A compiled `.proto` schema, ready to decode and encode its messages. Compile it once per
@@ -54,17 +55,28 @@ pub struct ProtobufSchema {
     label: String,
 }
 
-/// The registered text, and the well-known types beside it.
-struct RegisteredFile(File);
+/// The registered text and the files it imports from other subjects, by import name.
+struct RegisteredFiles(HashMap<String, File>);
 
-impl FileResolver for RegisteredFile {
+impl FileResolver for RegisteredFiles {
     fn open_file(&self, name: &str) -> Result<File, protox::Error> {
-        if name == SCHEMA_FILE {
-            return Ok(File::from_file_descriptor_proto(
-                self.0.file_descriptor_proto().clone(),
-            ));
+        match self.0.get(name) {
+            Some(file) => Ok(File::from_file_descriptor_proto(
+                file.file_descriptor_proto().clone(),
+            )),
+            None => Err(protox::Error::file_not_found(name)),
         }
-        Err(protox::Error::file_not_found(name))
+    }
+}
+
+/// A registered file's text, `.proto` source or a serialized descriptor, as the file `name`.
+fn registered_file(name: &str, text: &str) -> Result<File, String> {
+    match serialized_descriptor(text) {
+        Some(mut descriptor) => {
+            descriptor.name = Some(name.to_owned());
+            Ok(File::from_file_descriptor_proto(descriptor))
+        }
+        None => File::from_source(name, text).map_err(|e| e.to_string()),
     }
 }
 
@@ -84,20 +96,33 @@ fn serialized_descriptor(text: &str) -> Option<prost_types::FileDescriptorProto>
 impl ProtobufSchema {
     /// Compiles a `.proto` file's text; `label` names it in errors (`id 7`).
     pub fn parse(text: &str, label: impl Into<String>) -> Result<Self, SchemaError> {
+        Self::parse_with_imports(text, label, &[])
+    }
+
+    /// Compiles a `.proto` file's text that imports `imports` (each an import name, as the
+    /// schema's references give it, and that file's text; their own imports among them).
+    pub fn parse_with_imports(
+        text: &str,
+        label: impl Into<String>,
+        imports: &[(&str, &str)],
+    ) -> Result<Self, SchemaError> {
         let label = label.into();
         let invalid = |detail: String| SchemaError::InvalidSchema {
             schema: label.clone(),
             detail,
         };
-        let source = match serialized_descriptor(text) {
-            Some(mut descriptor) => {
-                descriptor.name = Some(SCHEMA_FILE.to_owned());
-                File::from_file_descriptor_proto(descriptor)
-            }
-            None => File::from_source(SCHEMA_FILE, text).map_err(|e| invalid(e.to_string()))?,
-        };
+        let mut files = HashMap::new();
+        for (name, text) in imports {
+            let file = registered_file(name, text)
+                .map_err(|error| invalid(format!("imported file {name}: {error}")))?;
+            files.insert((*name).to_owned(), file);
+        }
+        files.insert(
+            SCHEMA_FILE.to_owned(),
+            registered_file(SCHEMA_FILE, text).map_err(invalid)?,
+        );
         let mut resolver = ChainFileResolver::new();
-        resolver.add(RegisteredFile(source));
+        resolver.add(RegisteredFiles(files));
         resolver.add(GoogleFileResolver::new());
         let mut compiler = protox::Compiler::with_file_resolver(resolver);
         compiler.include_imports(true);

@@ -26,6 +26,9 @@ use crate::json_schema::JsonSchema;
 use crate::protobuf::ProtobufSchema;
 use crate::wire;
 
+/// The most schemas one schema may reference, its references' references included.
+pub const MAX_REFERENCES: usize = 64;
+
 /// A schema's id in the registry, the 4 bytes of the wire format. With Apicurio it is the content
 /// id (`apicurio.ccompat.legacy-id-mode.enabled=false`, deploy/local/README.md): one id per
 /// schema text, the same under every subject, as Confluent's registry gives it.
@@ -370,29 +373,94 @@ impl RegistryClient {
         }
         let schema = self.schema_by_id(id).await?;
         let label = format!("id {id}");
-        if !schema.references.is_empty() {
-            return Err(SchemaError::InvalidSchema {
-                schema: label,
-                detail:
-                    "references other subjects' schemas, which this client does not resolve yet"
-                        .into(),
-            });
-        }
+        let referenced = self.referenced_schemas(&label, &schema.references).await?;
+        let invalid = |detail: String| SchemaError::InvalidSchema {
+            schema: label.clone(),
+            detail,
+        };
         let parsed = match schema.schema_type {
+            SchemaType::Avro if referenced.is_empty() => {
+                ParsedSchema::Avro(Arc::new(AvroSchema::parse(&schema.schema, &label)?))
+            }
             SchemaType::Avro => {
-                ParsedSchema::Avro(Arc::new(AvroSchema::parse(&schema.schema, label)?))
+                let texts: Vec<&str> = referenced.iter().map(|(_, r)| r.schema.as_str()).collect();
+                let whole = crate::avro_references::inline_references(&schema.schema, &texts)
+                    .map_err(invalid)?;
+                ParsedSchema::Avro(Arc::new(AvroSchema::parse(&whole, &label)?))
             }
             SchemaType::Protobuf => {
-                ParsedSchema::Protobuf(Arc::new(ProtobufSchema::parse(&schema.schema, label)?))
+                let imports: Vec<(&str, &str)> = referenced
+                    .iter()
+                    .map(|(name, r)| (name.as_str(), r.schema.as_str()))
+                    .collect();
+                ParsedSchema::Protobuf(Arc::new(ProtobufSchema::parse_with_imports(
+                    &schema.schema,
+                    &label,
+                    &imports,
+                )?))
+            }
+            SchemaType::Json if referenced.is_empty() => {
+                ParsedSchema::Json(Arc::new(JsonSchema::parse(&schema.schema, &label)?))
             }
             SchemaType::Json => {
-                ParsedSchema::Json(Arc::new(JsonSchema::parse(&schema.schema, label)?))
+                return Err(invalid(
+                    "a JSON Schema that references other subjects' schemas, which this client \
+                     does not resolve"
+                        .into(),
+                ));
             }
         };
         let mut caches = self.write_caches();
         caches.parses += 1;
         // Two tasks may have parsed the same id at once; both results are the same schema.
         Ok(caches.parsed.entry(id).or_insert(parsed).clone())
+    }
+
+    /// The schemas `references` names, and theirs, each once (by subject and version), with the
+    /// name each is referenced by: what a schema that uses other subjects' types is parsed with
+    /// (docs/schemas.md "Schemas that reference others"). A reference the registry does not have
+    /// makes the schema invalid, naming it; more than [`MAX_REFERENCES`] (a cycle, or a graph no
+    /// producer writes) too.
+    async fn referenced_schemas(
+        &self,
+        label: &str,
+        references: &[SchemaReference],
+    ) -> Result<Vec<(String, Arc<Schema>)>, SchemaError> {
+        let mut found = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut waiting: Vec<SchemaReference> = references.iter().rev().cloned().collect();
+        while let Some(reference) = waiting.pop() {
+            if !seen.insert((reference.subject.clone(), reference.version)) {
+                continue;
+            }
+            if seen.len() > MAX_REFERENCES {
+                return Err(SchemaError::InvalidSchema {
+                    schema: label.to_owned(),
+                    detail: format!("references more than {MAX_REFERENCES} schemas"),
+                });
+            }
+            // Confluent's -1: the subject's latest version.
+            let which = match reference.version {
+                ..0 => "latest".to_owned(),
+                version => version.to_string(),
+            };
+            let version = match self.fetch_version(&reference.subject, &which).await {
+                Ok(version) => version,
+                Err(error) if error.is_transient() => return Err(error),
+                Err(error) => {
+                    return Err(SchemaError::InvalidSchema {
+                        schema: label.to_owned(),
+                        detail: format!(
+                            "its reference {} (subject {} version {which}) cannot be read: {error}",
+                            reference.name, reference.subject
+                        ),
+                    });
+                }
+            };
+            waiting.extend(version.schema.references.iter().rev().cloned());
+            found.push((reference.name, version.schema));
+        }
+        Ok(found)
     }
 
     /// The Avro schema with this id, parsed once and kept.

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use eos_schema::{
     AvroSchema, ProtobufSchema, RegistryClient, RegistryConfig, Schema, SchemaError, SchemaId,
-    SchemaType, wire,
+    SchemaReference, SchemaType, wire,
 };
 use serde_json::json;
 
@@ -330,5 +330,117 @@ async fn avro_records_of_an_earlier_version_read_as_the_latest() {
             assert_eq!(schema, format!("id {v1_id} read as id {strict_id}"))
         }
         other => panic!("expected an incompatible pair, got {other:?}"),
+    }
+}
+
+/// A schema that uses a type kept under another subject, as Confluent's serializers register
+/// one (`references`): the client reads the referenced subject's version and parses the whole,
+/// and a record of it round-trips by its id. Avro (a named record of another subject) and
+/// Protobuf (an imported file).
+#[tokio::test]
+async fn schemas_that_reference_other_subjects_are_read_with_them() {
+    let registry = registry_client();
+    let money_name = unique_name("Money");
+    let money_subject = fresh_subject("money");
+    let money = format!(
+        r#"{{"type": "record", "name": "{money_name}", "namespace": "eos.schema.common",
+            "fields": [{{"name": "cents", "type": "long"}},
+                       {{"name": "currency", "type": "string"}}]}}"#
+    );
+    registry
+        .register(&money_subject, &Schema::avro(&money))
+        .await
+        .expect("the referenced schema registers");
+    let full_name = format!("eos.schema.common.{money_name}");
+    let payment = format!(
+        r#"{{"type": "record", "name": "{}", "namespace": "eos.schema.test",
+            "fields": [{{"name": "id", "type": "string"}},
+                       {{"name": "amount", "type": "{full_name}"}},
+                       {{"name": "fee", "type": ["null", "{full_name}"], "default": null}}]}}"#,
+        unique_name("Referencing")
+    );
+    let mut schema = Schema::avro(&payment);
+    schema.references = vec![SchemaReference {
+        name: full_name,
+        subject: money_subject.clone(),
+        version: 1,
+    }];
+    let id = registry
+        .register(&fresh_subject("referencing"), &schema)
+        .await
+        .expect("a schema with a reference registers");
+    let fetched = registry.schema_by_id(id).await.expect("the id is known");
+    assert_eq!(
+        fetched.references.len(),
+        1,
+        "the registry keeps the reference"
+    );
+    let value = json!({"id": "p-1", "amount": {"cents": 1250, "currency": "EUR"},
+                       "fee": {"cents": 5, "currency": "EUR"}});
+    let parsed = registry
+        .parsed_schema(id)
+        .await
+        .expect("parsed with its reference");
+    let framed = parsed.encode_framed(id, &value).expect("fits");
+    assert_eq!(
+        registry.decode(&framed).await.expect("decodes"),
+        (id, value)
+    );
+
+    let package = unique_name("money").to_lowercase();
+    let money_proto = format!(
+        "syntax = \"proto3\";\npackage {package};\n\nmessage Money {{\n  int64 cents = 1;\n  \
+         string currency = 2;\n}}\n"
+    );
+    let money_subject = fresh_subject("money-proto");
+    registry
+        .register(&money_subject, &Schema::protobuf(&money_proto))
+        .await
+        .expect("the imported file registers");
+    let payment_proto = format!(
+        "syntax = \"proto3\";\npackage eos.schema.test;\n\nimport \"{package}/money.proto\";\n\n\
+         message {} {{\n  string id = 1;\n  {package}.Money amount = 2;\n}}\n",
+        unique_name("Referencing")
+    );
+    let mut schema = Schema::protobuf(&payment_proto);
+    schema.references = vec![SchemaReference {
+        name: format!("{package}/money.proto"),
+        subject: money_subject,
+        version: 1,
+    }];
+    let id = registry
+        .register(&fresh_subject("importing"), &schema)
+        .await
+        .expect("a file with an import registers");
+    let value = json!({"id": "p-2", "amount": {"cents": 700, "currency": "USD"}});
+    let parsed = registry
+        .parsed_schema(id)
+        .await
+        .expect("compiled with its import");
+    let framed = parsed.encode_framed(id, &value).expect("fits");
+    assert_eq!(
+        registry.decode(&framed).await.expect("decodes"),
+        (id, value)
+    );
+
+    // A reference the registry does not have: the schema is invalid, naming it, not retried.
+    let mut schema = Schema::avro(payment.replace("Referencing", "Dangling"));
+    schema.references = vec![SchemaReference {
+        name: "eos.schema.common.Nowhere".into(),
+        subject: fresh_subject("nowhere"),
+        version: 1,
+    }];
+    match registry.register(&fresh_subject("dangling"), &schema).await {
+        Ok(id) => {
+            let refused = registry.parsed_schema(id).await.expect_err("invalid");
+            eprintln!("registered with a dangling reference; parsing it: {refused}");
+            assert!(!refused.is_transient(), "{refused}");
+            assert!(refused.to_string().contains("Nowhere"), "{refused}");
+        }
+        // A registry that checks references refuses it at once: also not an outage.
+        Err(refused) => {
+            eprintln!("the registry refused the dangling reference: {refused}");
+            assert!(!refused.is_transient(), "{refused}");
+        }
     }
 }
