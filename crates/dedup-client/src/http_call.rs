@@ -17,7 +17,7 @@ use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
-use crate::provider_client::{ChargeLookup, ChargeOutcome, reported_body};
+use crate::charge_answer::{ChargeLookup, ChargeOutcome, reported_body};
 
 /// The default idempotency key header, as Stripe and most payment APIs name it.
 pub const DEFAULT_KEY_HEADER: &str = "Idempotency-Key";

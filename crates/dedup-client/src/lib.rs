@@ -9,6 +9,7 @@
 //! request id, reports repeat the same fencing token and secret), and every provider answer is sorted into
 //! applied, definitely not applied, or not known — a timeout or a lost answer is never a failure.
 
+mod charge_answer;
 pub mod credentials;
 pub mod grpc_client;
 pub mod http_call;

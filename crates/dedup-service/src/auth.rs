@@ -145,9 +145,6 @@ pub(crate) enum Refusal {
     UnknownToken,
 }
 
-/// Every [`Refusal`]'s metric label.
-pub(crate) const REFUSAL_LABELS: [&str; 2] = ["missing_token", "unknown_token"];
-
 impl Refusal {
     fn label(self) -> &'static str {
         match self {
@@ -221,7 +218,7 @@ mod tests {
     #[test]
     fn every_refusal_label_is_registered_at_zero() {
         let labels = [Refusal::MissingToken, Refusal::UnknownToken].map(Refusal::label);
-        assert_eq!(labels, REFUSAL_LABELS);
+        assert_eq!(labels, metrics::AUTH_REFUSAL_REASONS);
     }
 
     fn token(value: &str) -> BearerToken {

@@ -11,8 +11,8 @@ use eos_runtime::service_flags::{LogFlags, StallFlags};
 
 use crate::group_commit::GroupCommitSettings;
 use crate::grpc_connections::ConnectionLimits;
-use crate::reconciler::{ReconcileStrategy, TargetPolicies};
 use crate::retention::RetentionPolicy;
+use crate::target_policies::{ReconcileStrategy, TargetPolicies};
 use crate::validation::{LeaseLimits, MAX_BATCH_ITEMS};
 
 /// Durable intents over gRPC for exactly-once effects at an external provider.

@@ -53,12 +53,6 @@ pub(crate) enum DropReason {
 }
 
 impl DropReason {
-    pub(crate) const ALL: [DropReason; 3] = [
-        DropReason::ConnectionCap,
-        DropReason::HandshakeTimeout,
-        DropReason::IdleTimeout,
-    ];
-
     pub(crate) fn label(self) -> &'static str {
         match self {
             DropReason::ConnectionCap => "connection_cap",
@@ -499,6 +493,17 @@ mod tests {
         frame.extend_from_slice(&[SETTINGS_FRAME, 0, 0, 0, 0, 0]);
         frame.extend_from_slice(payload);
         frame
+    }
+
+    #[test]
+    fn every_drop_reason_is_registered_at_zero() {
+        let labels = [
+            DropReason::ConnectionCap,
+            DropReason::HandshakeTimeout,
+            DropReason::IdleTimeout,
+        ]
+        .map(DropReason::label);
+        assert_eq!(labels, crate::metrics::CONNECTION_DROP_REASONS);
     }
 
     #[test]

@@ -35,6 +35,7 @@ mod purge;
 pub mod reconciler;
 mod retention;
 mod service;
+mod target_policies;
 pub mod validation;
 mod write_watch;
 

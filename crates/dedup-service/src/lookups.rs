@@ -43,7 +43,7 @@ use dedup_client::http_call::{
 use dedup_client::provider_client::{ChargeLookup, ProviderAccess, ProviderClient, ProviderError};
 use serde::Deserialize;
 
-use crate::reconciler::{ReconcileStrategy, TargetPolicies, target_of};
+use crate::target_policies::{ReconcileStrategy, TargetPolicies, target_of};
 
 /// A look-up in flight.
 pub(crate) type LookupFuture<'a> =

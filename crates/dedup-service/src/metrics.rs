@@ -19,6 +19,12 @@ pub(crate) const LEASES_EXPIRED: &str = "eos_dedup_leases_expired_total";
 pub(crate) const PURGED: &str = "eos_dedup_purged_intents_total";
 pub(crate) const AUTH_REFUSED: &str = "eos_dedup_auth_refused_total";
 pub(crate) const CONNECTIONS_DROPPED: &str = "eos_dedup_connections_dropped_total";
+/// [`AUTH_REFUSED`]'s reasons, every one registered at 0 (auth's `Refusal` labels).
+pub(crate) const AUTH_REFUSAL_REASONS: [&str; 2] = ["missing_token", "unknown_token"];
+/// [`CONNECTIONS_DROPPED`]'s reasons, every one registered at 0 (grpc_connections'
+/// `DropReason` labels).
+pub(crate) const CONNECTION_DROP_REASONS: [&str; 3] =
+    ["connection_cap", "handshake_timeout", "idle_timeout"];
 pub(crate) const RETENTION_SECONDS: &str = "eos_dedup_retention_seconds";
 pub(crate) const REPLAY_HORIZON_SECONDS: &str = "eos_dedup_replay_horizon_seconds";
 pub(crate) const GROUP_COMMIT_CALLS: &str = "eos_dedup_group_commit_calls";
@@ -36,11 +42,11 @@ pub(crate) fn describe() {
     ] {
         metrics::counter!(counter).absolute(0);
     }
-    for reason in crate::auth::REFUSAL_LABELS {
+    for reason in AUTH_REFUSAL_REASONS {
         metrics::counter!(AUTH_REFUSED, "reason" => reason).absolute(0);
     }
-    for reason in crate::grpc_connections::DropReason::ALL {
-        metrics::counter!(CONNECTIONS_DROPPED, "reason" => reason.label()).absolute(0);
+    for reason in CONNECTION_DROP_REASONS {
+        metrics::counter!(CONNECTIONS_DROPPED, "reason" => reason).absolute(0);
     }
     metrics::describe_histogram!(RPC_SECONDS, "gRPC handling time by method");
     metrics::describe_counter!(

@@ -4,7 +4,6 @@
 //! when the reconcile rate r exceeds the arrival rate u, so both are exported and a warning is
 //! logged while the backlog is non-empty and r <= u.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +18,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::intent_store::{BacklogCounts, IntentStore};
 use crate::lookups::{LookupFuture, Lookups};
 use crate::metrics;
+pub use crate::target_policies::{ReconcileStrategy, TargetPolicies, target_of};
 use crate::validation::Resolution;
 use dedup_client::provider_client::{ChargeLookup, ProviderClient};
 use dedup_client::state_machine::{Intent, IntentState};
@@ -45,74 +45,6 @@ pub struct ReconcilerSettings {
     pub provider_key_ttl: Duration,
     /// `--rate-window`: the window of the arrival and reconcile rates.
     pub rate_window: Duration,
-}
-
-/// How a target's UNKNOWN intents are settled (`--reconcile-strategy TARGET=STRATEGY`; the
-/// safety conditions of each are in docs/guarantees.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReconcileStrategy {
-    /// Ask the provider for the key (`GET {provider}/charges/{key}`): a record is SUCCEEDED,
-    /// none after the in-flight window a retryable failure.
-    Lookup,
-    /// Let the caller send the same request with the same key again once the in-flight window
-    /// has passed: an API with Stripe's idempotency contract answers the first result again (or
-    /// applies it now, if the first never arrived). Exactly-once only while the API keeps the key
-    /// (`--provider-key-ttl`); past it the intent is held.
-    Replay,
-    /// Never ask, never send again: hold the intent for an operator's Resolve (eosctl held).
-    None,
-}
-
-/// Each target's way of settling UNKNOWN and how long its API keeps keys, by the operation id's
-/// `<target>:` prefix (`--reconcile-strategy`, `--key-ttl`); a target not named looks up and
-/// has `--provider-key-ttl`.
-#[derive(Debug, Clone, Default)]
-pub struct TargetPolicies {
-    strategies: HashMap<String, ReconcileStrategy>,
-    key_ttls: HashMap<String, Duration>,
-    default_key_ttl: Duration,
-}
-
-impl TargetPolicies {
-    pub fn new(
-        strategies: impl IntoIterator<Item = (String, ReconcileStrategy)>,
-        key_ttls: impl IntoIterator<Item = (String, Duration)>,
-        default_key_ttl: Duration,
-    ) -> Self {
-        Self {
-            strategies: strategies.into_iter().collect(),
-            key_ttls: key_ttls.into_iter().collect(),
-            default_key_ttl,
-        }
-    }
-
-    /// The strategy of the target `operation_id` belongs to.
-    pub fn of(&self, operation_id: &str) -> ReconcileStrategy {
-        target_of(operation_id)
-            .and_then(|target| self.strategies.get(target))
-            .copied()
-            .unwrap_or(ReconcileStrategy::Lookup)
-    }
-
-    /// How long the API of the target `operation_id` belongs to keeps its keys.
-    pub fn key_ttl_of(&self, operation_id: &str) -> Duration {
-        target_of(operation_id).map_or(self.default_key_ttl, |target| {
-            self.key_ttl_of_target(target)
-        })
-    }
-
-    /// How long `target`'s API keeps its keys.
-    pub fn key_ttl_of_target(&self, target: &str) -> Duration {
-        self.key_ttls
-            .get(target)
-            .copied()
-            .unwrap_or(self.default_key_ttl)
-    }
-}
-
-/// The target an operation id belongs to: what precedes its first `:`.
-pub fn target_of(operation_id: &str) -> Option<&str> {
-    operation_id.split_once(':').map(|(target, _)| target)
 }
 
 /// What to do with one UNKNOWN intent after asking the provider.

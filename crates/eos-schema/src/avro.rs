@@ -47,7 +47,7 @@ use time::{Date, OffsetDateTime, PrimitiveDateTime, Time};
 
 use crate::error::SchemaError;
 use crate::json_kind;
-use crate::registry::SchemaId;
+use crate::schema_id::SchemaId;
 use crate::wire;
 
 /// A parsed Avro schema and its named types, ready to decode and encode datums. Parse it once

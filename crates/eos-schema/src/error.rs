@@ -4,7 +4,7 @@
 //! value that does not fit its schema), or stop and fix the configuration (an unknown subject, a
 //! schema the registry refuses).
 
-use crate::registry::SchemaId;
+use crate::schema_id::SchemaId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {

@@ -9,7 +9,7 @@
 use serde_json::Value as Json;
 
 use crate::error::SchemaError;
-use crate::registry::SchemaId;
+use crate::schema_id::SchemaId;
 use crate::wire;
 
 /// A compiled JSON Schema, ready to validate values.

@@ -21,6 +21,7 @@ pub mod json_schema;
 pub mod protobuf;
 pub mod record_decoder;
 pub mod registry;
+mod schema_id;
 pub mod topic_schemas;
 pub mod wire;
 
@@ -30,9 +31,10 @@ pub use json_schema::JsonSchema;
 pub use protobuf::ProtobufSchema;
 pub use record_decoder::{Decoded, ReaderSchema, RecordDecoder, RecordFormat, RegistryFlags};
 pub use registry::{
-    ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaId, SchemaReference, SchemaType,
+    ParsedSchema, RegistryClient, RegistryConfig, Schema, SchemaReference, SchemaType,
     SubjectVersion,
 };
+pub use schema_id::SchemaId;
 pub use topic_schemas::{
     SchemaVersion, SubjectSchema, TopicSchemaError, TopicSchemas, TopicSubject,
 };

@@ -39,7 +39,7 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::error::SchemaError;
 use crate::json_kind;
-use crate::registry::SchemaId;
+use crate::schema_id::SchemaId;
 use crate::wire;
 
 /// The name the registered text is compiled under; imports of other names are the schema's

@@ -24,23 +24,11 @@ use crate::avro::AvroSchema;
 use crate::error::SchemaError;
 use crate::json_schema::JsonSchema;
 use crate::protobuf::ProtobufSchema;
+use crate::schema_id::SchemaId;
 use crate::wire;
 
 /// The most schemas one schema may reference, its references' references included.
 pub const MAX_REFERENCES: usize = 64;
-
-/// A schema's id in the registry, the 4 bytes of the wire format. With Apicurio it is the content
-/// id (`apicurio.ccompat.legacy-id-mode.enabled=false`, deploy/local/README.md): one id per
-/// schema text, the same under every subject, as Confluent's registry gives it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SchemaId(pub u32);
-
-impl fmt::Display for SchemaId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// The registry's name for a schema's language; a schema without one is Avro.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

@@ -7,7 +7,7 @@
 //! Pure byte work, no registry: the caller looks the id up (cached, [`crate::RegistryClient`]).
 
 use crate::error::SchemaError;
-use crate::registry::SchemaId;
+use crate::schema_id::SchemaId;
 
 /// The first byte of every framed record.
 pub const MAGIC_BYTE: u8 = 0;

@@ -27,6 +27,7 @@
 #[doc(hidden)]
 pub mod partition_state;
 pub mod replay;
+mod seen_event;
 #[doc(hidden)]
 pub mod state_format;
 #[doc(hidden)]

@@ -25,7 +25,7 @@ use redb::{
 
 use eos_core::Fingerprint;
 
-use crate::partition_state::SeenEvent;
+use crate::seen_event::SeenEvent;
 
 /// redb's page cache per instance. The state itself lives on disk (and in the OS page cache);
 /// this bounds what the process keeps resident for it. redb's default is 1 GiB.
