@@ -21,8 +21,10 @@ mod purge;
 mod records;
 mod recovery;
 pub mod relay_loop;
+mod relay_settings;
 mod server_watch;
 mod service;
+mod txn_assembler;
 
 use tokio_util::sync::CancellationToken;
 

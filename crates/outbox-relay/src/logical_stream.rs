@@ -21,8 +21,8 @@ use pgwire_replication::{ReplicationClient, ReplicationConfig, ReplicationEvent,
 use sqlx::PgPool;
 
 use crate::error::RelayError;
-use crate::logical::{DecodedTxn, TxnAssembler};
 use crate::pgoutput::Lsn;
+use crate::txn_assembler::{DecodedTxn, TxnAssembler};
 
 /// Caught up, how long a read waits for the walsender to hand over the WAL flushed before the
 /// read began. The walsender is woken by the flush; a read that gives up early only leaves the

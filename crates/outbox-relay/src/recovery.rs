@@ -14,7 +14,7 @@ use crate::error::RelayError;
 use crate::logical::LogicalSource;
 use crate::pgoutput::Lsn;
 use crate::position_topic::{RelayPosition, read_position};
-use crate::relay_loop::RelaySettings;
+use crate::relay_settings::RelaySettings;
 
 /// The line tests and operators look for: the relay knows where it resumes, its producer is
 /// initialised (any earlier relay of its name fenced).

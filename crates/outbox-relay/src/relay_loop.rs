@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
-use rdkafka::ClientConfig;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use time::OffsetDateTime;
@@ -52,6 +51,7 @@ use crate::metrics as m;
 use crate::position_topic::{RelayPosition, position_record};
 use crate::records::record_for;
 use crate::recovery::{log_resuming, recover_position};
+pub use crate::relay_settings::RelaySettings;
 
 /// The channel `eos_outbox_enqueue` notifies at commit.
 pub const NOTIFY_CHANNEL: &str = "eos_outbox";
@@ -71,49 +71,6 @@ const OWNERSHIP_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// Purge marks waiting for the position to pass them; older ones are dropped past this many (a
 /// later mark covers more).
 const PURGE_MARKS_KEPT: usize = 64;
-
-/// Everything the loop needs, resolved from the configuration.
-#[derive(Debug, Clone)]
-pub struct RelaySettings {
-    pub client_config: ClientConfig,
-    pub guarantee: Guarantee,
-    pub relay_name: String,
-    pub transactional_id: String,
-    pub positions_topic: String,
-    pub batch_size: i64,
-    pub poll_interval: Duration,
-    /// Caught up: the least time from a read that found rows to the next read (`--linger`).
-    pub linger: Duration,
-    pub transaction_timeout: Duration,
-    /// Logical mode: the slot's source (`None`: xmin mode).
-    pub logical: Option<LogicalSource>,
-    /// Logical mode: how often an idle relay still moves its position.
-    pub idle_position_interval: Duration,
-    /// `--value-format` in a registry format: each topic's schema (`None`: values as JSON).
-    pub value_schemas: Option<Arc<TopicSchemas>>,
-}
-
-impl RelaySettings {
-    fn call_timeout(&self) -> Duration {
-        self.transaction_timeout.max(Duration::from_secs(10))
-    }
-
-    /// A crashed relay's open transaction holds the position topic's LSO until the broker
-    /// aborts it.
-    pub(crate) fn position_read_timeout(&self) -> Duration {
-        self.transaction_timeout * 3 + Duration::from_secs(30)
-    }
-
-    fn create_producer(&self) -> Result<TransactionalProducer, RelayError> {
-        Ok(TransactionalProducer::new(
-            &self.client_config,
-            self.guarantee,
-            &self.transactional_id,
-            self.transaction_timeout,
-            self.call_timeout(),
-        )?)
-    }
-}
 
 #[derive(Debug)]
 pub struct RelayLoop {
