@@ -8,9 +8,9 @@ use std::time::Instant;
 use metrics::histogram;
 use rdkafka::consumer::{CommitMode, Consumer};
 
+use crate::batch::Batch;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::open_batch::Batch;
 use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 
@@ -19,7 +19,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// consumer-producer pipeline: they become visible before the offsets that cover them are
     /// committed.
     pub(crate) fn send_decided_now(&mut self) -> Result<(), ProcessorError> {
-        for record in self.batch.records.drain(..) {
+        for record in self.batch.take_unsent() {
             self.producer.send(&record)?;
         }
         Ok(())
@@ -37,7 +37,7 @@ impl<T: Transform> TransactionLoop<T> {
             self.producer.send(record)?;
         }
         self.producer.flush_delivered()?;
-        let offsets = batch.positions.to_offsets(&self.settings.input_topic)?;
+        let offsets = batch.positions().to_offsets(&self.settings.input_topic)?;
         self.consumer.commit(&offsets, CommitMode::Sync)?;
         histogram!(m::TRANSACTION_SECONDS).record(started.elapsed().as_secs_f64());
         self.apply_committed(batch)

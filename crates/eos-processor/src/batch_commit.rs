@@ -14,9 +14,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use eos_runtime::transactional_producer::{PendingRecord, TxnFailure};
 
+use crate::batch::Batch;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::open_batch::Batch;
 use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 
@@ -25,7 +25,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// record after a commit begins (see the module doc). Nothing of it is visible before the
     /// commit; a failure here ends the transaction as a failed commit would.
     pub(crate) fn send_decided_in_transaction(&mut self) -> Result<(), ProcessorError> {
-        if self.batch.records.is_empty() {
+        if self.batch.unsent().is_empty() {
             return Ok(());
         }
         match self.send_into_transaction() {
@@ -35,11 +35,11 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     fn send_into_transaction(&mut self) -> Result<(), TxnFailure> {
-        if !self.batch.transaction_open {
+        if !self.batch.transaction_open() {
             self.producer.begin()?;
-            self.batch.transaction_open = true;
+            self.batch.mark_transaction_open();
         }
-        for record in self.batch.records.drain(..) {
+        for record in self.batch.take_unsent() {
             self.producer.send(&record)?;
         }
         Ok(())
@@ -56,10 +56,10 @@ impl<T: Transform> TransactionLoop<T> {
             messaging.system = "kafka",
             messaging.operation.type = "send",
             messaging.destination.name = %self.settings.destination(),
-            eos.records = batch.counts.records_in,
+            eos.records = batch.records_in(),
             eos.outcome = tracing::field::Empty,
         );
-        for link in &batch.links {
+        for link in batch.links() {
             span.add_link(link.clone());
         }
         let _entered = span.enter();
@@ -114,13 +114,13 @@ impl<T: Transform> TransactionLoop<T> {
         batch: &Batch<T::State>,
         changelog: &[PendingRecord],
     ) -> Result<(), TxnFailure> {
-        if !batch.transaction_open {
+        if !batch.transaction_open() {
             self.producer.begin()?;
         }
-        for record in batch.records.iter().chain(changelog) {
+        for record in batch.unsent().iter().chain(changelog) {
             self.producer.send(record)?;
         }
-        let offsets = batch.positions.to_offsets(&self.settings.input_topic)?;
+        let offsets = batch.positions().to_offsets(&self.settings.input_topic)?;
         let group_metadata = self
             .consumer
             .group_metadata()

@@ -20,9 +20,9 @@ use eos_runtime::kafka_errors::passes_by_itself;
 use eos_runtime::transaction_recovery::{LostTransaction, Recovery, cause};
 use eos_runtime::transactional_producer::TxnFailure;
 
+use crate::batch::Batch;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::open_batch::Batch;
 use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 

@@ -24,8 +24,8 @@ use metrics::gauge;
 use rdkafka::consumer::Consumer;
 use tracing::debug;
 
+use crate::loop_consumer::LoopConsumer;
 use crate::metrics as m;
-use crate::transaction_loop::LoopConsumer;
 
 /// How often the lag is measured: each owned partition costs one request to its leader.
 const LAG_INTERVAL: Duration = Duration::from_secs(5);

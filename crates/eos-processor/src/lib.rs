@@ -44,10 +44,12 @@
 #![warn(missing_docs)]
 
 mod at_least_once;
+mod batch;
 mod batch_commit;
 mod batch_recovery;
 #[doc(hidden)]
 pub mod changelog;
+mod changelog_end;
 pub mod config;
 #[doc(hidden)]
 pub mod consumed_positions;
@@ -56,6 +58,7 @@ pub mod error;
 mod input_format;
 mod lag_watch;
 mod local_checkpoint;
+mod loop_consumer;
 #[doc(hidden)]
 pub mod metrics;
 mod open_batch;

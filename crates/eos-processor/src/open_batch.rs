@@ -1,74 +1,23 @@
-//! The open batch: the records decided since the last commit with their state changes, consumed
-//! positions, counts and span links; when it is finished (full, due, or the loop idle past
-//! transaction markers), and what its commit does to the store
+//! Finishing the open batch (`batch.rs`): when it is finished (full, due, or the loop idle past
+//! transaction markers), the positions it commits, and what its commit does to the store
 //! (docs/architecture/loop-invariants.md, "Loop invariants"). How it is written is the guarantee's:
 //! `batch_commit.rs` (exactly-once) or `at_least_once.rs`.
 
-use std::collections::HashMap;
-use std::time::Instant;
-
 use metrics::counter;
-use opentelemetry::trace::SpanContext;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::{Message as _, OwnedHeaders};
 use tracing::debug;
 
-use eos_core::{DeadLetterReason, Guarantee};
+use eos_core::Guarantee;
 use eos_runtime::transactional_producer::PendingRecord;
 
+use crate::batch::{Batch, CommittedBatch};
 use crate::changelog;
 use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::partition_state::Overlay;
 use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
-
-#[derive(Debug, Default)]
-pub(crate) struct BatchCounts {
-    pub(crate) records_in: u64,
-    pub(crate) outputs: u64,
-    pub(crate) duplicates: u64,
-    pub(crate) dead_letters: HashMap<DeadLetterReason, u64>,
-}
-
-/// The open batch: decided but not yet written.
-#[derive(Debug)]
-pub(crate) struct Batch<S> {
-    /// When the batch is committed at the latest (see `record_decision::batch_deadline`); set by
-    /// its first record.
-    pub(crate) due: Option<Instant>,
-    pub(crate) records: Vec<PendingRecord>,
-    pub(crate) overlays: HashMap<i32, Overlay<S>>,
-    pub(crate) positions: ConsumedPositions,
-    pub(crate) counts: BatchCounts,
-    /// The `process` spans of its first records: the transaction span links to them, since one
-    /// transaction has many inputs (and so no single parent).
-    pub(crate) links: Vec<SpanContext>,
-    /// Exactly-once: a transaction is open with this batch's records sent so far (`records`
-    /// then holds only what was decided since the last send).
-    pub(crate) transaction_open: bool,
-}
-
-impl<S> Default for Batch<S> {
-    fn default() -> Self {
-        Self {
-            due: None,
-            records: Vec::new(),
-            overlays: HashMap::new(),
-            positions: ConsumedPositions::default(),
-            counts: BatchCounts::default(),
-            links: Vec::new(),
-            transaction_open: false,
-        }
-    }
-}
-
-impl<S> Batch<S> {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.counts.records_in == 0
-    }
-}
 
 impl<T: Transform> TransactionLoop<T> {
     /// Writes the open batch with the configured guarantee.
@@ -78,7 +27,7 @@ impl<T: Transform> TransactionLoop<T> {
         }
         let mut batch = std::mem::take(&mut self.batch);
         for (partition, next) in self.owned_positions() {
-            batch.positions.advance_to(partition, next);
+            batch.advance_to(partition, next);
         }
         self.commit(batch)
     }
@@ -103,11 +52,7 @@ impl<T: Transform> TransactionLoop<T> {
             ?positions,
             "committing the offsets past transaction markers"
         );
-        let batch = Batch {
-            positions,
-            ..Batch::default()
-        };
-        self.commit(batch)
+        self.commit(Batch::of_positions(positions))
     }
 
     /// The consumer's position on each owned partition. Past the last record returned it also
@@ -152,7 +97,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// changelog partition.
     pub(crate) fn changelog_records(&self, batch: &Batch<T::State>) -> Vec<PendingRecord> {
         let mut records = Vec::new();
-        for (&partition, overlay) in &batch.overlays {
+        for (partition, overlay) in batch.overlays() {
             for record in changelog::records_for::<T>(overlay) {
                 records.push(PendingRecord {
                     topic: self.settings.changelog_topic.clone(),
@@ -170,7 +115,12 @@ impl<T: Transform> TransactionLoop<T> {
     /// cannot take them is fatal; the restart restores from the changelog, which has them.
     pub(crate) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         self.progress.progressed();
-        for (partition, next) in batch.positions.next_offsets() {
+        let CommittedBatch {
+            counts,
+            overlays,
+            positions,
+        } = batch.into_committed();
+        for (partition, next) in positions.next_offsets() {
             // docs/architecture/loop-invariants.md "Loop invariants": a committed position only
             // moves forward (the map forgets a partition when it is revoked).
             debug_assert!(
@@ -182,12 +132,11 @@ impl<T: Transform> TransactionLoop<T> {
             );
             self.committed_next.insert(partition, next);
         }
-        let counts = batch.counts;
         let markers = match self.settings.guarantee {
             Guarantee::ExactlyOnce => 1,
             Guarantee::AtLeastOnce => 0,
         };
-        for (partition, overlay) in batch.overlays {
+        for (partition, overlay) in overlays {
             let written = overlay.changelog_record_count() as i64;
             if let Some(state) = self.states.get(&partition) {
                 state.apply::<T>(overlay)?;

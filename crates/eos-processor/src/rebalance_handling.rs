@@ -11,9 +11,9 @@ use tracing::{info, warn};
 
 use eos_runtime::rebalance::RebalanceEvent;
 
+use crate::batch::Batch;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::open_batch::Batch;
 use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 
@@ -24,10 +24,10 @@ impl<T: Transform> TransactionLoop<T> {
                 RebalanceEvent::Revoked { partitions, lost } => {
                     // The uncommitted batch goes (see the module doc), and with it the open
                     // transaction holding its outputs.
-                    let transaction_open = self.batch.transaction_open;
+                    let transaction_open = self.batch.transaction_open();
                     if !self.batch.is_empty() {
                         info!(
-                            records = self.batch.counts.records_in,
+                            records = self.batch.records_in(),
                             lost,
                             transaction_open,
                             "dropping the uncommitted batch: partitions revoked"

@@ -29,9 +29,6 @@ use crate::transform::{SourcePosition, Transform};
 /// reads only the expired end of the store's expiry index, so it can be frequent.
 const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Span links a transaction span keeps: OpenTelemetry's default limit per span.
-const MAX_SPAN_LINKS: usize = 128;
-
 /// The first wait before asking an unreachable schema registry again; the waits double to
 /// [`REGISTRY_RETRY_MAX`].
 const REGISTRY_RETRY_FIRST: Duration = Duration::from_millis(200);
@@ -121,7 +118,7 @@ impl<T: Transform> TransactionLoop<T> {
         };
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let batch = &mut self.batch;
-        batch.due.get_or_insert_with(|| {
+        batch.set_due_once(|| {
             batch_deadline(
                 Instant::now(),
                 record_age(message.timestamp()),
@@ -129,7 +126,7 @@ impl<T: Transform> TransactionLoop<T> {
             )
         });
         let overlay = partition_overlay(
-            &mut batch.overlays,
+            batch.overlays_mut(),
             &mut self.last_sweep,
             state,
             partition,
@@ -214,14 +211,11 @@ impl<T: Transform> TransactionLoop<T> {
     ) -> Result<(), ProcessorError> {
         let (partition, offset) = (message.partition(), message.offset());
         let batch = &mut self.batch;
-        batch.counts.records_in += 1;
-        batch.positions.read(partition, offset);
-        if batch.links.len() < MAX_SPAN_LINKS {
-            let span_context = span.context().span().span_context().clone();
-            if span_context.is_valid() {
-                batch.links.push(span_context);
-            }
-        }
+        batch.read(
+            partition,
+            offset,
+            span.context().span().span_context().clone(),
+        );
         let decided_id = match &decision {
             Decision::Emit { event_id, .. } | Decision::Duplicate { event_id } => Some(event_id),
             Decision::DeadLetter { event_id, .. } => event_id.as_ref(),
@@ -267,7 +261,7 @@ impl<T: Transform> TransactionLoop<T> {
             Decision::Duplicate { event_id } => {
                 span.record("eos.decision", "duplicate");
                 debug!(event_id, partition, offset, "duplicate delivery dropped");
-                batch.counts.duplicates += 1;
+                batch.count_duplicate();
             }
             Decision::DeadLetter {
                 reason,
@@ -334,8 +328,7 @@ impl<T: Transform> TransactionLoop<T> {
                     )?,
                     None => eos_core::json_text::to_vec(&output.value),
                 };
-            self.batch.counts.outputs += 1;
-            self.batch.records.push(PendingRecord {
+            self.batch.push_output(PendingRecord {
                 topic,
                 partition: None,
                 key: Some(output.key.unwrap_or_else(|| entity_id.as_bytes().to_vec())),
@@ -364,7 +357,6 @@ impl<T: Transform> TransactionLoop<T> {
             detail,
             "record dead-lettered"
         );
-        *self.batch.counts.dead_letters.entry(reason).or_default() += 1;
         let record = dead_letter_record(
             &self.settings.dlq_topic,
             message,
@@ -382,7 +374,7 @@ impl<T: Transform> TransactionLoop<T> {
                  size and SHA-256"
             );
         }
-        self.batch.records.push(record.record);
+        self.batch.push_dead_letter(reason, record.record);
     }
 }
 

@@ -9,8 +9,8 @@ use metrics::{counter, histogram};
 use tracing::info;
 
 use crate::changelog;
+use crate::changelog_end::ChangelogEnd;
 use crate::error::ProcessorError;
-use crate::local_checkpoint::ChangelogEnd;
 use crate::metrics as m;
 use crate::partition_state::PartitionState;
 use crate::transaction_loop::TransactionLoop;

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
@@ -42,13 +42,14 @@ use tracing::{info, warn};
 use eos_core::Guarantee;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
-use eos_runtime::rebalance::{RebalanceRecorder, subscribe_static_member};
+use eos_runtime::rebalance::subscribe_static_member;
 use eos_runtime::transactional_producer::TransactionalProducer;
 
+use crate::batch::Batch;
+use crate::changelog_end::{CHECKPOINT_INTERVAL, ChangelogEnd};
 use crate::error::ProcessorError;
 use crate::lag_watch::LagWatch;
-use crate::local_checkpoint::{CHECKPOINT_INTERVAL, ChangelogEnd};
-use crate::open_batch::Batch;
+pub(crate) use crate::loop_consumer::LoopConsumer;
 use crate::output_format::OutputEncoder;
 use crate::partition_state::{DecisionPolicy, PartitionState};
 use crate::state_store::StateStore;
@@ -131,8 +132,6 @@ impl LoopSettings {
         self.transaction_timeout * 3 + Duration::from_secs(30)
     }
 }
-
-pub(crate) type LoopConsumer = BaseConsumer<RebalanceRecorder>;
 
 pub struct TransactionLoop<T: Transform> {
     pub(crate) settings: LoopSettings,
@@ -283,11 +282,11 @@ impl<T: Transform> TransactionLoop<T> {
     fn abort_on_interrupt(&mut self) {
         let batch = std::mem::take(&mut self.batch);
         warn!(
-            decided_before = batch.counts.records_in,
+            decided_before = batch.records_in(),
             "shutdown interrupted a transform call: the open batch is aborted, not committed; \
              its records are read again at the next start"
         );
-        if batch.transaction_open
+        if batch.transaction_open()
             && let Err(failure) = self.producer.abort()
         {
             // The next instance's init_transactions aborts it, as after a crash.
@@ -301,7 +300,7 @@ impl<T: Transform> TransactionLoop<T> {
                 return self.finish_batch();
             }
             self.check_fatal()?;
-            let wait = match self.batch.due {
+            let wait = match self.batch.due() {
                 Some(due) => due.saturating_duration_since(Instant::now()),
                 None => self.settings.commit_interval,
             };
@@ -337,8 +336,8 @@ impl<T: Transform> TransactionLoop<T> {
             if self.batch.is_empty() && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
                 self.advance_checkpoints()?;
             }
-            let full = self.batch.counts.records_in as usize >= self.settings.max_batch;
-            let due = self.batch.due.is_some_and(|due| Instant::now() >= due);
+            let full = self.batch.records_in() as usize >= self.settings.max_batch;
+            let due = self.batch.due().is_some_and(|due| Instant::now() >= due);
             if full || due {
                 self.finish_batch()?;
             }
