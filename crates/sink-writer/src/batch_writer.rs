@@ -20,12 +20,12 @@ use crate::config::OffsetsMode;
 use crate::dead_letters;
 use crate::decision::{self, BatchDecision, TargetCounts, TargetView};
 use crate::error::SinkError;
+use crate::loop_settings::LoopSettings;
 use crate::mapping::{InputRecord, Refusal};
 use crate::metrics as m;
 use crate::provider_settlement::{self, ProviderResults};
 use crate::provider_target::ProviderTarget;
 use crate::schema::PreparedTarget;
-use crate::sink_loop::LoopSettings;
 use crate::table_writer::{self, ConflictRow, DeadLetterRow, HeldRow};
 
 /// Outcome of a committed batch, for metrics and logs.

@@ -39,7 +39,7 @@ pub enum SinkError {
     /// an outcome still UNKNOWN after the settle timeout, shutdown): the batch is not
     /// checkpointed and is replayed; dedup-service answers what was already done.
     #[error(transparent)]
-    Provider(#[from] crate::provider_target::ProviderTargetError),
+    Provider(#[from] crate::provider_target_error::ProviderTargetError),
     /// A Kafka client call failed.
     #[error("Kafka: {0}")]
     Kafka(#[from] KafkaError),

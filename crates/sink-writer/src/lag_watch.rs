@@ -23,8 +23,8 @@ use metrics::gauge;
 use rdkafka::consumer::Consumer;
 use tracing::debug;
 
+use crate::loop_settings::LoopConsumer;
 use crate::metrics as m;
-use crate::sink_loop::LoopConsumer;
 
 /// How often the lag is measured: each owned partition costs one request to its leader.
 const LAG_INTERVAL: Duration = Duration::from_secs(5);

@@ -19,6 +19,17 @@ pub const ROWS_PURGED: &str = "eos_sink_rows_purged_total";
 pub const PROVIDER_BEGINS: &str = "eos_sink_provider_begins_total";
 pub const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
 pub const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
+/// [`PROVIDER_EFFECTS`]'s outcomes, every one registered at 0 for each target (the provider
+/// target's `Settled` labels, and `duplicate`: an event settled twice in one batch).
+pub const PROVIDER_EFFECT_OUTCOMES: [&str; 7] = [
+    "charged",
+    "already_charged",
+    "rejected",
+    "conflict",
+    "expired",
+    "held",
+    "duplicate",
+];
 pub const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
 pub const PROVIDER_PACED_CALLS: &str = "eos_sink_provider_paced_calls_total";
 pub const PROVIDER_PAUSES: &str = "eos_sink_provider_pauses_total";
@@ -135,7 +146,7 @@ pub fn register_targets<'a>(
         metrics::counter!(PROVIDER_UNSETTLED, "target" => provider.to_owned()).absolute(0);
         metrics::counter!(PROVIDER_PACED_CALLS, "target" => provider.to_owned()).absolute(0);
         metrics::counter!(PROVIDER_PAUSES, "target" => provider.to_owned()).absolute(0);
-        for outcome in crate::provider_target::Settled::LABELS {
+        for outcome in PROVIDER_EFFECT_OUTCOMES {
             metrics::counter!(PROVIDER_EFFECTS, "target" => provider.to_owned(), "outcome" => outcome)
                 .absolute(0);
         }

@@ -17,8 +17,8 @@ use crate::backoff::Backoff;
 use crate::checkpoint_store;
 use crate::config::OffsetsMode;
 use crate::error::SinkError;
+use crate::loop_settings::{LoopConsumer, LoopSettings};
 use crate::metrics as m;
-use crate::sink_loop::{LoopConsumer, LoopSettings};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 

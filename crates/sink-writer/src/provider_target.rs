@@ -33,7 +33,7 @@ use dedup_client::{
     BeginOutcome, BeginParams, ClientCredentials, ClientError, CompleteItem, DedupClient,
     FencingToken,
 };
-use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient, ProviderError};
+use dedup_client::{ChargeOutcome, ProviderAccess, ProviderClient};
 use eos_runtime::backoff::{BackoffBuilder as _, doubling};
 use metrics::counter;
 use serde_json::Value;
@@ -46,14 +46,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::call_pacing::CallPacing;
 use crate::effect_results::ResultsTable;
 use crate::metrics as m;
+pub use crate::provider_target_error::{
+    MAX_OPERATION_ID_BYTES, MAX_TARGET_NAME_BYTES, ProviderTargetError,
+};
 use crate::targets::{ProviderCall, ProviderSpec, SecretSource, Source};
-
-/// dedup-service's limit on an operation id, in bytes.
-pub const MAX_OPERATION_ID_BYTES: usize = 256;
-/// Longest target name: `<name>:<event_id>` must fit [`MAX_OPERATION_ID_BYTES`] for the longest
-/// event id the envelope allows, or every event with a long id would be refused by dedup-service.
-pub const MAX_TARGET_NAME_BYTES: usize =
-    MAX_OPERATION_ID_BYTES - 1 - eos_core::envelope::MAX_ID_BYTES;
 
 /// dedup-service's limit on the items of a batch call.
 const BATCH_ITEMS: usize = 1000;
@@ -72,43 +68,6 @@ const BATCH_ENDING: &str = "the batch ended (a shutdown, or another event's erro
 
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_secs(1);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProviderTargetError {
-    #[error("provider target {target}: bad URL: {source}")]
-    Url {
-        target: String,
-        source: ProviderError,
-    },
-    /// The credential or the CA could not be read; the message names where from, never the value.
-    #[error("provider target {target}: {detail}")]
-    Access { target: String, detail: String },
-    #[error("provider target {target}: bad dedup-service URL or credentials: {source}")]
-    DedupUrl { target: String, source: ClientError },
-    /// dedup-service did not answer after the client's retries: the batch is retried later.
-    #[error("provider target {target}: {source}")]
-    Dedup { target: String, source: ClientError },
-    /// Some events are still UNKNOWN or held by another owner after `settle_timeout`.
-    #[error(
-        "provider target {target}: operation {operation_id} not final after {}: waiting for \
-         dedup-service's reconciler (is it running with --provider-url?) or another holder's lease",
-        humantime::format_duration(*timeout)
-    )]
-    Unsettled {
-        target: String,
-        operation_id: String,
-        timeout: Duration,
-    },
-    #[error("provider target {target}: shutting down with operations not final")]
-    Cancelled { target: String },
-    #[error(
-        "provider target name {target:?} is {len} bytes, at most {MAX_TARGET_NAME_BYTES} allowed: \
-         operation ids are <name>:<event_id>, at most {MAX_OPERATION_ID_BYTES} bytes with event ids \
-         of up to {} bytes",
-        eos_core::envelope::MAX_ID_BYTES
-    )]
-    NameTooLong { target: String, len: usize },
-}
 
 /// One event to charge.
 #[derive(Debug, Clone)]
@@ -145,15 +104,7 @@ pub enum Settled {
 
 impl Settled {
     /// Every [`Settled::label`], and `duplicate` (an event settled twice in one batch).
-    pub const LABELS: [&str; 7] = [
-        "charged",
-        "already_charged",
-        "rejected",
-        "conflict",
-        "expired",
-        "held",
-        "duplicate",
-    ];
+    pub const LABELS: [&str; 7] = m::PROVIDER_EFFECT_OUTCOMES;
 
     pub fn label(&self) -> &'static str {
         match self {

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -40,8 +40,8 @@ use tracing::{debug, error, info, warn};
 use eos_core::Checkpoint;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
-use eos_runtime::rebalance::{RebalanceEvent, RebalanceRecorder, subscribe_static_member};
-use eos_schema::{Decoded, RecordDecoder, RecordFormat, RegistryConfig, SchemaError};
+use eos_runtime::rebalance::{RebalanceEvent, subscribe_static_member};
+use eos_schema::{Decoded, RecordDecoder, RecordFormat, SchemaError};
 
 use crate::backoff::Backoff;
 use crate::batch_writer::BatchWriter;
@@ -52,6 +52,8 @@ use crate::dead_letters;
 use crate::decision;
 use crate::error::SinkError;
 use crate::lag_watch::{Checkpoints, LagWatch};
+pub(crate) use crate::loop_settings::LoopConsumer;
+pub use crate::loop_settings::LoopSettings;
 use crate::mapping::InputRecord;
 use crate::metrics as m;
 use crate::partition_positioning::{Positioning, partition_list};
@@ -60,37 +62,6 @@ use crate::schema::PreparedTarget;
 
 /// Longest single wait for records, so the shutdown signal is seen within it.
 const POLL_SLICE: Duration = Duration::from_millis(200);
-
-/// Everything the loop needs, resolved from the configuration.
-#[derive(Debug, Clone)]
-pub struct LoopSettings {
-    pub topic: String,
-    pub dlq_topic: String,
-    pub group_id: String,
-    pub instance_id: String,
-    pub offsets: OffsetsMode,
-    pub max_batch: usize,
-    pub max_batch_bytes: usize,
-    pub batch_interval: Duration,
-    /// An open batch closes once no record arrived for this long (`--batch-idle`).
-    pub batch_idle: Duration,
-    /// How records are read as events: the contract and the schema checked.
-    pub events: crate::mapping::EventFormat,
-    /// The topic's record format, and the registry a registry format reads through.
-    pub input_format: RecordFormat,
-    pub registry: Option<RegistryConfig>,
-    pub max_backoff: Duration,
-    pub shutdown_timeout: Duration,
-    pub fault_stall_before_commit: Option<Duration>,
-    /// The largest dead letter: the smaller of the producer's `message.max.bytes` and the
-    /// dead-letter topic's `max.message.bytes`.
-    pub dead_letter_max_bytes: usize,
-    pub client_config: ClientConfig,
-    /// Poked after a committed batch that held an event: the held gauge is read again.
-    pub held_refresh: Arc<tokio::sync::Notify>,
-}
-
-pub(crate) type LoopConsumer = BaseConsumer<RebalanceRecorder>;
 
 /// An owned partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
