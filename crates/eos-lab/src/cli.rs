@@ -310,7 +310,7 @@ pub struct ProcessorBenchArgs {
     /// example of docs/TRANSFORMS.md, for its native and WebAssembly transforms; throughput
     /// rounds only: give --single-records 0 --latency-seconds 0 --kill-resume-kills 0).
     #[arg(long, value_enum, default_value = "ledger")]
-    pub workload: crate::bench::options::BenchWorkload,
+    pub workload: BenchWorkload,
 
     /// Passed to the processor as its --transform, e.g. `wasm:target/wasm/card.wasm` [default:
     /// the binary's own].
@@ -368,6 +368,16 @@ pub struct ProcessorBenchArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// The events a benchmark writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchWorkload {
+    /// The demo's ledger envelopes, for the built-in ledger transform.
+    Ledger,
+    /// The card-authorisations example's events, for its transforms (native or WebAssembly).
+    CardAuthorisations,
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;

@@ -17,13 +17,16 @@ use rdkafka::types::RDKafkaErrorCode;
 use time::OffsetDateTime;
 use tokio::runtime::Handle;
 
+use crate::bench::card_workload;
 use crate::bench::figures::{
     CommitProgress, CommitSample, LatencySummary, LatencyTrend, ratio, without_ramp_up,
 };
 use crate::bench::latency_collector::{
     ArrivalCollector, append_samples, latency_samples, read_timestamps,
 };
+use crate::bench::latency_collector::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::bench::options::{BenchOptions, BenchWorkload};
+use crate::bench::pass_through;
 use crate::bench::processor_process::{ProcessorProcess, children_cpu};
 use crate::bench::record_format::{
     ExpectedOutputs, RecordFormat, RunFormat, SchemaRegistry, WORKLOAD, encode_workload,
@@ -34,8 +37,6 @@ use crate::bench::report::{
     MachineLoad, PASS_THROUGH_RATIO_TARGET, PathThroughput, RATIO_TARGET, RATIO_TARGET_MIN_BYTES,
     RoundFigures, SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
-use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
-use crate::bench::{card_workload, pass_through};
 use eosctl::group_offsets::{GroupOffsetReader, watermarks};
 use eosctl::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,

@@ -18,6 +18,12 @@ use serde::Deserialize;
 use crate::bench::processor_process::ProcessorProcess;
 use eosctl::kafka_client::KafkaSettings;
 
+/// The latency run's producer is new, and its first records wait for it to connect and get a
+/// producer id: records sent in its first seconds are not measured.
+pub const PRODUCER_RAMP_UP: Duration = Duration::from_secs(2);
+/// How often a latency run that fell behind is repeated at half the rate.
+pub const LATENCY_RETRIES: usize = 2;
+
 /// The part of a ledger output record the latency run needs: where its input came from.
 #[derive(Debug, Deserialize)]
 pub(super) struct OutputSource {

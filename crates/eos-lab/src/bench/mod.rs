@@ -51,21 +51,15 @@ pub mod state;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio::runtime::Handle;
 
 use crate::bench::driver::Bench;
+pub use crate::bench::latency_collector::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 pub use crate::bench::options::BenchOptions;
 pub use crate::bench::report::{BenchReport, bench_text};
 use eosctl::kafka_client::KafkaSettings;
-
-/// The latency run's producer is new, and its first records wait for it to connect and get a
-/// producer id: records sent in its first seconds are not measured.
-pub const PRODUCER_RAMP_UP: Duration = Duration::from_secs(2);
-/// How often a latency run that fell behind is repeated at half the rate.
-pub const LATENCY_RETRIES: usize = 2;
 
 /// Runs the benchmark. The work is blocking (child processes, polling), so it runs on a blocking
 /// thread; SIGINT/SIGTERM stop it early, still cleaning up.

@@ -6,16 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::bench::record_format::RecordFormat;
+pub use crate::cli::BenchWorkload;
 use crate::cli::ProcessorBenchArgs;
-
-/// The events a benchmark writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BenchWorkload {
-    /// The demo's ledger envelopes, for the built-in ledger transform.
-    Ledger,
-    /// The card-authorisations example's events, for its transforms (native or WebAssembly).
-    CardAuthorisations,
-}
 
 /// What to run, resolved from the command line.
 #[derive(Debug, Clone)]

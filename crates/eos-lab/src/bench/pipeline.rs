@@ -38,8 +38,8 @@ use time::OffsetDateTime;
 use tokio::task::JoinHandle;
 
 use crate::bench::figures::{LatencySummary, LatencyTrend, without_ramp_up};
+use crate::bench::latency_collector::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::bench::latency_collector::{OutputSource, now_ms};
-use crate::bench::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::PipelineBenchArgs;

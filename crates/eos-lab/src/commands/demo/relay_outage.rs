@@ -14,7 +14,7 @@ use clap::CommandFactory as _;
 use serde::Serialize;
 
 use crate::chain::service::Service;
-use crate::commands::demo::metrics::metric_sum;
+use crate::commands::demo::scrape::metric_sum;
 
 /// How often the relay's published count is read while aiming the kill mid catch-up: well
 /// under the time one batch takes, so the kill lands between batches rather than after the

@@ -10,9 +10,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::bench::record_format::RecordFormat;
+use crate::commands::demo::args::{DemoArgs, DemoGuarantee};
 use crate::commands::demo::payments_workload::PaymentsSummary;
 use crate::commands::demo::relay_outage::RelayOutage;
-use crate::commands::demo::{DemoArgs, DemoGuarantee};
 use eosctl::report::grouped;
 
 /// One line of the report.
