@@ -43,6 +43,7 @@ pub mod pipeline;
 mod processor_process;
 pub mod record_format;
 pub mod relay;
+mod relay_in_process;
 pub mod relay_process;
 pub mod relay_staleness;
 pub mod report;

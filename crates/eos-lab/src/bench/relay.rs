@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use eos_runtime::postgres_pool::PoolBuilder;
-use eos_runtime::progress_watch::{ProgressWatch, StallPolicy, StallState};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Headers as _;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
@@ -31,10 +30,11 @@ use eos_outbox::OutboxEvent;
 use eos_outbox::relay_positions::relayed_position;
 use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
 use eos_runtime::kafka_settings::KafkaSettings;
-use eos_runtime::ops_http::Readiness;
 use eos_testkit::bench_figures::{Figure, load_average, load_text};
 
-use outbox_relay::relay_loop::{RelayLoop, RelaySettings};
+use outbox_relay::relay_loop::RelaySettings;
+
+use crate::bench::relay_in_process::spawn_relay;
 
 /// Prints the relay's throughput against a plain producer, and its commit-to-visible latency.
 /// Use a scratch database: the bench empties the outbox tables.
@@ -212,39 +212,6 @@ async fn start_relay(
     tokio::task::JoinHandle<anyhow::Result<()>>,
 )> {
     spawn_relay(settings(args, kafka, relay_name), pool).await
-}
-
-/// Starts a relay with `settings` (its positions topic created when missing), running in this
-/// process until the returned token is cancelled.
-pub(super) async fn spawn_relay(
-    settings: RelaySettings,
-    pool: &PgPool,
-) -> anyhow::Result<(
-    CancellationToken,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-)> {
-    outbox_relay::position_topic::ensure_positions_topic(
-        &settings.client_config,
-        &settings.positions_topic,
-        &eos_runtime::topic_config::TopicReplicationFlags::default(),
-    )
-    .await?;
-    // The bench reads no health endpoint: the watch only keeps the loop's gauge.
-    let progress = ProgressWatch::spawn(
-        "outbox-relay",
-        StallPolicy::default(),
-        &StallState::default(),
-    )?;
-    let relay = RelayLoop::start(settings, pool.clone(), progress).await?;
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let task = tokio::spawn(async move {
-        relay
-            .run(&token, &Readiness::default())
-            .await
-            .map_err(anyhow::Error::from)
-    });
-    Ok((shutdown, task))
 }
 
 /// The relay publishing a backlog of `events` rows, from its first read to its last commit.

@@ -28,6 +28,8 @@ use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_testkit::bench_figures::load_average;
 use outbox_relay::logical::LogicalSource;
+
+use crate::bench::relay_in_process::spawn_relay;
 use outbox_relay::logical_stream::ReplicationTarget;
 use outbox_relay::relay_loop::RelaySettings;
 
@@ -209,7 +211,7 @@ async fn run(
             idle_position_interval: Duration::from_secs(5),
             value_schemas: None,
         };
-        relays.push(super::relay::spawn_relay(settings, pool).await?);
+        relays.push(spawn_relay(settings, pool).await?);
     }
     // Let the consumer join its group before the first commit.
     tokio::time::sleep(Duration::from_secs(3)).await;
