@@ -1,5 +1,6 @@
-//! docs/CODE_STYLE.md's "no module circles", checked against the tree: inside every crate of
-//! the workspace, no source file uses a module that uses it back, directly or through others.
+//! The house rule of no module circles (docs/CODE_STYLE.md "The shape of a service"), checked
+//! against the tree: inside every crate of the workspace, no source file uses a module that uses
+//! it back, directly or through others.
 //! A circle means two files each know the other's inside, so neither can be read, changed or
 //! tested alone; the fix is the type they share in a module of its own that both use.
 //!
@@ -212,7 +213,7 @@ fn no_crate_has_a_module_circle() {
     }
     assert!(
         found.is_empty(),
-        "module circles (docs/CODE_STYLE.md \"One owner per piece of state\": move what the \
+        "module circles (docs/CODE_STYLE.md \"The shape of a service\": move what the \
          modules share into a module both use):\n{}",
         found.join("\n")
     );
