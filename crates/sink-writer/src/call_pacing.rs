@@ -14,11 +14,11 @@ use tokio::time::Instant;
 
 /// The longest pause one `Retry-After` may ask for: a longer ask waits this long, and the
 /// stalled-loop alarm tells the operator why the target does not move.
-pub const MAX_PAUSE: Duration = Duration::from_secs(300);
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(300);
 
 /// One target's pace, shared by its clones.
 #[derive(Debug)]
-pub struct CallPacing {
+pub(crate) struct CallPacing {
     /// The time between two calls' moments; `None`: no rate limit.
     interval: Option<Duration>,
     moments: Mutex<Moments>,
@@ -34,7 +34,7 @@ struct Moments {
 
 impl CallPacing {
     /// `rate_limit` calls a second at most (`None`: unlimited).
-    pub fn new(rate_limit: Option<f64>) -> Self {
+    pub(crate) fn new(rate_limit: Option<f64>) -> Self {
         let now = Instant::now();
         Self {
             interval: rate_limit
@@ -48,7 +48,7 @@ impl CallPacing {
     }
 
     /// Takes the next call's moment and returns it; the caller waits until then.
-    pub fn reserve(&self) -> Instant {
+    pub(crate) fn reserve(&self) -> Instant {
         let now = Instant::now();
         let mut moments = self.moments.lock().unwrap_or_else(PoisonError::into_inner);
         let moment = now.max(moments.paused_until).max(moments.next_free);
@@ -59,7 +59,7 @@ impl CallPacing {
     }
 
     /// Waits for the next call's moment; the time waited.
-    pub async fn wait_turn(&self) -> Duration {
+    pub(crate) async fn wait_turn(&self) -> Duration {
         let moment = self.reserve();
         let waited = moment.saturating_duration_since(Instant::now());
         tokio::time::sleep_until(moment).await;
@@ -68,7 +68,7 @@ impl CallPacing {
 
     /// The API asked for `retry_after` without calls: no call of the target starts before it
     /// has passed (at most [`MAX_PAUSE`]).
-    pub fn pause_for(&self, retry_after: Duration) {
+    pub(crate) fn pause_for(&self, retry_after: Duration) {
         let until = Instant::now() + retry_after.min(MAX_PAUSE);
         let mut moments = self.moments.lock().unwrap_or_else(PoisonError::into_inner);
         moments.paused_until = moments.paused_until.max(until);

@@ -263,10 +263,6 @@ impl DedupClientFlags {
     }
 }
 
-/// What the command line asks for: run the sink (the flags of [`Config`]) or `sink-writer
-/// migrate`, which applies the sink's own tables and the default targets. Tables of a `--config`
-/// targets file are the user's: the sink checks them at start-up but never creates them.
-pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
 pub use eos_runtime::service_flags::MigrateArgs;
 
 impl Config {
@@ -358,6 +354,9 @@ impl eos_runtime::service_flags::LogFormatFlag for Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the command line asks for: run the sink or `sink-writer migrate`.
+    type Invocation = eos_runtime::service_flags::Invocation<Config>;
 
     fn parse(args: &[&str]) -> Config {
         Config::try_parse_from(

@@ -29,10 +29,10 @@ use tracing::warn;
 use crate::mapping::InputRecord;
 
 /// How long a dead letter may wait for its acknowledgement before the batch is rolled back.
-pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const DELIVERY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The dead-letter producer and the largest record it can write.
-pub struct DeadLetterProducer {
+pub(crate) struct DeadLetterProducer {
     producer: FutureProducer,
     max_bytes: usize,
 }
@@ -45,15 +45,9 @@ impl std::fmt::Debug for DeadLetterProducer {
     }
 }
 
-impl DeadLetterProducer {
-    pub fn max_bytes(&self) -> usize {
-        self.max_bytes
-    }
-}
-
 /// The dead-letter producer; `max_bytes` is the largest record it may write (see
 /// `eos_core::dead_letter::message_limit`).
-pub fn create_producer(
+pub(crate) fn create_producer(
     client_config: &ClientConfig,
     max_bytes: usize,
 ) -> Result<DeadLetterProducer, KafkaError> {
@@ -75,7 +69,7 @@ pub fn create_producer(
 }
 
 /// Produces every dead letter of a batch and waits until all are acknowledged.
-pub async fn deliver(
+pub(crate) async fn deliver(
     producer: &DeadLetterProducer,
     dlq_topic: &str,
     letters: &[(&InputRecord, DeadLetterReason, &str)],
@@ -126,7 +120,7 @@ pub async fn deliver(
 }
 
 /// The dead letter of one input record, cut to `max_bytes` when the original is too big.
-pub fn build(
+pub(crate) fn build(
     record: &InputRecord,
     reason: DeadLetterReason,
     detail: &str,

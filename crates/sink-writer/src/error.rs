@@ -57,14 +57,14 @@ impl SinkError {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DbErrorClass {
+pub(crate) enum DbErrorClass {
     Transient,
     Data,
     Permanent,
 }
 
 /// By SQLSTATE class (PostgreSQL appendix A) or by the kind of client error.
-pub fn db_error_class(error: &sqlx::Error) -> DbErrorClass {
+pub(crate) fn db_error_class(error: &sqlx::Error) -> DbErrorClass {
     match error {
         sqlx::Error::Database(db) => match db.code() {
             Some(code) => sqlstate_class(&code),

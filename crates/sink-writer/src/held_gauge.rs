@@ -20,7 +20,11 @@ use crate::metrics as m;
 
 /// Sets the gauge of every target in `targets` (0 when none of its rows is unresolved) from this
 /// sink's rows.
-pub async fn refresh(pool: &PgPool, sink: &str, targets: &[String]) -> Result<(), sqlx::Error> {
+pub(crate) async fn refresh(
+    pool: &PgPool,
+    sink: &str,
+    targets: &[String],
+) -> Result<(), sqlx::Error> {
     let counts: Vec<(String, i64)> = sqlx::query_as(
         "SELECT target, count(*) FROM sink_held_operations
          WHERE sink = $1 AND resolved_at IS NULL GROUP BY target",
@@ -40,7 +44,7 @@ pub async fn refresh(pool: &PgPool, sink: &str, targets: &[String]) -> Result<()
 
 /// Refreshes at once, then whenever `poked` (a batch held an event) or `interval` passed, until
 /// `shutdown`. A failed read keeps the last values and is retried at the next refresh.
-pub async fn refresh_loop(
+pub(crate) async fn refresh_loop(
     pool: PgPool,
     sink: String,
     targets: Vec<String>,

@@ -13,36 +13,36 @@
 //! `read_committed` reader, the target tables show exactly one effect — a row, a recognised
 //! duplicate, a stale version, a `sink_conflicts` row, or a dead letter (with a
 //! `sink_dead_letters` row) — through crashes, `kill -9`, rebalances, zombies and PostgreSQL
-//! restarts. Dead letters in the Kafka topic are at-least-once (see [`dead_letters`]).
+//! restarts. Dead letters in the Kafka topic are at-least-once (see `dead_letters.rs`).
 //! `--offsets kafka` is the weaker boundary: at-least-once delivery into idempotent targets.
 
 mod backoff;
 pub mod batch_plan;
 mod batch_spans;
 mod batch_writer;
-pub mod call_pacing;
+mod call_pacing;
 pub mod checkpoint_rule;
 pub mod checkpoint_store;
 pub mod column_type;
-pub mod config;
-pub mod dead_letters;
+mod config;
+mod dead_letters;
 pub mod decision;
 mod effect_results;
-pub mod error;
-pub mod held_gauge;
+mod error;
+mod held_gauge;
 mod http_target;
 mod lag_watch;
 mod loop_settings;
 pub mod mapping;
-pub mod metrics;
+mod metrics;
 mod partition_positioning;
 mod provider_settlement;
-pub mod provider_target;
+mod provider_target;
 mod provider_target_error;
-pub mod retention;
+mod retention;
 pub mod schema;
 mod service;
-pub mod sink_loop;
+mod sink_loop;
 pub mod table_writer;
 pub mod targets;
 

@@ -14,7 +14,7 @@ use crate::config::OffsetsMode;
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
-pub struct LoopSettings {
+pub(crate) struct LoopSettings {
     pub topic: String,
     pub dlq_topic: String,
     pub group_id: String,

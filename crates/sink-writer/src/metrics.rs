@@ -1,27 +1,27 @@
 //! Metric names (Prometheus, via the `metrics` facade). Labels: `target` on row outcomes, `reason`
 //! on dead letters, `outcome` on batches, `partition` on the checkpoint lag.
 
-pub const RECORDS_IN: &str = "eos_sink_records_in_total";
-pub const ROWS_WRITTEN: &str = "eos_sink_rows_written_total";
-pub const DUPLICATES: &str = "eos_sink_duplicates_ignored_total";
-pub const CONFLICTS: &str = "eos_sink_conflicts_total";
-pub const STALE_VERSIONS: &str = "eos_sink_stale_versions_total";
-pub const SKIPPED: &str = "eos_sink_rows_skipped_total";
-pub const DEAD_LETTERS: &str = "eos_sink_dead_letters_total";
-pub const BATCHES: &str = "eos_sink_batches_total";
-pub const BATCH_SECONDS: &str = "eos_sink_batch_duration_seconds";
-pub const BATCH_RECORDS: &str = "eos_sink_batch_records";
-pub const CHECKPOINT_LAG: &str = "eos_sink_checkpoint_lag";
-pub const DB_RETRIES: &str = "eos_sink_db_retries_total";
-pub const FENCES: &str = "eos_sink_fences_total";
-pub const ASSIGNED_PARTITIONS: &str = "eos_sink_assigned_partitions";
-pub const ROWS_PURGED: &str = "eos_sink_rows_purged_total";
-pub const PROVIDER_BEGINS: &str = "eos_sink_provider_begins_total";
-pub const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
-pub const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
+pub(crate) const RECORDS_IN: &str = "eos_sink_records_in_total";
+pub(crate) const ROWS_WRITTEN: &str = "eos_sink_rows_written_total";
+pub(crate) const DUPLICATES: &str = "eos_sink_duplicates_ignored_total";
+pub(crate) const CONFLICTS: &str = "eos_sink_conflicts_total";
+pub(crate) const STALE_VERSIONS: &str = "eos_sink_stale_versions_total";
+pub(crate) const SKIPPED: &str = "eos_sink_rows_skipped_total";
+pub(crate) const DEAD_LETTERS: &str = "eos_sink_dead_letters_total";
+pub(crate) const BATCHES: &str = "eos_sink_batches_total";
+pub(crate) const BATCH_SECONDS: &str = "eos_sink_batch_duration_seconds";
+pub(crate) const BATCH_RECORDS: &str = "eos_sink_batch_records";
+pub(crate) const CHECKPOINT_LAG: &str = "eos_sink_checkpoint_lag";
+pub(crate) const DB_RETRIES: &str = "eos_sink_db_retries_total";
+pub(crate) const FENCES: &str = "eos_sink_fences_total";
+pub(crate) const ASSIGNED_PARTITIONS: &str = "eos_sink_assigned_partitions";
+pub(crate) const ROWS_PURGED: &str = "eos_sink_rows_purged_total";
+pub(crate) const PROVIDER_BEGINS: &str = "eos_sink_provider_begins_total";
+pub(crate) const PROVIDER_CALLS: &str = "eos_sink_provider_calls_total";
+pub(crate) const PROVIDER_EFFECTS: &str = "eos_sink_provider_effects_total";
 /// [`PROVIDER_EFFECTS`]'s outcomes, every one registered at 0 for each target (the provider
 /// target's `Settled` labels, and `duplicate`: an event settled twice in one batch).
-pub const PROVIDER_EFFECT_OUTCOMES: [&str; 7] = [
+pub(crate) const PROVIDER_EFFECT_OUTCOMES: [&str; 7] = [
     "charged",
     "already_charged",
     "rejected",
@@ -30,13 +30,13 @@ pub const PROVIDER_EFFECT_OUTCOMES: [&str; 7] = [
     "held",
     "duplicate",
 ];
-pub const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
-pub const PROVIDER_PACED_CALLS: &str = "eos_sink_provider_paced_calls_total";
-pub const PROVIDER_PAUSES: &str = "eos_sink_provider_pauses_total";
-pub const HELD_OPERATIONS: &str = "eos_sink_held_operations_total";
-pub const HELD_UNRESOLVED: &str = "eos_sink_held_operations_unresolved";
+pub(crate) const PROVIDER_UNSETTLED: &str = "eos_sink_provider_unsettled_batches_total";
+pub(crate) const PROVIDER_PACED_CALLS: &str = "eos_sink_provider_paced_calls_total";
+pub(crate) const PROVIDER_PAUSES: &str = "eos_sink_provider_pauses_total";
+pub(crate) const HELD_OPERATIONS: &str = "eos_sink_held_operations_total";
+pub(crate) const HELD_UNRESOLVED: &str = "eos_sink_held_operations_unresolved";
 
-pub fn describe() {
+pub(crate) fn describe() {
     // Counters of rare events start at 0, so a dashboard or an alert's rate() sees "none" rather
     // than no series (docs/OBSERVABILITY.md).
     metrics::counter!(DB_RETRIES).absolute(0);
@@ -134,7 +134,7 @@ pub fn describe() {
 
 /// Starts the per-target counters of rare events at 0: purges of the tables with a retention,
 /// and the provider targets' held operations, unsettled batches and effects by outcome.
-pub fn register_targets<'a>(
+pub(crate) fn register_targets<'a>(
     purged_tables: impl IntoIterator<Item = &'a str>,
     providers: impl IntoIterator<Item = &'a str>,
 ) {

@@ -46,9 +46,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::call_pacing::CallPacing;
 use crate::effect_results::ResultsTable;
 use crate::metrics as m;
-pub use crate::provider_target_error::{
-    MAX_OPERATION_ID_BYTES, MAX_TARGET_NAME_BYTES, ProviderTargetError,
-};
+pub(crate) use crate::provider_target_error::{MAX_TARGET_NAME_BYTES, ProviderTargetError};
 use crate::targets::{ProviderCall, ProviderSpec, SecretSource, Source};
 
 /// dedup-service's limit on the items of a batch call.
@@ -71,7 +69,7 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// One event to charge.
 #[derive(Debug, Clone)]
-pub struct EffectItem {
+pub(crate) struct EffectItem {
     pub event_id: String,
     pub fingerprint: [u8; 32],
     pub occurred_at: OffsetDateTime,
@@ -84,7 +82,7 @@ pub struct EffectItem {
 
 /// The final state of one event at the provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// Charged. `called`: this sink called the provider for it in this batch; otherwise an
     /// earlier attempt had (a replay after a crash: a duplicate suppressed). `result`: the
     /// answer dedup-service keeps for it (the API's, or its look-up's).
@@ -103,10 +101,7 @@ pub enum Settled {
 }
 
 impl Settled {
-    /// Every [`Settled::label`], and `duplicate` (an event settled twice in one batch).
-    pub const LABELS: [&str; 7] = m::PROVIDER_EFFECT_OUTCOMES;
-
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Self::Charged { called: true, .. } => "charged",
             Self::Charged { called: false, .. } => "already_charged",
@@ -206,7 +201,7 @@ enum Called {
 }
 
 #[derive(Debug, Clone)]
-pub struct ProviderTarget {
+pub(crate) struct ProviderTarget {
     spec: ProviderSpec,
     dedup: DedupClient,
     provider: ProviderClient,
@@ -228,7 +223,7 @@ pub struct ProviderTarget {
 
 impl ProviderTarget {
     /// Connects lazily: a dedup-service or provider that is down now is retried per batch.
-    pub fn new(
+    pub(crate) fn new(
         spec: ProviderSpec,
         owner: String,
         dedup_credentials: &ClientCredentials,
@@ -281,18 +276,21 @@ impl ProviderTarget {
         self.results.as_deref()
     }
 
-    pub fn spec(&self) -> &ProviderSpec {
+    pub(crate) fn spec(&self) -> &ProviderSpec {
         &self.spec
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.spec.name
     }
 
     /// The request for `event`, by the target's template (for a charge: the amount, an integer
     /// at the spec's source, and the event it is for). Deterministic per event, so every attempt
     /// with the same key sends the same request; `Err` names what the event lacks (a dead letter).
-    pub fn request(&self, event: &crate::mapping::DecodedEvent) -> Result<RenderedRequest, String> {
+    pub(crate) fn request(
+        &self,
+        event: &crate::mapping::DecodedEvent,
+    ) -> Result<RenderedRequest, String> {
         if let ProviderCall::Charges { amount } = &self.spec.call {
             let pointer = amount_pointer(amount);
             if event.raw.pointer(pointer).and_then(Value::as_i64).is_none() {
@@ -326,7 +324,7 @@ impl ProviderTarget {
     /// in-flight window, another holder's lease) holds no slot meanwhile: a slot per waiting
     /// event made the few slow events of a batch hold most of the slots, and the whole batch
     /// then waited on them in turn.
-    pub async fn settle(
+    pub(crate) async fn settle(
         &self,
         items: Vec<EffectItem>,
         shutdown: &CancellationToken,
@@ -790,7 +788,7 @@ impl ProviderTarget {
 }
 
 /// Refuses at start-up a name that would make some operation ids too long.
-pub fn check_name(name: &str) -> Result<(), ProviderTargetError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ProviderTargetError> {
     if name.len() > MAX_TARGET_NAME_BYTES {
         return Err(ProviderTargetError::NameTooLong {
             target: name.to_owned(),
@@ -860,6 +858,7 @@ fn all_ok<T>(results: Vec<Result<T, ProviderTargetError>>) -> Result<Vec<T>, Pro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider_target_error::MAX_OPERATION_ID_BYTES;
 
     #[test]
     fn every_settled_label_is_registered_at_zero() {
@@ -884,7 +883,10 @@ mod tests {
             },
         ];
         for outcome in settled {
-            assert!(Settled::LABELS.contains(&outcome.label()), "{outcome:?}");
+            assert!(
+                m::PROVIDER_EFFECT_OUTCOMES.contains(&outcome.label()),
+                "{outcome:?}"
+            );
         }
     }
 

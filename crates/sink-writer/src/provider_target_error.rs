@@ -7,10 +7,10 @@ use std::time::Duration;
 use dedup_client::{ClientError, ProviderError};
 
 /// dedup-service's limit on an operation id, in bytes.
-pub const MAX_OPERATION_ID_BYTES: usize = 256;
+pub(crate) const MAX_OPERATION_ID_BYTES: usize = 256;
 /// Longest target name: `<name>:<event_id>` must fit [`MAX_OPERATION_ID_BYTES`] for the longest
 /// event id the envelope allows, or every event with a long id would be refused by dedup-service.
-pub const MAX_TARGET_NAME_BYTES: usize =
+pub(crate) const MAX_TARGET_NAME_BYTES: usize =
     MAX_OPERATION_ID_BYTES - 1 - eos_core::envelope::MAX_ID_BYTES;
 
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use crate::schema::PreparedTarget;
 
 /// Purges at start-up (a sink restarted more often than its interval still purges), then every
 /// `interval`, in chunks so a purge never holds long locks or bloats one transaction.
-pub async fn purge_loop(
+pub(crate) async fn purge_loop(
     pool: PgPool,
     targets: Arc<Vec<PreparedTarget>>,
     interval: Duration,

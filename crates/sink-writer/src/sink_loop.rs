@@ -53,7 +53,7 @@ use crate::decision;
 use crate::error::SinkError;
 use crate::lag_watch::{Checkpoints, LagWatch};
 pub(crate) use crate::loop_settings::LoopConsumer;
-pub use crate::loop_settings::LoopSettings;
+pub(crate) use crate::loop_settings::LoopSettings;
 use crate::mapping::InputRecord;
 use crate::metrics as m;
 use crate::partition_positioning::{Positioning, partition_list};
@@ -78,7 +78,7 @@ enum Slot {
     },
 }
 
-pub struct SinkLoop {
+pub(crate) struct SinkLoop {
     settings: LoopSettings,
     runtime: Handle,
     pool: PgPool,
@@ -118,7 +118,7 @@ impl std::fmt::Debug for SinkLoop {
 }
 
 impl SinkLoop {
-    pub fn new(
+    pub(crate) fn new(
         settings: LoopSettings,
         runtime: Handle,
         pool: PgPool,
@@ -169,7 +169,7 @@ impl SinkLoop {
 
     /// Runs until `shutdown` is cancelled (then commits the open batch and exits cleanly) or a
     /// fatal error (fenced, a permanent database error).
-    pub fn run(mut self, shutdown: &CancellationToken) -> Result<(), SinkError> {
+    pub(crate) fn run(mut self, shutdown: &CancellationToken) -> Result<(), SinkError> {
         let result = self.run_until(shutdown);
         self.readiness.set(false);
         if result.is_ok() {
