@@ -16,14 +16,15 @@ use eos_core::{EventContract, FieldLocation, Guarantee};
 use eos_runtime::service_flags::StallFlags;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use eos_runtime::{InstanceFlags, KafkaFlags, LogFlags};
-pub use eos_transform::transform::{BuiltinTransform, parse_named_output};
+pub use eos_transform::transform::BuiltinTransform;
+pub(crate) use eos_transform::transform::parse_named_output;
 
 use crate::input_format::InputFormatFlags;
 use crate::transform::DEFAULT_OUTPUT;
 
 /// Records larger than this go to the dead-letter topic: an output (input + totals) or a dead
 /// letter (input + headers) must still fit the broker's default 1 MiB message limit.
-pub const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
+pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize = 900 * 1024;
 
 /// Kafka → Kafka exactly-once read-process-write of a transform's events.
 ///
@@ -153,7 +154,7 @@ pub struct Config {
 
 /// Kafka properties the processor takes from its own flags (--transaction-timeout), refused in the
 /// passthrough on top of eos-runtime's list of what exactly-once depends on.
-pub const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
+pub(crate) const OWN_KAFKA_PROPERTIES: &[&str] = &["transaction.timeout.ms"];
 
 impl Config {
     /// The dead-letter topic: `--dlq-topic`, else `<input-topic>.dlq`.

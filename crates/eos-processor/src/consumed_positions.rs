@@ -11,34 +11,34 @@ use rdkafka::{Offset, TopicPartitionList};
 
 /// Per input partition, the offset to read next.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConsumedPositions {
+pub(crate) struct ConsumedPositions {
     next_offsets: HashMap<i32, i64>,
 }
 
 impl ConsumedPositions {
     /// The record at `offset` of `partition` was read: the next to read is the one after it.
-    pub fn read(&mut self, partition: i32, offset: i64) {
+    pub(crate) fn read(&mut self, partition: i32, offset: i64) {
         self.next_offsets.insert(partition, offset + 1);
     }
 
     /// The consumer's position on `partition` is `next`: records it skipped without returning
     /// them (transaction markers, aborted records) are consumed too. Never moves backwards.
-    pub fn advance_to(&mut self, partition: i32, next: i64) {
+    pub(crate) fn advance_to(&mut self, partition: i32, next: i64) {
         let entry = self.next_offsets.entry(partition).or_insert(next);
         *entry = (*entry).max(next);
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.next_offsets.is_empty()
     }
 
     /// The next offset to read per partition.
-    pub fn next_offsets(&self) -> impl Iterator<Item = (i32, i64)> + '_ {
+    pub(crate) fn next_offsets(&self) -> impl Iterator<Item = (i32, i64)> + '_ {
         self.next_offsets.iter().map(|(&p, &next)| (p, next))
     }
 
     /// The offsets to commit for `topic`, one per partition read.
-    pub fn to_offsets(&self, topic: &str) -> Result<TopicPartitionList, KafkaError> {
+    pub(crate) fn to_offsets(&self, topic: &str) -> Result<TopicPartitionList, KafkaError> {
         let mut offsets = TopicPartitionList::new();
         for (&partition, &next) in &self.next_offsets {
             offsets.add_partition_offset(topic, partition, Offset::Offset(next))?;

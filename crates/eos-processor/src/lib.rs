@@ -50,29 +50,29 @@ mod batch_recovery;
 #[doc(hidden)]
 pub mod changelog;
 mod changelog_end;
-pub mod config;
+mod config;
 #[doc(hidden)]
-pub mod consumed_positions;
+mod consumed_positions;
 mod dead_letter_record;
-pub mod error;
+mod error;
 mod input_format;
 mod lag_watch;
 mod local_checkpoint;
 mod loop_consumer;
 #[doc(hidden)]
-pub mod metrics;
+mod metrics;
 mod open_batch;
 mod output_format;
 mod rebalance_handling;
 mod record_decision;
 #[cfg(feature = "wasm")]
-pub mod service;
+mod service;
 mod start_up;
 mod state_restore;
 #[doc(hidden)]
-pub mod topics;
+mod topics;
 #[doc(hidden)]
-pub mod transaction_loop;
+mod transaction_loop;
 
 // The decision code without Kafka is eos-transform's (docs/ARCHITECTURE.md "Crates"), so that
 // eosctl's replay runs it without linking this crate. Its modules and items stay here at the

@@ -1,19 +1,19 @@
 //! Metric names (Prometheus, via the `metrics` facade). Labels: `reason` on dead letters,
 //! `outcome` on transactions, `mode` on restores, `partition` on the consumer lag.
 
-pub const RECORDS_IN: &str = "eos_processor_records_in_total";
-pub const RECORDS_OUT: &str = "eos_processor_records_out_total";
-pub const DUPLICATES_DROPPED: &str = "eos_processor_duplicates_dropped_total";
-pub const DEAD_LETTERS: &str = "eos_processor_dead_letters_total";
-pub const TRANSACTIONS: &str = "eos_processor_transactions_total";
-pub const TRANSACTION_SECONDS: &str = "eos_processor_transaction_duration_seconds";
-pub const RESTORE_SECONDS: &str = "eos_processor_state_restore_seconds";
-pub const RESTORED_RECORDS: &str = "eos_processor_state_restored_records_total";
-pub const ASSIGNED_PARTITIONS: &str = "eos_processor_assigned_partitions";
-pub const CONSUMER_LAG: &str = "eos_processor_consumer_lag";
-pub const TRANSFORM_MODULE_INFO: &str = "eos_processor_transform_module_info";
+pub(crate) const RECORDS_IN: &str = "eos_processor_records_in_total";
+pub(crate) const RECORDS_OUT: &str = "eos_processor_records_out_total";
+pub(crate) const DUPLICATES_DROPPED: &str = "eos_processor_duplicates_dropped_total";
+pub(crate) const DEAD_LETTERS: &str = "eos_processor_dead_letters_total";
+pub(crate) const TRANSACTIONS: &str = "eos_processor_transactions_total";
+pub(crate) const TRANSACTION_SECONDS: &str = "eos_processor_transaction_duration_seconds";
+pub(crate) const RESTORE_SECONDS: &str = "eos_processor_state_restore_seconds";
+pub(crate) const RESTORED_RECORDS: &str = "eos_processor_state_restored_records_total";
+pub(crate) const ASSIGNED_PARTITIONS: &str = "eos_processor_assigned_partitions";
+pub(crate) const CONSUMER_LAG: &str = "eos_processor_consumer_lag";
+pub(crate) const TRANSFORM_MODULE_INFO: &str = "eos_processor_transform_module_info";
 
-pub fn describe() {
+pub(crate) fn describe() {
     metrics::describe_counter!(RECORDS_IN, "input records read and decided");
     metrics::describe_counter!(RECORDS_OUT, "output records committed");
     metrics::describe_counter!(

@@ -21,11 +21,11 @@ use crate::transform::{self, LedgerTransform, PassThroughTransform, Transform};
 use crate::{Processor, wasm};
 
 /// The demo's input topic (docs/getting-started.md): the payments the ledger reads.
-pub const DEMO_INPUT_TOPIC: &str = "payments";
+pub(crate) const DEMO_INPUT_TOPIC: &str = "payments";
 /// The demo's default output topic: the ledger sink-writer reads.
-pub const DEMO_OUTPUT_TOPIC: &str = "ledger";
+pub(crate) const DEMO_OUTPUT_TOPIC: &str = "ledger";
 /// The demo's consumer group, the prefix of its transactional ids.
-pub const DEMO_GROUP_ID: &str = "eos-processor";
+pub(crate) const DEMO_GROUP_ID: &str = "eos-processor";
 
 /// What `--transform` names: a built-in transform or a WebAssembly module.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub enum TransformChoice {
 /// `--transform`, as clap's value parser: a built-in's name, or `wasm:` and the path of a
 /// module file (checked to exist here, so a typo is a usage error; the module itself is
 /// checked when it is loaded).
-pub fn parse_transform(text: &str) -> Result<TransformChoice, String> {
+pub(crate) fn parse_transform(text: &str) -> Result<TransformChoice, String> {
     if let Some(path) = text.strip_prefix("wasm:") {
         let path = PathBuf::from(path);
         if !path.is_file() {
@@ -56,7 +56,7 @@ pub fn parse_transform(text: &str) -> Result<TransformChoice, String> {
 }
 
 /// A size in bytes, optionally with a KiB, MiB or GiB suffix (`--wasm-max-memory`).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
         None => (text, ""),
@@ -77,7 +77,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 
 /// `--wasm-timeout`, as clap's value parser: a duration of at least a millisecond (the host
 /// counts whole milliseconds, and a zero limit would stop every call at once).
-pub fn parse_wasm_timeout(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_wasm_timeout(text: &str) -> Result<Duration, String> {
     let timeout = humantime::parse_duration(text).map_err(|error| format!("{text:?}: {error}"))?;
     if timeout < Duration::from_millis(1) {
         return Err(format!("{text:?} is shorter than a millisecond"));
@@ -208,7 +208,7 @@ fn with_demo_output(mut config: Config, transform: &impl Transform) -> Config {
 /// of a declared name, say). The module's own declaration is what it was written against, so
 /// the processor refuses to start rather than run it on other fields. A declared output without
 /// its topic is [`Config::check_outputs`]'s refusal, as for any transform.
-pub fn module_disagreement(
+pub(crate) fn module_disagreement(
     config: &Config,
     declared: &wasm::DeclaredContract,
 ) -> Result<(), String> {

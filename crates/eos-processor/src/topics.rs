@@ -22,7 +22,7 @@ use crate::error::ProcessorError;
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
-pub struct TopicPlan {
+pub(crate) struct TopicPlan {
     pub input: String,
     pub outputs: Vec<String>,
     pub dlq: String,
@@ -63,7 +63,7 @@ const DEFAULT_DELETE_RETENTION: Duration = Duration::from_secs(86_400);
 
 /// What the processor learns of its topics at start-up.
 #[derive(Debug, Clone, Copy)]
-pub struct TopicsReady {
+pub(crate) struct TopicsReady {
     pub input_partitions: i32,
     /// This start created the changelog: any local state of a changelog by that name is of an
     /// earlier topic.
@@ -74,7 +74,7 @@ pub struct TopicsReady {
 }
 
 /// Creates whatever is missing, then checks the changelog against the input.
-pub async fn ensure_topics(
+pub(crate) async fn ensure_topics(
     client_config: &ClientConfig,
     plan: &TopicPlan,
     replication: &TopicReplicationFlags,

@@ -58,7 +58,7 @@ use eos_schema::RecordDecoder;
 
 /// Everything the loop needs, resolved from the configuration.
 #[derive(Debug, Clone)]
-pub struct LoopSettings {
+pub(crate) struct LoopSettings {
     pub guarantee: Guarantee,
     pub input_topic: String,
     /// Output name → topic; without [`crate::transform::DEFAULT_OUTPUT`] when the transform
@@ -133,7 +133,7 @@ impl LoopSettings {
     }
 }
 
-pub struct TransactionLoop<T: Transform> {
+pub(crate) struct TransactionLoop<T: Transform> {
     pub(crate) settings: LoopSettings,
     pub(crate) transform: T,
     /// Shared with the consumer lag's thread (`lag_watch.rs`).
@@ -175,7 +175,7 @@ impl<T: Transform> std::fmt::Debug for TransactionLoop<T> {
 impl<T: Transform> TransactionLoop<T> {
     /// Creates the clients; in exactly-once mode `init_transactions` fences any earlier instance
     /// with the same `transactional.id` and aborts its open transaction.
-    pub fn new(
+    pub(crate) fn new(
         settings: LoopSettings,
         transform: T,
         (readiness, progress): (Readiness, Arc<ProgressWatch>),
@@ -256,7 +256,7 @@ impl<T: Transform> TransactionLoop<T> {
     }
 
     /// Runs until `shutdown` is cancelled (then commits the open batch) or a fatal error.
-    pub fn run(mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {
+    pub(crate) fn run(mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {
         let mut result = self.run_until(shutdown);
         let interrupted = matches!(result, Err(ProcessorError::Interrupted));
         if interrupted {

@@ -77,9 +77,6 @@ pub struct Config {
     pub log: LogFlags,
 }
 
-/// What the command line asks for: run the service (the flags of [`Config`]) or `payments-api migrate`.
-pub type Invocation = eos_runtime::service_flags::Invocation<Config>;
-
 impl Config {
     /// The HTTP connection limits these flags give, or which flag is out of range.
     pub fn connection_limits(&self) -> anyhow::Result<crate::http_server::ConnectionLimits> {

@@ -26,10 +26,10 @@ use crate::request_span::{RequestTags, SpanPlan, request_span};
 use crate::request_watch::RequestWatch;
 
 /// Set on an answer that repeats an earlier request's.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-pub const REQUESTS: &str = "payments_api_requests_total";
+pub(crate) const REPLAYED_HEADER: &str = "idempotent-replayed";
+pub(crate) const REQUESTS: &str = "payments_api_requests_total";
 
-pub fn describe_metrics() {
+pub(crate) fn describe_metrics() {
     metrics::describe_counter!(
         REQUESTS,
         "POST /payments by outcome: created, replayed (same key and body), key_reused (same key, \
@@ -39,7 +39,7 @@ pub fn describe_metrics() {
 }
 
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub pool: PgPool,
     pub topic: String,
     /// `--body-read-timeout`: the whole body must arrive within it (`http_server::read_body`).
@@ -48,7 +48,7 @@ pub struct AppState {
     pub requests: RequestWatch,
 }
 
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/payments", post(create_payment))
         .with_state(state)

@@ -25,10 +25,10 @@ use tower::ServiceExt as _;
 
 /// Connections the server closed on its own, by `reason`: `connection_cap`, `header_timeout`,
 /// `body_timeout`, `idle_timeout`, `body_too_large`.
-pub const CONNECTIONS_DROPPED: &str = "payments_api_connections_dropped_total";
+pub(crate) const CONNECTIONS_DROPPED: &str = "payments_api_connections_dropped_total";
 
 /// The largest request body taken, in bytes: a payment is about a hundred.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// How much of an oversized body is read and thrown away after the 413, so that closing the
 /// connection does not reset it under the client's feet (the answer would be lost with it).
@@ -47,7 +47,7 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
 }
 
-pub fn describe_metrics() {
+pub(crate) fn describe_metrics() {
     metrics::describe_counter!(
         CONNECTIONS_DROPPED,
         "HTTP connections payments-api closed on its own, by reason: connection_cap (refused at \
@@ -67,7 +67,7 @@ pub fn describe_metrics() {
 
 /// Serves `app` on `listener` until `shutdown`, then lets open connections finish their request
 /// (bounded by `SHUTDOWN_DRAIN`).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
@@ -173,7 +173,7 @@ async fn serve_connection(
 
 /// Why a request's body was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     #[error("the body is over the limit of {MAX_BODY_BYTES} bytes")]
     TooLarge,
     #[error("the body did not arrive within {0:?}")]
@@ -185,7 +185,7 @@ pub enum BodyError {
 /// The whole body, within `timeout` (from now, for the whole body: a trickle of bytes does not
 /// extend it) and [`MAX_BODY_BYTES`]. An oversized body is drained in the background, bounded by
 /// `MAX_DRAIN_BYTES` and `timeout`, so the 413 reaches the client instead of a reset.
-pub async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, BodyError> {
+pub(crate) async fn read_body(body: Body, timeout: Duration) -> Result<Bytes, BodyError> {
     let deadline = Instant::now() + timeout;
     let declared_too_large = HttpBody::size_hint(&body).lower() > MAX_BODY_BYTES as u64;
     let mut stream = body.into_data_stream();

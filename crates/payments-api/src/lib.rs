@@ -5,13 +5,13 @@
 //! answers from the stored payment, a reuse with another body is refused, and a failed request
 //! writes nothing.
 
-pub mod config;
-pub mod http_api;
-pub mod http_server;
+mod config;
+mod http_api;
+mod http_server;
 pub mod payment_request;
-pub mod payment_store;
-pub mod request_span;
-pub mod request_watch;
+mod payment_store;
+mod request_span;
+mod request_watch;
 
 use std::time::Duration;
 

@@ -18,7 +18,7 @@ use crate::payment_request::PaymentRequest;
 
 /// A recorded payment, as the API answers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Payment {
+pub(crate) struct Payment {
     pub payment_id: String,
     /// The id of the payment's event on the topic (the payment id).
     pub event_id: String,
@@ -32,7 +32,7 @@ pub struct Payment {
 
 /// What recording a request did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// A new payment and its event, committed together.
     Created(Payment),
     /// The key was used before by the same request: its payment, nothing written.
@@ -51,7 +51,7 @@ pub enum Recorded {
 impl Recorded {
     /// The payment the request is about — the one it created or the one its key belongs to —
     /// whose id is also its event's id.
-    pub fn payment_id(&self) -> &str {
+    pub(crate) fn payment_id(&self) -> &str {
         match self {
             Self::Created(payment) | Self::Replayed { payment, .. } => &payment.payment_id,
             Self::KeyReused { payment_id, .. } => payment_id,
@@ -61,7 +61,7 @@ impl Recorded {
     /// For a request that did not create its payment: the trace context stored with that
     /// payment's event by the request that did (`trace_context::stored_context` text). `None`
     /// once the relay purged the outbox row (`OUTBOX_RETENTION` after publishing it).
-    pub fn original_trace(&self) -> Option<&str> {
+    pub(crate) fn original_trace(&self) -> Option<&str> {
         match self {
             Self::Created(_) => None,
             Self::Replayed { original_trace, .. } | Self::KeyReused { original_trace, .. } => {
@@ -74,12 +74,12 @@ impl Recorded {
 /// The most an account's balance may hold, in minor units: BIGINT's top. A payment that would
 /// pass it is refused before anything is written (docs/bad-input.md), where the overflow used to
 /// fail every later payment of the account with a 503 that said "retry".
-pub const MAX_BALANCE: i64 = i64::MAX;
+pub(crate) const MAX_BALANCE: i64 = i64::MAX;
 
 /// A payment the account cannot take: the same request will be refused again, so the client is
 /// told why (422), never to retry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     #[error(
         "account {account_id} holds {held}: a payment in {asked} is refused (an account has one \
          currency); nothing was written"
@@ -97,7 +97,7 @@ pub enum Refusal {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     /// Deterministic: answered 422, with nothing written.
     #[error(transparent)]
     Refused(#[from] Refusal),
@@ -111,7 +111,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// The database's error behind this one, if any.
-    pub fn database_error(&self) -> Option<&sqlx::Error> {
+    pub(crate) fn database_error(&self) -> Option<&sqlx::Error> {
         match self {
             Self::Database(error) | Self::Outbox(OutboxError::Database(error)) => Some(error),
             Self::Refused(_) | Self::Outbox(_) | Self::PaymentId(_) => None,
@@ -122,7 +122,7 @@ impl StoreError {
 /// A payment whose key was new: its account bumped and its row inserted in a transaction still
 /// open; [`NewPayment::commit`] enqueues its event and commits. Dropped, it rolls back.
 #[derive(Debug)]
-pub struct NewPayment {
+pub(crate) struct NewPayment {
     tx: Transaction<'static, Postgres>,
     payment: Payment,
     account_id: EntityId,
@@ -131,14 +131,14 @@ pub struct NewPayment {
 /// How far [`begin_payment`] got: it tells a new key from one seen before, which decides the
 /// trace the request's span joins (`request_span`) before anything is enqueued under it.
 #[derive(Debug)]
-pub enum Begun {
+pub(crate) enum Begun {
     New(NewPayment),
     /// The key was seen before; the transaction is rolled back and nothing was written.
     Seen(Recorded),
 }
 
 /// Begins recording `request` under `key` as payment `payment_id`.
-pub async fn begin_payment(
+pub(crate) async fn begin_payment(
     pool: &PgPool,
     key: &str,
     request: &PaymentRequest,
@@ -210,13 +210,13 @@ pub async fn begin_payment(
 }
 
 impl NewPayment {
-    pub fn payment_id(&self) -> &str {
+    pub(crate) fn payment_id(&self) -> &str {
         &self.payment.payment_id
     }
 
     /// Enqueues the payment's event for `topic` and commits it with the payment. The event keeps
     /// the current span's trace context (`eos_outbox::enqueue`): run it inside the request's span.
-    pub async fn commit(mut self, topic: &str) -> Result<Recorded, StoreError> {
+    pub(crate) async fn commit(mut self, topic: &str) -> Result<Recorded, StoreError> {
         let payment = &self.payment;
         let event_id = EventId::new(payment.payment_id.as_str())
             .map_err(|_| StoreError::PaymentId(payment.payment_id.clone()))?;

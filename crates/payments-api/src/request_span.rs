@@ -22,15 +22,15 @@ use eos_runtime::trace_context;
 use crate::payment_store::{Recorded, StoreError};
 
 /// The payment the request is about; its id is its event's id.
-pub const EVENT_ID_ATTRIBUTE: &str = "event_id";
+pub(crate) const EVENT_ID_ATTRIBUTE: &str = "event_id";
 /// What became of the request: [`Outcome::as_str`]. The tag sink-writer's and eos-processor's
 /// spans put their outcome in, which `eosctl trace` shows next to each span.
-pub const OUTCOME_ATTRIBUTE: &str = "eos.outcome";
+pub(crate) const OUTCOME_ATTRIBUTE: &str = "eos.outcome";
 
 /// What became of a request that reached the database. A request refused before (a bad body or
 /// key) gets no span: it is about no payment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// It created its payment.
     Created,
     /// Its key was used before by the same request: answered from that payment.
@@ -42,7 +42,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Created => "created",
             Self::Replayed => "replayed",
@@ -54,7 +54,7 @@ impl Outcome {
 
 /// The span of a request for `account_id`, started now but not yet part of any trace: its
 /// OpenTelemetry span begins only when it is first entered, after [`SpanPlan::apply`].
-pub fn request_span(account_id: &str) -> Span {
+pub(crate) fn request_span(account_id: &str) -> Span {
     tracing::info_span!(
         "request",
         otel.name = "payments-api POST /payments",
@@ -69,7 +69,7 @@ pub fn request_span(account_id: &str) -> Span {
 
 /// Where a request's span belongs, once the database said what the request is about.
 #[derive(Debug, Clone)]
-pub struct SpanPlan {
+pub(crate) struct SpanPlan {
     pub parent: Context,
     /// The caller's span, when the span joins another trace than the caller's.
     pub link: Option<SpanContext>,
@@ -82,7 +82,11 @@ impl SpanPlan {
     ///
     /// The parent's baggage names the payment: `eos_outbox::enqueue` stores the span's context,
     /// baggage included, with the payment's event, and every later hop reads the event id there.
-    pub fn new(caller: &Context, payment_id: Option<&str>, original_trace: Option<&str>) -> Self {
+    pub(crate) fn new(
+        caller: &Context,
+        payment_id: Option<&str>,
+        original_trace: Option<&str>,
+    ) -> Self {
         let original = original_trace
             .map(trace_context::context_from_stored)
             .filter(|original| original.span().span_context().is_valid());
@@ -101,7 +105,7 @@ impl SpanPlan {
     }
 
     /// Places `span`; before it is first entered, or the parent is ignored.
-    pub fn apply(self, span: &Span) {
+    pub(crate) fn apply(self, span: &Span) {
         // Fails only where no OpenTelemetry layer is installed, and then there is no trace.
         let _ = span.set_parent(self.parent);
         if let Some(link) = self.link {
@@ -112,7 +116,7 @@ impl SpanPlan {
 
 /// What the span of an answered request says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestTags {
+pub(crate) struct RequestTags {
     /// The payment the request is about; `None` when the database failed, since the id the
     /// request would have created may belong to no payment.
     pub event_id: Option<String>,
@@ -120,7 +124,7 @@ pub struct RequestTags {
 }
 
 impl RequestTags {
-    pub fn of(recorded: &Result<Recorded, StoreError>) -> Self {
+    pub(crate) fn of(recorded: &Result<Recorded, StoreError>) -> Self {
         let recorded = match recorded {
             Ok(recorded) => recorded,
             // Refused by the account before any payment was made: no payment to name.
@@ -150,7 +154,7 @@ impl RequestTags {
 
     /// Tags `span` once it is answered. Once only: the exporter adds a recorded attribute rather
     /// than replacing it, so a second call would export two `event_id`s.
-    pub fn record(&self, span: &Span) {
+    pub(crate) fn record(&self, span: &Span) {
         if let Some(event_id) = &self.event_id {
             span.record(EVENT_ID_ATTRIBUTE, event_id.as_str());
         }

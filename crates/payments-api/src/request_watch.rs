@@ -19,31 +19,31 @@ use sqlx::PgPool;
 use crate::payment_store::{Recorded, StoreError};
 
 /// The `loop` label of the requests' watch.
-pub const LOOP: &str = "payments-api";
+pub(crate) const LOOP: &str = "payments-api";
 
 /// What a watched request waits for, as the warning and `/readyz` name it.
 const WAITING_FOR: &str = "PostgreSQL to record a payment";
 
 /// The watch every request that records a payment is told to.
 #[derive(Debug, Clone)]
-pub struct RequestWatch {
+pub(crate) struct RequestWatch {
     watch: Arc<ProgressWatch>,
     pool: PgPool,
 }
 
 impl RequestWatch {
-    pub fn new(watch: Arc<ProgressWatch>, pool: PgPool) -> Self {
+    pub(crate) fn new(watch: Arc<ProgressWatch>, pool: PgPool) -> Self {
         Self { watch, pool }
     }
 
     /// A request starts recording its payment.
-    pub fn enter(&self) -> InFlight {
+    pub(crate) fn enter(&self) -> InFlight {
         self.watch.enter(WAITING_FOR)
     }
 
     /// How the request ended. Telling an outage apart may take a connection attempt
     /// (`postgres_outage`): it runs in a task of its own, so the answer is not held back.
-    pub fn ended(&self, request: InFlight, recorded: &Result<Recorded, StoreError>) {
+    pub(crate) fn ended(&self, request: InFlight, recorded: &Result<Recorded, StoreError>) {
         let database = match recorded {
             Ok(_) | Err(StoreError::Refused(_)) => return request.answered(),
             Err(error) => error.database_error(),

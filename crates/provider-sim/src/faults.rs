@@ -59,7 +59,7 @@ impl FaultPlan {
 
 /// What happens after a charge was applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterApply {
+pub(crate) enum AfterApply {
     Answer,
     DropConnection,
     AnswerLate(Duration),
@@ -67,13 +67,13 @@ pub enum AfterApply {
 }
 
 #[derive(Debug)]
-pub struct Faults {
+pub(crate) struct Faults {
     plan: FaultPlan,
     rng: ChaCha8Rng,
 }
 
 impl Faults {
-    pub fn new(plan: FaultPlan, seed: u64) -> Self {
+    pub(crate) fn new(plan: FaultPlan, seed: u64) -> Self {
         Self {
             plan,
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -81,11 +81,11 @@ impl Faults {
     }
 
     /// Whether to fail before applying.
-    pub fn fail_before_apply(&mut self) -> bool {
+    pub(crate) fn fail_before_apply(&mut self) -> bool {
         self.plan.error_before_apply > 0.0 && self.rng.random_bool(self.plan.error_before_apply)
     }
 
-    pub fn after_apply(&mut self) -> AfterApply {
+    pub(crate) fn after_apply(&mut self) -> AfterApply {
         let draw: f64 = self.rng.random();
         let plan = self.plan;
         if draw < plan.drop_after_apply {

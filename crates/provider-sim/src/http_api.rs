@@ -20,16 +20,16 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::faults::{AfterApply, Faults};
 use crate::ledger::{Applied, Ledger};
 
-pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+pub(crate) const REPLAYED_HEADER: &str = "idempotent-replayed";
 const MAX_KEY_BYTES: usize = 255;
 
 /// Marks a response the server must not send: it closes the connection instead.
 #[derive(Debug, Clone, Copy)]
-pub struct DropConnection;
+pub(crate) struct DropConnection;
 
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub ledger: Arc<Mutex<Ledger>>,
     pub faults: Arc<Mutex<Faults>>,
     /// Charges with a larger amount are declined (`--decline-amounts-above`).
@@ -41,12 +41,12 @@ pub struct AppState {
 }
 
 /// Metric names (Prometheus), prefixed like every other service's.
-pub const CHARGES: &str = "eos_provider_charges_total";
-pub const EFFECTS: &str = "eos_provider_effects_total";
-pub const FAULTS: &str = "eos_provider_faults_total";
-pub const LOOKUPS: &str = "eos_provider_lookups_total";
+pub(crate) const CHARGES: &str = "eos_provider_charges_total";
+pub(crate) const EFFECTS: &str = "eos_provider_effects_total";
+pub(crate) const FAULTS: &str = "eos_provider_faults_total";
+pub(crate) const LOOKUPS: &str = "eos_provider_lookups_total";
 
-pub fn describe_metrics() {
+pub(crate) fn describe_metrics() {
     metrics::describe_counter!(
         CHARGES,
         "POST /charges by outcome: applied (a new effect), replayed (same key and request), \
@@ -62,7 +62,7 @@ pub fn describe_metrics() {
     metrics::describe_counter!(LOOKUPS, "GET /charges/{key} by outcome: found, not_found");
 }
 
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/charges", post(create_charge))
         .route("/charges/{key}", get(get_charge))

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 
 /// The stable record of an applied charge (what `POST` and `GET /charges/{key}` answer).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ChargeRecord {
+pub(crate) struct ChargeRecord {
     pub id: String,
     pub key: String,
     pub amount: i64,
@@ -22,7 +22,7 @@ pub struct ChargeRecord {
 
 /// One applied effect, as `GET /effects` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Effect {
+pub(crate) struct Effect {
     pub key: String,
     pub charge_id: String,
     pub amount: i64,
@@ -40,7 +40,7 @@ struct Remembered {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Applied {
+pub(crate) enum Applied {
     /// A new effect.
     New(ChargeRecord),
     /// The key was known with the same request: the original record, no new effect.
@@ -50,7 +50,7 @@ pub enum Applied {
 }
 
 #[derive(Debug)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     key_ttl: Duration,
     charges: HashMap<String, Remembered>,
     effects: Vec<Effect>,
@@ -58,7 +58,7 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(key_ttl: Duration) -> Self {
+    pub(crate) fn new(key_ttl: Duration) -> Self {
         Self {
             key_ttl,
             charges: HashMap::new(),
@@ -72,7 +72,7 @@ impl Ledger {
     }
 
     /// Applies `amount` under `key`, idempotently per key (while the key is remembered).
-    pub fn apply(
+    pub(crate) fn apply(
         &mut self,
         key: &str,
         amount: i64,
@@ -121,7 +121,7 @@ impl Ledger {
     }
 
     /// The record for `key`, unless unknown or forgotten.
-    pub fn lookup(&self, key: &str, now: OffsetDateTime) -> Option<ChargeRecord> {
+    pub(crate) fn lookup(&self, key: &str, now: OffsetDateTime) -> Option<ChargeRecord> {
         self.charges
             .get(key)
             .filter(|remembered| !self.is_forgotten(remembered, now))
@@ -129,7 +129,7 @@ impl Ledger {
     }
 
     /// Drops keys past their TTL (the effect log stays).
-    pub fn forget_expired(&mut self, now: OffsetDateTime) -> usize {
+    pub(crate) fn forget_expired(&mut self, now: OffsetDateTime) -> usize {
         let before = self.charges.len();
         let ttl = self.key_ttl;
         self.charges
@@ -137,7 +137,7 @@ impl Ledger {
         before - self.charges.len()
     }
 
-    pub fn effects(&self) -> &[Effect] {
+    pub(crate) fn effects(&self) -> &[Effect] {
         &self.effects
     }
 }

@@ -8,11 +8,11 @@
 //! everything, like a provider that lost its database — never restart it inside a test that
 //! counts effects.
 
-pub mod config;
-pub mod faults;
-pub mod http_api;
-pub mod ledger;
-pub mod server;
+mod config;
+mod faults;
+mod http_api;
+mod ledger;
+mod server;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -24,7 +24,7 @@ use tower::ServiceExt as _;
 
 /// How clients must reach the server.
 #[derive(Clone, Default)]
-pub struct Access {
+pub(crate) struct Access {
     /// Serve HTTPS with this.
     pub tls: Option<TlsAcceptor>,
     /// The exact `Authorization` value /charges requests must carry.
@@ -41,7 +41,7 @@ impl std::fmt::Debug for Access {
 }
 
 /// A TLS acceptor from PEM files (ring: the provider the workspace's other rustls users build).
-pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+pub(crate) fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| anyhow::anyhow!("--tls-cert {}: {e}", cert.display()))?;
@@ -79,7 +79,7 @@ use crate::http_api::DropConnection;
 struct DroppedOnPurpose;
 
 /// Serves until `shutdown`, then gives open connections `drain` to finish.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     access: Access,
