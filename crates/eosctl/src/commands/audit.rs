@@ -78,37 +78,15 @@ pub async fn audit(
         .dlq
         .clone()
         .unwrap_or_else(|| format!("{}.dlq", args.input));
-    let topics = [args.input.clone(), args.output.clone(), dlq.clone()];
-    let end_timeout = args.end_timeout;
     let formats = run_formats(&args.registry, args.input_format, args.output_format)?;
-    let [input, output, dead_letters] = {
-        let progress = progress.clone();
-        tokio::task::spawn_blocking(move || {
-            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-            let snapshots = topic_reader::read_topics(&kafka, &names, end_timeout, &mut |read| {
-                progress.set_position(read);
-            })
-            .context("reading the topics")?;
-            let [mut input, mut output, mut dead_letters] =
-                <[TopicSnapshot; 3]>::try_from(snapshots).map_err(|_| {
-                    anyhow::anyhow!("the reader returned the wrong number of topics")
-                })?;
-            crate::run_formats::decode_topics(
-                [
-                    &mut input.records,
-                    &mut output.records,
-                    &mut dead_letters.records,
-                ],
-                &input.topic,
-                &output.topic,
-                &formats,
-            )
-            .context("decoding the topics' records")?;
-            Ok::<_, anyhow::Error>([input, output, dead_letters])
-        })
-        .await
-        .context("reading the topics")??
-    };
+    let [input, output, dead_letters] = read_run(
+        kafka,
+        [args.input.clone(), args.output.clone(), dlq],
+        args.end_timeout,
+        formats,
+        progress.clone(),
+    )
+    .await?;
     progress.finish_and_clear();
     if !input.exists {
         bail!("input topic {:?} does not exist", args.input);
@@ -186,6 +164,40 @@ pub async fn audit(
             .then_some(args.provider_operation_prefix),
         report,
     })
+}
+
+/// The run's input, output and dead-letter topics, each record decoded as the processor decoded
+/// it (`formats`); `progress` counts the records read.
+async fn read_run(
+    kafka: KafkaSettings,
+    topics: [String; 3],
+    end_timeout: std::time::Duration,
+    formats: crate::run_formats::RunFormats,
+    progress: ProgressBar,
+) -> anyhow::Result<[TopicSnapshot; 3]> {
+    tokio::task::spawn_blocking(move || {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let snapshots = topic_reader::read_topics(&kafka, &names, end_timeout, &mut |read| {
+            progress.set_position(read);
+        })
+        .context("reading the topics")?;
+        let [mut input, mut output, mut dead_letters] = <[TopicSnapshot; 3]>::try_from(snapshots)
+            .map_err(|_| anyhow::anyhow!("the reader returned the wrong number of topics"))?;
+        crate::run_formats::decode_topics(
+            [
+                &mut input.records,
+                &mut output.records,
+                &mut dead_letters.records,
+            ],
+            &input.topic,
+            &output.topic,
+            &formats,
+        )
+        .context("decoding the topics' records")?;
+        Ok([input, output, dead_letters])
+    })
+    .await
+    .context("reading the topics")?
 }
 
 /// What the reader saw that limits what the audit can prove.
