@@ -353,35 +353,16 @@ struct Statements {
     compare: String,
 }
 
-fn statements(
-    spec: &TargetSpec,
-    shape: &RowShape,
-    now_columns: &[String],
-    fingerprint_index: Option<usize>,
-) -> Statements {
-    let table = quote_table(&spec.table);
-    let key = quote_ident(&spec.key);
-    let columns = &shape.columns;
-    let mut names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
-    let mut select: Vec<String> = columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("u.c{i}::{}", c.ty.sql_name))
-        .collect();
-    for name in now_columns {
-        names.push(quote_ident(name));
-        select.push("now()".into());
-    }
-    let count = columns.len();
-    let k = shape.key_index;
-    let key_type = &columns[k].ty.sql_name;
-    let conflict_clause = match spec.kind {
+/// What a versioned target's insert does on a stored key (the newer version wins), or an
+/// append target's (nothing).
+fn conflict_clause(spec: &TargetSpec, names: &[String], key: &str) -> String {
+    match spec.kind {
         TargetKind::Append => format!("ON CONFLICT ({key}) DO NOTHING"),
         TargetKind::Versioned => {
             let version = quote_ident(spec.version_column.as_deref().unwrap_or("version"));
             let updates: Vec<String> = names
                 .iter()
-                .filter(|name| **name != key)
+                .filter(|name| name.as_str() != key)
                 .map(|name| format!("{name} = EXCLUDED.{name}"))
                 .collect();
             format!(
@@ -390,7 +371,23 @@ fn statements(
                 updates = updates.join(", ")
             )
         }
-    };
+    }
+}
+
+/// The SQL expressions that compare a stored row `t` with a candidate `u`.
+struct Comparison {
+    /// True when a content column differs: a conflict.
+    differs: String,
+    /// True when the version column holds the same version.
+    same_version: String,
+    /// The stored fingerprint, as text.
+    fingerprint: String,
+    /// The stored version, as bigint.
+    stored_version: String,
+}
+
+fn comparison(shape: &RowShape, fingerprint_index: Option<usize>) -> Comparison {
+    let columns = &shape.columns;
     let differs: Vec<String> = shape
         .content_indices
         .iter()
@@ -425,6 +422,43 @@ fn statements(
         Some(i) => format!("t.{}::bigint", quote_ident(&columns[i].name)),
         None => "NULL::bigint".into(),
     };
+    Comparison {
+        differs,
+        same_version,
+        fingerprint,
+        stored_version,
+    }
+}
+
+fn statements(
+    spec: &TargetSpec,
+    shape: &RowShape,
+    now_columns: &[String],
+    fingerprint_index: Option<usize>,
+) -> Statements {
+    let table = quote_table(&spec.table);
+    let key = quote_ident(&spec.key);
+    let columns = &shape.columns;
+    let mut names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
+    let mut select: Vec<String> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("u.c{i}::{}", c.ty.sql_name))
+        .collect();
+    for name in now_columns {
+        names.push(quote_ident(name));
+        select.push("now()".into());
+    }
+    let count = columns.len();
+    let k = shape.key_index;
+    let key_type = &columns[k].ty.sql_name;
+    let conflict_clause = conflict_clause(spec, &names, &key);
+    let Comparison {
+        differs,
+        same_version,
+        fingerprint,
+        stored_version,
+    } = comparison(shape, fingerprint_index);
     // One round trip: `pre` reads what is stored under every candidate's key from the statement's
     // snapshot (before the write), `w` writes the one row per key flagged `send`. The stored row
     // travels back only when it differs (a conflict needs it), so a replay of duplicates is cheap.

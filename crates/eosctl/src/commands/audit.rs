@@ -181,8 +181,9 @@ async fn read_run(
             progress.set_position(read);
         })
         .context("reading the topics")?;
-        let [mut input, mut output, mut dead_letters] = <[TopicSnapshot; 3]>::try_from(snapshots)
-            .map_err(|_| anyhow::anyhow!("the reader returned the wrong number of topics"))?;
+        let [mut input, mut output, mut dead_letters] =
+            <[TopicSnapshot; 3]>::try_from(snapshots)
+                .map_err(|_| anyhow::anyhow!("the reader returned the wrong number of topics"))?;
         crate::run_formats::decode_topics(
             [
                 &mut input.records,
