@@ -379,32 +379,9 @@ impl AvroSchema {
             Schema::Double => Value::Double(json.as_f64().ok_or_else(expected)?),
             Schema::String => Value::String(json.as_str().ok_or_else(expected)?.to_owned()),
             Schema::Bytes => Value::Bytes(base64_bytes(json)?),
-            Schema::Fixed(fixed) => {
-                let bytes = base64_bytes(json)?;
-                if bytes.len() != fixed.size {
-                    return Err(Misfit::new(format!(
-                        "{} bytes where fixed {} holds {}",
-                        bytes.len(),
-                        fixed.name,
-                        fixed.size
-                    )));
-                }
-                Value::Fixed(fixed.size, bytes)
-            }
+            Schema::Fixed(fixed) => fixed_to_avro(json, fixed)?,
             Schema::Enum(enumeration) => {
-                let symbol = json.as_str().ok_or_else(expected)?;
-                let index = enumeration
-                    .symbols
-                    .iter()
-                    .position(|s| s == symbol)
-                    .ok_or_else(|| {
-                        Misfit::new(format!(
-                            "{symbol:?} is not a symbol of enum {} ({})",
-                            enumeration.name,
-                            enumeration.symbols.join(", ")
-                        ))
-                    })?;
-                Value::Enum(index as u32, symbol.to_owned())
+                enum_to_avro(json.as_str().ok_or_else(expected)?, enumeration)?
             }
             Schema::Union(union) => self.union_to_avro(json, union)?,
             Schema::Array(array) => Value::Array(
@@ -434,40 +411,19 @@ impl AvroSchema {
             Schema::Record(record) => {
                 self.record_to_avro(json.as_object().ok_or_else(expected)?, record)?
             }
-            Schema::Decimal(decimal) => Value::Decimal(decimal_value(json, decimal)?),
-            Schema::BigDecimal => Value::BigDecimal(
-                apache_avro::BigDecimal::from_str(&decimal_input(json)?)
-                    .map_err(|error| Misfit::new(format!("not a decimal number: {error}")))?,
-            ),
-            Schema::Uuid(_) => Value::Uuid(
-                Uuid::parse_str(json.as_str().ok_or_else(expected)?)
-                    .map_err(|error| Misfit::new(format!("not a UUID: {error}")))?,
-            ),
-            Schema::Date => Value::Date(date_value(json)?),
-            Schema::TimeMillis => Value::TimeMillis(
-                i32::try_from(time_value(json, Unit::Millis)?)
-                    .map_err(|_| Misfit::new("beyond a time-millis".into()))?,
-            ),
-            Schema::TimeMicros => Value::TimeMicros(time_value(json, Unit::Micros)?),
-            Schema::TimestampMillis => {
-                Value::TimestampMillis(timestamp_value(json, Unit::Millis, true)?)
-            }
-            Schema::TimestampMicros => {
-                Value::TimestampMicros(timestamp_value(json, Unit::Micros, true)?)
-            }
-            Schema::TimestampNanos => {
-                Value::TimestampNanos(timestamp_value(json, Unit::Nanos, true)?)
-            }
-            Schema::LocalTimestampMillis => {
-                Value::LocalTimestampMillis(timestamp_value(json, Unit::Millis, false)?)
-            }
-            Schema::LocalTimestampMicros => {
-                Value::LocalTimestampMicros(timestamp_value(json, Unit::Micros, false)?)
-            }
-            Schema::LocalTimestampNanos => {
-                Value::LocalTimestampNanos(timestamp_value(json, Unit::Nanos, false)?)
-            }
-            Schema::Duration(_) => Value::Duration(duration_value(json)?),
+            Schema::Decimal(_)
+            | Schema::BigDecimal
+            | Schema::Uuid(_)
+            | Schema::Date
+            | Schema::TimeMillis
+            | Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos
+            | Schema::Duration(_) => logical_to_avro(json, schema)?,
             Schema::Ref { .. } => return Err(Misfit::new("a reference to a reference".into())),
         })
     }
@@ -737,6 +693,79 @@ fn decimal_input(json: &Json) -> Result<String, Misfit> {
             json_kind(other)
         ))),
     }
+}
+
+/// A logical type's value (decimal, uuid, date, time, timestamp, duration) from its JSON form.
+fn logical_to_avro(json: &Json, schema: &Schema) -> Result<Value, Misfit> {
+    let expected = || Misfit::new(format!("{} is not {}", json_kind(json), kind(schema)));
+    Ok(match schema {
+        Schema::Decimal(decimal) => Value::Decimal(decimal_value(json, decimal)?),
+        Schema::BigDecimal => Value::BigDecimal(
+            apache_avro::BigDecimal::from_str(&decimal_input(json)?)
+                .map_err(|error| Misfit::new(format!("not a decimal number: {error}")))?,
+        ),
+        Schema::Uuid(_) => Value::Uuid(
+            Uuid::parse_str(json.as_str().ok_or_else(expected)?)
+                .map_err(|error| Misfit::new(format!("not a UUID: {error}")))?,
+        ),
+        Schema::Date => Value::Date(date_value(json)?),
+        Schema::TimeMillis => Value::TimeMillis(
+            i32::try_from(time_value(json, Unit::Millis)?)
+                .map_err(|_| Misfit::new("beyond a time-millis".into()))?,
+        ),
+        Schema::TimeMicros => Value::TimeMicros(time_value(json, Unit::Micros)?),
+        Schema::TimestampMillis => {
+            Value::TimestampMillis(timestamp_value(json, Unit::Millis, true)?)
+        }
+        Schema::TimestampMicros => {
+            Value::TimestampMicros(timestamp_value(json, Unit::Micros, true)?)
+        }
+        Schema::TimestampNanos => Value::TimestampNanos(timestamp_value(json, Unit::Nanos, true)?),
+        Schema::LocalTimestampMillis => {
+            Value::LocalTimestampMillis(timestamp_value(json, Unit::Millis, false)?)
+        }
+        Schema::LocalTimestampMicros => {
+            Value::LocalTimestampMicros(timestamp_value(json, Unit::Micros, false)?)
+        }
+        Schema::LocalTimestampNanos => {
+            Value::LocalTimestampNanos(timestamp_value(json, Unit::Nanos, false)?)
+        }
+        Schema::Duration(_) => Value::Duration(duration_value(json)?),
+        _ => return Err(expected()),
+    })
+}
+
+/// A fixed's bytes, from base64, exactly its size.
+fn fixed_to_avro(json: &Json, fixed: &apache_avro::schema::FixedSchema) -> Result<Value, Misfit> {
+    let bytes = base64_bytes(json)?;
+    if bytes.len() != fixed.size {
+        return Err(Misfit::new(format!(
+            "{} bytes where fixed {} holds {}",
+            bytes.len(),
+            fixed.name,
+            fixed.size
+        )));
+    }
+    Ok(Value::Fixed(fixed.size, bytes))
+}
+
+/// An enum's symbol, one the enum has.
+fn enum_to_avro(
+    symbol: &str,
+    enumeration: &apache_avro::schema::EnumSchema,
+) -> Result<Value, Misfit> {
+    let index = enumeration
+        .symbols
+        .iter()
+        .position(|s| s == symbol)
+        .ok_or_else(|| {
+            Misfit::new(format!(
+                "{symbol:?} is not a symbol of enum {} ({})",
+                enumeration.name,
+                enumeration.symbols.join(", ")
+            ))
+        })?;
+    Ok(Value::Enum(index as u32, symbol.to_owned()))
 }
 
 /// A decimal's unscaled value at the schema's scale, from text (`"12.5"`, `"-1e3"`) or a number;
