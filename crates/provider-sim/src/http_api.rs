@@ -122,50 +122,10 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
         .to_owned();
     let span = request_span("POST /charges", &headers, &key);
     async move {
-        if key.is_empty() || key.len() > MAX_KEY_BYTES {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "idempotency_key_required",
-                format!("the Idempotency-Key header must hold 1..={MAX_KEY_BYTES} bytes"),
-            );
-        }
-        let request: serde_json::Value = match serde_json::from_slice(&body) {
-            Ok(value) => value,
-            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()),
+        let (request, amount) = match admitted(&state, &key, &body) {
+            Ok(admitted) => admitted,
+            Err(refused) => return refused,
         };
-        let Some(amount) = request.get("amount").and_then(serde_json::Value::as_i64) else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "amount_required",
-                "the body must be a JSON object with an integer amount",
-            );
-        };
-        if let Some(limit) = state.decline_above.filter(|limit| amount > *limit) {
-            tracing::info!(amount, limit, "charge declined: above the amount limit");
-            counter!(CHARGES, "outcome" => "declined").increment(1);
-            let mut detail = format!("amount {amount} is above the limit {limit}");
-            if let Some(bytes) = state.decline_body_bytes {
-                detail.push(' ');
-                while detail.len() < bytes {
-                    detail.push_str("declined ");
-                }
-            }
-            return error(
-                StatusCode::PAYMENT_REQUIRED,
-                "amount_limit_exceeded",
-                detail,
-            );
-        }
-        if lock(&state.faults).fail_before_apply() {
-            tracing::info!("fault: 503 before applying");
-            counter!(FAULTS, "fault" => "error_before_apply").increment(1);
-            counter!(CHARGES, "outcome" => "refused").increment(1);
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "injected fault before applying",
-            );
-        }
         let applied = lock(&state.ledger).apply(&key, amount, &request, OffsetDateTime::now_utc());
         let (status, record, replayed) = match applied {
             Applied::New(record) => (StatusCode::CREATED, record, false),
@@ -190,30 +150,8 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
             counter!(CHARGES, "outcome" => "applied").increment(1);
             counter!(EFFECTS).increment(1);
         }
-        let after = lock(&state.faults).after_apply();
-        match after {
-            AfterApply::Answer => {}
-            AfterApply::DropConnection => {
-                tracing::info!("fault: dropping the connection after applying");
-                counter!(FAULTS, "fault" => "drop_after_apply").increment(1);
-                let mut response = StatusCode::INTERNAL_SERVER_ERROR.into_response();
-                response.extensions_mut().insert(DropConnection);
-                return response;
-            }
-            AfterApply::AnswerLate(delay) => {
-                tracing::info!(?delay, "fault: answering late after applying");
-                counter!(FAULTS, "fault" => "delay_after_apply").increment(1);
-                tokio::time::sleep(delay).await;
-            }
-            AfterApply::ServerError => {
-                tracing::info!("fault: 500 after applying");
-                counter!(FAULTS, "fault" => "error_after_apply").increment(1);
-                return error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "injected fault after applying",
-                );
-            }
+        if let Some(faulted) = fault_after_apply(&state).await {
+            return faulted;
         }
         let mut response = (status, Json(record)).into_response();
         if replayed {
@@ -225,6 +163,101 @@ async fn create_charge(State(state): State<AppState>, headers: HeaderMap, body: 
     }
     .instrument(span)
     .await
+}
+
+/// The request as JSON and its amount, or the answer that refuses it before anything is applied:
+/// no key, a body without an integer amount, an amount above the decline limit, an injected 503.
+#[expect(
+    clippy::result_large_err,
+    reason = "the refusal is the handler's answer, returned at once; boxing it buys nothing"
+)]
+fn admitted(
+    state: &AppState,
+    key: &str,
+    body: &[u8],
+) -> Result<(serde_json::Value, i64), Response> {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_required",
+            format!("the Idempotency-Key header must hold 1..={MAX_KEY_BYTES} bytes"),
+        ));
+    }
+    let request: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(value) => value,
+        Err(e) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                e.to_string(),
+            ));
+        }
+    };
+    let Some(amount) = request.get("amount").and_then(serde_json::Value::as_i64) else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "amount_required",
+            "the body must be a JSON object with an integer amount",
+        ));
+    };
+    if let Some(limit) = state.decline_above.filter(|limit| amount > *limit) {
+        tracing::info!(amount, limit, "charge declined: above the amount limit");
+        counter!(CHARGES, "outcome" => "declined").increment(1);
+        let mut detail = format!("amount {amount} is above the limit {limit}");
+        if let Some(bytes) = state.decline_body_bytes {
+            detail.push(' ');
+            while detail.len() < bytes {
+                detail.push_str("declined ");
+            }
+        }
+        return Err(error(
+            StatusCode::PAYMENT_REQUIRED,
+            "amount_limit_exceeded",
+            detail,
+        ));
+    }
+    if lock(&state.faults).fail_before_apply() {
+        tracing::info!("fault: 503 before applying");
+        counter!(FAULTS, "fault" => "error_before_apply").increment(1);
+        counter!(CHARGES, "outcome" => "refused").increment(1);
+        return Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "injected fault before applying",
+        ));
+    }
+    Ok((request, amount))
+}
+
+/// The injected fault after a charge is applied, if one falls: the connection dropped, a 500, or
+/// the answer delayed (then `None`, and the answer follows).
+async fn fault_after_apply(state: &AppState) -> Option<Response> {
+    let after = lock(&state.faults).after_apply();
+    match after {
+        AfterApply::Answer => None,
+        AfterApply::DropConnection => {
+            tracing::info!("fault: dropping the connection after applying");
+            counter!(FAULTS, "fault" => "drop_after_apply").increment(1);
+            let mut response = StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            response.extensions_mut().insert(DropConnection);
+            Some(response)
+        }
+        AfterApply::AnswerLate(delay) => {
+            tracing::info!(?delay, "fault: answering late after applying");
+            counter!(FAULTS, "fault" => "delay_after_apply").increment(1);
+            tokio::time::sleep(delay).await;
+            None
+        }
+        AfterApply::ServerError => {
+            tracing::info!("fault: 500 after applying");
+            counter!(FAULTS, "fault" => "error_after_apply").increment(1);
+            Some(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "injected fault after applying",
+            ))
+        }
+    }
 }
 
 async fn get_charge(
