@@ -112,16 +112,7 @@ impl Replacement {
 
     fn body(self, context: Context) -> Vec<Instruction<'static>> {
         use Instruction as I;
-        let at = |offset: u64, align: u32| MemArg {
-            offset,
-            align,
-            memory_index: 0,
-        };
         let ok = I::I32Const(0);
-        let trap_if = |mut condition: Vec<Instruction<'static>>| {
-            condition.extend([I::If(BlockType::Empty), I::Unreachable, I::End]);
-            condition
-        };
         match self {
             // (id, precision, *time) -> errno
             Self::ClockTimeGet => vec![
@@ -144,120 +135,147 @@ impl Replacement {
             // 48 bytes: userdata u64 @0, tag u8 @8 (0: clock), clock id u32 @16, timeout u64
             // @24, precision u64 @32, flags u16 @40 (1: absolute time); an event 32 bytes:
             // userdata u64 @0, error u16 @8, type u8 @10, fd_readwrite @16..32.
-            Self::PollOneoff => {
-                let mut body = Vec::new();
-                body.extend(trap_if(vec![I::LocalGet(2), I::I32Const(1), I::I32Ne]));
-                body.extend(trap_if(vec![I::LocalGet(0), I::I32Load8U(at(8, 0))]));
-                body.extend(trap_if(vec![
-                    I::LocalGet(0),
-                    I::I32Load16U(at(40, 1)),
-                    I::I32Const(1),
-                    I::I32And,
-                ]));
-                body.extend(trap_if(vec![
-                    I::LocalGet(0),
-                    I::I64Load(at(24, 3)),
-                    I::I64Const(PAUSE_NANOS),
-                    I::I64GtU,
-                ]));
-                // The pause is over: one clock event, no error.
-                body.extend([
-                    I::LocalGet(1),
-                    I::LocalGet(0),
-                    I::I64Load(at(0, 3)),
-                    I::I64Store(at(0, 3)),
-                ]);
-                for offset in [8, 16, 24] {
-                    body.extend([I::LocalGet(1), I::I64Const(0), I::I64Store(at(offset, 3))]);
-                }
-                body.extend([I::LocalGet(3), I::I32Const(1), I::I32Store(at(0, 2)), ok]);
-                body
-            }
+            Self::PollOneoff => poll_oneoff_body(),
             // (fd, *iovs, iovs_len, *nwritten) -> errno; locals 4 i, 5 ptr, 6 len, 7 j,
             // 8 total, 9 more. An iovec is 8 bytes: buf u32 @0, buf_len u32 @4.
-            Self::FdWrite => {
-                let (fd, iovs, iovs_len, nwritten) = (0, 1, 2, 3);
-                let (i, ptr, len, j, total, more) = (4, 5, 6, 7, 8, 9);
-                vec![
-                    // Any fd but stdout and stderr: WASI's own answer (EBADF: no files).
-                    I::LocalGet(fd),
-                    I::I32Const(1),
-                    I::I32Ne,
-                    I::LocalGet(fd),
-                    I::I32Const(2),
-                    I::I32Ne,
-                    I::I32And,
-                    I::If(BlockType::Empty),
-                    I::LocalGet(fd),
-                    I::LocalGet(iovs),
-                    I::LocalGet(iovs_len),
-                    I::LocalGet(nwritten),
-                    I::Call(context.original),
-                    I::Return,
-                    I::End,
-                    I::I32Const(1),
-                    I::LocalSet(more),
-                    I::Block(BlockType::Empty),
-                    I::Loop(BlockType::Empty),
-                    I::LocalGet(i),
-                    I::LocalGet(iovs_len),
-                    I::I32GeU,
-                    I::BrIf(1),
-                    I::LocalGet(iovs),
-                    I::LocalGet(i),
-                    I::I32Const(8),
-                    I::I32Mul,
-                    I::I32Add,
-                    I::LocalTee(ptr),
-                    I::I32Load(at(4, 2)),
-                    I::LocalSet(len),
-                    I::LocalGet(ptr),
-                    I::I32Load(at(0, 2)),
-                    I::LocalSet(ptr),
-                    I::LocalGet(total),
-                    I::LocalGet(len),
-                    I::I32Add,
-                    I::LocalSet(total),
-                    I::I32Const(0),
-                    I::LocalSet(j),
-                    I::Block(BlockType::Empty),
-                    I::Loop(BlockType::Empty),
-                    I::LocalGet(more),
-                    I::I32Eqz,
-                    I::BrIf(1),
-                    I::LocalGet(j),
-                    I::LocalGet(len),
-                    I::I32GeU,
-                    I::BrIf(1),
-                    I::LocalGet(ptr),
-                    I::LocalGet(j),
-                    I::I32Add,
-                    I::I32Load8U(at(0, 0)),
-                    I::Call(context.stdio_byte),
-                    I::LocalSet(more),
-                    I::LocalGet(j),
-                    I::I32Const(1),
-                    I::I32Add,
-                    I::LocalSet(j),
-                    I::Br(0),
-                    I::End,
-                    I::End,
-                    I::LocalGet(i),
-                    I::I32Const(1),
-                    I::I32Add,
-                    I::LocalSet(i),
-                    I::Br(0),
-                    I::End,
-                    I::End,
-                    // Everything was written, as far as the module can tell.
-                    I::LocalGet(nwritten),
-                    I::LocalGet(total),
-                    I::I32Store(at(0, 2)),
-                    ok,
-                ]
-            }
+            Self::FdWrite => fd_write_body(context),
         }
     }
+}
+
+/// `poll_oneoff`'s body: only the one clock subscription a pause makes, answered at once.
+fn poll_oneoff_body() -> Vec<Instruction<'static>> {
+    use Instruction as I;
+    let ok = I::I32Const(0);
+    let mut body = Vec::new();
+    body.extend(trap_if(vec![I::LocalGet(2), I::I32Const(1), I::I32Ne]));
+    body.extend(trap_if(vec![I::LocalGet(0), I::I32Load8U(at(8, 0))]));
+    body.extend(trap_if(vec![
+        I::LocalGet(0),
+        I::I32Load16U(at(40, 1)),
+        I::I32Const(1),
+        I::I32And,
+    ]));
+    body.extend(trap_if(vec![
+        I::LocalGet(0),
+        I::I64Load(at(24, 3)),
+        I::I64Const(PAUSE_NANOS),
+        I::I64GtU,
+    ]));
+    // The pause is over: one clock event, no error.
+    body.extend([
+        I::LocalGet(1),
+        I::LocalGet(0),
+        I::I64Load(at(0, 3)),
+        I::I64Store(at(0, 3)),
+    ]);
+    for offset in [8, 16, 24] {
+        body.extend([I::LocalGet(1), I::I64Const(0), I::I64Store(at(offset, 3))]);
+    }
+    body.extend([I::LocalGet(3), I::I32Const(1), I::I32Store(at(0, 2)), ok]);
+    body
+}
+
+/// `fd_write`'s body: stdout and stderr byte by byte to the host's `stdio_byte` (which counts
+/// them against the limit), any other fd to WASI's own.
+fn fd_write_body(context: Context) -> Vec<Instruction<'static>> {
+    use Instruction as I;
+    let ok = I::I32Const(0);
+    let (fd, iovs, iovs_len, nwritten) = (0, 1, 2, 3);
+    let (i, ptr, len, j, total, more) = (4, 5, 6, 7, 8, 9);
+    vec![
+        // Any fd but stdout and stderr: WASI's own answer (EBADF: no files).
+        I::LocalGet(fd),
+        I::I32Const(1),
+        I::I32Ne,
+        I::LocalGet(fd),
+        I::I32Const(2),
+        I::I32Ne,
+        I::I32And,
+        I::If(BlockType::Empty),
+        I::LocalGet(fd),
+        I::LocalGet(iovs),
+        I::LocalGet(iovs_len),
+        I::LocalGet(nwritten),
+        I::Call(context.original),
+        I::Return,
+        I::End,
+        I::I32Const(1),
+        I::LocalSet(more),
+        I::Block(BlockType::Empty),
+        I::Loop(BlockType::Empty),
+        I::LocalGet(i),
+        I::LocalGet(iovs_len),
+        I::I32GeU,
+        I::BrIf(1),
+        I::LocalGet(iovs),
+        I::LocalGet(i),
+        I::I32Const(8),
+        I::I32Mul,
+        I::I32Add,
+        I::LocalTee(ptr),
+        I::I32Load(at(4, 2)),
+        I::LocalSet(len),
+        I::LocalGet(ptr),
+        I::I32Load(at(0, 2)),
+        I::LocalSet(ptr),
+        I::LocalGet(total),
+        I::LocalGet(len),
+        I::I32Add,
+        I::LocalSet(total),
+        I::I32Const(0),
+        I::LocalSet(j),
+        I::Block(BlockType::Empty),
+        I::Loop(BlockType::Empty),
+        I::LocalGet(more),
+        I::I32Eqz,
+        I::BrIf(1),
+        I::LocalGet(j),
+        I::LocalGet(len),
+        I::I32GeU,
+        I::BrIf(1),
+        I::LocalGet(ptr),
+        I::LocalGet(j),
+        I::I32Add,
+        I::I32Load8U(at(0, 0)),
+        I::Call(context.stdio_byte),
+        I::LocalSet(more),
+        I::LocalGet(j),
+        I::I32Const(1),
+        I::I32Add,
+        I::LocalSet(j),
+        I::Br(0),
+        I::End,
+        I::End,
+        I::LocalGet(i),
+        I::I32Const(1),
+        I::I32Add,
+        I::LocalSet(i),
+        I::Br(0),
+        I::End,
+        I::End,
+        // Everything was written, as far as the module can tell.
+        I::LocalGet(nwritten),
+        I::LocalGet(total),
+        I::I32Store(at(0, 2)),
+        ok,
+    ]
+}
+
+/// A memory access at `offset`, aligned to 2^`align` bytes, in memory 0.
+fn at(offset: u64, align: u32) -> MemArg {
+    MemArg {
+        offset,
+        align,
+        memory_index: 0,
+    }
+}
+
+/// `condition` followed by a trap when it holds.
+fn trap_if(mut condition: Vec<Instruction<'static>>) -> Vec<Instruction<'static>> {
+    use Instruction as I;
+    condition.extend([I::If(BlockType::Empty), I::Unreachable, I::End]);
+    condition
 }
 
 /// Why a module cannot be made deterministic.
