@@ -30,6 +30,7 @@ mod registry_format;
 mod relay_outage;
 mod report;
 mod scrape;
+mod services;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ use crate::commands::demo::relay_outage::{OutagePlan, RelayOutage};
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
 use crate::commands::demo::report::{Drain, DrainStage, build_report};
 use crate::commands::demo::scrape::{Scraped, scrape};
+use crate::commands::demo::services::RunPlace;
 use eos_runtime::kafka_settings::ChildKafkaProperties;
 use eos_testkit::loopback_ports::free_loopback_addr;
 use eosctl::cli::{AuditArgs, ProduceArgs, TraceArgs};
@@ -100,9 +102,10 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
 
-pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
+/// Where the service binaries are, each one the run starts there; and the flags that do not go
+/// together refused before anything starts.
+fn binary_dir(args: &DemoArgs) -> anyhow::Result<PathBuf> {
     let self_exe = std::env::current_exe().context("locating eos-lab")?;
-    let bootstrap_servers = kafka.bootstrap_servers.as_str();
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => self_exe
@@ -134,6 +137,60 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             args.format
         );
     }
+    Ok(bin_dir)
+}
+
+/// The run's first lines: what it does, under which faults, and where to look.
+fn announce(
+    args: &DemoArgs,
+    registry_format: Option<&RegistryFormat>,
+    run_dir: &Path,
+    [input, output, database, provider_url]: [&str; 4],
+) {
+    let traces_note = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+        "traces are exported to OTEL_EXPORTER_OTLP_ENDPOINT"
+    } else {
+        "traces are off: set OTEL_EXPORTER_OTLP_ENDPOINT to export them"
+    };
+    let relay_kills = match args.source {
+        DemoSource::PaymentsApi if !args.relay_outage.is_zero() => format!(
+            "{} of outbox-relay and a {} outage of it, ",
+            args.relay_kills,
+            humantime::format_duration(args.relay_outage)
+        ),
+        DemoSource::PaymentsApi => format!("{} of outbox-relay, ", args.relay_kills),
+        DemoSource::Producer => String::new(),
+    };
+    let format = match registry_format {
+        Some(registry_format) => format!(", {} topics", registry_format.format()),
+        None => String::new(),
+    };
+    say(format!(
+        "== eos-suite demo ({}{format}): {} payments through {}, SIGKILLs: {relay_kills}{} of \
+         eos-processor, {} of sink-writer; provider-sim losing {:.0}% of answers",
+        args.guarantee.as_str(),
+        grouped(args.events as i64),
+        match args.source {
+            DemoSource::PaymentsApi => "payments-api and the outbox",
+            DemoSource::Producer => "eosctl produce",
+        },
+        args.processor_kills,
+        args.sink_kills,
+        (args.provider_drop + args.provider_error + args.provider_late) * 100.0
+    ));
+    say(format!(
+        "   run directory {} ({traces_note})",
+        run_dir.display()
+    ));
+    say(format!(
+        "   topics {input} -> {output}; PostgreSQL database {database} (payments_api_payments, \
+         eos_outbox, event_sink, entity_state, dedup_intents); provider {provider_url}"
+    ));
+}
+
+pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
+    let bin_dir = binary_dir(&args)?;
+    let bootstrap_servers = kafka.bootstrap_servers.as_str();
     let started = time::OffsetDateTime::now_utc().unix_timestamp();
     let run_id = format!("{started}-{}", std::process::id());
     let seed = args
@@ -167,86 +224,21 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let dedup_addr = free_loopback_addr()?;
     let provider_url = format!("http://{provider_addr}");
     let dedup_url = format!("http://{dedup_addr}");
-    let traces_note = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
-        "traces are exported to OTEL_EXPORTER_OTLP_ENDPOINT"
-    } else {
-        "traces are off: set OTEL_EXPORTER_OTLP_ENDPOINT to export them"
-    };
-    let relay_kills = match args.source {
-        DemoSource::PaymentsApi if !args.relay_outage.is_zero() => format!(
-            "{} of outbox-relay and a {} outage of it, ",
-            args.relay_kills,
-            humantime::format_duration(args.relay_outage)
-        ),
-        DemoSource::PaymentsApi => format!("{} of outbox-relay, ", args.relay_kills),
-        DemoSource::Producer => String::new(),
-    };
-    let format = match &registry_format {
-        Some(registry_format) => format!(", {} topics", registry_format.format()),
-        None => String::new(),
-    };
-    say(format!(
-        "== eos-suite demo ({}{format}): {} payments through {}, SIGKILLs: {relay_kills}{} of \
-         eos-processor, {} of sink-writer; provider-sim losing {:.0}% of answers",
-        args.guarantee.as_str(),
-        grouped(args.events as i64),
-        match args.source {
-            DemoSource::PaymentsApi => "payments-api and the outbox",
-            DemoSource::Producer => "eosctl produce",
-        },
-        args.processor_kills,
-        args.sink_kills,
-        (args.provider_drop + args.provider_error + args.provider_late) * 100.0
-    ));
-    say(format!(
-        "   run directory {} ({traces_note})",
-        run_dir.display()
-    ));
-    say(format!(
-        "   topics {input} -> {output}; PostgreSQL database {database} (payments_api_payments, \
-         eos_outbox, event_sink, entity_state, dedup_intents); provider {provider_url}"
-    ));
-
-    let mut provider = Service::new(
-        "provider-sim",
-        &bin_dir,
+    announce(
+        &args,
+        registry_format.as_ref(),
         &run_dir,
-        strings(&[
-            "--addr",
-            &provider_addr.to_string(),
-            "--seed",
-            &seed.to_string(),
-            "--drop-response-after-apply-probability",
-            &args.provider_drop.to_string(),
-            "--error-after-apply-probability",
-            &args.provider_error.to_string(),
-            "--delay-after-apply",
-            "3s",
-            "--delay-after-apply-probability",
-            &args.provider_late.to_string(),
-        ]),
-        provider_addr,
+        [&input, &output, &database, &provider_url],
     );
-    let ops = free_loopback_addr()?;
-    let mut dedup = Service::new(
-        "dedup-service",
-        &bin_dir,
-        &run_dir,
-        strings(&[
-            "--listen",
-            &dedup_addr.to_string(),
-            "--provider-url",
-            &provider_url,
-            "--reconcile-interval",
-            "200ms",
-            "--in-flight-window",
-            "5s",
-            "--metrics-addr",
-            &ops.to_string(),
-        ]),
-        ops,
-    )
-    .with_env("DATABASE_URL", &database_url);
+
+    let place = RunPlace {
+        bin_dir: &bin_dir,
+        run_dir: &run_dir,
+        bootstrap_servers,
+        kafka: &kafka_for_services,
+    };
+    let mut provider = services::provider_sim(&place, &args, provider_addr, seed);
+    let mut dedup = services::dedup_service(&place, dedup_addr, &provider_url, &database_url)?;
     let targets = run_dir.join("sink-targets.toml");
     std::fs::write(
         &targets,
@@ -263,71 +255,20 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     )?;
     // The processor's store, removed at the end: only this run's group uses it.
     let processor_state = run_dir.join("processor-state");
-    let processor_state_dir = processor_state.display().to_string();
-    let ops = free_loopback_addr()?;
-    let processor_ops = ops.to_string();
-    let mut processor_args = vec![
-        "--bootstrap-servers",
-        bootstrap_servers,
-        "--input-topic",
-        &input,
-        "--output-topic",
-        &output,
-        "--group-id",
-        &processor_group,
-        "--instance-id",
-        "demo-processor",
-        "--guarantee",
-        args.guarantee.as_str(),
-        "--metrics-addr",
-        &processor_ops,
-        "--state-dir",
-        &processor_state_dir,
-    ];
-    // Without transactions a kill repeats only the outputs sent since the last offset commit.
-    // A long commit interval keeps such outputs in flight for a while after each (re)start,
-    // which re-reads and re-sends them, so every aimed kill (`aimed_kill`) finds some even once
-    // the payments have stopped coming; the mechanism shown is the same at any interval.
-    if args.guarantee == DemoGuarantee::AtLeastOnce {
-        processor_args.extend(["--commit-interval", "10s"]);
-    }
-    let mut processor_args = strings(&processor_args);
-    let mut sink_args = Vec::new();
-    if let Some(registry_format) = &registry_format {
-        processor_args.extend(registry_format.processor_args());
-        sink_args = registry_format.sink_args();
-    }
-    let mut processor = Service::new("eos-processor", &bin_dir, &run_dir, processor_args, ops)
-        .with_kafka_properties(&kafka_for_services);
-    let ops = free_loopback_addr()?;
-    let mut sink = Service::new(
-        "sink-writer",
-        &bin_dir,
-        &run_dir,
-        [
-            strings(&[
-                "--bootstrap-servers",
-                bootstrap_servers,
-                "--topic",
-                &output,
-                "--group-id",
-                &sink_group,
-                "--instance-id",
-                "demo-sink",
-                "--config",
-                &targets.display().to_string(),
-                "--metrics-addr",
-                &ops.to_string(),
-                "--max-backoff",
-                "1s",
-            ]),
-            sink_args,
-        ]
-        .concat(),
-        ops,
-    )
-    .with_env("DATABASE_URL", &database_url)
-    .with_kafka_properties(&kafka_for_services);
+    let mut processor = services::eos_processor(
+        &place,
+        &args,
+        [&input, &output, &processor_group],
+        &processor_state,
+        registry_format.as_ref(),
+    )?;
+    let mut sink = services::sink_writer(
+        &place,
+        [&output, &sink_group],
+        &targets,
+        &database_url,
+        registry_format.as_ref(),
+    )?;
 
     let mut outbox = match args.source {
         DemoSource::PaymentsApi => Some(OutboxServices::new(
@@ -409,29 +350,19 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         "== audit: the logical set by event_id at every boundary (outbox, topics, tables, \
          provider)",
     );
-    let prefix = format!("{provider_name}:");
-    let mut audit_words = vec![
-        "--input",
-        &input,
-        "--output",
-        &output,
-        "--database-url",
-        &database_url,
-        "--provider-url",
-        &provider_url,
-        "--provider-operation-prefix",
-        &prefix,
-    ];
-    if outbox.is_some() {
-        audit_words.extend(["--outbox-database-url", &database_url]);
-    }
-    let audit_format_args = registry_format
-        .as_ref()
-        .map(RegistryFormat::audit_args)
-        .unwrap_or_default();
-    audit_words.extend(audit_format_args.iter().map(String::as_str));
-    let audit_args: AuditArgs = command_args(&audit_words)?;
-    let outcome = audit::audit(kafka, audit_args, ProgressBar::hidden()).await;
+    let outcome = audit_run(
+        kafka,
+        [
+            &input,
+            &output,
+            &database_url,
+            &provider_url,
+            &provider_name,
+        ],
+        outbox.is_some(),
+        registry_format.as_ref(),
+    )
+    .await;
     provider.stop().await.ok();
     let mut services = vec![&provider, &dedup, &processor, &sink];
     if let Some(outbox) = &outbox {
@@ -457,29 +388,13 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     }
     std::fs::remove_dir_all(&processor_state).ok();
 
-    let kills =
-        |n: usize, name: &str| format!("{n} SIGKILL{} of {name}", if n == 1 { "" } else { "s" });
-    let mut faults = Vec::new();
-    if let Some(outbox) = &outbox {
-        faults.push(kills(outbox.relay.restarts, "outbox-relay"));
-        if let Some(outage) = &relay_outage {
-            faults.push(outage.fault_line());
-        }
-    }
-    let processor_kills = kills(processor.restarts, "eos-processor");
-    faults.extend([
-        match args.guarantee {
-            DemoGuarantee::ExactlyOnce => processor_kills,
-            DemoGuarantee::AtLeastOnce => format!(
-                "{processor_kills}, {aimed_processor_kills} aimed at outputs its restart repeats"
-            ),
-        },
-        kills(sink.restarts, "sink-writer"),
-    ]);
-    faults.push(format!(
-        "provider-sim applied every charge and lost {:.0}% of the answers (dropped, 500, late)",
-        (args.provider_drop + args.provider_error + args.provider_late) * 100.0
-    ));
+    let faults = fault_lines(
+        &args,
+        [&processor, &sink],
+        outbox.as_ref(),
+        relay_outage.as_ref(),
+        aimed_processor_kills,
+    );
     let killed = processor.restarts
         + sink.restarts
         + outbox.as_ref().map_or(0, |outbox| outbox.relay.restarts)
@@ -519,6 +434,72 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         show_trace(jaeger_url, &report.sample_event_id).await;
     }
     Ok(report.passed)
+}
+
+/// `eosctl audit` of the run, in-process: the topics (decoded as the run's format), the tables,
+/// the provider's effects and, with the outbox, the committed payment rows.
+async fn audit_run(
+    kafka: KafkaSettings,
+    [input, output, database_url, provider_url, provider_name]: [&str; 5],
+    with_outbox: bool,
+    registry_format: Option<&RegistryFormat>,
+) -> anyhow::Result<eosctl::report::AuditOutcome> {
+    let prefix = format!("{provider_name}:");
+    let mut audit_words = vec![
+        "--input",
+        input,
+        "--output",
+        output,
+        "--database-url",
+        database_url,
+        "--provider-url",
+        provider_url,
+        "--provider-operation-prefix",
+        &prefix,
+    ];
+    if with_outbox {
+        audit_words.extend(["--outbox-database-url", database_url]);
+    }
+    let audit_format_args = registry_format
+        .map(RegistryFormat::audit_args)
+        .unwrap_or_default();
+    audit_words.extend(audit_format_args.iter().map(String::as_str));
+    let audit_args: AuditArgs = command_args(&audit_words)?;
+    audit::audit(kafka, audit_args, ProgressBar::hidden()).await
+}
+
+/// The report's faults line: each service's SIGKILLs, the relay's outage, the provider's faults.
+fn fault_lines(
+    args: &DemoArgs,
+    [processor, sink]: [&Service; 2],
+    outbox: Option<&OutboxServices>,
+    relay_outage: Option<&RelayOutage>,
+    aimed_processor_kills: usize,
+) -> Vec<String> {
+    let kills =
+        |n: usize, name: &str| format!("{n} SIGKILL{} of {name}", if n == 1 { "" } else { "s" });
+    let mut faults = Vec::new();
+    if let Some(outbox) = outbox {
+        faults.push(kills(outbox.relay.restarts, "outbox-relay"));
+        if let Some(outage) = relay_outage {
+            faults.push(outage.fault_line());
+        }
+    }
+    let processor_kills = kills(processor.restarts, "eos-processor");
+    faults.extend([
+        match args.guarantee {
+            DemoGuarantee::ExactlyOnce => processor_kills,
+            DemoGuarantee::AtLeastOnce => format!(
+                "{processor_kills}, {aimed_processor_kills} aimed at outputs its restart repeats"
+            ),
+        },
+        kills(sink.restarts, "sink-writer"),
+    ]);
+    faults.push(format!(
+        "provider-sim applied every charge and lost {:.0}% of the answers (dropped, 500, late)",
+        (args.provider_drop + args.provider_error + args.provider_late) * 100.0
+    ));
+    faults
 }
 
 /// The sample event's trace, after the report; not finding it does not fail the run (spans are
