@@ -11,8 +11,8 @@ use eos_testkit::loopback_ports::free_loopback_addr;
 
 use crate::chain::service::Service;
 use crate::commands::demo::args::{DemoArgs, DemoGuarantee};
+use crate::commands::demo::command_line::strings;
 use crate::commands::demo::registry_format::RegistryFormat;
-use crate::commands::demo::strings;
 
 /// Where every service of the run is started from and how it reaches Kafka.
 pub(super) struct RunPlace<'a> {
