@@ -56,7 +56,12 @@ pub struct DemoArgs {
     pub format: RecordFormat,
 
     /// The schema registry's Confluent-compatible API, for --format avro or protobuf.
-    #[arg(long, env = "EOS_SCHEMA_REGISTRY_URL", value_name = "URL")]
+    #[arg(
+        long,
+        env = "EOS_SCHEMA_REGISTRY_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub schema_registry_url: Option<String>,
 
     /// Payments to make (payments-api: plus 5% resent with the same key, 0.1% keys reused with
