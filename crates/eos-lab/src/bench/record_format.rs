@@ -253,12 +253,13 @@ pub(crate) struct SchemaRegistry {
 }
 
 impl SchemaRegistry {
-    pub(crate) fn new(url: &str, runtime: Handle) -> anyhow::Result<Self> {
-        let client = RegistryClient::new(RegistryConfig::new(url))
+    pub(crate) fn new(config: RegistryConfig, runtime: Handle) -> anyhow::Result<Self> {
+        let url = config.url.trim_end_matches('/').to_owned();
+        let client = RegistryClient::new(config)
             .with_context(|| format!("cannot make a client of the schema registry {url}"))?;
         Ok(Self {
             client,
-            url: url.trim_end_matches('/').to_owned(),
+            url,
             runtime,
             subjects: Vec::new(),
         })

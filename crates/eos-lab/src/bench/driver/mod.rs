@@ -160,7 +160,10 @@ impl Bench {
             options.registry_formats().next(),
             &options.schema_registry_url,
         ) {
-            (Some(_), Some(url)) => Some(SchemaRegistry::new(url, runtime.clone())?),
+            (Some(_), Some(url)) => Some(SchemaRegistry::new(
+                eos_schema::RegistryConfig::new(url),
+                runtime.clone(),
+            )?),
             (Some(format), None) => bail!("--format {format} needs --schema-registry-url"),
             (None, _) => None,
         };

@@ -55,14 +55,10 @@ pub struct DemoArgs {
     #[arg(long, value_enum, default_value = "json")]
     pub format: RecordFormat,
 
-    /// The schema registry's Confluent-compatible API, for --format avro or protobuf.
-    #[arg(
-        long,
-        env = "EOS_SCHEMA_REGISTRY_URL",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    pub schema_registry_url: Option<String>,
+    /// The schema registry, for --format avro or protobuf: the services and the audit are given
+    /// the same flags.
+    #[command(flatten)]
+    pub registry: eos_schema::RegistryFlags,
 
     /// Payments to make (payments-api: plus 5% resent with the same key, 0.1% keys reused with
     /// another amount, 0.5% malformed requests) or logical events to produce (producer: plus 5%

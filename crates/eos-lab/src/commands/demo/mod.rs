@@ -191,11 +191,8 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let output = format!("demo-ledger-{run_id}");
     let processor_group = format!("demo-processor-{run_id}");
     let sink_group = format!("demo-sink-{run_id}");
-    let mut registry_format = RegistryFormat::register(
-        args.format,
-        args.schema_registry_url.as_deref(),
-        [&input, &output],
-    )?;
+    let mut registry_format =
+        RegistryFormat::register(args.format, &args.registry, [&input, &output])?;
     // dedup-service's intents outlive a run: a fresh name keeps this run's operation ids new.
     let provider_name = format!("pay_{}", run_id.replace('-', "_"));
 

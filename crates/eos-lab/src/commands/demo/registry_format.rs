@@ -5,7 +5,8 @@
 //! format.
 
 use anyhow::Context as _;
-use eos_schema::{SchemaId, wire};
+use clap::ValueEnum as _;
+use eos_schema::{RegistryFlags, SchemaId, wire};
 use eosctl::workload::GeneratedRecord;
 use tokio::runtime::Handle;
 
@@ -17,7 +18,8 @@ const UNKNOWN_SCHEMA_ID: SchemaId = SchemaId(i32::MAX.unsigned_abs());
 /// The run's format, its registry and the subjects registered in it.
 pub(super) struct RegistryFormat {
     format: RecordFormat,
-    url: String,
+    /// The flags the services and the audit are given, as the demo was.
+    flags: RegistryFlags,
     registry: SchemaRegistry,
     /// The payment schema's id: the records that do not decode are framed with it too.
     input_id: SchemaId,
@@ -28,19 +30,19 @@ impl RegistryFormat {
     /// `output`'s; `None` for JSON. Blocks the thread while the registry answers.
     pub(super) fn register(
         format: RecordFormat,
-        url: Option<&str>,
+        flags: &RegistryFlags,
         [input, output]: [&str; 2],
     ) -> anyhow::Result<Option<Self>> {
         if format == RecordFormat::Json {
             return Ok(None);
         }
-        let url = url.with_context(|| {
-            format!(
-                "--format {format} needs --schema-registry-url (EOS_SCHEMA_REGISTRY_URL; the local \
-                 stack's is in `deploy/local/stack env`)"
-            )
-        })?;
-        let mut registry = SchemaRegistry::new(url, Handle::current())?;
+        let schema_format =
+            eos_schema::RecordFormat::from_str(format.name(), false).map_err(anyhow::Error::msg)?;
+        let config = flags
+            .registry_config(&[("--format", schema_format)])
+            .map_err(anyhow::Error::msg)?
+            .context("a registry format has a registry")?;
+        let mut registry = SchemaRegistry::new(config, Handle::current())?;
         let (input_id, _) = tokio::task::block_in_place(|| {
             let input = registry.register_input(format, &PAYMENT, input)?;
             registry.output_format(format, &PAYMENT, output)?;
@@ -48,7 +50,7 @@ impl RegistryFormat {
         })?;
         Ok(Some(Self {
             format,
-            url: url.trim_end_matches('/').to_owned(),
+            flags: flags.clone(),
             registry,
             input_id,
         }))
@@ -78,12 +80,25 @@ impl RegistryFormat {
         self.flags(&["--input-format", "--output-format"])
     }
 
+    /// `format_flags` set to the format, and the registry's flags as the demo was given them.
     fn flags(&self, format_flags: &[&str]) -> Vec<String> {
         let mut flags = Vec::new();
         for flag in format_flags {
             flags.extend([(*flag).to_owned(), self.format.name().to_owned()]);
         }
-        flags.extend(["--schema-registry-url".to_owned(), self.url.clone()]);
+        if let Some(url) = &self.flags.schema_registry_url {
+            flags.extend(["--schema-registry-url".to_owned(), url.clone()]);
+        }
+        if let Some(file) = &self.flags.schema_registry_auth_file {
+            flags.extend([
+                "--schema-registry-auth-file".to_owned(),
+                file.display().to_string(),
+            ]);
+        }
+        flags.extend([
+            "--schema-registry-timeout".to_owned(),
+            humantime::format_duration(self.flags.schema_registry_timeout).to_string(),
+        ]);
         flags
     }
 
