@@ -33,7 +33,7 @@ impl<T: Transform> TransactionLoop<T> {
     ) -> Result<(), ProcessorError> {
         let started = Instant::now();
         self.producer.flush_delivered()?;
-        for record in &self.changelog_records(&batch) {
+        for record in &self.states.changelog_records::<T>(&batch) {
             self.producer.send(record)?;
         }
         self.producer.flush_delivered()?;

@@ -64,7 +64,7 @@ impl<T: Transform> TransactionLoop<T> {
         }
         let _entered = span.enter();
         let started = Instant::now();
-        let changelog = self.changelog_records(&batch);
+        let changelog = self.states.changelog_records::<T>(&batch);
         let written = self.write_transaction(&batch, &changelog);
         let write_ms = started.elapsed().as_millis() as u64;
         self.transactions_written += 1;

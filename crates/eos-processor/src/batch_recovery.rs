@@ -116,9 +116,7 @@ impl<T: Transform> TransactionLoop<T> {
 
     pub(crate) fn abort_open_transaction(&mut self) -> Result<(), ProcessorError> {
         counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
-        for end in self.changelog_ends.values_mut() {
-            end.expected_end = None;
-        }
+        self.states.forget_expected_ends();
         match self.producer.abort() {
             Ok(()) => self.rewind_to_committed(),
             // A fresh producer's init_transactions aborts whatever is still open.
@@ -139,10 +137,7 @@ impl<T: Transform> TransactionLoop<T> {
         warn!(error = %cause, "replacing the producer and recovering from committed state");
         counter!(m::TRANSACTIONS, "outcome" => "recovered").increment(1);
         self.producer = self.settings.create_producer()?;
-        let partitions: Vec<i32> = self.states.keys().copied().collect();
-        for partition in partitions {
-            self.restore(partition)?;
-        }
+        self.states.restore_all(&self.transform)?;
         self.rewind_to_committed()
     }
 

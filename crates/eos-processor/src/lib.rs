@@ -49,7 +49,6 @@ mod batch_commit;
 mod batch_recovery;
 #[doc(hidden)]
 pub mod changelog;
-mod changelog_end;
 mod config;
 #[doc(hidden)]
 mod consumed_positions;
@@ -57,18 +56,18 @@ mod dead_letter_record;
 mod error;
 mod input_format;
 mod lag_watch;
-mod local_checkpoint;
 mod loop_consumer;
+mod loop_settings;
 #[doc(hidden)]
 mod metrics;
 mod open_batch;
 mod output_format;
+mod owned_states;
 mod rebalance_handling;
 mod record_decision;
 #[cfg(feature = "wasm")]
 mod service;
 mod start_up;
-mod state_restore;
 #[doc(hidden)]
 mod topics;
 #[doc(hidden)]

@@ -5,14 +5,12 @@
 
 use metrics::counter;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{Message as _, OwnedHeaders};
+use rdkafka::message::Message as _;
 use tracing::debug;
 
 use eos_core::Guarantee;
-use eos_runtime::transactional_producer::PendingRecord;
 
 use crate::batch::{Batch, CommittedBatch};
-use crate::changelog;
 use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
@@ -67,7 +65,7 @@ impl<T: Transform> TransactionLoop<T> {
         };
         list.elements_for_topic(&self.settings.input_topic)
             .iter()
-            .filter(|elem| self.states.contains_key(&elem.partition()))
+            .filter(|elem| self.states.owns(elem.partition()))
             .filter_map(|elem| Some((elem.partition(), elem.offset().to_raw()?)))
             .filter(|&(_, next)| next >= 0)
             .map(|(partition, next)| (partition, next.min(self.first_held(partition))))
@@ -91,24 +89,6 @@ impl<T: Transform> TransactionLoop<T> {
             Guarantee::ExactlyOnce => self.commit_transactional(batch),
             Guarantee::AtLeastOnce => self.commit_at_least_once(batch),
         }
-    }
-
-    /// The changelog records of the batch's state changes, each to its input partition's
-    /// changelog partition.
-    pub(crate) fn changelog_records(&self, batch: &Batch<T::State>) -> Vec<PendingRecord> {
-        let mut records = Vec::new();
-        for (partition, overlay) in batch.overlays() {
-            for record in changelog::records_for::<T>(overlay) {
-                records.push(PendingRecord {
-                    topic: self.settings.changelog_topic.clone(),
-                    partition: Some(partition),
-                    key: Some(record.key.into_bytes()),
-                    payload: record.value,
-                    headers: OwnedHeaders::new(),
-                });
-            }
-        }
-        records
     }
 
     /// The batch is committed in Kafka: its state changes go to the store. A store that
@@ -136,17 +116,7 @@ impl<T: Transform> TransactionLoop<T> {
             Guarantee::ExactlyOnce => 1,
             Guarantee::AtLeastOnce => 0,
         };
-        for (partition, overlay) in overlays {
-            let written = overlay.changelog_record_count() as i64;
-            if let Some(state) = self.states.get(&partition) {
-                state.apply::<T>(overlay)?;
-            }
-            if written > 0
-                && let Some(end) = self.changelog_ends.get_mut(&partition)
-            {
-                end.expected_end = end.expected_end.map(|e| e + written + markers);
-            }
-        }
+        self.states.apply_committed::<T>(overlays, markers)?;
         counter!(m::RECORDS_IN).increment(counts.records_in);
         counter!(m::RECORDS_OUT).increment(counts.outputs);
         counter!(m::DUPLICATES_DROPPED).increment(counts.duplicates);

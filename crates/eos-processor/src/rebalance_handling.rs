@@ -38,10 +38,7 @@ impl<T: Transform> TransactionLoop<T> {
                     self.held
                         .retain(|held| !partitions.contains(&held.partition()));
                     for partition in &partitions {
-                        // Its store and checkpoint stay: if it comes back, the restore reads the
-                        // changelog from that checkpoint.
-                        self.states.remove(partition);
-                        self.changelog_ends.remove(partition);
+                        self.states.revoke(*partition);
                         self.committed_next.remove(partition);
                     }
                     if transaction_open {
@@ -59,7 +56,7 @@ impl<T: Transform> TransactionLoop<T> {
                 RebalanceEvent::Assigned { partitions } => {
                     info!(?partitions, "partitions assigned; restoring state");
                     for &partition in &partitions {
-                        self.restore(partition)?;
+                        self.states.restore(partition, &self.transform)?;
                     }
                     self.readiness.set(true);
                 }

@@ -107,7 +107,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// batch's records, its state change the partition's overlay, its offset the positions.
     pub(crate) fn decide(&mut self, message: &OwnedMessage) -> Result<(), ProcessorError> {
         let partition = message.partition();
-        let Some(state) = self.states.get(&partition) else {
+        let Some(state) = self.states.get(partition) else {
             // Only possible for a partition revoked in the same poll; its new owner reads it.
             debug!(
                 partition,

@@ -12,9 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config};
 use crate::error::ProcessorError;
+use crate::loop_settings::LoopSettings;
 use crate::output_format::{self, OutputEncoder};
 use crate::partition_state::DecisionPolicy;
-use crate::transaction_loop::{LoopSettings, TransactionLoop};
+use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 use crate::{boundary, metrics, topics};
 use eos_schema::{

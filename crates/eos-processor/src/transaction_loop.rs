@@ -18,8 +18,9 @@
 //!
 //! This module holds the loop and its state; each of its jobs has a module of its own (the
 //! invariants they keep are docs/architecture/loop-invariants.md's "Loop invariants"):
-//! `rebalance_handling.rs` (partitions revoked and assigned while `poll` ran), `state_restore.rs`
-//! and `local_checkpoint.rs` (a partition's state before it is read, and how much of the changelog
+//! `rebalance_handling.rs` (partitions revoked and assigned while `poll` ran), `owned_states/`
+//! (the component that owns each partition's state: restored before it is read, changed by
+//! committed batches, and checkpointed locally to bound how much of the changelog
 //! a restart reads again), `record_decision.rs` (one record into the open batch, with its span),
 //! `dead_letter_record.rs` (the record a dead letter becomes), `open_batch.rs` (the batch and
 //! what its commit applies), `batch_commit.rs` (the exactly-once transaction),
@@ -27,12 +28,10 @@
 //! `lag_watch.rs` (the consumer lag, measured beside the loop so that it moves while the loop is
 //! stuck).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
@@ -46,92 +45,14 @@ use eos_runtime::rebalance::subscribe_static_member;
 use eos_runtime::transactional_producer::TransactionalProducer;
 
 use crate::batch::Batch;
-use crate::changelog_end::{CHECKPOINT_INTERVAL, ChangelogEnd};
 use crate::error::ProcessorError;
 use crate::lag_watch::LagWatch;
 pub(crate) use crate::loop_consumer::LoopConsumer;
+use crate::loop_settings::LoopSettings;
 use crate::output_format::OutputEncoder;
-use crate::partition_state::{DecisionPolicy, PartitionState};
-use crate::state_store::StateStore;
+use crate::owned_states::OwnedStates;
 use crate::transform::Transform;
 use eos_schema::RecordDecoder;
-
-/// Everything the loop needs, resolved from the configuration.
-#[derive(Debug, Clone)]
-pub(crate) struct LoopSettings {
-    pub guarantee: Guarantee,
-    pub input_topic: String,
-    /// Output name → topic; without [`crate::transform::DEFAULT_OUTPUT`] when the transform
-    /// writes only to outputs it names.
-    pub outputs: BTreeMap<String, String>,
-    pub dlq_topic: String,
-    pub changelog_topic: String,
-    pub group_id: String,
-    /// Static group membership: a restarted instance takes its partitions back at once instead of
-    /// waiting out the dead member's session.
-    pub instance_id: String,
-    pub transactional_id: String,
-    pub commit_interval: Duration,
-    pub max_batch: usize,
-    pub policy: DecisionPolicy,
-    pub transaction_timeout: Duration,
-    pub fault_abort_every: Option<u64>,
-    /// The largest dead letter the producer can write: its `message.max.bytes`, or the dead-letter
-    /// topic's `max.message.bytes` when smaller (see `eos_core::dead_letter::build`).
-    pub dead_letter_max_bytes: usize,
-    /// Connection settings shared by every client.
-    pub client_config: ClientConfig,
-    /// This instance's state store directory (see `state_store::instance_dir`).
-    pub state_dir: PathBuf,
-    /// The changelog's `delete.retention.ms`: a local checkpoint older than this is not trusted.
-    pub changelog_delete_retention: Duration,
-    /// This start created the changelog: local state of a changelog by that name is stale.
-    pub changelog_created: bool,
-}
-
-impl LoopSettings {
-    /// Where a transaction's outputs go, for its span: the default output's topic, else every
-    /// output's.
-    pub(crate) fn destination(&self) -> String {
-        match self.outputs.get(crate::transform::DEFAULT_OUTPUT) {
-            Some(topic) => topic.clone(),
-            None => self.outputs.values().cloned().collect::<Vec<_>>().join(","),
-        }
-    }
-
-    pub(crate) fn call_timeout(&self) -> Duration {
-        self.transaction_timeout.max(Duration::from_secs(10))
-    }
-
-    pub(crate) fn create_producer(&self) -> Result<TransactionalProducer, ProcessorError> {
-        let mut config = self.client_config.clone();
-        // The broker checks a topic's max.message.bytes against a whole record batch: batches of
-        // at most the dead-letter limit, so that dead letters that each fit are never refused
-        // together (an aborted transaction, then the same batch again). With the default limits
-        // this is librdkafka's own default; a smaller -X batch.size stays.
-        let batch_bytes = config
-            .get("batch.size")
-            .and_then(|value| value.parse::<usize>().ok())
-            .map_or(self.dead_letter_max_bytes, |set| {
-                set.min(self.dead_letter_max_bytes)
-            });
-        config.set("batch.size", batch_bytes.to_string());
-        TransactionalProducer::new(
-            &config,
-            self.guarantee,
-            &self.transactional_id,
-            self.transaction_timeout,
-            self.call_timeout(),
-        )
-        .map_err(ProcessorError::from)
-    }
-
-    pub(crate) fn restore_timeout(&self) -> Duration {
-        // How long a restore may make no progress: a crashed owner's open transaction holds the
-        // changelog's LSO until the broker aborts it.
-        self.transaction_timeout * 3 + Duration::from_secs(30)
-    }
-}
 
 pub(crate) struct TransactionLoop<T: Transform> {
     pub(crate) settings: LoopSettings,
@@ -139,10 +60,8 @@ pub(crate) struct TransactionLoop<T: Transform> {
     /// Shared with the consumer lag's thread (`lag_watch.rs`).
     pub(crate) consumer: Arc<LoopConsumer>,
     pub(crate) producer: TransactionalProducer,
-    pub(crate) store: Arc<StateStore>,
-    pub(crate) states: HashMap<i32, PartitionState<T::State>>,
-    pub(crate) changelog_ends: HashMap<i32, ChangelogEnd>,
-    pub(crate) last_checkpoint: Instant,
+    /// The owned partitions' state: restored, applied, checkpointed (`owned_states/`).
+    pub(crate) states: OwnedStates<T::State>,
     pub(crate) last_sweep: HashMap<i32, Instant>,
     pub(crate) batch: Batch<T::State>,
     /// Per owned partition, the offset this instance last committed (unknown after assignment).
@@ -167,7 +86,7 @@ impl<T: Transform> std::fmt::Debug for TransactionLoop<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TransactionLoop")
             .field("settings", &self.settings)
-            .field("partitions", &self.states.keys().collect::<Vec<_>>())
+            .field("partitions", &self.states.partitions())
             .finish_non_exhaustive()
     }
 }
@@ -180,39 +99,7 @@ impl<T: Transform> TransactionLoop<T> {
         transform: T,
         (readiness, progress): (Readiness, Arc<ProgressWatch>),
     ) -> Result<Self, ProcessorError> {
-        let store = match StateStore::open(&settings.state_dir) {
-            Ok(store) => store,
-            // A paused or hung predecessor with the same identity still holds the store (it is
-            // fenced as soon as this instance starts): a store of this process's own, restored
-            // cold from the changelog, instead of refusing to take over.
-            Err(crate::state_store::StoreError::Open { path, detail })
-                if detail.contains("another process") =>
-            {
-                let own = PathBuf::from(format!(
-                    "{}.pid{}",
-                    settings.state_dir.display(),
-                    std::process::id()
-                ));
-                warn!(
-                    held = %path.display(),
-                    store = %own.display(),
-                    "the state store is held by another process; using a store of this process"
-                );
-                StateStore::open(&own)?
-            }
-            Err(error) => return Err(error.into()),
-        };
-        let keep = if settings.changelog_created {
-            None
-        } else {
-            Some(settings.changelog_topic.as_str())
-        };
-        let dropped = store.drop_changelogs_except(keep)?;
-        info!(
-            store = store.location(),
-            dropped_tables = dropped,
-            "state store open"
-        );
+        let states = OwnedStates::open(&settings)?;
         let producer = settings.create_producer()?;
         let consumer = Arc::new(subscribe_static_member(
             &settings.client_config,
@@ -226,10 +113,7 @@ impl<T: Transform> TransactionLoop<T> {
             transform,
             consumer,
             producer,
-            store,
-            states: HashMap::new(),
-            changelog_ends: HashMap::new(),
-            last_checkpoint: Instant::now(),
+            states,
             last_sweep: HashMap::new(),
             batch: Batch::default(),
             committed_next: HashMap::new(),
@@ -265,7 +149,7 @@ impl<T: Transform> TransactionLoop<T> {
         }
         self.readiness.set(false);
         if result.is_ok() {
-            self.checkpoint_on_shutdown();
+            self.states.checkpoint_on_shutdown(&self.consumer);
             // Leave the group now rather than after the session timeout.
             self.consumer.unsubscribe();
             if !interrupted {
@@ -333,8 +217,8 @@ impl<T: Transform> TransactionLoop<T> {
                 }
                 None => {}
             }
-            if self.batch.is_empty() && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
-                self.advance_checkpoints()?;
+            if self.batch.is_empty() {
+                self.states.checkpoint_if_due(&self.consumer)?;
             }
             let full = self.batch.records_in() as usize >= self.settings.max_batch;
             let due = self.batch.due().is_some_and(|due| Instant::now() >= due);

@@ -8,30 +8,33 @@ use std::time::Instant;
 use metrics::{counter, histogram};
 use tracing::info;
 
+use super::{ChangelogEnd, OwnedStates};
 use crate::changelog;
-use crate::changelog_end::ChangelogEnd;
 use crate::error::ProcessorError;
 use crate::metrics as m;
 use crate::partition_state::PartitionState;
-use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 
-impl<T: Transform> TransactionLoop<T> {
-    pub(crate) fn restore(&mut self, partition: i32) -> Result<(), ProcessorError> {
+impl<S: Clone + Default> OwnedStates<S> {
+    /// Brings `partition`'s state up to the changelog's committed end; from then on this
+    /// instance owns it.
+    pub(crate) fn restore<T: Transform<State = S>>(
+        &mut self,
+        partition: i32,
+        transform: &T,
+    ) -> Result<(), ProcessorError> {
         let started = Instant::now();
         // A fresh handle: a cached read view of the old one must not outlive the restore.
         self.states.remove(&partition);
-        let store = self
-            .store
-            .partition(&self.settings.changelog_topic, partition)?;
+        let store = self.store.partition(&self.changelog.topic, partition)?;
         let outcome = changelog::restore_partition(
-            &self.transform,
-            &self.settings.client_config,
-            &self.settings.changelog_topic,
+            transform,
+            &self.changelog.client_config,
+            &self.changelog.topic,
             partition,
-            self.settings.restore_timeout(),
+            self.changelog.restore_timeout,
             &store,
-            self.settings.changelog_delete_retention,
+            self.changelog.delete_retention,
         )?;
         let (entities, seen_ids) = store.counts()?;
         histogram!(m::RESTORE_SECONDS, "mode" => outcome.mode.as_str())
@@ -58,6 +61,18 @@ impl<T: Transform> TransactionLoop<T> {
             },
         );
         self.states.insert(partition, PartitionState::new(store));
+        Ok(())
+    }
+
+    /// Every owned partition's state again, from what Kafka committed: after a transaction whose
+    /// outcome was unknown.
+    pub(crate) fn restore_all<T: Transform<State = S>>(
+        &mut self,
+        transform: &T,
+    ) -> Result<(), ProcessorError> {
+        for partition in self.partitions() {
+            self.restore(partition, transform)?;
+        }
         Ok(())
     }
 }
