@@ -43,12 +43,10 @@
 //! ```
 #![warn(missing_docs)]
 
-mod at_least_once;
 mod batch;
-mod batch_commit;
-mod batch_recovery;
 #[doc(hidden)]
 pub mod changelog;
+mod committer;
 mod config;
 #[doc(hidden)]
 mod consumed_positions;
@@ -60,11 +58,8 @@ mod loop_consumer;
 mod loop_settings;
 #[doc(hidden)]
 mod metrics;
-mod open_batch;
 mod output_format;
 mod owned_states;
-mod rebalance_handling;
-mod record_decision;
 #[cfg(feature = "wasm")]
 mod service;
 mod start_up;

@@ -16,17 +16,23 @@
 //! re-reads them from the committed offsets. A zombie that misses the revoke is still kept out by
 //! the group generation in its offset commit (KIP-447), which fails the transaction.
 //!
-//! This module holds the loop and its state; each of its jobs has a module of its own (the
-//! invariants they keep are docs/architecture/loop-invariants.md's "Loop invariants"):
-//! `rebalance_handling.rs` (partitions revoked and assigned while `poll` ran), `owned_states/`
-//! (the component that owns each partition's state: restored before it is read, changed by
-//! committed batches, and checkpointed locally to bound how much of the changelog
-//! a restart reads again), `record_decision.rs` (one record into the open batch, with its span),
-//! `dead_letter_record.rs` (the record a dead letter becomes), `open_batch.rs` (the batch and
-//! what its commit applies), `batch_commit.rs` (the exactly-once transaction),
-//! `batch_recovery.rs` (what follows its failure), `at_least_once.rs` (the other mode) and
+//! The loop composes three components, each the one owner of its state, with private fields:
+//! the open batch (`batch.rs`: what deciding adds, taken whole by its commit), the owned states
+//! (`owned_states/`: each partition's state, restored before it is read, changed only by
+//! committed batches, checkpointed on the local disk) and the committer (`committer/`: the
+//! producer and every transactional call; one `commit(batch)` path whose outcome is committed,
+//! or failed and recovered with what the loop must do to its state). The loop's own fields are
+//! private to this module and its children, one per job: `record_decision.rs` (one record into
+//! the open batch, with its span), `open_batch.rs` (finishing the batch, applying its outcome,
+//! rewinding after a failure) and `rebalance_handling.rs` (partitions revoked and assigned while
+//! `poll` ran). Beside it, `dead_letter_record.rs` (the record a dead letter becomes) and
 //! `lag_watch.rs` (the consumer lag, measured beside the loop so that it moves while the loop is
-//! stuck).
+//! stuck). The invariants they keep are docs/architecture/loop-invariants.md's "Loop
+//! invariants".
+
+mod open_batch;
+mod rebalance_handling;
+mod record_decision;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -38,16 +44,15 @@ use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use eos_core::Guarantee;
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
 use eos_runtime::rebalance::subscribe_static_member;
-use eos_runtime::transactional_producer::TransactionalProducer;
 
 use crate::batch::Batch;
+use crate::committer::Committer;
 use crate::error::ProcessorError;
 use crate::lag_watch::LagWatch;
-pub(crate) use crate::loop_consumer::LoopConsumer;
+use crate::loop_consumer::LoopConsumer;
 use crate::loop_settings::LoopSettings;
 use crate::output_format::OutputEncoder;
 use crate::owned_states::OwnedStates;
@@ -55,29 +60,29 @@ use crate::transform::Transform;
 use eos_schema::RecordDecoder;
 
 pub(crate) struct TransactionLoop<T: Transform> {
-    pub(crate) settings: LoopSettings,
-    pub(crate) transform: T,
+    settings: LoopSettings,
+    transform: T,
     /// Shared with the consumer lag's thread (`lag_watch.rs`).
-    pub(crate) consumer: Arc<LoopConsumer>,
-    pub(crate) producer: TransactionalProducer,
+    consumer: Arc<LoopConsumer>,
+    /// Writes the batches and recovers from failed writes (`committer/`).
+    committer: Committer,
     /// The owned partitions' state: restored, applied, checkpointed (`owned_states/`).
-    pub(crate) states: OwnedStates<T::State>,
-    pub(crate) last_sweep: HashMap<i32, Instant>,
-    pub(crate) batch: Batch<T::State>,
+    states: OwnedStates<T::State>,
+    last_sweep: HashMap<i32, Instant>,
+    batch: Batch<T::State>,
     /// Per owned partition, the offset this instance last committed (unknown after assignment).
-    pub(crate) committed_next: HashMap<i32, i64>,
-    pub(crate) transactions_written: u64,
-    pub(crate) readiness: Readiness,
+    committed_next: HashMap<i32, i64>,
+    readiness: Readiness,
     /// Told when input waits in an open batch and when a batch commits (docs/OBSERVABILITY.md
     /// "Liveness").
-    pub(crate) progress: Arc<ProgressWatch>,
+    progress: Arc<ProgressWatch>,
     /// Turns input values into the JSON event model (plain JSON unless [`Self::with_input`]).
-    pub(crate) input: RecordDecoder,
+    input: RecordDecoder,
     /// Records polled and not decided yet, taken before polling again: they wait for the
     /// schema registry (`record_decision.rs`). No committed position passes one.
-    pub(crate) held: VecDeque<OwnedMessage>,
+    held: VecDeque<OwnedMessage>,
     /// Writes the outputs in their topics' registry format (plain JSON when `None`).
-    pub(crate) output: Option<Arc<OutputEncoder>>,
+    output: Option<Arc<OutputEncoder>>,
     /// Measures `eos_processor_consumer_lag` beside the loop, while it lives.
     _lag_watch: Option<LagWatch>,
 }
@@ -100,7 +105,7 @@ impl<T: Transform> TransactionLoop<T> {
         (readiness, progress): (Readiness, Arc<ProgressWatch>),
     ) -> Result<Self, ProcessorError> {
         let states = OwnedStates::open(&settings)?;
-        let producer = settings.create_producer()?;
+        let committer = Committer::new(&settings)?;
         let consumer = Arc::new(subscribe_static_member(
             &settings.client_config,
             &settings.group_id,
@@ -112,12 +117,11 @@ impl<T: Transform> TransactionLoop<T> {
             settings,
             transform,
             consumer,
-            producer,
+            committer,
             states,
             last_sweep: HashMap::new(),
             batch: Batch::default(),
             committed_next: HashMap::new(),
-            transactions_written: 0,
             readiness,
             progress,
             input: RecordDecoder::json(),
@@ -170,12 +174,7 @@ impl<T: Transform> TransactionLoop<T> {
             "shutdown interrupted a transform call: the open batch is aborted, not committed; \
              its records are read again at the next start"
         );
-        if batch.transaction_open()
-            && let Err(failure) = self.producer.abort()
-        {
-            // The next instance's init_transactions aborts it, as after a crash.
-            warn!(?failure, "aborting the open transaction failed");
-        }
+        self.committer.abort_on_interrupt(batch.transaction_open());
     }
 
     fn run_until(&mut self, shutdown: &CancellationToken) -> Result<(), ProcessorError> {
@@ -183,7 +182,9 @@ impl<T: Transform> TransactionLoop<T> {
             if shutdown.is_cancelled() {
                 return self.finish_batch();
             }
-            self.check_fatal()?;
+            if let Some(after) = self.committer.check_fatal(&self.consumer)? {
+                self.recover(after)?;
+            }
             let wait = match self.batch.due() {
                 Some(due) => due.saturating_duration_since(Instant::now()),
                 None => self.settings.commit_interval,
@@ -205,9 +206,11 @@ impl<T: Transform> TransactionLoop<T> {
                     self.progress
                         .working("a transform call or its batch's commit");
                     self.decide(&message)?;
-                    match self.settings.guarantee {
-                        Guarantee::ExactlyOnce => self.send_decided_in_transaction()?,
-                        Guarantee::AtLeastOnce => self.send_decided_now()?,
+                    if let Some(after) = self
+                        .committer
+                        .send_decided(&mut self.batch, &self.consumer)?
+                    {
+                        self.recover(after)?;
                     }
                 }
                 Some(Err(error)) => self.consumer_error(error)?,

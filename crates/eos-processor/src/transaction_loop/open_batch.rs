@@ -1,25 +1,33 @@
 //! Finishing the open batch (`batch.rs`): when it is finished (full, due, or the loop idle past
-//! transaction markers), the positions it commits, and what its commit does to the store
-//! (docs/architecture/loop-invariants.md, "Loop invariants"). How it is written is the guarantee's:
-//! `batch_commit.rs` (exactly-once) or `at_least_once.rs`.
+//! transaction markers), the positions it commits, and what its commit's outcome does: a
+//! committed batch's changes go to the owned states, a failed one's are dropped and every owned
+//! partition is rewound (docs/architecture/loop-invariants.md, "Loop invariants"). How it is
+//! written is the committer's (`committer/`).
+
+use std::time::Duration;
 
 use metrics::counter;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message as _;
-use tracing::debug;
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
+
+use eos_runtime::backoff::{BlockingRetryable as _, doubling};
+use eos_runtime::kafka_errors::passes_by_itself;
 
 use eos_core::Guarantee;
 
+use super::TransactionLoop;
 use crate::batch::{Batch, CommittedBatch};
+use crate::committer::{AfterFailure, CommitOutcome};
 use crate::consumed_positions::ConsumedPositions;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 
 impl<T: Transform> TransactionLoop<T> {
     /// Writes the open batch with the configured guarantee.
-    pub(crate) fn finish_batch(&mut self) -> Result<(), ProcessorError> {
+    pub(super) fn finish_batch(&mut self) -> Result<(), ProcessorError> {
         if self.batch.is_empty() {
             return Ok(());
         }
@@ -32,7 +40,7 @@ impl<T: Transform> TransactionLoop<T> {
 
     /// Idle, with the consumer past transaction markers it has not committed yet: an
     /// offsets-only transaction moves the group there.
-    pub(crate) fn commit_markers_passed(&mut self) -> Result<(), ProcessorError> {
+    pub(super) fn commit_markers_passed(&mut self) -> Result<(), ProcessorError> {
         let mut positions = ConsumedPositions::default();
         for (partition, next) in self.owned_positions() {
             if self
@@ -83,17 +91,69 @@ impl<T: Transform> TransactionLoop<T> {
             .unwrap_or(i64::MAX)
     }
 
-    /// Writes `batch` by the configured guarantee (`batch_commit.rs` or `at_least_once.rs`).
+    /// Writes `batch` with its changelog records through the committer, then applies what its
+    /// outcome says: the batch's state changes, or the recovery of a failure.
     fn commit(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
-        match self.settings.guarantee {
-            Guarantee::ExactlyOnce => self.commit_transactional(batch),
-            Guarantee::AtLeastOnce => self.commit_at_least_once(batch),
+        let changelog = self.states.changelog_records::<T>(&batch);
+        match self.committer.commit(batch, &changelog, &self.consumer)? {
+            CommitOutcome::Committed(batch) => self.apply_committed(*batch),
+            CommitOutcome::Failed(after) => self.recover(after),
         }
+    }
+
+    /// A transactional call failed and the committer recovered the producer: the open batch's
+    /// state changes go (and, when the transaction's outcome was settled by a new producer, the
+    /// state is restored from the changelog), and every owned partition is read again from its
+    /// committed offset.
+    pub(super) fn recover(&mut self, after: AfterFailure) -> Result<(), ProcessorError> {
+        match after {
+            // How much of the aborted batch reached the changelog is unknown.
+            AfterFailure::Rewind => self.states.forget_expected_ends(),
+            AfterFailure::RestoreAndRewind => self.states.restore_all(&self.transform)?,
+        }
+        self.rewind_to_committed()
+    }
+
+    fn rewind_to_committed(&mut self) -> Result<(), ProcessorError> {
+        self.batch = Batch::default();
+        if self.states.is_empty() {
+            // Nothing owned (every partition was just revoked): nothing to rewind.
+            return Ok(());
+        }
+        let timeout = self.settings.call_timeout();
+        // The group coordinator may be moving (its broker died): ask again until it answers.
+        let committed = (|| self.consumer.committed(timeout))
+            .retry(doubling(Duration::from_millis(100), Duration::from_secs(2)).with_max_times(20))
+            .when(passes_by_itself)
+            .notify(|error, delay| {
+                warn!(%error, ?delay, "committed offsets not readable yet; asking again");
+            })
+            .call()?;
+        let mut positions = TopicPartitionList::new();
+        for elem in committed.elements() {
+            let offset = match elem.offset() {
+                Offset::Offset(offset) => Offset::Offset(offset),
+                _ => Offset::Beginning,
+            };
+            positions.add_partition_offset(elem.topic(), elem.partition(), offset)?;
+        }
+        let sought = self.consumer.seek_partitions(positions, timeout)?;
+        for elem in sought.elements() {
+            if let Err(error) = elem.error() {
+                // A partition we cannot rewind must not be read past its committed offset.
+                return Err(ProcessorError::Fatal(error));
+            }
+        }
+        info!(
+            partitions = sought.count(),
+            "rewound to the committed offsets"
+        );
+        Ok(())
     }
 
     /// The batch is committed in Kafka: its state changes go to the store. A store that
     /// cannot take them is fatal; the restart restores from the changelog, which has them.
-    pub(crate) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
+    pub(super) fn apply_committed(&mut self, batch: Batch<T::State>) -> Result<(), ProcessorError> {
         self.progress.progressed();
         let CommittedBatch {
             counts,

@@ -2,7 +2,7 @@
 //! decided (the first one begins it), and the commit adds the changelog records and the consumed
 //! offsets (with the group generation, KIP-447) before `commit_transaction`
 //! (docs/architecture/loop-invariants.md, "Loop invariants" and "Latency"). A failure goes to
-//! `batch_recovery.rs`.
+//! `recovery.rs`.
 
 use std::time::Instant;
 
@@ -14,41 +14,47 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use eos_runtime::transactional_producer::{PendingRecord, TxnFailure};
 
+use super::{AfterFailure, CommitOutcome, Committer};
 use crate::batch::Batch;
 use crate::error::ProcessorError;
+use crate::loop_consumer::LoopConsumer;
 use crate::metrics as m;
-use crate::transaction_loop::TransactionLoop;
-use crate::transform::Transform;
 
-impl<T: Transform> TransactionLoop<T> {
-    /// Exactly-once: what was just decided goes into the open transaction, which the first
-    /// record after a commit begins (see the module doc). Nothing of it is visible before the
-    /// commit; a failure here ends the transaction as a failed commit would.
-    pub(crate) fn send_decided_in_transaction(&mut self) -> Result<(), ProcessorError> {
-        if self.batch.unsent().is_empty() {
-            return Ok(());
-        }
-        match self.send_into_transaction() {
-            Ok(()) => Ok(()),
-            Err(failure) => self.transaction_failed(failure),
-        }
-    }
-
-    fn send_into_transaction(&mut self) -> Result<(), TxnFailure> {
-        if !self.batch.transaction_open() {
-            self.producer.begin()?;
-            self.batch.mark_transaction_open();
-        }
-        for record in self.batch.take_unsent() {
-            self.producer.send(&record)?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn commit_transactional(
+impl Committer {
+    /// What was decided goes into the open transaction, begun by the first record after a
+    /// commit.
+    pub(super) fn send_into_transaction<S>(
         &mut self,
-        batch: Batch<T::State>,
-    ) -> Result<(), ProcessorError> {
+        batch: &mut Batch<S>,
+        consumer: &LoopConsumer,
+    ) -> Result<Option<AfterFailure>, ProcessorError> {
+        if batch.unsent().is_empty() {
+            return Ok(None);
+        }
+        let sent = (|| {
+            if !batch.transaction_open() {
+                self.producer.begin()?;
+                batch.mark_transaction_open();
+            }
+            for record in batch.take_unsent() {
+                self.producer.send(&record)?;
+            }
+            Ok(())
+        })();
+        match sent {
+            Ok(()) => Ok(None),
+            Err(failure) => self.failed(failure, consumer).map(Some),
+        }
+    }
+
+    /// The rest of the transaction (see [`Self::write_transaction`]), then its commit, under
+    /// the batch's `transaction` span linked to each record's `process` span.
+    pub(super) fn commit_transaction<S>(
+        &mut self,
+        batch: Batch<S>,
+        changelog: &[PendingRecord],
+        consumer: &LoopConsumer,
+    ) -> Result<CommitOutcome<S>, ProcessorError> {
         let span = info_span!(
             "transaction",
             otel.name = "eos-processor transaction",
@@ -64,8 +70,7 @@ impl<T: Transform> TransactionLoop<T> {
         }
         let _entered = span.enter();
         let started = Instant::now();
-        let changelog = self.states.changelog_records::<T>(&batch);
-        let written = self.write_transaction(&batch, &changelog);
+        let written = self.write_transaction(&batch, changelog, consumer);
         let write_ms = started.elapsed().as_millis() as u64;
         self.transactions_written += 1;
         let outcome = match written {
@@ -95,9 +100,9 @@ impl<T: Transform> TransactionLoop<T> {
                     total_ms = started.elapsed().as_millis() as u64,
                     "transaction committed"
                 );
-                self.apply_committed(batch)
+                Ok(CommitOutcome::Committed(Box::new(batch)))
             }
-            Err(failure) => self.transaction_failed(failure),
+            Err(failure) => self.failed(failure, consumer).map(CommitOutcome::Failed),
         }
     }
 
@@ -109,10 +114,11 @@ impl<T: Transform> TransactionLoop<T> {
 
     /// The rest of the transaction: begin (unless records already opened it), whatever is not
     /// sent yet, the changelog records, then the consumed offsets. Nothing is committed yet.
-    fn write_transaction(
+    fn write_transaction<S>(
         &self,
-        batch: &Batch<T::State>,
+        batch: &Batch<S>,
         changelog: &[PendingRecord],
+        consumer: &LoopConsumer,
     ) -> Result<(), TxnFailure> {
         if !batch.transaction_open() {
             self.producer.begin()?;
@@ -121,8 +127,7 @@ impl<T: Transform> TransactionLoop<T> {
             self.producer.send(record)?;
         }
         let offsets = batch.positions().to_offsets(&self.settings.input_topic)?;
-        let group_metadata = self
-            .consumer
+        let group_metadata = consumer
             .group_metadata()
             .ok_or_else(|| TxnFailure::Abortable(KafkaError::Global(RDKafkaErrorCode::State)))?;
         self.producer.send_offsets(&offsets, &group_metadata)

@@ -19,10 +19,10 @@ use eos_runtime::transactional_producer::PendingRecord;
 use rdkafka::consumer::Consumer as _;
 use tokio_util::sync::CancellationToken;
 
+use super::TransactionLoop;
 use crate::dead_letter_record::dead_letter_record;
 use crate::error::ProcessorError;
 use crate::partition_state::{Decision, EXPIRY_SWEEP_MAX, InputRecord, Overlay, PartitionState};
-use crate::transaction_loop::TransactionLoop;
 use crate::transform::{SourcePosition, Transform};
 
 /// How often committed ids past the horizon are swept into tombstones, per partition. A sweep
@@ -43,7 +43,7 @@ impl<T: Transform> TransactionLoop<T> {
     /// this instance; rebalances are handled) while it asks again with backoff, shown as an
     /// outage on the progress watch. `None` when the record is held: the loop takes it, and
     /// anything polled meanwhile, from [`TransactionLoop::held`] before polling again.
-    pub(crate) fn schema_at_hand(
+    pub(super) fn schema_at_hand(
         &mut self,
         message: OwnedMessage,
         shutdown: &CancellationToken,
@@ -105,7 +105,7 @@ impl<T: Transform> TransactionLoop<T> {
 
     /// Decides one polled record into the open batch: its outputs or its dead letter join the
     /// batch's records, its state change the partition's overlay, its offset the positions.
-    pub(crate) fn decide(&mut self, message: &OwnedMessage) -> Result<(), ProcessorError> {
+    pub(super) fn decide(&mut self, message: &OwnedMessage) -> Result<(), ProcessorError> {
         let partition = message.partition();
         let Some(state) = self.states.get(partition) else {
             // Only possible for a partition revoked in the same poll; its new owner reads it.

@@ -11,14 +11,14 @@ use tracing::{info, warn};
 
 use eos_runtime::rebalance::RebalanceEvent;
 
+use super::TransactionLoop;
 use crate::batch::Batch;
 use crate::error::ProcessorError;
 use crate::metrics as m;
-use crate::transaction_loop::TransactionLoop;
 use crate::transform::Transform;
 
 impl<T: Transform> TransactionLoop<T> {
-    pub(crate) fn handle_rebalance_events(&mut self) -> Result<(), ProcessorError> {
+    pub(super) fn handle_rebalance_events(&mut self) -> Result<(), ProcessorError> {
         for event in self.consumer.context().take() {
             match event {
                 RebalanceEvent::Revoked { partitions, lost } => {
@@ -48,7 +48,8 @@ impl<T: Transform> TransactionLoop<T> {
                             "aborting the open transaction: it holds outputs of revoked \
                              partitions, which their next owner writes"
                         );
-                        self.abort_open_transaction()?;
+                        let after = self.committer.abort(&self.consumer)?;
+                        self.recover(after)?;
                     }
                     info!(?partitions, lost, "partitions revoked");
                     self.readiness.set(false);
