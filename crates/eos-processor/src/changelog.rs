@@ -313,10 +313,8 @@ pub fn restore_partition<T: Transform>(
         partition,
         detail,
     };
-    // librdkafka refuses to fetch without a group id even for a manual assignment; this group
-    // never commits anything.
     let consumer: BaseConsumer =
-        kafka_clients::consumer(client_config, &format!("{topic}-restore"), ReadCommitted)
+        kafka_clients::reader(client_config, &format!("{topic}-restore"), ReadCommitted)
             .create()
             .map_err(|e| restore_error(e.to_string()))?;
     // Read up to the high watermark, not the last stable offset: the previous owner's last

@@ -209,11 +209,8 @@ pub fn read_position(
         relay: relay_name.to_owned(),
         detail,
     };
-    // librdkafka refuses to fetch without a group id even for a manual assignment; this group
-    // never commits anything.
     let consumer: BaseConsumer =
-        kafka_clients::consumer(client_config, &format!("{topic}-reader"), ReadCommitted)
-            .create()?;
+        kafka_clients::reader(client_config, &format!("{topic}-reader"), ReadCommitted).create()?;
     // Up to the high watermark: another relay's open transaction holds the last stable offset
     // below this relay's own last committed position (see `eos_runtime::log_end`).
     let (low, high) =
