@@ -15,6 +15,7 @@ mod error;
 pub mod logical;
 pub mod logical_stream;
 pub mod metrics;
+mod outbox_reader;
 mod pgoutput;
 pub mod position_topic;
 mod purge;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
 
+use futures::future::BoxFuture;
 use sqlx::{PgPool, Row as _};
 use tokio::sync::Mutex;
 
@@ -26,6 +27,7 @@ use eos_outbox::{OutboxCursor, OutboxRow, read_positions, read_visible_after};
 
 use crate::error::RelayError;
 use crate::logical_stream::{ReplicationTarget, WalStream, session_goes_on};
+use crate::outbox_reader::OutboxReader;
 use crate::pgoutput::Lsn;
 use crate::position_topic::RelayPosition;
 use crate::txn_assembler::OUTBOX_TABLE;
@@ -64,20 +66,7 @@ pub struct WalMarks {
     pub flush_lsn: Lsn,
 }
 
-/// Set once a batch's position reaches `insert_lsn`: every row with `order_xid` below `xmin` is
-/// then published, so `purge_relayed` may go up to `(xmin, 0)`.
-pub type PurgeMark = (i64, Lsn);
-
-/// One read in logical mode.
-#[derive(Debug)]
-pub struct LogicalRead {
-    pub rows: Vec<OutboxRow>,
-    /// The position once `rows` are published.
-    pub position: RelayPosition,
-    /// The read stopped at its limit: read again at once.
-    pub more: bool,
-    pub purge_mark: Option<PurgeMark>,
-}
+pub use crate::outbox_reader::{OutboxRead, PurgeMark};
 
 #[derive(Debug, Clone)]
 pub struct LogicalSource {
@@ -425,7 +414,7 @@ impl LogicalSource {
 
     /// The next batch after `after` (a logical position), at most about `limit` rows in whole
     /// transactions.
-    pub async fn read(&self, after: RelayPosition, limit: i64) -> Result<LogicalRead, RelayError> {
+    pub async fn read(&self, after: RelayPosition, limit: i64) -> Result<OutboxRead, RelayError> {
         match after {
             RelayPosition::Logical {
                 lsn,
@@ -444,7 +433,7 @@ impl LogicalSource {
     /// The transactions after `after`, about `limit` rows of them, from the replication
     /// session (`logical_stream`): the one the last read left open if it ended at `after`, else
     /// a new one starting there.
-    async fn read_stream(&self, after: Lsn, limit: i64) -> Result<LogicalRead, RelayError> {
+    async fn read_stream(&self, after: Lsn, limit: i64) -> Result<OutboxRead, RelayError> {
         // The session goes on while PostgreSQL refuses queries: a server shutting down waits for
         // the session to confirm the end of its WAL, which takes an idle position committed to
         // Kafka, which takes reads (and loads nothing, with no rows).
@@ -496,7 +485,7 @@ impl LogicalSource {
             .flat_map(|txn| txn.positions.iter().copied())
             .collect();
         let rows = self.load(&positions).await?;
-        Ok(LogicalRead {
+        Ok(OutboxRead {
             rows,
             position: RelayPosition::Logical {
                 lsn: read.next,
@@ -527,7 +516,7 @@ impl LogicalSource {
         consistent: Lsn,
         cursor: OutboxCursor,
         limit: i64,
-    ) -> Result<LogicalRead, RelayError> {
+    ) -> Result<OutboxRead, RelayError> {
         let deadline = Instant::now() + VISIBLE_WAIT;
         let mut polls = visibility_polls();
         let mut tx = loop {
@@ -582,7 +571,7 @@ impl LogicalSource {
             .into_iter()
             .filter(|row| !decoded.contains(&row.cursor.position))
             .collect();
-        Ok(LogicalRead {
+        Ok(OutboxRead {
             rows,
             position: RelayPosition::Logical {
                 lsn: consistent,
@@ -738,6 +727,16 @@ const LONGEST_POLL: Duration = Duration::from_millis(20);
 /// Waits between those looks: they usually take a millisecond or two, so start small.
 fn visibility_polls() -> ExponentialBackoff {
     doubling(Duration::from_millis(1), LONGEST_POLL).build()
+}
+
+impl OutboxReader for LogicalSource {
+    fn read(
+        &self,
+        after: RelayPosition,
+        limit: i64,
+    ) -> BoxFuture<'_, Result<OutboxRead, RelayError>> {
+        Box::pin(LogicalSource::read(self, after, limit))
+    }
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use tracing::{info, warn};
 
 use eos_core::Guarantee;
 use eos_outbox::relay_positions::record_relayed;
-use eos_outbox::{OutboxCursor, OutboxRow, read_after};
+use eos_outbox::{OutboxCursor, OutboxRow};
 use eos_runtime::backoff::{BackoffBuilder as _, ExponentialBackoff, doubling};
 use eos_runtime::ops_http::Readiness;
 use eos_runtime::progress_watch::ProgressWatch;
@@ -46,8 +46,8 @@ use eos_schema::{SubjectSchema, TopicSchemaError, TopicSchemas};
 
 use crate::backlog_watch::{self, SharedPublished};
 use crate::error::RelayError;
-use crate::logical::{LogicalSource, PurgeMark};
 use crate::metrics as m;
+use crate::outbox_reader::{OutboxRead, OutboxReader, PurgeMark, XminReader};
 use crate::position_topic::{RelayPosition, position_record};
 use crate::records::record_for;
 use crate::recovery::{log_resuming, recover_position};
@@ -99,6 +99,8 @@ pub struct RelayLoop {
     /// Told what the loop does while rows wait, and when they move (docs/OBSERVABILITY.md
     /// "Liveness").
     progress: Arc<ProgressWatch>,
+    /// Where the rows come from: the mode's reader (`outbox_reader.rs`).
+    reader: Arc<dyn OutboxReader>,
 }
 
 /// Rows read after a position, with the records they become.
@@ -116,28 +118,17 @@ struct Batch {
 
 impl Batch {
     async fn read(
-        pool: PgPool,
-        (logical, value_schemas): (Option<LogicalSource>, Option<Arc<TopicSchemas>>),
+        reader: Arc<dyn OutboxReader>,
+        value_schemas: Option<Arc<TopicSchemas>>,
         after: RelayPosition,
         limit: i64,
     ) -> Result<Self, RelayError> {
-        let (rows, position, more, purge_mark) = match (&logical, after) {
-            (None, RelayPosition::Xmin(cursor)) => {
-                let rows = read_after(&pool, cursor, limit).await?;
-                let last = rows.last().map_or(cursor, |row| row.cursor);
-                let more = rows.len() as i64 >= limit;
-                (rows, RelayPosition::Xmin(last), more, None)
-            }
-            (Some(source), RelayPosition::Logical { .. }) => {
-                let read = source.read(after, limit).await?;
-                (read.rows, read.position, read.more, read.purge_mark)
-            }
-            (_, position) => {
-                return Err(RelayError::Config(format!(
-                    "position {position:?} does not belong to this relay's mode"
-                )));
-            }
-        };
+        let OutboxRead {
+            rows,
+            position,
+            more,
+            purge_mark,
+        } = reader.read(after, limit).await?;
         let schemas = topic_schemas(value_schemas.as_deref(), &rows).await?;
         let records = rows
             .iter()
@@ -212,7 +203,12 @@ impl RelayLoop {
         }
         let position = recover_position(&settings, &pool).await?;
         log_resuming(&settings, position);
+        let reader: Arc<dyn OutboxReader> = match &settings.logical {
+            Some(source) => Arc::new(source.clone()),
+            None => Arc::new(XminReader { pool: pool.clone() }),
+        };
         Ok(Self {
+            reader,
             settings,
             pool,
             producer,
@@ -320,11 +316,8 @@ impl RelayLoop {
             // after the commit also finds the rows committed meanwhile, a cycle sooner.
             next = batch.more.then(|| {
                 tokio::spawn(Batch::read(
-                    self.pool.clone(),
-                    (
-                        self.settings.logical.clone(),
-                        self.settings.value_schemas.clone(),
-                    ),
+                    Arc::clone(&self.reader),
+                    self.settings.value_schemas.clone(),
                     batch.position,
                     self.settings.batch_size,
                 ))
@@ -362,11 +355,8 @@ impl RelayLoop {
         }
         let started = Instant::now();
         let read = Batch::read(
-            self.pool.clone(),
-            (
-                self.settings.logical.clone(),
-                self.settings.value_schemas.clone(),
-            ),
+            Arc::clone(&self.reader),
+            self.settings.value_schemas.clone(),
             self.position,
             self.settings.batch_size,
         )
