@@ -241,6 +241,30 @@ pub fn read_topic_on(
 /// transaction holds the group's offsets "unstable" until the broker aborts it
 /// (transaction.timeout.ms plus the broker's abort sweep), and a read_committed offset fetch waits
 /// on them.
+/// How many records `topic` holds (the sum of its partitions' high watermarks); 0 while it does
+/// not exist yet.
+pub fn records_in_topic(bootstrap_servers: &str, topic: &str) -> anyhow::Result<i64> {
+    let consumer: BaseConsumer = kafka_clients::reader(
+        &client_config_for(bootstrap_servers),
+        "records-in-topic",
+        Isolation::ReadUncommitted,
+    )
+    .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut records = 0;
+    for partition in metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions())
+    {
+        let (low, high) =
+            consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10))?;
+        records += high - low;
+    }
+    Ok(records)
+}
+
 pub fn wait_until_consumed(
     bootstrap_servers: &str,
     group: &str,

@@ -15,7 +15,8 @@ use integration_tests::aimed_kill::{
 use integration_tests::eosctl::{self, AuditOutcome, Workload};
 use integration_tests::service_process::ServiceProcess;
 use integration_tests::{
-    Isolation, bootstrap_servers, create_topic, read_topic_on, unique_name, wait_until_consumed,
+    Isolation, bootstrap_servers, create_topic, read_topic_on, records_in_topic, unique_name,
+    wait_until_consumed,
 };
 use rand::{Rng as _, SeedableRng as _};
 use rdkafka::Message as _;
@@ -436,7 +437,17 @@ fn a_broker_killed_mid_run_and_restarted_loses_and_doubles_nothing() -> anyhow::
         ..Workload::chaos(10_000, 51)
     });
     let mut processor = pipeline.spawn("broker-chaos", "exactly-once", &[])?;
-    std::thread::sleep(Duration::from_secs(3));
+    // Mid-run: once a second of the workload is in (a fixed wait once killed the broker while
+    // eosctl was still creating the topic on a loaded machine, and it gave up).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while records_in_topic(&pipeline.bootstrap, &pipeline.input)? < 1_500 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the workload did not start within 60 s\n{}",
+            processor.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     broker.kill_hard()?;
     std::thread::sleep(Duration::from_secs(2));
     broker.stack(&["up", "kafka"])?;
