@@ -10,9 +10,10 @@
 //! the position is stored in PostgreSQL after Kafka acknowledged the batch, so a crash in between
 //! publishes the batch again.
 //!
-//! Rows are found in one of two ways (docs/architecture/outbox.md): `xmin` mode reads the table
-//! below the server's oldest running transaction (`eos_outbox::reader`); `logical` mode decodes
-//! the outbox's inserts in commit order from a replication slot ([`crate::logical`]), which moves
+//! Rows are found in one of two ways (docs/architecture/outbox.md), each a reader behind one
+//! trait (`outbox_reader.rs`) that the loop picks at start: `xmin` mode reads the table below the
+//! server's oldest running transaction (`eos_outbox::reader`); `logical` mode decodes the
+//! outbox's inserts in commit order from a replication slot ([`crate::logical`]), which moves
 //! only after Kafka committed the position it moves to.
 //!
 //! The producer's calls block, so they run under `block_in_place`. Two things overlap with a
