@@ -66,6 +66,13 @@ impl ProviderAccess {
         self.credential = Some((name, value));
         Ok(self)
     }
+
+    /// The PEM certificates in `path` trusted too; the error names the file.
+    pub fn with_ca_file(mut self, path: &std::path::Path) -> Result<Self, String> {
+        let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.ca_pem = Some(pem);
+        Ok(self)
+    }
 }
 
 /// Refuses what cannot work or would leak: a scheme other than http(s) (no request could ever

@@ -208,10 +208,9 @@ fn target_lookup(raw: RawLookup, timeout: Duration) -> Result<TargetLookup, Stri
         (None, None) => {}
     }
     if let Some(path) = raw.provider_ca_file {
-        access.ca_pem = Some(
-            std::fs::read(&path)
-                .map_err(|e| format!("provider_ca_file {}: {e}", path.display()))?,
-        );
+        access = access
+            .with_ca_file(&path)
+            .map_err(|e| format!("provider_ca_file {e}"))?;
     }
     let client =
         ProviderClient::new(template.origin(), timeout, &access).map_err(|e| e.to_string())?;

@@ -206,10 +206,9 @@ fn provider_access(config: &Config) -> anyhow::Result<ProviderAccess> {
             .map_err(|detail| anyhow::anyhow!("--provider-auth: {detail}"))?;
     }
     if let Some(path) = &config.provider_ca_file {
-        access.ca_pem = Some(
-            std::fs::read(path)
-                .with_context(|| format!("--provider-ca-file {}", path.display()))?,
-        );
+        access = access
+            .with_ca_file(path)
+            .map_err(|detail| anyhow::anyhow!("--provider-ca-file {detail}"))?;
     }
     Ok(access)
 }

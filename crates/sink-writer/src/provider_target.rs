@@ -132,9 +132,9 @@ fn provider_access(spec: &ProviderSpec) -> Result<ProviderAccess, String> {
         access = access.with_credential(&auth.header, value.trim())?;
     }
     if let Some(path) = &spec.ca_file {
-        access.ca_pem = Some(
-            std::fs::read(path).map_err(|e| format!("provider_ca_file {}: {e}", path.display()))?,
-        );
+        access = access
+            .with_ca_file(path)
+            .map_err(|e| format!("provider_ca_file {e}"))?;
     }
     Ok(access)
 }
