@@ -29,6 +29,7 @@ mod drive;
 mod metrics;
 mod outbox_services;
 mod payments_workload;
+mod processes;
 mod registry_format;
 mod relay_outage;
 mod report;
@@ -47,15 +48,15 @@ use crate::chain::service::Service;
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 pub use crate::commands::demo::args::{DemoArgs, DemoGuarantee, DemoSource};
 use crate::commands::demo::command_line::{command_args, say};
-use crate::commands::demo::database::{drop_relay_slot, unknowns};
+use crate::commands::demo::database::unknowns;
 use crate::commands::demo::drive::{Driven, drive};
 use crate::commands::demo::metrics::metrics_line;
 use crate::commands::demo::outbox_services::OutboxServices;
+use crate::commands::demo::processes::RunProcesses;
 use crate::commands::demo::registry_format::RegistryFormat;
 use crate::commands::demo::relay_outage::RelayOutage;
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
-use crate::commands::demo::scrape::{Scraped, scrape};
 use crate::commands::demo::services::RunPlace;
 use eos_testkit::loopback_ports::free_loopback_addr;
 use eosctl::cli::{AuditArgs, TraceArgs};
@@ -63,25 +64,6 @@ use eosctl::commands::{self, audit};
 
 use eosctl::kafka_client::KafkaSettings;
 use eosctl::report::grouped;
-
-/// Writes `services`' /metrics addresses for Prometheus's `file_sd_configs`: written whole to a
-/// temporary file and renamed, since Prometheus re-reads the file whenever it changes.
-fn write_prometheus_targets(path: &Path, services: &[&Service]) -> anyhow::Result<()> {
-    let groups: Vec<serde_json::Value> = services
-        .iter()
-        .map(|service| {
-            serde_json::json!({
-                "targets": [service.ops_addr.to_string()],
-                "labels": { "job": service.name },
-            })
-        })
-        .collect();
-    let partial = path.with_extension("partial");
-    std::fs::write(&partial, serde_json::to_vec_pretty(&groups)?)
-        .with_context(|| format!("writing {}", partial.display()))?;
-    std::fs::rename(&partial, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
-}
 
 /// Where the service binaries are, each one the run starts there; and the flags that do not go
 /// together refused before anything starts.
@@ -215,109 +197,68 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         bootstrap_servers,
         kafka: &kafka_for_services,
     };
-    let mut provider = services::provider_sim(&place, &args, provider_addr, seed);
-    let mut dedup = services::dedup_service(&place, dedup_addr, &provider_url, &database_url)?;
-    let targets = run_dir.join("sink-targets.toml");
-    std::fs::write(
-        &targets,
-        sink_targets(
-            "eos-lab demo",
-            Some(&ProviderTarget {
-                name: &provider_name,
-                dedup_url: &dedup_url,
-                provider_url: &provider_url,
-                concurrency: None,
-                as_http: false,
-            }),
-        ),
-    )?;
+    let targets = write_sink_targets(&run_dir, &provider_name, &dedup_url, &provider_url)?;
     // The processor's store, removed at the end: only this run's group uses it.
     let processor_state = run_dir.join("processor-state");
-    let mut processor = services::eos_processor(
-        &place,
-        &args,
-        [&input, &output, &processor_group],
-        &processor_state,
-        registry_format.as_ref(),
-    )?;
-    let mut sink = services::sink_writer(
-        &place,
-        [&output, &sink_group],
-        &targets,
-        &database_url,
-        registry_format.as_ref(),
-    )?;
-
-    let mut outbox = match args.source {
-        DemoSource::PaymentsApi => Some(OutboxServices::new(
+    let mut processes = RunProcesses {
+        provider: services::provider_sim(&place, &args, provider_addr, seed),
+        dedup: services::dedup_service(&place, dedup_addr, &provider_url, &database_url)?,
+        processor: services::eos_processor(
+            &place,
             &args,
-            (&bin_dir, &run_dir),
-            (bootstrap_servers, &kafka_for_services),
-            &database_url,
-            &input,
-            format!("demo-{run_id}"),
+            [&input, &output, &processor_group],
+            &processor_state,
             registry_format.as_ref(),
-        )?),
-        DemoSource::Producer => None,
+        )?,
+        sink: services::sink_writer(
+            &place,
+            [&output, &sink_group],
+            &targets,
+            &database_url,
+            registry_format.as_ref(),
+        )?,
+        outbox: match args.source {
+            DemoSource::PaymentsApi => Some(OutboxServices::new(
+                &args,
+                (&bin_dir, &run_dir),
+                (bootstrap_servers, &kafka_for_services),
+                &database_url,
+                &input,
+                format!("demo-{run_id}"),
+                registry_format.as_ref(),
+            )?),
+            DemoSource::Producer => None,
+        },
     };
-
     if let Some(path) = &args.prometheus_targets {
-        let mut services = vec![&provider, &dedup, &processor, &sink];
-        if let Some(outbox) = &outbox {
-            services.extend([&outbox.api, &outbox.relay]);
-        }
-        write_prometheus_targets(path, &services)?;
+        processes.write_prometheus_targets(path)?;
     }
+    let RunProcesses {
+        provider,
+        dedup,
+        processor,
+        sink,
+        outbox,
+    } = &mut processes;
     let outcome = drive(
         &args,
         seed,
         &kafka,
         &run_dir,
-        [&mut provider, &mut dedup, &mut processor, &mut sink],
+        [provider, dedup, processor, sink],
         outbox.as_mut(),
         registry_format.as_ref(),
         (&input, &output, &processor_group, &sink_group),
         (provider_addr, dedup_addr),
     )
     .await;
-    // The counters, read before SIGTERM ends the processes that hold them.
-    let scraped = if outcome.is_ok() {
-        Some(Scraped {
-            processor: scrape(processor.ops_addr).await,
-            sink: scrape(sink.ops_addr).await,
-            dedup: scrape(dedup.ops_addr).await,
-            provider: scrape(provider.ops_addr).await,
-        })
-    } else {
-        None
+    let scraped = match &outcome {
+        Ok(_) => Some(processes.scrape().await),
+        Err(_) => None,
     };
-    // Whatever happened, nothing of the run keeps running.
-    let mut stopped_cleanly = true;
-    let mut services = vec![&mut sink, &mut processor, &mut dedup];
-    if let Some(outbox) = outbox.as_mut() {
-        services.extend([&mut outbox.relay, &mut outbox.api]);
-    }
-    for service in services {
-        let clean = service.stop().await.unwrap_or(false);
-        if !clean && outcome.is_ok() {
-            say(format!(
-                "   {} did not exit 0 on SIGTERM; see {}",
-                service.name,
-                service.log.display()
-            ));
-        }
-        stopped_cleanly &= clean;
-    }
-    if let Some(outbox) = &outbox {
-        // The relay's replication slot would hold the server's WAL after the run, kept database
-        // or not.
-        let slot = outbox_relay::config::slot_name_from(&outbox.relay_name);
-        if let Err(error) = drop_relay_slot(&database_url, &slot).await {
-            say(format!(
-                "   cannot drop the relay's replication slot {slot}: {error:#}"
-            ));
-        }
-    }
+    let stopped_cleanly = processes
+        .stop_all_but_the_provider(&database_url, outcome.is_ok())
+        .await;
     let Driven {
         drain,
         payments,
@@ -337,20 +278,11 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             &provider_url,
             &provider_name,
         ],
-        outbox.is_some(),
+        processes.outbox.is_some(),
         registry_format.as_ref(),
     )
     .await;
-    provider.stop().await.ok();
-    let mut services = vec![&provider, &dedup, &processor, &sink];
-    if let Some(outbox) = &outbox {
-        services.extend([&outbox.api, &outbox.relay]);
-    }
-    let peak_rss_kib: std::collections::BTreeMap<String, u64> = services
-        .into_iter()
-        .filter(|service| service.peak_rss_kib > 0)
-        .map(|service| (service.name.to_owned(), service.peak_rss_kib))
-        .collect();
+    processes.provider.stop().await.ok();
     let outcome = outcome.context("the audit could not run")?;
     // What `eosctl audit --json` prints, and the report carries it as that JSON reads back.
     let audit_json = serde_json::to_string(&outcome)?;
@@ -368,16 +300,12 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
 
     let faults = fault_lines(
         &args,
-        [&processor, &sink],
-        outbox.as_ref(),
+        [&processes.processor, &processes.sink],
+        processes.outbox.as_ref(),
         relay_outage.as_ref(),
         aimed_processor_kills,
     );
-    let killed = processor.restarts
-        + sink.restarts
-        + outbox.as_ref().map_or(0, |outbox| outbox.relay.restarts)
-        > 0;
-    let metrics = metrics_line(scraped.as_ref(), &audit, reconciled, killed);
+    let metrics = metrics_line(scraped.as_ref(), &audit, reconciled, processes.any_killed());
     let mut report = build_report(
         &args,
         &run_dir,
@@ -397,16 +325,51 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
         (drain, stopped_cleanly),
         metrics,
     );
-    report.peak_rss_kib = peak_rss_kib;
+    report.peak_rss_kib = processes.peak_rss_kib();
     report.relay_outage = relay_outage;
+    publish_report(&args, &run_dir, &report).await
+}
+
+/// The sink's targets file in the run's directory: the demo's tables, and the provider charged
+/// through dedup-service.
+fn write_sink_targets(
+    run_dir: &Path,
+    provider_name: &str,
+    dedup_url: &str,
+    provider_url: &str,
+) -> anyhow::Result<PathBuf> {
+    let targets = run_dir.join("sink-targets.toml");
+    std::fs::write(
+        &targets,
+        sink_targets(
+            "eos-lab demo",
+            Some(&ProviderTarget {
+                name: provider_name,
+                dedup_url,
+                provider_url,
+                concurrency: None,
+                as_http: false,
+            }),
+        ),
+    )?;
+    Ok(targets)
+}
+
+/// The report written to the run's directory and printed (as JSON with `--json`), and the
+/// sample event's trace when asked; whether the run passed.
+async fn publish_report(
+    args: &DemoArgs,
+    run_dir: &Path,
+    report: &DemoReport,
+) -> anyhow::Result<bool> {
     std::fs::write(
         run_dir.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
+        serde_json::to_string_pretty(report)?,
     )?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        println!("{}", serde_json::to_string(report)?);
     } else {
-        print!("{}", report_text(&report));
+        print!("{}", report_text(report));
     }
     if let Some(jaeger_url) = &args.show_trace_from {
         show_trace(jaeger_url, &report.sample_event_id).await;
