@@ -20,7 +20,7 @@ use crate::state_store::{Checkpoint, PartitionStore, StateChanges, now_unix_ms};
 use crate::transform::Transform;
 use eos_runtime::backoff::{BlockingRetryable as _, doubling};
 use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
-use eos_runtime::kafka_errors::passes_by_itself;
+use eos_runtime::kafka_errors::{ReportingContext, passes_by_itself};
 use eos_runtime::log_end;
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -190,7 +190,7 @@ fn changelog_watermarks(
 
 /// A changelog partition assigned from the restore's start, read to its high watermark.
 struct ChangelogRead<'a> {
-    consumer: &'a BaseConsumer,
+    consumer: &'a BaseConsumer<ReportingContext>,
     topic: &'a str,
     partition: i32,
     high: i64,
@@ -313,9 +313,9 @@ pub fn restore_partition<T: Transform>(
         partition,
         detail,
     };
-    let consumer: BaseConsumer =
+    let consumer: BaseConsumer<ReportingContext> =
         kafka_clients::reader(client_config, &format!("{topic}-restore"), ReadCommitted)
-            .create()
+            .create_with_context(ReportingContext)
             .map_err(|e| restore_error(e.to_string()))?;
     // Read up to the high watermark, not the last stable offset: the previous owner's last
     // batch may be committed with its markers not yet written, while this owner's consumer

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -89,7 +88,8 @@ pub(crate) async fn ensure_topics(
         .get(&plan.input)
         .copied()
         .unwrap_or(plan.partitions);
-    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    let admin: AdminClient<ReportingContext> =
+        client_config.create_with_context(ReportingContext)?;
     let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
 
     let replication_settings = replication.topic_settings();
@@ -163,7 +163,7 @@ pub(crate) async fn ensure_topics(
 }
 
 /// The changelog's `delete.retention.ms`, or Kafka's default with a WARN when it cannot be read.
-async fn delete_retention(admin: &AdminClient<DefaultClientContext>, changelog: &str) -> Duration {
+async fn delete_retention(admin: &AdminClient<ReportingContext>, changelog: &str) -> Duration {
     let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
     let described = admin
         .describe_configs([&ResourceSpecifier::Topic(changelog)], &options)
@@ -223,7 +223,7 @@ async fn wait_for_topics(
 }
 
 async fn check_compacted(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<ReportingContext>,
     changelog: &str,
 ) -> Result<(), ProcessorError> {
     let policy = cleanup_policy(admin, changelog, METADATA_TIMEOUT)

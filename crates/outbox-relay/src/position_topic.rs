@@ -209,8 +209,9 @@ pub fn read_position(
         relay: relay_name.to_owned(),
         detail,
     };
-    let consumer: BaseConsumer =
-        kafka_clients::reader(client_config, &format!("{topic}-reader"), ReadCommitted).create()?;
+    let consumer: BaseConsumer<ReportingContext> =
+        kafka_clients::reader(client_config, &format!("{topic}-reader"), ReadCommitted)
+            .create_with_context(ReportingContext)?;
     // Up to the high watermark: another relay's open transaction holds the last stable offset
     // below this relay's own last committed position (see `eos_runtime::log_end`).
     let (low, high) =

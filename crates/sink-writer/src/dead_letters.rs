@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use eos_core::{DeadLetterReason, dead_letter};
 use eos_runtime::kafka_clients;
+use eos_runtime::kafka_errors::ReportingContext;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -33,7 +34,7 @@ pub(crate) const DELIVERY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The dead-letter producer and the largest record it can write.
 pub(crate) struct DeadLetterProducer {
-    producer: FutureProducer,
+    producer: FutureProducer<ReportingContext>,
     max_bytes: usize,
 }
 
@@ -61,7 +62,7 @@ pub(crate) fn create_producer(
             "message.timeout.ms",
             DELIVERY_TIMEOUT.as_millis().to_string(),
         )
-        .create()?;
+        .create_with_context(ReportingContext)?;
     Ok(DeadLetterProducer {
         producer,
         max_bytes,

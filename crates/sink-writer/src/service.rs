@@ -15,7 +15,6 @@ use eos_runtime::secrets::redact_url_userinfo;
 use eos_runtime::topic_config::TopicReplicationFlags;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::PgPool;
@@ -307,7 +306,8 @@ async fn ensure_dlq_topic(
         0 => 3,
         n => i32::try_from(n).unwrap_or(3),
     };
-    let admin: AdminClient<DefaultClientContext> = client_config.create()?;
+    let admin: AdminClient<ReportingContext> =
+        client_config.create_with_context(ReportingContext)?;
     let options = AdminOptions::new().operation_timeout(Some(metadata_timeout));
     replication.warn_if_under_replicated(client_config).await;
     let settings = replication.topic_settings();
