@@ -47,6 +47,7 @@ mod relay_in_process;
 pub mod relay_process;
 pub mod relay_staleness;
 pub mod report;
+mod run_id;
 pub mod sink;
 pub mod state;
 

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use eos_runtime::kafka_settings::ChildKafkaProperties;
@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 use crate::bench::figures::{LatencySummary, LatencyTrend, without_ramp_up};
 use crate::bench::latency_collector::{LATENCY_RETRIES, PRODUCER_RAMP_UP};
 use crate::bench::latency_collector::{OutputSource, now_ms};
+use crate::bench::run_id::seed_base_and_id;
 use crate::chain::service::{Service, wait_listening};
 use crate::chain::{ProviderTarget, create_database, drop_database, sink_targets};
 use crate::cli::PipelineBenchArgs;
@@ -294,11 +295,7 @@ impl Bench {
         bin_dir: PathBuf,
         load_before: Option<[f64; 3]>,
     ) -> anyhow::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos());
-        let seed_base = u64::from((nanos as u32) ^ std::process::id().rotate_left(16));
-        let run_id = format!("{seed_base:08x}");
+        let (seed_base, run_id) = seed_base_and_id();
         let dir = std::env::temp_dir().join(format!("eos-lab-bench-pipeline-{run_id}"));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create the run directory {}", dir.display()))?;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use eos_core::Guarantee;
@@ -42,6 +42,7 @@ use crate::bench::report::{
     MachineLoad, PASS_THROUGH_RATIO_TARGET, PathThroughput, RATIO_TARGET, RATIO_TARGET_MIN_BYTES,
     RoundFigures, SINGLE_RECORD_TARGET, SingleRecordFigures, SizeThroughput, WritePath,
 };
+use crate::bench::run_id::seed_base_and_id;
 use eosctl::group_offsets::{GroupOffsetReader, watermarks};
 use eosctl::kafka_client::{
     ClusterAccess as _, KafkaSettings, TopicLayout, ensure_topic, topic_partitions,
@@ -144,12 +145,7 @@ impl Bench {
         runtime: Handle,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_nanos());
-        // Distinct per run, short enough to read in topic names.
-        let seed_base = u64::from((nanos as u32) ^ std::process::id().rotate_left(16));
-        let run_id = format!("{seed_base:08x}");
+        let (seed_base, run_id) = seed_base_and_id();
         let log_dir = std::env::temp_dir().join(format!("eos-lab-bench-{run_id}"));
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
