@@ -16,13 +16,13 @@ import time
 import uuid
 
 from confluent_kafka import Consumer
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from confluent_produce import JSON_SCHEMA, _rfc3339, protobuf_message_class
+from confluent_produce import (JSON_SCHEMA, SERDE_CONF, _rfc3339, dump_stacks_on_sigterm,
+                               protobuf_message_class, registry_client)
 
 
 def deserializer(fmt, registry):
@@ -30,9 +30,10 @@ def deserializer(fmt, registry):
     if fmt == "avro":
         def avro_event(value):
             return dict(value, amount=f"{value['amount']:.2f}")
-        return AvroDeserializer(registry), avro_event
+        return AvroDeserializer(registry, conf=SERDE_CONF), avro_event
     if fmt == "json-schema":
-        return JSONDeserializer(JSON_SCHEMA, schema_registry_client=registry), lambda value: value
+        return JSONDeserializer(JSON_SCHEMA, schema_registry_client=registry,
+                                conf=SERDE_CONF), lambda value: value
     authorisation = protobuf_message_class()
 
     def protobuf_event(message):
@@ -40,7 +41,8 @@ def deserializer(fmt, registry):
                 "amount_cents": message.amount_cents,
                 "currency": ["EUR", "USD"][message.currency],
                 "at": _rfc3339(message.at.seconds)}
-    return ProtobufDeserializer(authorisation, {"use.deprecated.format": False}), protobuf_event
+    return ProtobufDeserializer(authorisation,
+                                dict(SERDE_CONF, **{"use.deprecated.format": False})), protobuf_event
 
 
 def main():
@@ -52,8 +54,9 @@ def main():
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
+    dump_stacks_on_sigterm()
 
-    registry = SchemaRegistryClient({"url": args.registry})
+    registry = registry_client(args.registry)
     deserialize, event = deserializer(args.format, registry)
     context = SerializationContext(args.topic, MessageField.VALUE)
     consumer = Consumer({"bootstrap.servers": args.bootstrap,

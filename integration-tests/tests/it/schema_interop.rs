@@ -63,7 +63,8 @@ fn confluent_script(
         .context("running integration-tests/interop/python")?;
     ensure!(
         output.status.code() != Some(124),
-        "{script} --format {format} did not end within {SCRIPT_TIMEOUT}:\n{}",
+        "{script} --format {format} did not end within {SCRIPT_TIMEOUT}, after {} records:\n{}",
+        output.stdout.iter().filter(|byte| **byte == b'\n').count(),
         String::from_utf8_lossy(&output.stderr)
     );
     ensure!(
