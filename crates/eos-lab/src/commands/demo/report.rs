@@ -168,47 +168,115 @@ pub(super) fn build_report(
     (drain, stopped_cleanly): (Drain, bool),
     metrics: ReportLine,
 ) -> DemoReport {
-    let g = |name: &str| grouped(figure(&audit, name));
-    let mut lines = Vec::new();
-    if let Some(payments) = payments {
-        let n = |count: u64| grouped(count as i64);
-        lines.push(ReportLine {
-            name: "payments-api".into(),
-            passed: Some(payments.broken_promise_count == 0),
-            detail: if payments.broken_promise_count == 0 {
-                format!(
-                    "{} payments created; {} resends answered from the key, {} reused keys and {} \
-                     malformed requests refused with nothing written; {} retries after no answer",
-                    n(payments.created),
-                    n(payments.replayed),
-                    n(payments.key_reuse_refused),
-                    n(payments.malformed_refused),
-                    n(payments.retried),
-                )
-            } else {
-                format!(
-                    "{} answers broke the API's promises, e.g. {}",
-                    n(payments.broken_promise_count),
-                    payments.broken_promises.join("; ")
-                )
-            },
-        });
-        lines.push(check_line(
-            "outbox → topic",
-            &audit,
-            &[
-                "domain_row_without_event",
-                "event_published_twice",
-                "event_without_domain_row",
-            ],
-            format!(
-                "{} committed payment rows, {} events on the input topic: one each",
-                g("outbox_domain_rows"),
-                g("outbox_events")
-            ),
-        ));
+    let mut lines = payments
+        .map(|p| payments_lines(p, &audit))
+        .unwrap_or_default();
+    lines.extend(processor_lines(&audit));
+    lines.extend(sink_lines(&audit));
+    lines.push(ReportLine {
+        name: "UNKNOWNs reconciled".into(),
+        passed: Some(reconciled == went_unknown),
+        detail: format!(
+            "{} of {} ambiguous provider outcomes settled by asking the provider with the same key",
+            grouped(reconciled),
+            grouped(went_unknown)
+        ),
+    });
+    lines.push(drain_line(&drain, stopped_cleanly, run_dir));
+    lines.push(metrics);
+    let passed = audit_code == 0 && lines.iter().all(|line| line.passed != Some(false));
+    let traces = traces_hint(&audit, sample_event, payments.is_some());
+    DemoReport {
+        guarantee: args.guarantee,
+        format: args.format,
+        passed,
+        run_dir: run_dir.display().to_string(),
+        topics: BTreeMap::from([("input", input.to_owned()), ("output", output.to_owned())]),
+        faults,
+        peak_rss_kib: BTreeMap::new(),
+        sample_event_id: sample_event.to_owned(),
+        drain,
+        relay_outage: None,
+        lines,
+        traces,
+        audit,
     }
-    lines.extend([
+}
+
+/// An audit figure, grouped by thousands.
+fn grouped_figure(audit: &Value, name: &str) -> String {
+    grouped(figure(audit, name))
+}
+
+/// The payments API's promises and the outbox's one event per committed row.
+fn payments_lines(payments: &PaymentsSummary, audit: &Value) -> Vec<ReportLine> {
+    let g = |name: &str| grouped_figure(audit, name);
+    let n = |count: u64| grouped(count as i64);
+    let api = ReportLine {
+        name: "payments-api".into(),
+        passed: Some(payments.broken_promise_count == 0),
+        detail: if payments.broken_promise_count == 0 {
+            format!(
+                "{} payments created; {} resends answered from the key, {} reused keys and {} \
+                 malformed requests refused with nothing written; {} retries after no answer",
+                n(payments.created),
+                n(payments.replayed),
+                n(payments.key_reuse_refused),
+                n(payments.malformed_refused),
+                n(payments.retried),
+            )
+        } else {
+            format!(
+                "{} answers broke the API's promises, e.g. {}",
+                n(payments.broken_promise_count),
+                payments.broken_promises.join("; ")
+            )
+        },
+    };
+    let outbox = check_line(
+        "outbox → topic",
+        audit,
+        &[
+            "domain_row_without_event",
+            "event_published_twice",
+            "event_without_domain_row",
+        ],
+        format!(
+            "{} committed payment rows, {} events on the input topic: one each",
+            g("outbox_domain_rows"),
+            g("outbox_events")
+        ),
+    );
+    vec![api, outbox]
+}
+
+/// What the processor read and wrote: inputs, duplicates, dead letters, running totals.
+fn processor_lines(audit: &Value) -> Vec<ReportLine> {
+    let g = |name: &str| grouped_figure(audit, name);
+    let by_reason = audit["figures"]["malformed_by_reason"]
+        .as_object()
+        .map(|reasons| {
+            reasons
+                .iter()
+                .map(|(reason, n)| format!("{reason} {}", n.as_i64().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let dead_letters = if by_reason.is_empty() {
+        format!(
+            "{} (event_id_conflict {})",
+            g("dlq_records"),
+            g("conflicts")
+        )
+    } else {
+        format!(
+            "{} ({by_reason}; event_id_conflict {})",
+            g("dlq_records"),
+            g("conflicts")
+        )
+    };
+    vec![
         ReportLine {
             name: "physical attempts".into(),
             passed: None,
@@ -220,7 +288,7 @@ pub(super) fn build_report(
         },
         check_line(
             "logical inputs",
-            &audit,
+            audit,
             &["missing_output", "unexpected_output", "content_mismatch"],
             format!(
                 "{} events by event_id, {} in the output",
@@ -230,105 +298,85 @@ pub(super) fn build_report(
         ),
         check_line(
             "duplicates suppressed",
-            &audit,
+            audit,
             &["duplicated_output", "two_outcomes"],
             format!(
                 "{} re-deliveries produced no second output or outcome",
                 g("duplicate_deliveries")
             ),
         ),
-    ]);
-    let by_reason = audit["figures"]["malformed_by_reason"]
-        .as_object()
-        .map(|reasons| {
-            reasons
-                .iter()
-                .map(|(reason, n)| format!("{reason} {}", n.as_i64().unwrap_or_default()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default();
-    lines.push(check_line(
-        "dead letters by reason",
-        &audit,
-        &[
-            "bad_input_in_output",
-            "conflict_in_output",
-            "valid_event_in_dlq",
-            "bad_input_missing_from_dlq",
-            "conflict_missing_from_dlq",
-            "overflow_missing_from_dlq",
-            "overflow_in_output",
-            "wrong_dlq_reason",
-            "dlq_not_original_bytes",
-            "duplicated_in_dlq",
-            "unexpected_dlq_record",
-        ],
-        if by_reason.is_empty() {
+        check_line(
+            "dead letters by reason",
+            audit,
+            &[
+                "bad_input_in_output",
+                "conflict_in_output",
+                "valid_event_in_dlq",
+                "bad_input_missing_from_dlq",
+                "conflict_missing_from_dlq",
+                "overflow_missing_from_dlq",
+                "overflow_in_output",
+                "wrong_dlq_reason",
+                "dlq_not_original_bytes",
+                "duplicated_in_dlq",
+                "unexpected_dlq_record",
+            ],
+            dead_letters,
+        ),
+        check_line(
+            "running totals",
+            audit,
+            &["wrong_entity_total", "order_violation"],
+            format!("{} entities, per-entity totals and order", g("entities")),
+        ),
+    ]
+}
+
+/// What the sink wrote: rows in PostgreSQL and the provider's effects.
+fn sink_lines(audit: &Value) -> Vec<ReportLine> {
+    let g = |name: &str| grouped_figure(audit, name);
+    vec![
+        check_line(
+            "rows in PostgreSQL",
+            audit,
+            &[
+                "missing_row",
+                "duplicated_row",
+                "unexpected_row",
+                "row_mismatch",
+                "stale_state",
+                "state_ahead",
+            ],
             format!(
-                "{} (event_id_conflict {})",
-                g("dlq_records"),
-                g("conflicts")
-            )
-        } else {
+                "{} event_sink rows, {} entity_state rows at their latest version",
+                g("postgres_rows"),
+                g("entity_states")
+            ),
+        ),
+        check_line(
+            "provider effects",
+            audit,
+            &[
+                "missing_effect",
+                "duplicated_effect",
+                "unexpected_effect",
+                "effect_mismatch",
+                "refused_but_applied",
+            ],
             format!(
-                "{} ({by_reason}; event_id_conflict {})",
-                g("dlq_records"),
-                g("conflicts")
-            )
-        },
-    ));
-    lines.push(check_line(
-        "running totals",
-        &audit,
-        &["wrong_entity_total", "order_violation"],
-        format!("{} entities, per-entity totals and order", g("entities")),
-    ));
-    lines.push(check_line(
-        "rows in PostgreSQL",
-        &audit,
-        &[
-            "missing_row",
-            "duplicated_row",
-            "unexpected_row",
-            "row_mismatch",
-            "stale_state",
-            "state_ahead",
-        ],
-        format!(
-            "{} event_sink rows, {} entity_state rows at their latest version",
-            g("postgres_rows"),
-            g("entity_states")
+                "{} charges, one per operation id ({} repeated requests absorbed by the key; {} \
+                 refused and dead-lettered; {} held for an operator)",
+                g("provider_effects"),
+                g("provider_retries_absorbed"),
+                g("provider_refused"),
+                g("provider_held")
+            ),
         ),
-    ));
-    lines.push(check_line(
-        "provider effects",
-        &audit,
-        &[
-            "missing_effect",
-            "duplicated_effect",
-            "unexpected_effect",
-            "effect_mismatch",
-            "refused_but_applied",
-        ],
-        format!(
-            "{} charges, one per operation id ({} repeated requests absorbed by the key; {} \
-             refused and dead-lettered; {} held for an operator)",
-            g("provider_effects"),
-            g("provider_retries_absorbed"),
-            g("provider_refused"),
-            g("provider_held")
-        ),
-    ));
-    lines.push(ReportLine {
-        name: "UNKNOWNs reconciled".into(),
-        passed: Some(reconciled == went_unknown),
-        detail: format!(
-            "{} of {} ambiguous provider outcomes settled by asking the provider with the same key",
-            grouped(reconciled),
-            grouped(went_unknown)
-        ),
-    });
+    ]
+}
+
+/// Whether every service caught up within the bound and then exited 0 on SIGTERM.
+fn drain_line(drain: &Drain, stopped_cleanly: bool, run_dir: &Path) -> ReportLine {
     let drained = if drain.drained() {
         format!(
             "every service caught up within {} of the workload's end ({}; --drain-timeout {}); \
@@ -345,7 +393,7 @@ pub(super) fn build_report(
             drain.stage_times()
         )
     };
-    lines.push(ReportLine {
+    ReportLine {
         name: DRAIN_LINE.into(),
         passed: Some(drain.drained() && stopped_cleanly),
         detail: if stopped_cleanly {
@@ -356,39 +404,27 @@ pub(super) fn build_report(
                 run_dir.display()
             )
         },
-    });
-    lines.push(metrics);
-    let passed = audit_code == 0 && lines.iter().all(|line| line.passed != Some(false));
+    }
+}
+
+/// Where to see an event's trace, and a duplicated event worth looking at.
+fn traces_hint(audit: &Value, sample_event: &str, from_payments_api: bool) -> String {
     let duplicated = audit["violations"]["duplicated_output"]["examples"][0]
         .as_str()
         .map(str::to_owned);
-    let first_span = match payments {
-        Some(_) => "payments-api → outbox-relay",
-        None => "eosctl produce",
+    let first_span = if from_payments_api {
+        "payments-api → outbox-relay"
+    } else {
+        "eosctl produce"
     };
-    let traces = format!(
+    format!(
         "with OTEL_EXPORTER_OTLP_ENDPOINT set (e.g. Jaeger's OTLP port, http://127.0.0.1:4317), \
          every service exports its spans; in Jaeger search by tag event_id={sample_event} to see \
          {first_span} → eos-processor → sink-writer → dedup-service → provider-sim in one trace{}",
         duplicated
             .map(|s| format!("; a duplicated one to look at: {s}"))
             .unwrap_or_default()
-    );
-    DemoReport {
-        guarantee: args.guarantee,
-        format: args.format,
-        passed,
-        run_dir: run_dir.display().to_string(),
-        topics: BTreeMap::from([("input", input.to_owned()), ("output", output.to_owned())]),
-        faults,
-        peak_rss_kib: BTreeMap::new(),
-        sample_event_id: sample_event.to_owned(),
-        drain,
-        relay_outage: None,
-        lines,
-        traces,
-        audit,
-    }
+    )
 }
 
 pub fn report_text(report: &DemoReport) -> String {
