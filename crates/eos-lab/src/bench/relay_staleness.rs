@@ -146,71 +146,13 @@ async fn run(
     let replication_target = ReplicationTarget::from_url(database_url)?
         .with_database(format!("eos_bench_stale_logical_{pid}"));
 
-    let (sender, receiver) = std::sync::mpsc::channel::<(String, Instant)>();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer: BaseConsumer = kafka_clients::reader(kafka, "outbox-bench-stale", ReadCommitted)
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "5")
-        .create()?;
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        kafka.clone().create()?;
     let topics: Vec<String> = outboxes.iter().map(|(_, _, topic)| topic.clone()).collect();
-    let new_topics: Vec<_> = topics
-        .iter()
-        .map(|t| rdkafka::admin::NewTopic::new(t, 3, rdkafka::admin::TopicReplication::Fixed(-1)))
-        .collect();
-    for result in admin
-        .create_topics(&new_topics, &rdkafka::admin::AdminOptions::new())
-        .await?
-    {
-        result.map_err(|(topic, code)| anyhow::anyhow!("cannot create {topic}: {code}"))?;
-    }
-    consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
-    let reader_stop = Arc::clone(&stop);
-    let reader = std::thread::spawn(move || {
-        while !reader_stop.load(Ordering::Relaxed) {
-            if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
-                let seen = Instant::now();
-                let id = message.headers().and_then(|headers| {
-                    headers
-                        .iter()
-                        .find(|h| h.key == "event_id")
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                });
-                if let Some(id) = id {
-                    let _ = sender.send((id, seen));
-                }
-            }
-        }
-    });
+    let visibility = VisibilityReader::start(kafka, &topics).await?;
 
     // The relays start before the blocker: a new slot waits for the transactions running then.
     let mut relays = Vec::new();
     for (mode, pool, _) in &outboxes {
-        let relay_name = format!("bench-stale-{mode}-{pid}");
-        let settings = RelaySettings {
-            client_config: kafka.clone(),
-            guarantee: Guarantee::ExactlyOnce,
-            relay_name: relay_name.clone(),
-            transactional_id: format!("outbox-relay-{relay_name}"),
-            positions_topic: format!("{relay_name}-positions"),
-            batch_size: 5000,
-            poll_interval: Duration::from_secs(1),
-            // outbox-relay's default (--linger).
-            linger: Duration::from_millis(20),
-            transaction_timeout: Duration::from_secs(10),
-            logical: (*mode == "logical").then(|| {
-                LogicalSource::new(
-                    pool.clone(),
-                    outbox_relay::config::slot_name_from(&relay_name),
-                    "eos_outbox".into(),
-                    replication_target.clone(),
-                )
-            }),
-            idle_position_interval: Duration::from_secs(5),
-            value_schemas: None,
-        };
+        let settings = relay_settings(kafka, mode, pool, &replication_target, pid);
         relays.push(spawn_relay(settings, pool).await?);
     }
     // Let the consumer join its group before the first commit.
@@ -227,32 +169,18 @@ async fn run(
         .execute(&mut *held)
         .await?;
     let blocked_at = Instant::now();
-    let mut writers = Vec::new();
-    for (mode, pool, topic) in &outboxes {
-        let (mode, pool, topic) = (*mode, pool.clone(), topic.clone());
-        writers.push(tokio::spawn(async move {
-            let mut committed = Vec::new();
-            let mut n = 0usize;
-            while blocked_at.elapsed() < blocker {
-                let due = blocked_at + Duration::from_secs_f64(n as f64 / rate);
-                tokio::time::sleep_until(due.into()).await;
-                let id = format!("stale-{mode}-{n}");
-                let mut event = OutboxEvent::new(
-                    &topic,
-                    EventId::new(id.clone())?,
-                    EntityId::new(format!("acct-{}", n % 50))?,
-                    1 + n as i64,
-                );
-                event.payload = Some(serde_json::json!({ "n": n }));
-                let mut tx = pool.begin().await?;
-                eos_outbox::enqueue(&mut tx, &event).await?;
-                tx.commit().await?;
-                committed.push((id, Instant::now()));
-                n += 1;
-            }
-            anyhow::Ok((mode, committed))
-        }));
-    }
+    let writers: Vec<_> = outboxes
+        .iter()
+        .map(|(mode, pool, topic)| {
+            let writer = OutboxWriter {
+                mode,
+                pool: pool.clone(),
+                topic: topic.clone(),
+                rate,
+            };
+            tokio::spawn(writer.write(blocked_at, blocker))
+        })
+        .collect();
     // What the slot holds, and what one read costs, while the blocker is open.
     let logical_pool = outboxes[1].1.clone();
     let slot = outbox_relay::config::slot_name_from(&format!("bench-stale-logical-{pid}"));
@@ -278,16 +206,7 @@ async fn run(
     drop(held);
 
     let total: usize = committed.iter().map(|(_, list)| list.len()).sum();
-    let mut seen: HashMap<String, Instant> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while seen.len() < total && Instant::now() < deadline {
-        while let Ok((id, at)) = receiver.try_recv() {
-            seen.entry(id).or_insert(at);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    let _ = reader.join();
+    let seen = visibility.collect(total, Duration::from_secs(120)).await;
     for (shutdown, task) in relays {
         shutdown.cancel();
         task.await??;
@@ -299,23 +218,7 @@ async fn run(
     );
     let modes = committed
         .into_iter()
-        .map(|(mode, list)| {
-            let mut latencies: Vec<f64> = list
-                .iter()
-                .filter_map(|(id, at)| {
-                    seen.get(id)
-                        .map(|seen| seen.saturating_duration_since(*at).as_secs_f64() * 1e3)
-                })
-                .collect();
-            latencies.sort_by(f64::total_cmp);
-            ModeStaleness {
-                mode,
-                events: latencies.len(),
-                p50_ms: percentile(&latencies, 0.5),
-                p99_ms: percentile(&latencies, 0.99),
-                max_ms: latencies.last().copied().unwrap_or(f64::NAN),
-            }
-        })
+        .map(|(mode, list)| mode_staleness(mode, &list, &seen))
         .collect();
     Ok(StalenessReport {
         blocker_seconds: blocker.as_secs_f64(),
@@ -325,6 +228,169 @@ async fn run(
         modes,
         slot_retained_wal_bytes_max: retained_max,
     })
+}
+
+/// Reads the relays' topics and notes when each event id first became visible.
+struct VisibilityReader {
+    seen: std::sync::mpsc::Receiver<(String, Instant)>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl VisibilityReader {
+    /// Creates `topics` (3 partitions each) and starts reading them, read_committed.
+    async fn start(kafka: &ClientConfig, topics: &[String]) -> anyhow::Result<Self> {
+        let consumer: BaseConsumer =
+            kafka_clients::reader(kafka, "outbox-bench-stale", ReadCommitted)
+                .set("auto.offset.reset", "earliest")
+                .set("fetch.wait.max.ms", "5")
+                .create()?;
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            kafka.clone().create()?;
+        let new_topics: Vec<_> = topics
+            .iter()
+            .map(|t| {
+                rdkafka::admin::NewTopic::new(t, 3, rdkafka::admin::TopicReplication::Fixed(-1))
+            })
+            .collect();
+        for result in admin
+            .create_topics(&new_topics, &rdkafka::admin::AdminOptions::new())
+            .await?
+        {
+            result.map_err(|(topic, code)| anyhow::anyhow!("cannot create {topic}: {code}"))?;
+        }
+        consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let (sender, seen) = std::sync::mpsc::channel::<(String, Instant)>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader_stop = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !reader_stop.load(Ordering::Relaxed) {
+                if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
+                    let seen = Instant::now();
+                    let id = message.headers().and_then(|headers| {
+                        headers
+                            .iter()
+                            .find(|h| h.key == "event_id")
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    });
+                    if let Some(id) = id {
+                        let _ = sender.send((id, seen));
+                    }
+                }
+            }
+        });
+        Ok(Self { seen, stop, thread })
+    }
+
+    /// When each event id was first seen, once `total` ids are or `within` has passed; then stops.
+    async fn collect(self, total: usize, within: Duration) -> HashMap<String, Instant> {
+        let mut seen: HashMap<String, Instant> = HashMap::new();
+        let deadline = Instant::now() + within;
+        while seen.len() < total && Instant::now() < deadline {
+            while let Ok((id, at)) = self.seen.try_recv() {
+                seen.entry(id).or_insert(at);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        seen
+    }
+}
+
+/// A relay of `mode` ("xmin" or "logical") over `pool`'s outbox, with outbox-relay's defaults.
+fn relay_settings(
+    kafka: &ClientConfig,
+    mode: &str,
+    pool: &PgPool,
+    replication_target: &ReplicationTarget,
+    pid: u32,
+) -> RelaySettings {
+    let relay_name = format!("bench-stale-{mode}-{pid}");
+    RelaySettings {
+        client_config: kafka.clone(),
+        guarantee: Guarantee::ExactlyOnce,
+        transactional_id: format!("outbox-relay-{relay_name}"),
+        positions_topic: format!("{relay_name}-positions"),
+        batch_size: 5000,
+        poll_interval: Duration::from_secs(1),
+        // outbox-relay's default (--linger).
+        linger: Duration::from_millis(20),
+        transaction_timeout: Duration::from_secs(10),
+        logical: (mode == "logical").then(|| {
+            LogicalSource::new(
+                pool.clone(),
+                outbox_relay::config::slot_name_from(&relay_name),
+                "eos_outbox".into(),
+                replication_target.clone(),
+            )
+        }),
+        idle_position_interval: Duration::from_secs(5),
+        value_schemas: None,
+        relay_name,
+    }
+}
+
+/// Commits one event at a time into one mode's outbox, at a fixed rate.
+struct OutboxWriter {
+    mode: &'static str,
+    pool: PgPool,
+    topic: String,
+    rate: f64,
+}
+
+impl OutboxWriter {
+    /// Writes for `length` from `from`; each event id with the moment its transaction committed.
+    async fn write(
+        self,
+        from: Instant,
+        length: Duration,
+    ) -> anyhow::Result<(&'static str, Vec<(String, Instant)>)> {
+        let mut committed = Vec::new();
+        let mut n = 0usize;
+        while from.elapsed() < length {
+            let due = from + Duration::from_secs_f64(n as f64 / self.rate);
+            tokio::time::sleep_until(due.into()).await;
+            let id = format!("stale-{}-{n}", self.mode);
+            let mut event = OutboxEvent::new(
+                &self.topic,
+                EventId::new(id.clone())?,
+                EntityId::new(format!("acct-{}", n % 50))?,
+                1 + n as i64,
+            );
+            event.payload = Some(serde_json::json!({ "n": n }));
+            let mut tx = self.pool.begin().await?;
+            eos_outbox::enqueue(&mut tx, &event).await?;
+            tx.commit().await?;
+            committed.push((id, Instant::now()));
+            n += 1;
+        }
+        Ok((self.mode, committed))
+    }
+}
+
+/// One mode's commit → visible latencies.
+fn mode_staleness(
+    mode: &'static str,
+    committed: &HashMap<String, Instant>,
+    seen: &HashMap<String, Instant>,
+) -> ModeStaleness {
+    let mut latencies: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, at)| {
+            seen.get(id)
+                .map(|seen| seen.saturating_duration_since(*at).as_secs_f64() * 1e3)
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    ModeStaleness {
+        mode,
+        events: latencies.len(),
+        p50_ms: percentile(&latencies, 0.5),
+        p99_ms: percentile(&latencies, 0.99),
+        max_ms: latencies.last().copied().unwrap_or(f64::NAN),
+    }
 }
 
 impl StalenessReport {
