@@ -397,7 +397,38 @@ pub(super) async fn drive(
         anyhow::Ok(aimed_processor_kills)
     };
     let (relay_outage, aimed_processor_kills) = tokio::try_join!(relay_timeline, other_timeline)?;
-    let (payments, workload_ended) = match workload {
+    let (payments, workload_ended) = finish_workload(workload, run_dir, input).await?;
+    let stages = wait_drained(
+        args,
+        kafka,
+        workload_ended,
+        outbox,
+        [
+            (processor_group, input, &mut *processor),
+            (sink_group, output, &mut *sink),
+        ],
+    )
+    .await?;
+    Ok(Driven {
+        drain: Drain::new(
+            args.drain_timeout,
+            workload_ended.saturating_duration_since(workload_started),
+            stages,
+        ),
+        payments,
+        aimed_processor_kills,
+        relay_outage,
+    })
+}
+
+/// Waits for the workload's end and keeps its summary in the run's directory; the summary of
+/// payments made, if they were, and when the workload ended.
+async fn finish_workload(
+    workload: Workload,
+    run_dir: &Path,
+    input: &str,
+) -> anyhow::Result<(Option<PaymentsSummary>, Instant)> {
+    Ok(match workload {
         Workload::Producer(producer) => {
             let (summary, ended) = producer.await.context("the producer task")?;
             let summary = summary.with_context(|| format!("producing to topic {input:?}"))?;
@@ -421,7 +452,18 @@ pub(super) async fn drive(
             ));
             (Some(summary), ended)
         }
-    };
+    })
+}
+
+/// Each stage's time to catch up after the workload's end: the relay's outbox (if it ran), then
+/// each consumer group with its topic and service.
+async fn wait_drained(
+    args: &DemoArgs,
+    kafka: &KafkaSettings,
+    workload_ended: Instant,
+    outbox: Option<&mut OutboxServices>,
+    consumers: [(&str, &str, &mut Service); 2],
+) -> anyhow::Result<Vec<DrainStage>> {
     // One bound for the whole drain, from the workload's end: a stage that catches up late
     // leaves the next one less time. Each stage's time is when it was seen caught up, after
     // the faults that outlasted the workload (a killed service must catch up too).
@@ -441,10 +483,7 @@ pub(super) async fn drive(
         }
         stages.push(DrainStage::new("outbox-relay", caught_up.then_some(after)));
     }
-    for (group, topic, service) in [
-        (processor_group, input, &mut *processor),
-        (sink_group, output, &mut *sink),
-    ] {
+    for (group, topic, service) in consumers {
         let lag = commands::lag::observe(
             kafka.clone(),
             group,
@@ -475,16 +514,7 @@ pub(super) async fn drive(
         }
         stages.push(DrainStage::new(service.name, caught_up.then_some(after)));
     }
-    Ok(Driven {
-        drain: Drain::new(
-            args.drain_timeout,
-            workload_ended.saturating_duration_since(workload_started),
-            stages,
-        ),
-        payments,
-        aimed_processor_kills,
-        relay_outage,
-    })
+    Ok(stages)
 }
 
 #[cfg(test)]
