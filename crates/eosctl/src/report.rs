@@ -7,7 +7,7 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{CellAlignment, Table};
 use serde::Serialize;
 
-use crate::audit::AuditReport;
+use crate::audit::{AuditReport, Figures};
 use crate::produce::ProduceSummary;
 
 /// Examples shown per violation kind in the text report (the JSON carries all that were kept).
@@ -117,7 +117,6 @@ pub fn produce_text(summary: &ProduceSummary) -> String {
 
 pub fn audit_text(outcome: &AuditOutcome) -> String {
     let report = &outcome.report;
-    let figures = &report.figures;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -133,7 +132,28 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
     if let Some(query) = &outcome.outbox_domain_query {
         let _ = writeln!(out, "outbox: committed domain rows from {query:?}");
     }
+    let _ = writeln!(out, "{}", checks_table(report));
+    let _ = writeln!(out, "{}", figures_table(&report.figures));
+    if !report.figures.malformed_by_reason.is_empty() {
+        let malformed = report
+            .figures
+            .malformed_by_reason
+            .iter()
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(out, "malformed by reason: {malformed}");
+    }
+    out.push_str(&violations_text(report));
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    let _ = writeln!(out, "{}", verdict_line(report));
+    out
+}
 
+/// One row per check: expected, actual, PASS or FAIL.
+fn checks_table(report: &AuditReport) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
     table.set_header(["check", "expected", "actual", "result"]);
@@ -145,22 +165,15 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
             if check.passed { "PASS" } else { "FAIL" }.to_owned(),
         ]);
     }
-    for column in [1, 2] {
-        if let Some(column) = table.column_mut(column) {
-            column.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    let _ = writeln!(out, "{table}");
+    align_numbers_right(&mut table);
+    table
+}
 
+/// The physical records beside the logical events, and each audited boundary's count.
+fn figures_table(figures: &Figures) -> Table {
     let mut physical = Table::new();
     physical.load_preset(UTF8_FULL_CONDENSED);
     physical.set_header(["physical vs logical", "records", "sum of values"]);
-    let malformed = figures
-        .malformed_by_reason
-        .iter()
-        .map(|(reason, count)| format!("{reason} {count}"))
-        .collect::<Vec<_>>()
-        .join(", ");
     let mut rows: Vec<(&str, u64, Option<i128>)> = vec![
         ("input records", figures.input_records, None),
         (
@@ -232,16 +245,22 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
             sum.map(grouped).unwrap_or_default(),
         ]);
     }
+    align_numbers_right(&mut physical);
+    physical
+}
+
+/// The second and third columns hold numbers.
+fn align_numbers_right(table: &mut Table) {
     for column in [1, 2] {
-        if let Some(column) = physical.column_mut(column) {
+        if let Some(column) = table.column_mut(column) {
             column.set_cell_alignment(CellAlignment::Right);
         }
     }
-    let _ = writeln!(out, "{physical}");
-    if !malformed.is_empty() {
-        let _ = writeln!(out, "malformed by reason: {malformed}");
-    }
+}
 
+/// Each violated kind with its count and first examples.
+fn violations_text(report: &AuditReport) -> String {
+    let mut out = String::new();
     // Only the kinds this audit checked are in the map (the boundaries' only when audited).
     for (kind, detail) in &report.violations {
         if detail.count == 0 {
@@ -261,9 +280,12 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
         };
         let _ = writeln!(out, "{kind} ({}): {shown}{more}", grouped(detail.count));
     }
-    for note in &report.notes {
-        let _ = writeln!(out, "note: {note}");
-    }
+    out
+}
+
+/// PASS with what was proven, or FAIL with how many checks failed.
+fn verdict_line(report: &AuditReport) -> String {
+    let figures = &report.figures;
     let failed = report.checks.iter().filter(|check| !check.passed).count();
     if report.passed {
         let boundaries = [
@@ -285,16 +307,14 @@ pub fn audit_text(outcome: &AuditOutcome) -> String {
             ),
             None => downstream,
         };
-        let _ = writeln!(
-            out,
+        format!(
             "PASS: every input accounted for exactly once ({} inputs, {} logical events){downstream}",
             grouped(figures.input_records),
             grouped(figures.logical_events)
-        );
+        )
     } else {
-        let _ = writeln!(out, "FAIL: {failed} checks failed");
+        format!("FAIL: {failed} checks failed")
     }
-    out
 }
 
 #[cfg(test)]
