@@ -141,13 +141,13 @@ impl Shared {
             .push(Instant::now());
     }
 
-    /// The most requests that arrived within any one second.
-    fn most_in_a_second(&self) -> usize {
+    /// The most requests that arrived within any `window`.
+    fn most_within(&self, window: Duration) -> usize {
         let arrivals = self.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
         let mut most = 0;
         let mut first = 0;
         for (last, arrived) in arrivals.iter().enumerate() {
-            while *arrived - arrivals[first] >= Duration::from_secs(1) {
+            while *arrived - arrivals[first] >= window {
                 first += 1;
             }
             most = most.max(last + 1 - first);
@@ -265,9 +265,9 @@ impl ApiDouble {
         &self.shared.counts
     }
 
-    /// The most requests that arrived within any one second.
-    pub fn most_requests_in_a_second(&self) -> usize {
-        self.shared.most_in_a_second()
+    /// The most requests that arrived within any `window`.
+    pub fn most_requests_within(&self, window: Duration) -> usize {
+        self.shared.most_within(window)
     }
 }
 
