@@ -50,6 +50,7 @@ pub mod report;
 mod run_id;
 pub mod sink;
 pub mod state;
+mod visibility_reader;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

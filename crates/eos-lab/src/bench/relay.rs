@@ -10,17 +10,13 @@
 //!   while a write transaction stays open in another database (`super::relay_staleness`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
 use eos_runtime::postgres_pool::PoolBuilder;
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::message::Headers as _;
+use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
-use rdkafka::{ClientConfig, Message as _};
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -28,13 +24,14 @@ use tokio_util::sync::CancellationToken;
 use eos_core::{EntityId, EventId, Guarantee};
 use eos_outbox::OutboxEvent;
 use eos_outbox::relay_positions::relayed_position;
-use eos_runtime::kafka_clients::{self, Isolation::ReadCommitted};
+use eos_runtime::kafka_clients::{self};
 use eos_runtime::kafka_settings::KafkaSettings;
 use eos_testkit::bench_figures::{Figure, load_average, load_text};
 
 use outbox_relay::relay_loop::RelaySettings;
 
 use crate::bench::relay_in_process::spawn_relay;
+use crate::bench::visibility_reader::VisibilityReader;
 
 /// Prints the relay's throughput against a plain producer, and its commit-to-visible latency.
 /// Use a scratch database: the bench empties the outbox tables.
@@ -273,41 +270,7 @@ async fn latencies(
     reset(pool).await?;
     // The topic exists before the consumer subscribes, so it is assigned at once and reads from
     // the start of a topic with nothing in it yet.
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        kafka.clone().create()?;
-    let new_topic =
-        rdkafka::admin::NewTopic::new(topic, 3, rdkafka::admin::TopicReplication::Fixed(-1));
-    for result in admin
-        .create_topics([&new_topic], &rdkafka::admin::AdminOptions::new())
-        .await?
-    {
-        result.map_err(|(topic, code)| anyhow::anyhow!("cannot create {topic}: {code}"))?;
-    }
-    let (sender, receiver) = std::sync::mpsc::channel::<(String, Instant)>();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer: BaseConsumer = kafka_clients::reader(kafka, "outbox-bench", ReadCommitted)
-        .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "5")
-        .create()?;
-    consumer.subscribe(&[topic])?;
-    let reader_stop = Arc::clone(&stop);
-    let reader = std::thread::spawn(move || {
-        while !reader_stop.load(Ordering::Relaxed) {
-            if let Some(Ok(message)) = consumer.poll(Duration::from_millis(20)) {
-                let seen = Instant::now();
-                let id = message.headers().and_then(|headers| {
-                    headers
-                        .iter()
-                        .find(|h| h.key == "event_id")
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                });
-                if let Some(id) = id {
-                    let _ = sender.send((id, seen));
-                }
-            }
-        }
-    });
+    let visibility = VisibilityReader::start(kafka, "outbox-bench", &[topic.to_owned()]).await?;
     let relay_name = format!("bench-{}-latency", std::process::id());
     let (shutdown, task) = start_relay(args, kafka, pool, &relay_name).await?;
     // Let the consumer join its group before the first commit.
@@ -340,16 +303,9 @@ async fn latencies(
     for handle in handles {
         committed.extend(handle.await??);
     }
-    let mut seen: HashMap<String, Instant> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while seen.len() < committed.len() && Instant::now() < deadline {
-        while let Ok((id, at)) = receiver.try_recv() {
-            seen.entry(id).or_insert(at);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    let _ = reader.join();
+    let seen = visibility
+        .collect(committed.len(), Duration::from_secs(30))
+        .await;
     shutdown.cancel();
     task.await??;
     anyhow::ensure!(
