@@ -39,6 +39,9 @@ const FLUSH_WAIT: Duration = Duration::from_secs(30);
 /// How long a stream read waits for the WAL's marks (a pool connection, one query) before it
 /// reads without them: a server shutting down refuses connections, and waits for the session.
 const MARKS_WAIT: Duration = Duration::from_millis(500);
+/// How long a stream read may wait on PostgreSQL to load its rows with the replication session
+/// kept open (`read_stream`).
+const SESSION_HELD_AT_MOST: Duration = Duration::from_secs(2);
 /// How long a decoded row may stay invisible (its transaction committed in the WAL, not yet in
 /// the snapshots: a synchronous standby's confirmation) before the relay stops.
 const VISIBLE_WAIT: Duration = Duration::from_secs(60);
@@ -484,7 +487,19 @@ impl LogicalSource {
             .iter()
             .flat_map(|txn| txn.positions.iter().copied())
             .collect();
-        let rows = self.load(&positions).await?;
+        // A server shutting down waits for the session to confirm what it sent, which takes
+        // these rows published, which takes this load: one that waits on PostgreSQL lets the
+        // session go (its walsender ends at once) rather than hold the shutdown until
+        // wal_sender_timeout. The rows hold without it; the next read starts a new session.
+        let load = self.load(&positions);
+        tokio::pin!(load);
+        let rows = tokio::select! {
+            rows = &mut load => rows,
+            () = tokio::time::sleep(SESSION_HELD_AT_MOST) => {
+                self.close_stream().await;
+                load.await
+            }
+        }?;
         Ok(OutboxRead {
             rows,
             position: RelayPosition::Logical {

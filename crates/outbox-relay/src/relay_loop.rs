@@ -281,7 +281,7 @@ impl RelayLoop {
             debug_assert_eq!(batch.after, self.position);
             if batch.rows.is_empty() {
                 if let Some(cursor) = self.pending_copy.take() {
-                    self.record_copy(cursor).await;
+                    self.record_copy(cursor);
                 }
                 match (batch.more, batch.position == batch.after) {
                     // Caught up.
@@ -335,8 +335,11 @@ impl RelayLoop {
         if let Some(prefetched) = next.take() {
             prefetched.abort();
         }
+        if let Some(recording) = self.recording.take() {
+            recording.await.ok();
+        }
         if let Some(cursor) = self.pending_copy.take() {
-            self.record_copy(cursor).await;
+            self.record_copy(cursor);
         }
         if let Some(recording) = self.recording.take() {
             recording.await.ok();
@@ -620,17 +623,25 @@ impl RelayLoop {
             self.pending_copy = Some(cursor);
             return;
         }
-        self.record_copy(cursor).await;
+        self.record_copy(cursor);
     }
 
     /// Writes `cursor` as the published position in PostgreSQL, in a task of its own.
-    async fn record_copy(&mut self, cursor: OutboxCursor) {
+    fn record_copy(&mut self, cursor: OutboxCursor) {
+        // One write in flight at a time; they only move the recorded position forwards. While
+        // one waits (PostgreSQL slow or gone), the newest cursor waits for the next batch and the
+        // loop goes on: a loop waiting on this write would hold its replication session unread,
+        // which a server shutting down waits for (docs/architecture/outbox.md).
+        if self
+            .recording
+            .as_ref()
+            .is_some_and(|write| !write.is_finished())
+        {
+            self.pending_copy = Some(cursor);
+            return;
+        }
         self.pending_copy = None;
         self.copied_at = Some(Instant::now());
-        // One write in flight at a time; they only move the recorded position forwards.
-        if let Some(previous) = self.recording.take() {
-            previous.await.ok();
-        }
         let (pool, relay_name) = (self.pool.clone(), self.settings.relay_name.clone());
         self.recording = Some(tokio::spawn(async move {
             if let Err(error) = record_relayed(&pool, &relay_name, cursor).await {

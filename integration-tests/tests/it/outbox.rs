@@ -1178,9 +1178,10 @@ async fn at_least_once_relay_duplicates_under_kills_and_the_processor_absorbs_th
 
 /// PostgreSQL stops for longer than the pool's acquire timeout while rows are written and
 /// relayed, by one relay in each mode (one restart for both): each waits, then goes on; each
-/// topic is exact.
+/// topic is exact. The fast shutdown is not held by the logical relay's replication session.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<()> {
+    const STOP_BOUND: Duration = Duration::from_secs(10);
     let server = PostgresRestartGuard::acquire().await?;
     let mut runs = Vec::new();
     for (mode, events, seed) in [(Mode::Xmin, 8_000, 4), (Mode::Logical, 5_000, 14)] {
@@ -1192,7 +1193,17 @@ async fn postgres_restarted_mid_run_leaves_the_topic_exact() -> anyhow::Result<(
         outbox.wait_publishing(&mut relay, || false).await?;
         runs.push((outbox, writer, relay));
     }
+    let stopping = Instant::now();
     server.stop()?;
+    let stop_took = stopping.elapsed();
+    eprintln!("PostgreSQL stopped in {stop_took:?} with both relays running");
+    // A fast shutdown waits for every replication session to confirm the end of its WAL: one
+    // left unread behind a wait on PostgreSQL held it until wal_sender_timeout (60 s).
+    assert!(
+        stop_took < STOP_BOUND,
+        "PostgreSQL took {stop_took:?} to stop (bound {STOP_BOUND:?}): the logical relay's \
+         replication session held its shutdown"
+    );
     tokio::time::sleep(Duration::from_secs(8)).await;
     for (outbox, _, relay) in &mut runs {
         assert!(
