@@ -335,17 +335,21 @@ impl RelayLoop {
         if let Some(prefetched) = next.take() {
             prefetched.abort();
         }
-        if let Some(recording) = self.recording.take() {
-            recording.await.ok();
-        }
+        // The newest copy of the position, once the write in flight has ended.
+        self.copy_written().await;
         if let Some(cursor) = self.pending_copy.take() {
             self.record_copy(cursor);
         }
+        self.copy_written().await;
+        info!("shutting down: the last batch is published");
+        Ok(())
+    }
+
+    /// Waits for the copy of the position being written, if one is.
+    async fn copy_written(&mut self) {
         if let Some(recording) = self.recording.take() {
             recording.await.ok();
         }
-        info!("shutting down: the last batch is published");
-        Ok(())
     }
 
     /// A read from the relay's position, after the linger when caught up: rows that arrive
