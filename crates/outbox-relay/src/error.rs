@@ -58,11 +58,19 @@ impl RelayError {
         matches!(self, Self::Registry(_))
     }
 
-    /// The replication session was refused because another session holds the slot (SQLSTATE
-    /// 55006, object_in_use, which the replication client puts in its message): a newer relay
-    /// with this name, or the walsender of one that died and has not gone yet.
+    /// The slot is held by another session (SQLSTATE 55006, object_in_use): the replication
+    /// session was refused (the client puts the code in its message), or a SQL call on the slot
+    /// (a peek or an advance of the table pass) was. That session is a newer relay's with this
+    /// name, a fenced one's, or the walsender of one that died and has not gone yet.
     pub fn is_slot_held_elsewhere(&self) -> bool {
-        matches!(self, Self::Replication { detail, .. } if detail.contains("SQLSTATE 55006"))
+        match self {
+            Self::Replication { detail, .. } => detail.contains("SQLSTATE 55006"),
+            Self::Database(error) => error
+                .as_database_error()
+                .and_then(|error| error.code())
+                .is_some_and(|code| code == "55006"),
+            _ => false,
+        }
     }
 }
 

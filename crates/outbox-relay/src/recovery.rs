@@ -192,12 +192,7 @@ async fn recover_logical(
 /// start-up ended its session: it is ended again, and the move tried once more.
 async fn advance_taking_the_slot(source: &LogicalSource, lsn: Lsn) -> Result<(), RelayError> {
     match source.advance(lsn).await {
-        Err(RelayError::Database(error))
-            if error
-                .as_database_error()
-                .and_then(|e| e.code())
-                .is_some_and(|code| code == "55006") =>
-        {
+        Err(error) if error.is_slot_held_elsewhere() => {
             let ended = source.end_foreign_session().await?;
             warn!(slot = source.slot(), ended_pid = ended, %error, "ended the session of a fenced relay holding the slot again");
             source.advance(lsn).await

@@ -390,9 +390,10 @@ impl RelayLoop {
         } else if !error.is_database_outage() {
             return Err(error);
         } else {
-            if matches!(error, RelayError::Replication { .. }) {
-                // Its session ended or was refused: a zombie learns it here, before it takes the
-                // slot back from the relay that ended its session.
+            if matches!(error, RelayError::Replication { .. }) || error.is_slot_held_elsewhere() {
+                // Its session ended or was refused, or its table pass found the slot held: a
+                // zombie learns it here, before it takes the slot back from the relay that ended
+                // its session (one in its table pass would retry the slot forever).
                 let slot_held_elsewhere = error.is_slot_held_elsewhere();
                 self.still_owner(&mut outages.ownership_checked_at, slot_held_elsewhere)
                     .await?;

@@ -1036,6 +1036,72 @@ async fn relay_under_kills_and_a_zombie_in(
     outbox.drop_database().await
 }
 
+/// Logical mode: a zombie frozen in its table pass (the rows from before the slot) is resumed
+/// after its successor's replication session holds the slot. Its next read finds the slot held,
+/// which no retry clears: it must learn from Kafka that it is fenced, and exit. It once retried
+/// the slot for good, stuck and never fenced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_resumed_in_its_table_pass_is_fenced_not_stuck_on_the_slot() -> anyhow::Result<()>
+{
+    const ZOMBIE_EXIT_BOUND: Duration = Duration::from_secs(60);
+    let outbox = Outbox::create(Mode::Logical).await?;
+    // Written before the slot exists, so the relays publish them from the table.
+    join_writer(outbox.writer(WritePlan::commits_only(20_000, 31)).spawn()).await?;
+    let mut zombie = outbox.spawn_relay("exactly-once", &["--batch-size", "50"])?;
+    // Frozen only once it committed a batch (not before its init_transactions).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while outbox_records(&outbox).await? == 0 {
+        ensure!(
+            zombie.is_running() && Instant::now() < deadline,
+            "the zombie published nothing\n{}",
+            zombie.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Frozen in a read of the table: blocked behind a lock, then paused, then the lock let go.
+    let mut lock = PgConnection::connect(&outbox.db.url).await?;
+    sqlx::query("BEGIN").execute(&mut lock).await?;
+    sqlx::query("LOCK TABLE eos_outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut lock)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    zombie.pause()?;
+    sqlx::query("COMMIT").execute(&mut lock).await?;
+    lock.close().await?;
+    let mut successor = outbox.spawn_relay("exactly-once", &["--batch-size", "5000"])?;
+    tokio::task::block_in_place(|| {
+        successor.wait_for_log_line("replication session started", CATCH_UP_TIMEOUT)
+    })
+    .with_context(|| format!("the successor never streamed\n{}", successor.log_tail(30)))?;
+    zombie.resume()?;
+    let status = tokio::task::block_in_place(|| zombie.wait_timeout(ZOMBIE_EXIT_BOUND))?
+        .with_context(|| {
+            format!(
+                "the zombie kept running {ZOMBIE_EXIT_BOUND:?} after its resume\n{}",
+                zombie.log_tail(40)
+            )
+        })?;
+    assert!(
+        !status.success() && zombie.log().to_lowercase().contains("fenced"),
+        "a fenced zombie exits non-zero, saying so ({status})\n{}",
+        zombie.log_tail(40)
+    );
+    outbox.wait_relayed(&successor).await?;
+    successor.stop_gracefully()?;
+    outbox.audit().await?.assert_exact();
+    outbox.drop_database().await
+}
+
+/// How many committed records the outbox's topic holds.
+async fn outbox_records(outbox: &Outbox) -> anyhow::Result<usize> {
+    let (bootstrap, topic) = (outbox.bootstrap.clone(), outbox.topic.clone());
+    let records = tokio::task::spawn_blocking(move || {
+        read_topic_on(&bootstrap, &topic, Isolation::ReadCommitted)
+    })
+    .await??;
+    Ok(records.len())
+}
+
 /// The same kills with `--guarantee at-least-once`: the topic holds duplicates (the batch in
 /// flight at a kill is published again), and eos-processor's dedup by event_id makes the ledger
 /// exact all the same.
