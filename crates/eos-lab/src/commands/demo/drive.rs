@@ -1,7 +1,6 @@
 //! Driving the run: the workload started, the faults at their times (SIGKILLs, the relay's
 //! outage, aimed kills), and the wait for the pipeline to drain.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -27,6 +26,7 @@ use crate::commands::demo::registry_format::RegistryFormat;
 use crate::commands::demo::relay_outage;
 use crate::commands::demo::relay_outage::{OutagePlan, RelayOutage};
 use crate::commands::demo::report::{Drain, DrainStage};
+use crate::commands::demo::run_names::RunNames;
 
 /// The workload running in the background: the producer's, or payments-api's clients'; each
 /// ends with the moment it was done, where the drain time starts.
@@ -308,22 +308,24 @@ async fn relay_timeline(
     Ok(relay_outage)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The run itself: the services started in order, the workload with its faults on two
+/// timelines (the relay's, and the processor's and the sink's), then the wait for every stage to
+/// drain.
 pub(super) async fn drive(
     args: &DemoArgs,
-    seed: u64,
+    names: &RunNames,
     kafka: &KafkaSettings,
     run_dir: &Path,
     [provider, dedup, processor, sink]: [&mut Service; 4],
     mut outbox: Option<&mut OutboxServices>,
     registry_format: Option<&RegistryFormat>,
-    (input, output, processor_group, sink_group): (&str, &str, &str, &str),
-    (provider_addr, dedup_addr): (SocketAddr, SocketAddr),
 ) -> anyhow::Result<Driven> {
+    let (seed, input, output) = (names.seed, names.input.as_str(), names.output.as_str());
+    let (processor_group, sink_group) = (names.processor_group.as_str(), names.sink_group.as_str());
     provider.start()?;
-    wait_listening(provider, provider_addr).await?;
+    wait_listening(provider, names.provider_addr).await?;
     dedup.start()?;
-    wait_listening(dedup, dedup_addr).await?;
+    wait_listening(dedup, names.dedup_addr).await?;
     say("   provider-sim and dedup-service are up");
 
     let workload = start_workload(

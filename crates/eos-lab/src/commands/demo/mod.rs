@@ -33,6 +33,7 @@ mod processes;
 mod registry_format;
 mod relay_outage;
 mod report;
+mod run_names;
 mod scrape;
 mod services;
 
@@ -57,8 +58,9 @@ use crate::commands::demo::registry_format::RegistryFormat;
 use crate::commands::demo::relay_outage::RelayOutage;
 use crate::commands::demo::report::build_report;
 pub use crate::commands::demo::report::{DemoReport, ReportLine, report_text};
+use crate::commands::demo::run_names::RunNames;
+use crate::commands::demo::scrape::Scraped;
 use crate::commands::demo::services::RunPlace;
-use eos_testkit::loopback_ports::free_loopback_addr;
 use eosctl::cli::{AuditArgs, TraceArgs};
 use eosctl::commands::{self, audit};
 
@@ -153,13 +155,8 @@ fn announce(
 
 pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let bin_dir = binary_dir(&args)?;
-    let bootstrap_servers = kafka.bootstrap_servers.as_str();
-    let started = time::OffsetDateTime::now_utc().unix_timestamp();
-    let run_id = format!("{started}-{}", std::process::id());
-    let seed = args
-        .seed
-        .unwrap_or_else(|| u64::try_from(started).unwrap_or_default());
-    let run_dir = args.runs_dir.join(&run_id);
+    let names = RunNames::new(&args)?;
+    let run_dir = args.runs_dir.join(&names.run_id);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let run_dir = run_dir.canonicalize()?;
     // The Kafka services connect as eos-lab does (TLS, SASL): its properties, secrets included,
@@ -169,67 +166,37 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
             .write_for_children(&run_dir.join("kafka-client.properties"))
             .context("writing the Kafka properties for the services")?,
     );
-    let input = format!("demo-payments-{run_id}");
-    let output = format!("demo-ledger-{run_id}");
-    let processor_group = format!("demo-processor-{run_id}");
-    let sink_group = format!("demo-sink-{run_id}");
     let mut registry_format =
-        RegistryFormat::register(args.format, &args.registry, [&input, &output])?;
-    // dedup-service's intents outlive a run: a fresh name keeps this run's operation ids new.
-    let provider_name = format!("pay_{}", run_id.replace('-', "_"));
-
-    let database = format!("eos_demo_{}", run_id.replace('-', "_"));
-    let database_url = create_database(&args.database_url, &database).await?;
-    let provider_addr = free_loopback_addr()?;
-    let dedup_addr = free_loopback_addr()?;
-    let provider_url = format!("http://{provider_addr}");
-    let dedup_url = format!("http://{dedup_addr}");
+        RegistryFormat::register(args.format, &args.registry, [&names.input, &names.output])?;
+    let database_url = create_database(&args.database_url, &names.database).await?;
     announce(
         &args,
         registry_format.as_ref(),
         &run_dir,
-        [&input, &output, &database, &provider_url],
+        [
+            &names.input,
+            &names.output,
+            &names.database,
+            &names.provider_url(),
+        ],
     );
 
     let place = RunPlace {
         bin_dir: &bin_dir,
         run_dir: &run_dir,
-        bootstrap_servers,
+        bootstrap_servers: kafka.bootstrap_servers.as_str(),
         kafka: &kafka_for_services,
     };
-    let targets = write_sink_targets(&run_dir, &provider_name, &dedup_url, &provider_url)?;
     // The processor's store, removed at the end: only this run's group uses it.
     let processor_state = run_dir.join("processor-state");
-    let mut processes = RunProcesses {
-        provider: services::provider_sim(&place, &args, provider_addr, seed),
-        dedup: services::dedup_service(&place, dedup_addr, &provider_url, &database_url)?,
-        processor: services::eos_processor(
-            &place,
-            &args,
-            [&input, &output, &processor_group],
-            &processor_state,
-            registry_format.as_ref(),
-        )?,
-        sink: services::sink_writer(
-            &place,
-            [&output, &sink_group],
-            &targets,
-            &database_url,
-            registry_format.as_ref(),
-        )?,
-        outbox: match args.source {
-            DemoSource::PaymentsApi => Some(OutboxServices::new(
-                &args,
-                (&bin_dir, &run_dir),
-                (bootstrap_servers, &kafka_for_services),
-                &database_url,
-                &input,
-                format!("demo-{run_id}"),
-                registry_format.as_ref(),
-            )?),
-            DemoSource::Producer => None,
-        },
-    };
+    let mut processes = make_processes(
+        &place,
+        &args,
+        &names,
+        &database_url,
+        &processor_state,
+        registry_format.as_ref(),
+    )?;
     if let Some(path) = &args.prometheus_targets {
         processes.write_prometheus_targets(path)?;
     }
@@ -242,14 +209,12 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     } = &mut processes;
     let outcome = drive(
         &args,
-        seed,
+        &names,
         &kafka,
         &run_dir,
         [provider, dedup, processor, sink],
         outbox.as_mut(),
         registry_format.as_ref(),
-        (&input, &output, &processor_group, &sink_group),
-        (provider_addr, dedup_addr),
     )
     .await;
     let scraped = match &outcome {
@@ -259,47 +224,46 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     let stopped_cleanly = processes
         .stop_all_but_the_provider(&database_url, outcome.is_ok())
         .await;
+    let driven = outcome?;
+    let audited = audit_and_clean_up(
+        kafka,
+        &args,
+        &names,
+        [&run_dir, &processor_state],
+        &database_url,
+        &mut processes,
+        registry_format.as_mut(),
+    )
+    .await?;
+    let report = run_report(
+        &args,
+        (&run_dir, &names),
+        &processes,
+        driven,
+        audited,
+        (scraped, stopped_cleanly),
+    );
+    publish_report(&args, &run_dir, &report).await
+}
+
+/// The run's report: the faults it met, whether the metrics agree with the audit, and each
+/// boundary's verdict, with its drain and its processes' peak memory.
+fn run_report(
+    args: &DemoArgs,
+    (run_dir, names): (&Path, &RunNames),
+    processes: &RunProcesses,
+    driven: Driven,
+    (audit, audit_code, reconciled): (Value, i32, (i64, i64)),
+    (scraped, stopped_cleanly): (Option<Scraped>, bool),
+) -> DemoReport {
     let Driven {
         drain,
         payments,
         aimed_processor_kills,
         relay_outage,
-    } = outcome?;
-    say(
-        "== audit: the logical set by event_id at every boundary (outbox, topics, tables, \
-         provider)",
-    );
-    let outcome = audit_run(
-        kafka,
-        [
-            &input,
-            &output,
-            &database_url,
-            &provider_url,
-            &provider_name,
-        ],
-        processes.outbox.is_some(),
-        registry_format.as_ref(),
-    )
-    .await;
-    processes.provider.stop().await.ok();
-    let outcome = outcome.context("the audit could not run")?;
-    // What `eosctl audit --json` prints, and the report carries it as that JSON reads back.
-    let audit_json = serde_json::to_string(&outcome)?;
-    std::fs::write(run_dir.join("audit.json"), format!("{audit_json}\n"))?;
-    let audit_code = if outcome.report.passed { 0 } else { 1 };
-    let audit: Value = serde_json::from_str(&audit_json)?;
-    let reconciled = unknowns(&database_url, &provider_name).await?;
-    if args.drop_database {
-        drop_database(&args.database_url, &database).await?;
-        if let Some(registry_format) = registry_format.as_mut() {
-            registry_format.delete_subjects();
-        }
-    }
-    std::fs::remove_dir_all(&processor_state).ok();
-
+    } = driven;
     let faults = fault_lines(
-        &args,
+        args,
         [&processes.processor, &processes.sink],
         processes.outbox.as_ref(),
         relay_outage.as_ref(),
@@ -307,15 +271,15 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     );
     let metrics = metrics_line(scraped.as_ref(), &audit, reconciled, processes.any_killed());
     let mut report = build_report(
-        &args,
-        &run_dir,
+        args,
+        run_dir,
         [
-            &input,
-            &output,
+            &names.input,
+            &names.output,
             &payments
                 .as_ref()
                 .and_then(|payments| payments.first_payment_id.clone())
-                .unwrap_or_else(|| format!("evt-{seed}-0")),
+                .unwrap_or_else(|| format!("evt-{}-0", names.seed)),
         ],
         faults,
         payments.as_ref(),
@@ -327,7 +291,105 @@ pub async fn run(kafka: KafkaSettings, args: DemoArgs) -> anyhow::Result<bool> {
     );
     report.peak_rss_kib = processes.peak_rss_kib();
     report.relay_outage = relay_outage;
-    publish_report(&args, &run_dir, &report).await
+    report
+}
+
+/// The run's services, made but not started (`drive` starts them in order): provider-sim,
+/// dedup-service, eos-processor, sink-writer and, from payments-api, payments-api and the relay.
+fn make_processes(
+    place: &RunPlace<'_>,
+    args: &DemoArgs,
+    names: &RunNames,
+    database_url: &str,
+    processor_state: &Path,
+    registry_format: Option<&RegistryFormat>,
+) -> anyhow::Result<RunProcesses> {
+    let provider_url = names.provider_url();
+    let dedup_url = format!("http://{}", names.dedup_addr);
+    let targets = write_sink_targets(
+        place.run_dir,
+        &names.provider_name,
+        &dedup_url,
+        &provider_url,
+    )?;
+    Ok(RunProcesses {
+        provider: services::provider_sim(place, args, names.provider_addr, names.seed),
+        dedup: services::dedup_service(place, names.dedup_addr, &provider_url, database_url)?,
+        processor: services::eos_processor(
+            place,
+            args,
+            [&names.input, &names.output, &names.processor_group],
+            processor_state,
+            registry_format,
+        )?,
+        sink: services::sink_writer(
+            place,
+            [&names.output, &names.sink_group],
+            &targets,
+            database_url,
+            registry_format,
+        )?,
+        outbox: match args.source {
+            DemoSource::PaymentsApi => Some(OutboxServices::new(
+                args,
+                (place.bin_dir, place.run_dir),
+                (place.bootstrap_servers, place.kafka),
+                database_url,
+                &names.input,
+                format!("demo-{}", names.run_id),
+                registry_format,
+            )?),
+            DemoSource::Producer => None,
+        },
+    })
+}
+
+/// The audit of the drained run (kept as the run's audit.json), the charges that went UNKNOWN and
+/// were reconciled, and then what the run made removed: the database and the subjects with
+/// `--drop-database`, the processor's store always. provider-sim stops once the audit has read
+/// its effects. The audit as its JSON reads back, its exit code, and the UNKNOWNs.
+async fn audit_and_clean_up(
+    kafka: KafkaSettings,
+    args: &DemoArgs,
+    names: &RunNames,
+    [run_dir, processor_state]: [&Path; 2],
+    database_url: &str,
+    processes: &mut RunProcesses,
+    registry_format: Option<&mut RegistryFormat>,
+) -> anyhow::Result<(Value, i32, (i64, i64))> {
+    say(
+        "== audit: the logical set by event_id at every boundary (outbox, topics, tables, \
+         provider)",
+    );
+    let outcome = audit_run(
+        kafka,
+        [
+            &names.input,
+            &names.output,
+            database_url,
+            &names.provider_url(),
+            &names.provider_name,
+        ],
+        processes.outbox.is_some(),
+        registry_format.as_deref(),
+    )
+    .await;
+    processes.provider.stop().await.ok();
+    let outcome = outcome.context("the audit could not run")?;
+    // What `eosctl audit --json` prints, and the report carries it as that JSON reads back.
+    let audit_json = serde_json::to_string(&outcome)?;
+    std::fs::write(run_dir.join("audit.json"), format!("{audit_json}\n"))?;
+    let audit_code = if outcome.report.passed { 0 } else { 1 };
+    let audit: Value = serde_json::from_str(&audit_json)?;
+    let reconciled = unknowns(database_url, &names.provider_name).await?;
+    if args.drop_database {
+        drop_database(&args.database_url, &names.database).await?;
+        if let Some(registry_format) = registry_format {
+            registry_format.delete_subjects();
+        }
+    }
+    std::fs::remove_dir_all(processor_state).ok();
+    Ok((audit, audit_code, reconciled))
 }
 
 /// The sink's targets file in the run's directory: the demo's tables, and the provider charged
