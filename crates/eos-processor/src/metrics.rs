@@ -14,6 +14,14 @@ pub(crate) const CONSUMER_LAG: &str = "eos_processor_consumer_lag";
 pub(crate) const TRANSFORM_MODULE_INFO: &str = "eos_processor_transform_module_info";
 
 pub(crate) fn describe() {
+    // Counters of rare events start at 0, so a dashboard's or an alert's rate() sees "none"
+    // rather than no series before this process's first (docs/OBSERVABILITY.md).
+    for reason in eos_core::DeadLetterReason::ALL {
+        metrics::counter!(DEAD_LETTERS, "reason" => reason.as_str()).absolute(0);
+    }
+    for outcome in ["committed", "aborted", "recovered"] {
+        metrics::counter!(TRANSACTIONS, "outcome" => outcome).absolute(0);
+    }
     metrics::describe_counter!(RECORDS_IN, "input records read and decided");
     metrics::describe_counter!(RECORDS_OUT, "output records committed");
     metrics::describe_counter!(

@@ -11,8 +11,13 @@ pub const SLOT_RETAINED_WAL: &str = "outbox_relay_slot_retained_wal_bytes";
 pub const XMIN_BLOCKER_AGE: &str = "outbox_relay_xmin_blocker_age_seconds";
 
 pub fn describe() {
-    // Starts at 0, so a dashboard's rate() sees "none" before the first purge.
+    // Counters start at 0, so a dashboard's or an alert's rate() sees "none" rather than no
+    // series before the first purge, abort or batch of this process (docs/OBSERVABILITY.md).
     metrics::counter!(PURGED_ROWS).absolute(0);
+    metrics::counter!(RECORDS_PUBLISHED).absolute(0);
+    for outcome in ["committed", "aborted", "recovered"] {
+        metrics::counter!(TRANSACTIONS, "outcome" => outcome).absolute(0);
+    }
     metrics::describe_counter!(
         RECORDS_PUBLISHED,
         "outbox rows published (committed in exactly-once mode, acknowledged in at-least-once)"

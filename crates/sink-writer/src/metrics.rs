@@ -40,6 +40,9 @@ pub(crate) fn describe() {
     // Counters of rare events start at 0, so a dashboard or an alert's rate() sees "none" rather
     // than no series (docs/OBSERVABILITY.md).
     metrics::counter!(DB_RETRIES).absolute(0);
+    for outcome in ["committed", "rolled_back", "fenced", "isolated"] {
+        metrics::counter!(BATCHES, "outcome" => outcome).absolute(0);
+    }
     for reason in eos_core::DeadLetterReason::ALL {
         metrics::counter!(DEAD_LETTERS, "reason" => reason.as_str()).absolute(0);
     }
