@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use serde_json::Value;
@@ -169,6 +169,30 @@ impl PrometheusServer {
             Value::Null => Vec::new(),
             scalar => vec![scalar.clone()],
         })
+    }
+
+    /// A range query's series (a matrix) over `start..=end`, evaluated every `step`: what a
+    /// Grafana panel over that time range shows.
+    pub fn query_range(
+        &self,
+        promql: &str,
+        (start, end): (SystemTime, SystemTime),
+        step: Duration,
+    ) -> anyhow::Result<Vec<Value>> {
+        let unix = |at: SystemTime| {
+            at.duration_since(UNIX_EPOCH)
+                .map(|since| since.as_secs_f64().to_string())
+        };
+        let data = self.api(
+            "query_range",
+            &[
+                ("query", promql),
+                ("start", &unix(start)?),
+                ("end", &unix(end)?),
+                ("step", &step.as_secs_f64().to_string()),
+            ],
+        )?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
     }
 
     /// Every metric name Prometheus holds.
