@@ -327,21 +327,25 @@ fn every_dashboard_panel_returns_data_during_a_demo_and_names_exported_metrics()
     std::thread::sleep(Duration::from_secs(2));
     let run = (started, SystemTime::now());
     let names_seen: BTreeSet<String> = prometheus.metric_names()?.into_iter().collect();
-    let mut empty = Vec::new();
-    for (file, title, expr) in &queries {
-        match prometheus.query_range(expr, run, Duration::from_millis(500)) {
+    let mut empty: Vec<(&PanelQuery, String)> = Vec::new();
+    for query in &queries {
+        match prometheus.query_range(&query.2, run, Duration::from_millis(500)) {
             Ok(series) if !series.is_empty() => {}
-            Ok(_) => empty.push(format!("{file} {title:?}: {expr}")),
-            Err(error) => empty.push(format!("{file} {title:?}: {expr} {error:#}")),
+            Ok(_) => empty.push((query, String::new())),
+            Err(error) => empty.push((query, format!("{error:#}"))),
         }
     }
     assert!(
         empty.is_empty(),
         "panels without data over the run:\n{}\n{}",
-        empty.join("\n"),
+        empty
+            .iter()
+            .map(|((file, title, expr), error)| format!("{file} {title:?}: {expr} {error}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
         scrape_history(
             &prometheus,
-            queries.iter().map(|(_, _, expr)| expr.as_str())
+            empty.iter().map(|((_, _, expr), _)| expr.as_str())
         )
     );
 
