@@ -368,7 +368,14 @@ async fn reconcile_one(
                 Ok(lookup) => Some(lookup),
                 Err(error) => {
                     ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
-                    tracing::warn!(%error, "provider look-up failed; will ask again");
+                    // reqwest's message ("error sending request") leaves out whether the
+                    // connection was refused, reset or timed out; its sources say which.
+                    let cause =
+                        std::iter::successors(std::error::Error::source(&error), |e| e.source())
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(": ");
+                    tracing::warn!(%error, cause, "provider look-up failed; will ask again");
                     return;
                 }
             },
