@@ -369,13 +369,10 @@ async fn reconcile_one(
                 Err(error) => {
                     ::metrics::counter!(metrics::RECONCILE_ERRORS).increment(1);
                     // reqwest's message ("error sending request") leaves out whether the
-                    // connection was refused, reset or timed out; its sources say which.
-                    let cause =
-                        std::iter::successors(std::error::Error::source(&error), |e| e.source())
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(": ");
-                    tracing::warn!(%error, cause, "provider look-up failed; will ask again");
+                    // connection was refused, reset or timed out; anyhow's `{:#}` adds the
+                    // sources, which say which.
+                    let error = format!("{:#}", anyhow::Error::new(error));
+                    tracing::warn!(error, "provider look-up failed; will ask again");
                     return;
                 }
             },
